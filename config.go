@@ -1,0 +1,116 @@
+package kvtier
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Config configures a node. Zero values take the defaults below; negative
+// sizes and durations are rejected by Validate with ErrBadConfig.
+type Config struct {
+	// PoolPath is the shared-memory file of the CPU pool (under /dev/shm for
+	// an out-of-process engine). Empty: an anonymous memfd.
+	PoolPath string `yaml:"pool_path"`
+	// PoolBytes is the pool's capacity; slots = PoolBytes / BlockBytes.
+	PoolBytes int64 `yaml:"pool_bytes"`
+	// BlockBytes is the size of one block (one slot).
+	BlockBytes int `yaml:"block_bytes"`
+	// Policy is the eviction policy: "lru" (default) or "arc".
+	Policy string `yaml:"policy"`
+	// LeaseTTL bounds how long a HIT stays leased to a request that never
+	// calls PrepareLoad or RequestFinished.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// JobWorkers is how many worker reports an engine job expects by default
+	// (one per tensor-parallel worker).
+	JobWorkers int `yaml:"job_workers"`
+	// LoadJobTimeout and StoreJobTimeout are engine job deadlines; a job not
+	// completed by then is reaped.
+	LoadJobTimeout  time.Duration `yaml:"load_job_timeout"`
+	StoreJobTimeout time.Duration `yaml:"store_job_timeout"`
+	// CallTimeout bounds a manager call whose ctx has no deadline.
+	CallTimeout time.Duration `yaml:"call_timeout"`
+
+	// Clock drives leases and deadlines; nil is the wall clock.
+	Clock supervision.Clock `yaml:"-"`
+	// Logger receives the node's structured logs; nil discards them.
+	Logger *zerolog.Logger `yaml:"-"`
+}
+
+// Defaults: a laptop-sized pool.
+const (
+	DefaultPoolBytes       = 1 << 30
+	DefaultBlockBytes      = 256 << 10
+	DefaultLeaseTTL        = 30 * time.Second
+	DefaultJobWorkers      = 1
+	DefaultEngineJobTimout = 300 * time.Second
+	DefaultCallTimeout     = 10 * time.Second
+)
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.PoolBytes == 0 {
+		c.PoolBytes = DefaultPoolBytes
+	}
+	if c.BlockBytes == 0 {
+		c.BlockBytes = DefaultBlockBytes
+	}
+	if c.Policy == "" {
+		c.Policy = "lru"
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.JobWorkers == 0 {
+		c.JobWorkers = DefaultJobWorkers
+	}
+	if c.LoadJobTimeout == 0 {
+		c.LoadJobTimeout = DefaultEngineJobTimout
+	}
+	if c.StoreJobTimeout == 0 {
+		c.StoreJobTimeout = DefaultEngineJobTimout
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.Clock == nil {
+		c.Clock = supervision.RealClock{}
+	}
+	if c.Logger == nil {
+		l := zerolog.Nop()
+		c.Logger = &l
+	}
+	return c
+}
+
+// Validate reports the first invalid field, wrapping messages.ErrBadConfig.
+func (c Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{messages.ErrBadConfig}, a...)...)
+	}
+	switch {
+	case c.PoolBytes <= 0:
+		return bad("pool_bytes %d must be positive", c.PoolBytes)
+	case c.BlockBytes <= 0:
+		return bad("block_bytes %d must be positive", c.BlockBytes)
+	case c.PoolBytes < int64(c.BlockBytes):
+		return bad("pool_bytes %d holds no block of %d bytes", c.PoolBytes, c.BlockBytes)
+	case c.PoolBytes/int64(c.BlockBytes) > 1<<31-1:
+		return bad("pool_bytes/block_bytes = %d slots, too many", c.PoolBytes/int64(c.BlockBytes))
+	case c.Policy != "lru" && c.Policy != "arc":
+		return bad("policy %q (want lru or arc)", c.Policy)
+	case c.LeaseTTL <= 0:
+		return bad("lease_ttl %v must be positive", c.LeaseTTL)
+	case c.JobWorkers <= 0 || c.JobWorkers > 1024:
+		return bad("job_workers %d (want 1..1024)", c.JobWorkers)
+	case c.LoadJobTimeout <= 0 || c.StoreJobTimeout <= 0:
+		return bad("job timeouts must be positive (load %v, store %v)", c.LoadJobTimeout, c.StoreJobTimeout)
+	case c.CallTimeout <= 0:
+		return bad("call_timeout %v must be positive", c.CallTimeout)
+	}
+	return nil
+}

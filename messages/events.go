@@ -1,0 +1,41 @@
+package messages
+
+import "time"
+
+// EventKind says what happened to blocks in a tier this node owns.
+type EventKind uint8
+
+const (
+	BlockStored      EventKind = iota + 1 // blocks became readable
+	BlockRemoved                          // blocks went away (evicted, cleared one by one)
+	AllBlocksCleared                      // the whole tier was cleared
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "Unknown"
+}
+
+// Medium names the storage an event is about (vLLM's `medium` field).
+const (
+	MediumCPU     = "CPU"
+	MediumStorage = "STORAGE"
+)
+
+// Event is a tier event. Stored events carry the request context of the job
+// that produced them (nil only when the producer had none, e.g. a peer that
+// sent no provenance).
+type Event struct {
+	Kind   EventKind   // what happened
+	Keys   []Key       // the blocks, in chain order for stored events
+	Medium string      // MediumCPU or MediumStorage
+	Ctx    *ReqContext // the producing job's context (stored events only)
+	At     time.Time   // when the tier applied it
+}
