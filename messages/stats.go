@@ -3,32 +3,32 @@ package messages
 // Stats is a snapshot of a node's counters and gauges.
 type Stats struct {
 	// Pool geometry and occupancy (gauges).
-	Slots        int   // slots in the pool
-	BlockBytes   int   // bytes per slot
-	Free         int   // free slots
-	WritePending int   // slots being written
-	Ready        int   // readable slots
-	Pinned       int   // slots with at least one read pin
-	Leased       int   // slots with at least one live lease
-	Leases       int   // live leases
-	JobsInFlight int   // engine jobs awaiting worker reports
-	Requests     int   // requests with state at the bridge
-	Paused       bool  // engine intake stopped
+	Slots        int  // slots in the pool
+	BlockBytes   int  // bytes per slot
+	Free         int  // free slots
+	WritePending int  // slots being written
+	Ready        int  // readable slots
+	Pinned       int  // slots with at least one read pin
+	Leased       int  // slots with at least one live lease
+	Leases       int  // live leases
+	JobsInFlight int  // engine jobs awaiting worker reports
+	Requests     int  // requests with state at the bridge
+	Paused       bool // engine intake stopped
 
 	// Counters since start.
-	Lookups           uint64 // keys looked up
-	Hits              uint64 // keys answered HIT
-	HitsPending       uint64 // keys answered HIT_PENDING
-	Misses            uint64 // keys answered MISS
-	Stores            uint64 // keys committed readable
-	StoresFailed      uint64 // reserved keys freed by a failed or reaped store
-	Evictions         uint64 // blocks evicted to make room
-	Full              uint64 // PrepareStore calls answered Full
-	LeasesExpired     uint64 // leases that ran out before PrepareLoad
-	JobsCompleted     uint64 // engine jobs completed by worker reports or Complete* calls
-	JobsReapedLoad    uint64 // load jobs reaped at their deadline
-	JobsReapedStore   uint64 // store jobs reaped at their deadline
-	LateReports       uint64 // worker reports for unknown, finished or reaped jobs
-	ChecksumFailures  uint64 // verifications that found wrong bytes
-	ActorRestarts     uint64 // supervised actor restarts
+	Lookups          uint64 // keys looked up
+	Hits             uint64 // keys answered HIT
+	HitsPending      uint64 // keys answered HIT_PENDING
+	Misses           uint64 // keys answered MISS
+	Stores           uint64 // keys committed readable
+	StoresFailed     uint64 // reserved keys freed by a failed or reaped store
+	Evictions        uint64 // blocks evicted to make room
+	Full             uint64 // PrepareStore calls answered Full
+	LeasesExpired    uint64 // leases that ran out before PrepareLoad
+	JobsCompleted    uint64 // engine jobs completed by worker reports or Complete* calls
+	JobsReapedLoad   uint64 // load jobs reaped at their deadline
+	JobsReapedStore  uint64 // store jobs reaped at their deadline
+	LateReports      uint64 // worker reports for unknown, finished or reaped jobs
+	ChecksumFailures uint64 // verifications that found wrong bytes
+	ActorRestarts    uint64 // supervised actor restarts
 }

@@ -1,0 +1,302 @@
+// Command kvtierd runs a kvtier node as a standalone daemon: it opens the
+// node (kvtier.Open) with a config from a YAML file and flags, serves the
+// node's Prometheus metrics and health probes over HTTP, and shuts the node
+// down gracefully on SIGINT or SIGTERM. Everything else lives in the library.
+//
+// Usage:
+//
+//	kvtierd [--config FILE] [--pool-path PATH] [--pool-bytes SIZE]
+//	        [--block-bytes SIZE] [--policy lru|arc]
+//	        [--metrics-listen ADDR] [--log-level LEVEL]
+//	        [--log-format auto|console|json] [--shutdown-timeout DUR]
+//
+// Flags given on the command line override the config file. Sizes take
+// integers or human strings ("16MiB", "64KiB"). The pool lives in the
+// shared-memory file --pool-path, by default /dev/shm/kvtier-<pid>.pool so
+// that an out-of-process engine can map it; an explicitly empty
+// --pool-path= selects an anonymous memfd instead. The node removes the
+// file when it closes.
+//
+// HTTP endpoints on --metrics-listen (a port of 0 picks a free one; the
+// bound address is logged as metrics_addr):
+//
+//	/metrics  Prometheus metrics from the node's private registry
+//	/healthz  200 while the process runs
+//	/readyz   200 once the node is open, 503 before and once shutdown began
+//
+// Exit status: 0 after a clean shutdown, 2 for bad flags, a bad config or a
+// failed Open, 1 for any other failure (HTTP listener, unclean shutdown). A
+// second signal during shutdown kills the process at once.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Exit statuses.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitConfig = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// options are the parsed command line.
+type options struct {
+	configPath      string
+	poolPath        string
+	poolBytes       kvtier.ByteSize
+	blockBytes      kvtier.ByteSize
+	policy          string
+	metricsListen   string
+	logLevel        string
+	logFormat       string
+	shutdownTimeout time.Duration
+	// set holds the names of the flags given on the command line.
+	set map[string]bool
+}
+
+// parseFlags parses args; errors have already been printed with the usage.
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("kvtierd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.configPath, "config", "", "YAML config `file` (flags override it)")
+	fs.StringVar(&o.poolPath, "pool-path", defaultPoolPath(), "shared-memory pool `file`; empty: anonymous memfd")
+	fs.Var(&o.poolBytes, "pool-bytes", "pool capacity, e.g. 1GiB (default from config, else 1GiB)")
+	fs.Var(&o.blockBytes, "block-bytes", "block (slot) size, e.g. 256KiB (default from config, else 256KiB)")
+	fs.StringVar(&o.policy, "policy", "", "eviction policy: lru or arc (default from config, else lru)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` for /metrics, /healthz, /readyz")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn, error")
+	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (console on a terminal, else json), console, json")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		err := fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		fmt.Fprintln(stderr, "kvtierd:", err)
+		return o, err
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	return o, nil
+}
+
+func defaultPoolPath() string { return fmt.Sprintf("/dev/shm/kvtier-%d.pool", os.Getpid()) }
+
+// newLogger builds the daemon's logger on w.
+func newLogger(w *os.File, level, format string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("bad --log-level %q", level)
+	}
+	var out io.Writer = w
+	switch format {
+	case "json":
+	case "console":
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339Nano}
+	case "auto":
+		if isatty.IsTerminal(w.Fd()) {
+			out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339Nano}
+		}
+	default:
+		return zerolog.Logger{}, fmt.Errorf("bad --log-format %q (want auto, console or json)", format)
+	}
+	return zerolog.New(out).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// buildConfig loads the config file, if any, and overlays the flags given.
+func buildConfig(o options) (kvtier.Config, error) {
+	var cfg kvtier.Config
+	if o.configPath != "" {
+		var err error
+		if cfg, err = kvtier.LoadConfigFile(o.configPath); err != nil {
+			return cfg, err
+		}
+	}
+	// A file cannot tell an absent pool_path from an empty one, so only an
+	// explicit --pool-path= selects the memfd.
+	if o.set["pool-path"] || cfg.PoolPath == "" {
+		cfg.PoolPath = o.poolPath
+	}
+	// Zero means "default" in Config; on the command line it is a mistake.
+	if o.set["pool-bytes"] {
+		if o.poolBytes <= 0 {
+			return cfg, fmt.Errorf("%w: pool_bytes (--pool-bytes) %d must be positive", messages.ErrBadConfig, int64(o.poolBytes))
+		}
+		cfg.PoolBytes = int64(o.poolBytes)
+	}
+	if o.set["block-bytes"] {
+		if o.blockBytes <= 0 || int64(o.blockBytes) != int64(int(o.blockBytes)) {
+			return cfg, fmt.Errorf("%w: block_bytes (--block-bytes) %d must be positive and fit an int", messages.ErrBadConfig, int64(o.blockBytes))
+		}
+		cfg.BlockBytes = int(o.blockBytes)
+	}
+	if o.set["policy"] {
+		cfg.Policy = o.policy
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// run is the daemon; it returns the exit status.
+func run(args []string, stderr *os.File) int {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitConfig
+	}
+	base, err := newLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvtierd:", err)
+		return exitConfig
+	}
+	log := base.With().Str("component", "kvtierd").Logger()
+	cfg, err := buildConfig(o)
+	if err != nil {
+		ev := log.Error().Err(err)
+		if o.configPath != "" {
+			ev = ev.Str("config", o.configPath)
+		}
+		ev.Msg("bad configuration")
+		return exitConfig
+	}
+	cfg.Logger = &base // the node adds its own component fields
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	// Listen before Open so probes answer (not ready) while the node opens.
+	ln, err := net.Listen("tcp", o.metricsListen)
+	if err != nil {
+		log.Error().Err(err).Str("metrics_listen", o.metricsListen).Msg("cannot listen for metrics")
+		return exitFailed
+	}
+	var ready atomic.Bool
+	var metrics atomic.Pointer[http.Handler]
+	srv := &http.Server{Handler: probes(&ready, &metrics), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	node, err := kvtier.Open(ctx, cfg)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot open node")
+		_ = srv.Close()
+		<-served
+		return exitConfig
+	}
+	h := promhttp.HandlerFor(node.Registry(), promhttp.HandlerOpts{ErrorLog: promLogger{log}})
+	metrics.Store(&h)
+	ready.Store(true)
+	c := cfg.WithDefaults()
+	log.Info().
+		Str("metrics_addr", ln.Addr().String()).
+		Str("pool_path", c.PoolPath).
+		Int64("pool_bytes", c.PoolBytes).
+		Int("block_bytes", c.BlockBytes).
+		Int64("slots", c.PoolBytes/int64(c.BlockBytes)).
+		Str("policy", c.Policy).
+		Msg("kvtierd listening")
+
+	status := exitOK
+	serveErr := error(nil)
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("signal received, shutting down")
+	case serveErr = <-served:
+		log.Error().Err(serveErr).Msg("metrics server failed, shutting down")
+		status = exitFailed
+	}
+	stop() // from here a second signal kills the process
+	ready.Store(false)
+	if err := shutdown(log, node, srv, served, serveErr == nil, o.shutdownTimeout); err != nil {
+		status = exitFailed
+	}
+	log.Info().Int("exit_status", status).Msg("kvtierd stopped")
+	return status
+}
+
+// shutdown closes the node, then the HTTP server, within timeout. Probes
+// keep answering (readyz 503) while the node drains. serving says whether
+// the server goroutine has yet to report on served.
+func shutdown(log zerolog.Logger, node *kvtier.Node, srv *http.Server, served <-chan error, serving bool, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	var failed error
+	if err := node.Close(ctx); err != nil {
+		log.Error().Err(err).Msg("node did not close cleanly")
+		failed = fmt.Errorf("closing node: %w", err)
+	}
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn().Err(err).Msg("metrics server shutdown cut short")
+		_ = srv.Close()
+	}
+	if serving {
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("metrics server failed")
+			failed = errors.Join(failed, fmt.Errorf("serving metrics: %w", err))
+		}
+	}
+	log.Info().Float64("shutdown_seconds", time.Since(start).Seconds()).Msg("node closed")
+	return failed
+}
+
+// probes routes /healthz, /readyz and /metrics.
+func probes(ready *atomic.Bool, metrics *atomic.Pointer[http.Handler]) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		h := metrics.Load()
+		if h == nil {
+			http.Error(w, "node not open", http.StatusServiceUnavailable)
+			return
+		}
+		(*h).ServeHTTP(w, r)
+	})
+	return mux
+}
+
+// promLogger sends promhttp's errors to the structured log.
+type promLogger struct{ log zerolog.Logger }
+
+// Println implements promhttp.Logger.
+func (l promLogger) Println(v ...any) {
+	l.log.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
+}

@@ -1,0 +1,221 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Config is how the simulated engine behaves.
+type Config struct {
+	GPUBlocks  int           // blocks the GPU cache holds
+	Workers    int           // worker reports per job (tensor-parallel workers); 0 = node default
+	StepTime   time.Duration // virtual duration of one model step
+	CopyTime   time.Duration // virtual copy time per block of a job
+	MaxRunning int           // requests scheduled at once
+	MaxWait    int           // steps a lookup waits on RETRY / HIT_PENDING before recomputing
+	// TimeScale > 0 replays arrivals at Arrival/TimeScale on the virtual
+	// clock; 0 admits requests as fast as the node allows.
+	TimeScale float64
+	// Realtime paces steps so the virtual clock tracks the wall clock.
+	Realtime bool
+	// TouchGPUHits calls Touch for blocks found in the GPU cache, so the CPU
+	// tier's recency follows use.
+	TouchGPUHits bool
+	Namespace    messages.Namespace
+	// Progress, if set, is called after every step with requests finished
+	// and the total.
+	Progress func(done, total int)
+	// DrainTimeout bounds the wait, after the last report, for the node to
+	// become quiet (no pending work, no pins, leases or pending writes).
+	DrainTimeout time.Duration
+}
+
+// DefaultConfig is the engine `kvtier sim` runs with no flags.
+func DefaultConfig() Config {
+	return Config{GPUBlocks: 1000, Workers: 2, StepTime: 20 * time.Millisecond,
+		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true,
+		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second}
+}
+
+// phase is where a scheduled request is.
+type phase uint8
+
+const (
+	phaseLookup  phase = iota // asking kvtier for the blocks the GPU lacks
+	phaseLoading              // its load job is in flight
+	phaseCompute              // prefill this step
+	phaseDone
+)
+
+// running is a scheduled request's state.
+type running struct {
+	req     Request
+	ctx     *messages.ReqContext
+	keys    []messages.Key
+	phase   phase
+	gpuHits int // leading blocks found in the GPU cache
+	hits    int // blocks after those leased as HIT in kvtier
+	waits   int // steps spent waiting on RETRY / HIT_PENDING
+}
+
+// engine is the simulated engine scheduler: one thread, a virtual clock.
+type engine struct {
+	cfg     Config
+	mgr     kvtier.Manager
+	pool    kvtier.SlotMemory
+	gpu     *LRU
+	reqs    []Request
+	next    int // index of the next request to admit
+	done    int
+	now     time.Duration
+	run     []*running
+	jobs    jobQueue
+	seq     uint64
+	sum     Summary
+	lookups []time.Duration
+	wall    time.Time
+}
+
+// Run replays reqs against mgr and returns the summary. mode names the
+// workload in the summary. It returns an error only when the node fails a
+// call it must not fail (closed, timed out, malformed answers); data
+// corruption and leaks are reported in the summary.
+func Run(ctx context.Context, mgr kvtier.Manager, reqs []Request, cfg Config) (Summary, error) {
+	e := &engine{cfg: cfg, mgr: mgr, pool: mgr.Pool(), gpu: NewLRU(cfg.GPUBlocks), reqs: reqs, wall: time.Now()}
+	e.cfg.MaxRunning = max(e.cfg.MaxRunning, 1)
+	e.sum.Requests = len(reqs)
+	for e.done < len(reqs) || e.jobs.Len() > 0 {
+		if err := e.step(ctx); err != nil {
+			return e.sum, err
+		}
+	}
+	if err := e.quiesce(ctx); err != nil {
+		return e.sum, err
+	}
+	e.sum.VirtualSeconds = e.now.Seconds()
+	e.sum.WallSeconds = time.Since(e.wall).Seconds()
+	e.sum.finish(e.lookups)
+	return e.sum, nil
+}
+
+// step runs one engine step: worker reports due now, admissions, lookups,
+// prefills; then the clock moves on.
+func (e *engine) step(ctx context.Context) error {
+	e.pace()
+	if err := e.deliver(ctx); err != nil {
+		return err
+	}
+	e.admit()
+	for _, r := range e.run {
+		if r.phase == phaseLookup {
+			if err := e.lookup(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range e.run {
+		if r.phase == phaseCompute {
+			if err := e.compute(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	e.reap()
+	e.sum.Steps++
+	if e.cfg.Progress != nil {
+		e.cfg.Progress(e.done, len(e.reqs))
+	}
+	e.advance()
+	return nil
+}
+
+// arrival is request i's arrival on the virtual clock.
+func (e *engine) arrival(i int) time.Duration {
+	if e.cfg.TimeScale <= 0 {
+		return 0
+	}
+	return time.Duration(float64(e.reqs[i].Arrival) / e.cfg.TimeScale)
+}
+
+// admit schedules arrived requests while there is room.
+func (e *engine) admit() {
+	for e.next < len(e.reqs) && len(e.run) < e.cfg.MaxRunning && e.arrival(e.next) <= e.now {
+		e.run = append(e.run, e.newRunning(e.next))
+		e.next++
+	}
+}
+
+// newRunning builds request i's state and context.
+func (e *engine) newRunning(i int) *running {
+	req := e.reqs[i]
+	keys := make([]messages.Key, len(req.Blocks))
+	for j, id := range req.Blocks {
+		keys[j] = KeyFor(e.cfg.Namespace, id)
+	}
+	e.sum.PromptBlocks += len(keys)
+	ctx := &messages.ReqContext{RequestID: fmt.Sprintf("sim-%d", i), Workers: e.cfg.Workers,
+		BlockSize: TokensPerBlock, TokenIDs: tokenIDs(req.Blocks)}
+	return &running{req: req, ctx: ctx, keys: keys}
+}
+
+// reap drops finished requests, keeping admission order.
+func (e *engine) reap() {
+	kept := e.run[:0]
+	for _, r := range e.run {
+		if r.phase == phaseDone {
+			e.done++
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(e.run[len(kept):])
+	e.run = kept
+}
+
+// advance moves the virtual clock one step, or straight to the step of the
+// next event when nothing is running.
+func (e *engine) advance() {
+	e.now += e.cfg.StepTime
+	if len(e.run) > 0 {
+		return
+	}
+	target, ok := e.jobs.nextDue()
+	if e.next < len(e.reqs) {
+		if a := e.arrival(e.next); !ok || a < target {
+			target, ok = a, true
+		}
+	}
+	if ok && target > e.now && e.cfg.StepTime > 0 {
+		steps := (target - e.now + e.cfg.StepTime - 1) / e.cfg.StepTime
+		e.now += steps * e.cfg.StepTime
+	}
+}
+
+// pace sleeps until the wall clock reaches the virtual clock (realtime only).
+func (e *engine) pace() {
+	if e.cfg.Realtime {
+		time.Sleep(time.Until(e.wall.Add(e.now)))
+	}
+}
+
+// copyTime is the virtual time to copy n blocks.
+func (e *engine) copyTime(n int) time.Duration { return time.Duration(n) * e.cfg.CopyTime }
+
+// enqueue registers a job whose reports arrive after its copy time.
+func (e *engine) enqueue(j *job) {
+	e.seq++
+	j.seq, j.due = e.seq, e.now+e.copyTime(len(j.keys))
+	heap.Push(&e.jobs, j)
+}
+
+// fatal reports whether err means the node cannot go on serving the run.
+func fatal(err error) bool {
+	return errors.Is(err, messages.ErrClosed) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, messages.ErrBadKey)
+}

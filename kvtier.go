@@ -1,0 +1,139 @@
+// Package kvtier is the public face of a kvtier node: Open starts one inside
+// the calling process (the same actors the daemon runs), Node.Manager is the
+// engine-facing API, Node.Close shuts it down within a deadline.
+//
+// The package wires actors, tiers and the bridge together and owns the node's
+// lifecycle; it holds no tier or request state itself — that lives in the
+// actors, reached only by messages.
+package kvtier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler"
+	"github.com/kvtier/kvtier/tiers/cpu"
+)
+
+// Node is a running kvtier node.
+type Node struct {
+	cfg      Config
+	system   *actor.ActorSystem
+	guardian *actor.PID
+	bridge   *actor.PID
+	pool     *cpu.Pool
+	restarts atomic.Uint64
+	registry *prometheus.Registry
+	metrics  *nodeMetrics
+	manager  *embedded
+
+	closeOnce sync.Once
+	closeErr  error
+	closing   chan struct{}
+}
+
+// Open validates cfg, maps the CPU pool and starts the node's actors.
+func Open(ctx context.Context, cfg Config) (*Node, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	slots := int(cfg.PoolBytes / int64(cfg.BlockBytes))
+	pool, err := cpu.OpenPool(cfg.PoolPath, slots, cfg.BlockBytes)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	state, err := cpu.NewState(slots, cfg.Policy, cfg.Clock.Now)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{})}
+	if err := n.start(ctx, state); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	n.manager = &embedded{node: n}
+	n.registry, n.metrics = newNodeMetrics(n.manager.Stats, cfg.CallTimeout)
+	cfg.Logger.Info().Str("pool", pool.Path()).Int("slots", slots).Int("block_bytes", cfg.BlockBytes).
+		Str("policy", cfg.Policy).Msg("kvtier node open")
+	return n, nil
+}
+
+func (n *Node) start(ctx context.Context, state *cpu.State) error {
+	log := *n.cfg.Logger
+	n.system = actors.NewSystem(log)
+	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
+	counters, jobSeq := &scheduler.Counters{}, &atomic.Uint64{}
+	children := []actors.Child{
+		{Name: "cpu", Props: cpu.Props(state, n.pool, n.cfg.Clock.Now, log.With().Str("actor", "cpu").Logger())},
+		{Name: "bridge", Props: scheduler.Props(scheduler.Config{
+			CPU: cpuPID, Slot: n.pool.Slot, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
+			Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
+			JobSeq: jobSeq, Counters: counters, Restarts: &n.restarts,
+			Log: log.With().Str("actor", "bridge").Logger(),
+		})},
+	}
+	spawned := make(chan map[string]*actor.PID, 1)
+	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), "kvtier")
+	if err != nil {
+		n.system.Shutdown()
+		return fmt.Errorf("spawn guardian: %w", err)
+	}
+	n.guardian = guardian
+	select {
+	case pids := <-spawned:
+		if !pids["cpu"].Equal(cpuPID) {
+			return fmt.Errorf("cpu tier spawned as %s, wired as %s", pids["cpu"], cpuPID)
+		}
+		n.bridge = pids["bridge"]
+		return nil
+	case <-ctx.Done():
+		n.stopActors(context.Background())
+		return fmt.Errorf("start actors: %w", ctx.Err())
+	}
+}
+
+// Manager returns the engine-facing API.
+func (n *Node) Manager() Manager { return n.manager }
+
+// Registry is the node's private Prometheus registry.
+func (n *Node) Registry() *prometheus.Registry { return n.registry }
+
+// Pool is the CPU tier's slot memory.
+func (n *Node) Pool() *cpu.Pool { return n.pool }
+
+// Close shuts the node down, supervisor-ordered: stop engine intake, drain
+// engine jobs until ctx's deadline (reaping the rest), stop the actors,
+// unmap and remove the pool. Calls after the first return the first's result.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		close(n.closing)
+		var errs []error
+		if _, err := call(ctx, n, func(r messages.Reply[struct{}]) any {
+			return &messages.Shutdown{Deadline: n.drainDeadline(ctx), Reply: r}
+		}); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+		errs = append(errs, n.stopActors(ctx), n.pool.Close())
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+func (n *Node) stopActors(ctx context.Context) error {
+	var err error
+	if n.guardian != nil {
+		err = actors.StopAndWait(ctx, n.system, n.guardian)
+	}
+	n.system.Shutdown()
+	return err
+}

@@ -1,0 +1,132 @@
+package messages
+
+import "time"
+
+// Requests to the CPU tier. Every request with a Corr is answered to its
+// sender with a reply carrying the same Corr, so the asking actor can match
+// it without a blocking future (DESIGN.md §8 pitfalls).
+
+// LookupAndLease asks for the status of keys; HITs are leased to Holder.
+type LookupAndLease struct {
+	Corr   uint64        // correlation id, echoed in LookupResult
+	Holder Holder        // who the HITs are leased to
+	Keys   []Key         // keys in prefix order
+	Prefix bool          // stop at the first key that is not a HIT
+	TTL    time.Duration // lease length
+}
+
+// LookupResult answers LookupAndLease.
+type LookupResult struct {
+	Corr   uint64         // from the request
+	Status []LookupStatus // one per key
+}
+
+// LeaseToPin turns Holder's leases on Keys into read pins owned by Job.
+type LeaseToPin struct {
+	Corr   uint64 // correlation id
+	Holder Holder // whose leases are consumed
+	Job    JobRef // who owns the pins
+	Keys   []Key  // keys to pin, all-or-nothing
+}
+
+// PinResult answers LeaseToPin.
+type PinResult struct {
+	Corr  uint64 // from the request
+	Slots []int  // slot per key
+	Err   error  // ErrUnknownKey when a key is not ready; nothing pinned then
+}
+
+// TouchKeys marks keys recently used. No reply.
+type TouchKeys struct {
+	Keys []Key // keys to touch; unknown ones are ignored
+}
+
+// UnpinKeys releases Job's pins on Keys.
+type UnpinKeys struct {
+	Corr uint64 // correlation id
+	Job  JobRef // the pin owner
+	Keys []Key  // keys to unpin, all-or-nothing
+}
+
+// ReserveSlots makes the absent Keys write-pending for Job, evicting as needed.
+type ReserveSlots struct {
+	Corr uint64 // correlation id
+	Job  JobRef // the writer
+	Keys []Key  // keys to store
+}
+
+// ReserveResult answers ReserveSlots.
+type ReserveResult struct {
+	Corr    uint64 // from the request
+	ToStore []Key  // keys now write-pending for the job
+	Slots   []int  // slot per ToStore key
+	Evicted []Key  // keys evicted to make room
+	Err     error  // ErrFull when there was no room for all; nothing changed then
+}
+
+// CommitSlots ends Job's writes of Keys: readable with OK, freed without.
+type CommitSlots struct {
+	Corr      uint64      // correlation id
+	Job       JobRef      // the writer
+	Keys      []Key       // keys written
+	OK        bool        // whether the bytes are complete and valid
+	Checksums []uint32    // CRC32C per key when OK
+	Ctx       *ReqContext // context of the job, for the stored event
+}
+
+// ReleaseJob drops Job's pins and frees its unfinished writes.
+type ReleaseJob struct {
+	Corr uint64 // correlation id
+	Job  JobRef // the job
+}
+
+// ReleaseHolder ends every lease of Holder. No reply.
+type ReleaseHolder struct {
+	Holder Holder // whose leases end
+}
+
+// ReleaseOrigin ends every lease, pin and write of an origin (after the
+// bridge restarts with no memory of its requests). No reply.
+type ReleaseOrigin struct {
+	Origin Origin // whose holds are dropped
+}
+
+// ClearTier frees every ready, unpinned block.
+type ClearTier struct {
+	Corr uint64 // correlation id
+}
+
+// VerifyBlock recomputes a block's checksum; a mismatch drops the block.
+type VerifyBlock struct {
+	Corr uint64 // correlation id
+	Key  Key    // the block
+}
+
+// TakeTierEvents drains the tier's event buffer.
+type TakeTierEvents struct {
+	Corr uint64 // correlation id
+}
+
+// TierEvents answers TakeTierEvents.
+type TierEvents struct {
+	Corr    uint64  // from the request
+	Events  []Event // oldest first
+	Dropped uint64  // events dropped because the buffer was full, since the last drain
+}
+
+// TierStats asks the CPU tier for its gauges and counters.
+type TierStats struct {
+	Corr uint64 // correlation id
+}
+
+// TierStatsResult answers TierStats; only the CPU-tier fields of Stats are set.
+type TierStatsResult struct {
+	Corr  uint64 // from the request
+	Stats Stats  // pool gauges and tier counters
+}
+
+// Ack answers requests that return only an error.
+type Ack struct {
+	Corr uint64 // from the request
+	Err  error  // nil on success
+}

@@ -1,0 +1,126 @@
+package messages
+
+import "time"
+
+// Engine calls, sent by the manager facade (outside the actor system) to the
+// bridge. Each carries a buffered reply channel the bridge answers exactly
+// once; the caller waits on it with its own deadline, so a late answer never
+// races a timed-out future (DESIGN.md §8 pitfalls).
+
+// Result is an engine call's answer.
+type Result[T any] struct {
+	Value T     // the answer when Err is nil
+	Err   error // typed error (errors.Is with the sentinels in errors.go)
+}
+
+// Reply is where an engine call's answer goes; capacity ≥ 1.
+type Reply[T any] chan Result[T]
+
+// Answer sends r without blocking: the channel is buffered and answered once.
+func (c Reply[T]) Answer(v T, err error) {
+	select {
+	case c <- Result[T]{Value: v, Err: err}:
+	default:
+	}
+}
+
+// NewReply makes a reply channel with room for its one answer.
+func NewReply[T any]() Reply[T] { return make(Reply[T], 1) }
+
+// Lookup asks for Keys' status, leasing HITs to Req.
+type Lookup struct {
+	Req    *ReqContext           // the request
+	Keys   []Key                 // keys in prefix order
+	Prefix bool                  // stop at the first key that is not a HIT
+	Reply  Reply[[]LookupStatus] // answer
+}
+
+// PrepareLoad pins Req's HITs and opens a load job.
+type PrepareLoad struct {
+	Req   *ReqContext    // the request
+	Keys  []Key          // keys to load
+	Reply Reply[LoadJob] // answer
+}
+
+// Touch marks keys recently used.
+type Touch struct {
+	Req   *ReqContext     // the request
+	Keys  []Key           // keys to touch
+	Reply Reply[struct{}] // answer
+}
+
+// CompleteLoad unpins keys Req loaded.
+type CompleteLoad struct {
+	Req   *ReqContext     // the request
+	Keys  []Key           // keys loaded
+	Reply Reply[struct{}] // answer
+}
+
+// PrepareStore reserves slots and opens a store job.
+type PrepareStore struct {
+	Req   *ReqContext      // the request
+	Keys  []Key            // keys to store
+	Reply Reply[StorePlan] // answer
+}
+
+// CompleteStore ends Req's writes of Keys.
+type CompleteStore struct {
+	Req   *ReqContext     // the request
+	Keys  []Key           // keys written
+	OK    bool            // whether the writes succeeded
+	Reply Reply[struct{}] // answer, once the keys are readable (or freed)
+}
+
+// JobDone is one worker's report on a job.
+type JobDone struct {
+	Job    JobID           // the job
+	Worker int             // worker index, 0..Workers-1
+	OK     bool            // whether this worker's copy succeeded
+	Reply  Reply[struct{}] // answer
+}
+
+// RequestFinished ends Req's submit-side calls.
+type RequestFinished struct {
+	Req   *ReqContext     // the request
+	Reply Reply[struct{}] // answer
+}
+
+// TakeEvents drains announced events.
+type TakeEvents struct {
+	Reply Reply[[]Event] // answer
+}
+
+// HasPendingWork asks whether engine jobs await worker reports.
+type HasPendingWork struct {
+	Reply Reply[bool] // answer
+}
+
+// Pause stops engine intake; answered once engine jobs drained or were reaped.
+type Pause struct {
+	ClearCache bool            // also clear the primary tier
+	Reply      Reply[struct{}] // answer
+}
+
+// Resume restores engine intake.
+type Resume struct {
+	Reply Reply[struct{}] // answer
+}
+
+// ResetCache drains engine jobs until Deadline, reaps the rest, then clears
+// the primary tier.
+type ResetCache struct {
+	Deadline time.Time       // when to stop waiting and reap
+	Reply    Reply[struct{}] // answer
+}
+
+// GetStats asks for a Stats snapshot.
+type GetStats struct {
+	Reply Reply[Stats] // answer
+}
+
+// Shutdown stops intake for good, drains engine jobs until Deadline and
+// reaps the rest.
+type Shutdown struct {
+	Deadline time.Time       // when to stop waiting and reap
+	Reply    Reply[struct{}] // answer
+}

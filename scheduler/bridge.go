@@ -1,0 +1,612 @@
+package scheduler
+
+import (
+	"fmt"
+	"hash/crc32"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Bridge is the engine-facing actor: it serves the manager API, owns the
+// request and job registry, arms one deadline timer per job and reaps jobs
+// whose deadline passes.
+//
+// Invariants:
+//   - state is touched only inside Receive; CPU-tier answers come back as
+//     messages matched by correlation id, never awaited.
+//   - every engine call is answered exactly once (its Reply is buffered).
+//   - every job leaves the registry exactly once — completed, claimed key by
+//     key, or reaped — and releases what it holds at the CPU tier exactly once.
+//   - reaping costs O(that job): a timer per job, no sweep.
+//   - a restart loses request and job state: the new incarnation tells the
+//     CPU tier to drop every engine lease, pin and write (stores fail, loads
+//     unpin), and every report for an old job is late.
+type Bridge struct {
+	cfg      Config
+	reg      registry
+	pending  map[uint64]pendingCall
+	corr     uint64
+	paused   bool
+	closed   bool
+	waiters  []drainWaiter
+	restart  bool
+	resetGen uint64
+}
+
+// Config is what a Bridge needs from the node. The pointers survive actor
+// restarts: job ids are never reused, counters never go back.
+type Config struct {
+	CPU          *actor.PID        // the CPU tier
+	Slot         func(int) []byte  // slot bytes, for checksums (read off the mailbox)
+	Clock        supervision.Clock // deadlines and leases
+	LeaseTTL     time.Duration     // engine lease length
+	Workers      int               // default worker reports per job
+	LoadTimeout  time.Duration     // load job deadline
+	StoreTimeout time.Duration     // store job deadline
+	JobSeq       *atomic.Uint64    // job id source
+	Counters     *Counters         // bridge counters
+	Restarts     *atomic.Uint64    // supervised restarts, for Stats
+	Log          zerolog.Logger    // structured logs
+}
+
+// Counters are the bridge's monotonic counters. Only the bridge actor
+// writes them, inside Receive.
+type Counters struct {
+	JobsCompleted, ReapedLoad, ReapedStore, LateReports uint64
+}
+
+type pendingCall struct {
+	onReply func(any)   // continue with the CPU tier's answer
+	fail    func(error) // answer the engine call with an error
+}
+
+type drainWaiter struct {
+	upTo messages.JobID // wait for jobs with id ≤ upTo
+	gen  uint64         // reset generation that may reap them (0 = none)
+	done func()
+	fail func(error) // answer the waiting call when the bridge restarts
+}
+
+// Messages the bridge sends itself.
+type (
+	jobDeadline struct{ id messages.JobID }
+	reapAt      struct{ gen uint64 }
+	checksummed struct {
+		job  messages.JobRef
+		req  *messages.ReqContext
+		keys []messages.Key
+		sums []uint32
+		then func(error)
+	}
+)
+
+// ErrRestarted answers calls in flight when the bridge restarted.
+var ErrRestarted = fmt.Errorf("%w: bridge restarted", messages.ErrClosed)
+
+// Props builds the bridge's props. incarnation counts how often the
+// producer ran, so a restarted bridge knows it is one.
+func Props(cfg Config) *actor.Props {
+	var incarnation atomic.Uint64
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Bridge{cfg: cfg, reg: newRegistry(), pending: map[uint64]pendingCall{},
+			restart: incarnation.Add(1) > 1}
+	})
+}
+
+// Receive handles one message.
+func (b *Bridge) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		b.started(ctx)
+	case *actor.Restarting:
+		b.failInFlight()
+	case *messages.Lookup:
+		b.lookup(ctx, m)
+	case *messages.PrepareLoad:
+		b.prepareLoad(ctx, m)
+	case *messages.Touch:
+		b.touch(ctx, m)
+	case *messages.CompleteLoad:
+		b.completeLoad(ctx, m)
+	case *messages.PrepareStore:
+		b.prepareStore(ctx, m)
+	case *messages.CompleteStore:
+		b.completeStore(ctx, m)
+	case *messages.JobDone:
+		b.jobDone(ctx, m)
+	case *messages.RequestFinished:
+		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: m.Req.Holder()})
+		m.Reply.Answer(struct{}{}, nil)
+	case *messages.TakeEvents:
+		b.takeEvents(ctx, m)
+	case *messages.HasPendingWork:
+		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
+	case *messages.Pause:
+		b.pause(ctx, m)
+	case *messages.Resume:
+		b.paused = b.closed
+		m.Reply.Answer(struct{}{}, b.closedErr())
+	case *messages.ResetCache:
+		b.resetCache(ctx, m)
+	case *messages.GetStats:
+		b.stats(ctx, m)
+	case *messages.Shutdown:
+		b.shutdown(ctx, m)
+	case *jobDeadline:
+		b.deadline(ctx, m)
+	case *reapAt:
+		b.reapUpTo(ctx, m.gen)
+	case *checksummed:
+		b.commitChecksummed(ctx, m)
+	case *messages.LookupResult:
+		b.resume(m.Corr, m)
+	case *messages.PinResult:
+		b.resume(m.Corr, m)
+	case *messages.ReserveResult:
+		b.resume(m.Corr, m)
+	case *messages.Ack:
+		b.resumeAck(m)
+	case *messages.TierEvents:
+		b.resume(m.Corr, m)
+	case *messages.TierStatsResult:
+		b.resume(m.Corr, m)
+	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+	default:
+		b.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("bridge: unknown message dropped")
+	}
+}
+
+func (b *Bridge) started(ctx actor.Context) {
+	if b.restart {
+		b.cfg.Log.Warn().Msg("bridge: restarted; releasing every engine lease, pin and write")
+		ctx.Send(b.cfg.CPU, &messages.ReleaseOrigin{Origin: messages.OriginEngine})
+	}
+}
+
+// failInFlight answers every engine call waiting on the CPU tier and stops
+// the job timers: the incarnation that owned them is going away.
+func (b *Bridge) failInFlight() {
+	for _, p := range b.pending {
+		if p.fail != nil {
+			p.fail(ErrRestarted)
+		}
+	}
+	for _, j := range b.reg.jobs {
+		if j.timer != nil {
+			j.timer.Stop()
+		}
+	}
+	for _, w := range b.waiters {
+		w.fail(ErrRestarted)
+	}
+}
+
+// ask sends a CPU-tier request built with a fresh correlation id and
+// continues with onReply when the answer comes back.
+func (b *Bridge) ask(ctx actor.Context, build func(corr uint64) any, onReply func(any), fail func(error)) {
+	b.corr++
+	b.pending[b.corr] = pendingCall{onReply: onReply, fail: fail}
+	ctx.Request(b.cfg.CPU, build(b.corr))
+}
+
+func (b *Bridge) resume(corr uint64, reply any) {
+	p, ok := b.pending[corr]
+	if !ok {
+		return
+	}
+	delete(b.pending, corr)
+	p.onReply(reply)
+}
+
+func (b *Bridge) resumeAck(m *messages.Ack) {
+	if m.Corr == 0 {
+		if m.Err != nil {
+			b.cfg.Log.Error().Err(m.Err).Msg("bridge: cpu tier refused a release")
+		}
+		return
+	}
+	b.resume(m.Corr, m)
+}
+
+func (b *Bridge) closedErr() error {
+	if b.closed {
+		return messages.ErrClosed
+	}
+	return nil
+}
+
+func validKeys(keys []messages.Key) error {
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Bridge) workers(req *messages.ReqContext) int {
+	if req.Workers > 0 {
+		return req.Workers
+	}
+	return b.cfg.Workers
+}
+
+func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
+	if err := b.closedErr(); err != nil {
+		m.Reply.Answer(nil, err)
+		return
+	}
+	if err := validKeys(m.Keys); err != nil {
+		m.Reply.Answer(nil, err)
+		return
+	}
+	if b.paused { // a paused node takes no engine intake: everything is a miss
+		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
+		return
+	}
+	b.ask(ctx, func(corr uint64) any {
+		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL}
+	}, func(r any) {
+		m.Reply.Answer(r.(*messages.LookupResult).Status, nil)
+	}, func(err error) { m.Reply.Answer(nil, err) })
+}
+
+func (b *Bridge) intakeErr() error {
+	if b.closed {
+		return messages.ErrClosed
+	}
+	if b.paused {
+		return messages.ErrPaused
+	}
+	return nil
+}
+
+func (b *Bridge) newJob(kind messages.JobKind, req *messages.ReqContext, keys []messages.Key, slots []int) *job {
+	j := &job{id: messages.JobID(b.cfg.JobSeq.Add(1)), kind: kind, req: req,
+		slots: make(map[messages.Key]int, len(keys)), open: make(map[messages.Key]struct{}, len(keys)),
+		reported: make([]bool, b.workers(req)), allOK: true}
+	for i, k := range keys {
+		j.slots[k] = slots[i]
+		j.open[k] = struct{}{}
+	}
+	return j
+}
+
+func (b *Bridge) arm(ctx actor.Context, j *job) {
+	timeout := b.cfg.LoadTimeout
+	if j.kind == messages.JobStore {
+		timeout = b.cfg.StoreTimeout
+	}
+	self, root, id := ctx.Self(), ctx.ActorSystem().Root, j.id
+	j.timer = b.cfg.Clock.AfterFunc(timeout, func() { root.Send(self, &jobDeadline{id: id}) })
+	b.reg.add(j)
+}
+
+func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
+	if err := b.intakeErr(); err != nil {
+		m.Reply.Answer(messages.LoadJob{}, err)
+		return
+	}
+	if err := validKeys(m.Keys); err != nil {
+		m.Reply.Answer(messages.LoadJob{}, err)
+		return
+	}
+	id := messages.JobID(b.cfg.JobSeq.Add(1))
+	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
+	b.ask(ctx, func(corr uint64) any {
+		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys}
+	}, func(r any) {
+		res := r.(*messages.PinResult)
+		if res.Err != nil {
+			m.Reply.Answer(messages.LoadJob{}, res.Err)
+			return
+		}
+		j := b.newJob(messages.JobLoad, m.Req, m.Keys, res.Slots)
+		j.id = id
+		b.arm(ctx, j)
+		m.Reply.Answer(messages.LoadJob{ID: id, Slots: res.Slots, Workers: len(j.reported)}, nil)
+	}, func(err error) { m.Reply.Answer(messages.LoadJob{}, err) })
+}
+
+func (b *Bridge) touch(ctx actor.Context, m *messages.Touch) {
+	if err := validKeys(m.Keys); err != nil {
+		m.Reply.Answer(struct{}{}, err)
+		return
+	}
+	ctx.Send(b.cfg.CPU, &messages.TouchKeys{Keys: m.Keys})
+	m.Reply.Answer(struct{}{}, nil)
+}
+
+func (b *Bridge) completeLoad(ctx actor.Context, m *messages.CompleteLoad) {
+	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobLoad, m.Keys)
+	if !ok {
+		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
+		return
+	}
+	for j, keys := range byJob {
+		// NB: the CPU tier's mailbox is FIFO from us, so any later call we
+		// forward sees these pins released; no need to await the ack.
+		ctx.Request(b.cfg.CPU, &messages.UnpinKeys{Job: j.ref(), Keys: keys})
+		b.closeIfEmpty(ctx, j)
+	}
+	m.Reply.Answer(struct{}{}, nil)
+}
+
+func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
+	if err := b.intakeErr(); err != nil {
+		m.Reply.Answer(messages.StorePlan{}, err)
+		return
+	}
+	if err := validKeys(m.Keys); err != nil {
+		m.Reply.Answer(messages.StorePlan{}, err)
+		return
+	}
+	id := messages.JobID(b.cfg.JobSeq.Add(1))
+	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
+	b.ask(ctx, func(corr uint64) any {
+		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
+	}, func(r any) {
+		res := r.(*messages.ReserveResult)
+		if res.Err != nil {
+			m.Reply.Answer(messages.StorePlan{}, res.Err)
+			return
+		}
+		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
+		if len(res.ToStore) > 0 {
+			j := b.newJob(messages.JobStore, m.Req, res.ToStore, res.Slots)
+			j.id = id
+			b.arm(ctx, j)
+			plan.Job, plan.Workers = id, len(j.reported)
+		}
+		m.Reply.Answer(plan, nil)
+	}, func(err error) { m.Reply.Answer(messages.StorePlan{}, err) })
+}
+
+func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
+	if len(m.Keys) == 0 {
+		m.Reply.Answer(struct{}{}, nil)
+		return
+	}
+	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobStore, m.Keys)
+	if !ok {
+		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotPending, missing))
+		return
+	}
+	remaining := len(byJob)
+	var firstErr error
+	for j, keys := range byJob {
+		b.commit(ctx, j, keys, m.OK, func(err error) {
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			if remaining--; remaining == 0 {
+				m.Reply.Answer(struct{}{}, firstErr)
+			}
+		})
+		b.closeIfEmpty(ctx, j)
+	}
+}
+
+// commit ends the job's writes of keys. A successful write is checksummed
+// off the mailbox first; then takes the CPU tier's answer.
+func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool, then func(error)) {
+	if !ok {
+		b.sendCommit(ctx, j.ref(), j.req, keys, false, nil, then)
+		return
+	}
+	slots := make([]int, len(keys))
+	for i, k := range keys {
+		slots[i] = j.slots[k]
+	}
+	self, root, ref, req, slot := ctx.Self(), ctx.ActorSystem().Root, j.ref(), j.req, b.cfg.Slot
+	go func() {
+		sums := make([]uint32, len(slots))
+		for i, s := range slots {
+			sums[i] = crc32.Checksum(slot(s), castagnoli)
+		}
+		root.Send(self, &checksummed{job: ref, req: req, keys: keys, sums: sums, then: then})
+	}()
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
+	b.sendCommit(ctx, m.job, m.req, m.keys, true, m.sums, m.then)
+}
+
+func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *messages.ReqContext, keys []messages.Key, ok bool, sums []uint32, then func(error)) {
+	if then == nil {
+		ctx.Request(b.cfg.CPU, &messages.CommitSlots{Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req})
+		return
+	}
+	b.ask(ctx, func(corr uint64) any {
+		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req}
+	}, func(r any) { then(r.(*messages.Ack).Err) }, then)
+}
+
+// closeIfEmpty removes a job all of whose keys were claimed.
+func (b *Bridge) closeIfEmpty(ctx actor.Context, j *job) {
+	if len(j.open) > 0 || b.reg.jobs[j.id] != j {
+		return
+	}
+	b.reg.remove(j)
+	b.cfg.Counters.JobsCompleted++
+	b.drained(ctx)
+}
+
+func (b *Bridge) jobDone(ctx actor.Context, m *messages.JobDone) {
+	j, ok := b.reg.jobs[m.Job]
+	if !ok {
+		b.cfg.Counters.LateReports++
+		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %d", messages.ErrUnknownJob, m.Job))
+		return
+	}
+	if m.Worker < 0 || m.Worker >= len(j.reported) {
+		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: worker %d of %d for job %d", messages.ErrBadWorker, m.Worker, len(j.reported), m.Job))
+		return
+	}
+	if j.reported[m.Worker] {
+		b.cfg.Counters.LateReports++
+		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: worker %d already reported job %d", messages.ErrBadWorker, m.Worker, m.Job))
+		return
+	}
+	j.reported[m.Worker], j.allOK = true, j.allOK && m.OK
+	j.nReports++
+	m.Reply.Answer(struct{}{}, nil)
+	if j.nReports == len(j.reported) {
+		b.finish(ctx, j, j.allOK)
+		b.cfg.Counters.JobsCompleted++
+	}
+}
+
+// finish releases what the job still holds: a load unpins, a store commits
+// (readable only if ok) — and removes it from the registry.
+func (b *Bridge) finish(ctx actor.Context, j *job, ok bool) {
+	b.reg.remove(j)
+	keys := j.openKeys()
+	j.open = nil
+	if j.kind == messages.JobLoad {
+		ctx.Request(b.cfg.CPU, &messages.ReleaseJob{Job: j.ref()})
+	} else if len(keys) > 0 {
+		b.commit(ctx, j, keys, ok, nil)
+	}
+	b.drained(ctx)
+}
+
+func (b *Bridge) deadline(ctx actor.Context, m *jobDeadline) {
+	j, ok := b.reg.jobs[m.id]
+	if !ok {
+		return // completed before its deadline; the timer lost the race to Stop
+	}
+	b.reap(ctx, j, "deadline")
+}
+
+func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
+	if j.kind == messages.JobLoad {
+		b.cfg.Counters.ReapedLoad++
+	} else {
+		b.cfg.Counters.ReapedStore++
+	}
+	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
+		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
+		Str("why", why).Msg("bridge: stalled job reaped")
+	b.finish(ctx, j, false)
+}
+
+func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
+	b.ask(ctx, func(corr uint64) any { return &messages.TakeTierEvents{Corr: corr} },
+		func(r any) { m.Reply.Answer(r.(*messages.TierEvents).Events, nil) },
+		func(err error) { m.Reply.Answer(nil, err) })
+}
+
+// onDrained runs done once no job with id ≤ the current highest remains.
+// With a reset generation, a reapAt for that generation reaps the
+// stragglers.
+func (b *Bridge) onDrained(ctx actor.Context, gen uint64, reply messages.Reply[struct{}], done func()) {
+	fail := func(err error) { reply.Answer(struct{}{}, err) }
+	b.waiters = append(b.waiters, drainWaiter{upTo: messages.JobID(b.cfg.JobSeq.Load()), gen: gen, done: done, fail: fail})
+	b.drained(ctx)
+}
+
+func (b *Bridge) drained(actor.Context) {
+	if len(b.waiters) == 0 {
+		return
+	}
+	oldest := b.oldestJob()
+	kept := b.waiters[:0]
+	var ready []func()
+	for _, w := range b.waiters {
+		if oldest == 0 || oldest > w.upTo {
+			ready = append(ready, w.done)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	b.waiters = kept
+	for _, done := range ready {
+		done()
+	}
+}
+
+// oldestJob is the smallest in-flight job id (0 when none). O(jobs), only
+// while someone waits for a drain.
+func (b *Bridge) oldestJob() messages.JobID {
+	var oldest messages.JobID
+	for id := range b.reg.jobs {
+		if oldest == 0 || id < oldest {
+			oldest = id
+		}
+	}
+	return oldest
+}
+
+func (b *Bridge) reapUpTo(ctx actor.Context, gen uint64) {
+	var upTo messages.JobID
+	for _, w := range b.waiters {
+		if w.gen == gen && w.upTo > upTo {
+			upTo = w.upTo
+		}
+	}
+	for id, j := range b.reg.jobs {
+		if id <= upTo {
+			b.reap(ctx, j, "drain deadline")
+		}
+	}
+}
+
+func (b *Bridge) drainBy(ctx actor.Context, deadline time.Time, reply messages.Reply[struct{}], done func()) {
+	b.resetGen++
+	gen := b.resetGen
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	timer := b.cfg.Clock.AfterFunc(deadline.Sub(b.cfg.Clock.Now()), func() { root.Send(self, &reapAt{gen: gen}) })
+	b.onDrained(ctx, gen, reply, func() {
+		timer.Stop()
+		done()
+	})
+}
+
+func (b *Bridge) clearTier(ctx actor.Context, reply messages.Reply[struct{}]) {
+	b.ask(ctx, func(corr uint64) any { return &messages.ClearTier{Corr: corr} },
+		func(r any) { reply.Answer(struct{}{}, r.(*messages.Ack).Err) },
+		func(err error) { reply.Answer(struct{}{}, err) })
+}
+
+func (b *Bridge) pause(ctx actor.Context, m *messages.Pause) {
+	b.paused = true
+	b.onDrained(ctx, 0, m.Reply, func() {
+		if m.ClearCache {
+			b.clearTier(ctx, m.Reply)
+			return
+		}
+		m.Reply.Answer(struct{}{}, nil)
+	})
+}
+
+func (b *Bridge) resetCache(ctx actor.Context, m *messages.ResetCache) {
+	b.drainBy(ctx, m.Deadline, m.Reply, func() { b.clearTier(ctx, m.Reply) })
+}
+
+func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
+	b.closed, b.paused = true, true
+	b.drainBy(ctx, m.Deadline, m.Reply, func() { m.Reply.Answer(struct{}{}, nil) })
+}
+
+func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
+	b.ask(ctx, func(corr uint64) any { return &messages.TierStats{Corr: corr} }, func(r any) {
+		s := r.(*messages.TierStatsResult).Stats
+		c := b.cfg.Counters
+		s.JobsInFlight, s.Requests, s.Paused = len(b.reg.jobs), len(b.reg.byReq), b.paused
+		s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
+			c.JobsCompleted, c.ReapedLoad, c.ReapedStore, c.LateReports
+		if b.cfg.Restarts != nil {
+			s.ActorRestarts = b.cfg.Restarts.Load()
+		}
+		m.Reply.Answer(s, nil)
+	}, func(err error) { m.Reply.Answer(messages.Stats{}, err) })
+}

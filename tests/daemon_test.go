@@ -1,0 +1,297 @@
+// Package tests holds black-box suites that drive kvtier through its public
+// API and real processes.
+package tests
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// buildDaemon compiles ./cmd/kvtierd into a temporary directory.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "kvtierd")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtierd")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build kvtierd:\n%s", out)
+	return bin
+}
+
+// poolPath is a unique pool file under /dev/shm (or the test's temp dir
+// where there is no /dev/shm), removed at cleanup if the daemon left it.
+func poolPath(t *testing.T) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	dir := "/dev/shm"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = t.TempDir()
+	}
+	p := filepath.Join(dir, fmt.Sprintf("kvtier-test-%d-%s.pool", os.Getpid(), hex.EncodeToString(b[:])))
+	t.Cleanup(func() { _ = os.Remove(p) })
+	return p
+}
+
+// lineLog collects a process's stderr line by line for waiters.
+type lineLog struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer // partial last line
+	lines  []string
+	notify chan struct{} // poked (cap 1) when a line arrives
+}
+
+func newLineLog() *lineLog { return &lineLog{notify: make(chan struct{}, 1)} }
+
+// Write implements io.Writer.
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.buf.Write(p)
+	added := false
+	for {
+		i := bytes.IndexByte(l.buf.Bytes(), '\n')
+		if i < 0 {
+			break
+		}
+		l.lines = append(l.lines, string(l.buf.Next(i + 1)[:i]))
+		added = true
+	}
+	l.mu.Unlock()
+	if added {
+		select {
+		case l.notify <- struct{}{}:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+// String is everything written so far.
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n") + "\n" + l.buf.String()
+}
+
+// waitJSON returns the first JSON log line whose message is msg.
+func (l *lineLog) waitJSON(ctx context.Context, msg string) (map[string]any, error) {
+	for next := 0; ; {
+		l.mu.Lock()
+		lines := l.lines[next:]
+		next = len(l.lines)
+		l.mu.Unlock()
+		for _, line := range lines {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["message"] == msg {
+				return rec, nil
+			}
+		}
+		select {
+		case <-l.notify:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for log line %q: %w", msg, ctx.Err())
+		}
+	}
+}
+
+// daemon is a running kvtierd.
+type daemon struct {
+	cmd    *exec.Cmd
+	stderr *lineLog
+	exited chan struct{} // closed once Wait returned
+	err    error         // Wait's result, set before exited closes
+}
+
+// startDaemon starts bin with args; the process is killed at cleanup if the
+// test did not stop it.
+func startDaemon(t *testing.T, bin string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: exec.Command(bin, args...), stderr: newLineLog(), exited: make(chan struct{})}
+	d.cmd.Stderr = d.stderr
+	d.cmd.WaitDelay = 5 * time.Second
+	require.NoError(t, d.cmd.Start())
+	go func() {
+		d.err = d.cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.exited:
+		default:
+			_ = d.cmd.Process.Kill()
+			<-d.exited
+		}
+		if t.Failed() {
+			t.Logf("kvtierd stderr:\n%s", d.stderr)
+		}
+	})
+	return d
+}
+
+// wait returns the exit code, or an error if the process outlives ctx.
+func (d *daemon) wait(ctx context.Context) (int, error) {
+	select {
+	case <-d.exited:
+		var ee *exec.ExitError
+		if d.err != nil && !errors.As(d.err, &ee) {
+			return -1, d.err
+		}
+		return d.cmd.ProcessState.ExitCode(), nil
+	case <-ctx.Done():
+		return -1, fmt.Errorf("kvtierd still running: %w", ctx.Err())
+	}
+}
+
+// get fetches url and returns the status and body.
+func get(ctx context.Context, client *http.Client, url string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// metricValue finds an unlabelled sample of name in a text exposition.
+func metricValue(body, name string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(line, name+" ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		return v, err == nil
+	}
+	return 0, false
+}
+
+func TestDaemonServesMetricsAndShutsDown(t *testing.T) {
+	bin := buildDaemon(t)
+	pool := poolPath(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	d := startDaemon(t, bin,
+		"--pool-path", pool,
+		"--pool-bytes", "16MiB",
+		"--block-bytes", "64KiB",
+		"--metrics-listen", "127.0.0.1:0",
+		"--log-format", "json",
+		"--shutdown-timeout", "10s",
+	)
+
+	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	require.NoError(t, err)
+	addr, _ := rec["metrics_addr"].(string)
+	require.NotEmpty(t, addr, "listening line has metrics_addr: %v", rec)
+	require.NotEqual(t, "127.0.0.1:0", addr, "the bound port is logged")
+	require.EqualValues(t, 256, rec["slots"])
+	require.EqualValues(t, 64<<10, rec["block_bytes"])
+	require.Equal(t, pool, rec["pool_path"])
+
+	_, err = os.Stat(pool)
+	require.NoError(t, err, "pool file exists while the daemon runs")
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	base := "http://" + addr
+	for _, path := range []string{"/healthz", "/readyz"} {
+		code, body, err := get(ctx, client, base+path)
+		require.NoError(t, err, path)
+		require.Equal(t, http.StatusOK, code, "%s: %s", path, body)
+	}
+
+	code, body, err := get(ctx, client, base+"/metrics")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, body)
+	for name, want := range map[string]float64{
+		"kvtier_pool_slots":       256,
+		"kvtier_pool_block_bytes": 64 << 10,
+		"kvtier_pool_slots_free":  256,
+		"kvtier_pool_bytes_used":  0,
+		"kvtier_paused":           0,
+	} {
+		got, ok := metricValue(body, name)
+		require.True(t, ok, "%s missing from /metrics:\n%s", name, body)
+		require.Equal(t, want, got, name)
+	}
+	require.Contains(t, body, "go_goroutines ")
+	require.Contains(t, body, "kvtier_lookup_duration_seconds_bucket")
+
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	exit, err := d.wait(wctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, exit, "clean shutdown exits 0")
+	_, err = os.Stat(pool)
+	require.ErrorIs(t, err, os.ErrNotExist, "pool file removed on shutdown")
+	_, err = d.stderr.waitJSON(ctx, "kvtierd stopped")
+	require.NoError(t, err)
+}
+
+func TestDaemonRejectsBadConfig(t *testing.T) {
+	bin := buildDaemon(t)
+	badYAML := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(badYAML, []byte("pool_bytes: 16MiB\npool_bytez: 1\n"), 0o600))
+	badSize := filepath.Join(t.TempDir(), "badsize.yaml")
+	require.NoError(t, os.WriteFile(badSize, []byte("pool_bytes: -16MiB\n"), 0o600))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"negative pool-bytes flag", []string{"--pool-bytes", "-1"}, "pool_bytes"},
+		{"zero pool-bytes flag", []string{"--pool-bytes", "0"}, "pool_bytes"},
+		{"block larger than pool", []string{"--pool-bytes", "64KiB", "--block-bytes", "1MiB"}, "pool_bytes"},
+		{"unknown yaml key", []string{"--config", badYAML}, "pool_bytez"},
+		{"negative size in file", []string{"--config", badSize}, "pool_bytes"},
+		{"bad policy", []string{"--policy", "fifo"}, "policy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			args := append([]string{
+				"--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
+			}, tc.args...)
+			d := startDaemon(t, bin, args...)
+			exit, err := d.wait(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 2, exit, "bad config exits 2; stderr:\n%s", d.stderr)
+			rec, err := d.stderr.waitJSON(ctx, "bad configuration")
+			require.NoError(t, err)
+			msg, _ := rec["error"].(string)
+			require.Contains(t, msg, "bad config")
+			require.Contains(t, msg, tc.want)
+		})
+	}
+}

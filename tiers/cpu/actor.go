@@ -1,0 +1,201 @@
+package cpu
+
+import (
+	"hash/crc32"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Actor is the CPU tier's mailbox: it applies messages to State one at a time
+// and answers each request to its sender.
+//
+// Invariants:
+//   - State is touched only inside Receive.
+//   - Receive never reads or writes slot bytes: verification runs in a
+//     goroutine on a pinned slot and comes back as verifyDone.
+//   - State outlives the actor: a supervisor restart gets the same State
+//     back (it is the owner of record of the slot table) and checks its
+//     invariants before serving again.
+//   - Events are buffered up to maxEvents; beyond that the oldest are dropped
+//     and counted, so an engine that never drains cannot grow memory.
+type Actor struct {
+	state            *State
+	pool             *Pool
+	now              func() time.Time
+	log              zerolog.Logger
+	events           []messages.Event
+	maxEvents        int
+	dropped          uint64
+	checksumFailures uint64
+	verifyJob        messages.JobID
+	restarted        bool
+}
+
+// Castagnoli is the CRC32C table every tier checksums blocks with.
+var Castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// DefaultMaxEvents bounds the event buffer.
+const DefaultMaxEvents = 1 << 16
+
+// Props builds the actor's props over a State and Pool that survive restarts.
+func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger) *actor.Props {
+	a := &Actor{state: state, pool: pool, now: now, log: log, maxEvents: DefaultMaxEvents}
+	return actor.PropsFromProducer(func() actor.Actor { return a })
+}
+
+type verifyDone struct {
+	corr   uint64
+	sender *actor.PID
+	key    messages.Key
+	job    messages.JobRef
+	want   uint32
+	got    uint32
+}
+
+// Receive applies one message.
+func (a *Actor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.checkAfterRestart()
+	case *actor.Restarting:
+		a.restarted = true
+	case *messages.LookupAndLease:
+		ctx.Respond(&messages.LookupResult{Corr: m.Corr, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)})
+	case *messages.LeaseToPin:
+		slots, err := a.state.LeaseToPin(m.Holder, m.Job, m.Keys)
+		ctx.Respond(&messages.PinResult{Corr: m.Corr, Slots: slots, Err: err})
+	case *messages.TouchKeys:
+		a.state.Touch(m.Keys)
+	case *messages.UnpinKeys:
+		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: a.state.Unpin(m.Job, m.Keys)})
+	case *messages.ReserveSlots:
+		a.reserve(ctx, m)
+	case *messages.CommitSlots:
+		a.commit(ctx, m)
+	case *messages.ReleaseJob:
+		a.state.ReleaseJob(m.Job)
+		ctx.Respond(&messages.Ack{Corr: m.Corr})
+	case *messages.ReleaseHolder:
+		a.state.ReleaseHolder(m.Holder)
+	case *messages.ReleaseOrigin:
+		a.state.ReleaseOrigin(m.Origin)
+	case *messages.ClearTier:
+		a.clear(ctx, m)
+	case *messages.VerifyBlock:
+		a.verify(ctx, m)
+	case *verifyDone:
+		a.verified(ctx, m)
+	case *messages.TakeTierEvents:
+		ctx.Respond(&messages.TierEvents{Corr: m.Corr, Events: a.events, Dropped: a.dropped})
+		a.events, a.dropped = nil, 0
+	case *messages.TierStats:
+		ctx.Respond(&messages.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
+	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+	default:
+		a.log.Warn().Str("type", typeName(m)).Msg("cpu tier: unknown message dropped")
+	}
+}
+
+func (a *Actor) reserve(ctx actor.Context, m *messages.ReserveSlots) {
+	res, err := a.state.Reserve(m.Job, m.Keys)
+	if len(res.Evicted) > 0 {
+		a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
+	}
+	ctx.Respond(&messages.ReserveResult{Corr: m.Corr, ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted, Err: err})
+}
+
+func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
+	err := a.state.Commit(m.Job, m.Keys, m.OK, m.Checksums)
+	if err == nil && m.OK && len(m.Keys) > 0 {
+		a.announce(messages.Event{Kind: messages.BlockStored, Keys: m.Keys, Ctx: m.Ctx})
+	}
+	ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+}
+
+func (a *Actor) clear(ctx actor.Context, m *messages.ClearTier) {
+	removed := a.state.Clear()
+	if a.state.Occupancy().Free == a.state.Slots() {
+		a.announce(messages.Event{Kind: messages.AllBlocksCleared})
+	} else if len(removed) > 0 {
+		a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: removed})
+	}
+	ctx.Respond(&messages.Ack{Corr: m.Corr})
+}
+
+// verify pins the block under a tier-owned job and checksums it off the
+// mailbox; verified finishes the job.
+func (a *Actor) verify(ctx actor.Context, m *messages.VerifyBlock) {
+	_, want, err := a.state.Checksum(m.Key)
+	if err != nil {
+		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+		return
+	}
+	a.verifyJob++
+	job := messages.JobRef{Origin: messages.OriginTier, ID: a.verifyJob}
+	slots, err := a.state.LeaseToPin(messages.Holder{}, job, []messages.Key{m.Key})
+	if err != nil {
+		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+		return
+	}
+	self, sender, bytes := ctx.Self(), ctx.Sender(), a.pool.Slot(slots[0])
+	system := ctx.ActorSystem()
+	go func() {
+		got := crc32.Checksum(bytes, Castagnoli)
+		system.Root.Send(self, &verifyDone{corr: m.Corr, sender: sender, key: m.Key, job: job, want: want, got: got})
+	}()
+}
+
+func (a *Actor) verified(ctx actor.Context, m *verifyDone) {
+	a.state.ReleaseJob(m.job)
+	var err error
+	if m.got != m.want {
+		a.checksumFailures++
+		err = messagesChecksumError(m.key, m.want, m.got)
+		if a.state.Drop(m.key) {
+			a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: []messages.Key{m.key}})
+		}
+		a.log.Error().Stringer("key", m.key).Uint32("want", m.want).Uint32("got", m.got).Msg("cpu tier: block failed verification, dropped")
+	}
+	if m.sender != nil {
+		ctx.Send(m.sender, &messages.Ack{Corr: m.corr, Err: err})
+	}
+}
+
+func (a *Actor) announce(e messages.Event) {
+	e.Medium, e.At = messages.MediumCPU, a.now()
+	if len(a.events) >= a.maxEvents {
+		a.events = a.events[1:]
+		a.dropped++
+	}
+	a.events = append(a.events, e)
+}
+
+func (a *Actor) stats() messages.Stats {
+	o := a.state.Occupancy()
+	c := a.state.Counters
+	return messages.Stats{
+		Slots: o.Slots, BlockBytes: a.pool.BlockBytes(), Free: o.Free, WritePending: o.WritePending,
+		Ready: o.Ready, Pinned: o.Pinned, Leased: o.Leased, Leases: o.Leases,
+		Lookups: c.Lookups, Hits: c.Hits, HitsPending: c.HitsPending, Misses: c.Misses,
+		Stores: c.Stores, StoresFailed: c.StoresFailed, Evictions: c.Evictions, Full: c.Full,
+		LeasesExpired: c.LeasesExpired, ChecksumFailures: a.checksumFailures,
+	}
+}
+
+// checkAfterRestart verifies the surviving State once a supervisor restart
+// brings the actor back.
+func (a *Actor) checkAfterRestart() {
+	if !a.restarted {
+		return
+	}
+	a.restarted = false
+	if err := a.state.CheckInvariants(); err != nil {
+		a.log.Error().Err(err).Msg("cpu tier: state inconsistent after restart")
+		return
+	}
+	a.log.Warn().Msg("cpu tier: restarted; slot table intact")
+}

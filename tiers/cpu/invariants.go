@@ -1,0 +1,78 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+)
+
+// CheckInvariants verifies every invariant listed at the top of state.go by
+// a full scan. It costs O(slots + leases + pins): for tests, and for the actor
+// after a restart, never for the hot path.
+func (s *State) CheckInvariants() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	inFree := make([]bool, len(s.slots))
+	for _, idx := range s.free {
+		if inFree[idx] {
+			bad("slot %d free twice", idx)
+		}
+		inFree[idx] = true
+	}
+	pinSum := make([]int32, len(s.slots))
+	for _, m := range s.pins {
+		for idx, n := range m {
+			if n <= 0 {
+				bad("slot %d has a non-positive pin entry", idx)
+			}
+			pinSum[idx] += n
+		}
+	}
+	leaseSum := make([]int32, len(s.slots))
+	for lk := range s.leases {
+		leaseSum[lk.slot]++
+		if _, ok := s.byHolder[lk.holder][lk.slot]; !ok {
+			bad("lease %v on slot %d missing from byHolder", lk.holder, lk.slot)
+		}
+	}
+	evictable, pinned, leased := 0, 0, 0
+	for idx := range s.slots {
+		sl := &s.slots[idx]
+		if (sl.state == slotFree) != inFree[idx] {
+			bad("slot %d state %d, in free list %v", idx, sl.state, inFree[idx])
+		}
+		if sl.state != slotFree {
+			if got, ok := s.index[sl.key]; !ok || got != idx {
+				bad("slot %d key %v not indexed to it", idx, sl.key)
+			}
+		}
+		if sl.pins != pinSum[idx] || sl.leases != leaseSum[idx] {
+			bad("slot %d pins %d/%d leases %d/%d", idx, sl.pins, pinSum[idx], sl.leases, leaseSum[idx])
+		}
+		if sl.state != slotReady && (sl.pins > 0 || sl.leases > 0) {
+			bad("slot %d not ready but pinned or leased", idx)
+		}
+		if sl.state == slotWritePending {
+			if _, ok := s.reserved[sl.writer][idx]; !ok {
+				bad("slot %d write-pending but not reserved by %v", idx, sl.writer)
+			}
+		}
+		if s.isEvictable(idx) {
+			evictable++
+		}
+		if sl.pins > 0 {
+			pinned++
+		}
+		if sl.leases > 0 {
+			leased++
+		}
+	}
+	if len(s.index) != len(s.slots)-len(s.free) {
+		bad("index has %d keys, %d slots in use", len(s.index), len(s.slots)-len(s.free))
+	}
+	if evictable != s.evictable || pinned != s.pinnedSlots || leased != s.leasedSlots {
+		bad("counts evictable %d/%d pinned %d/%d leased %d/%d",
+			evictable, s.evictable, pinned, s.pinnedSlots, leased, s.leasedSlots)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,768 @@
+package cpu
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Randomised tests of State against a naive reference model.
+//
+// Every sequence is generated from its own seed. A failure prints the seed
+// and the operations so far; rerun one sequence with
+//
+//	go test ./tiers/cpu/ -run TestStateModel -args -seed=N
+//	KVTIER_SEED=N go test ./tiers/cpu/ -run TestStateModel
+//
+// and scale the number of sequences with -seqs=N (or KVTIER_SEQS=N).
+
+var (
+	seedFlag = flag.Int64("seed", 0, "run only the randomised sequence with this seed")
+	seqsFlag = flag.Int("seqs", 0, "number of randomised sequences (0 = default)")
+)
+
+// seeds returns the seeds of the sequences a randomised test runs: the one
+// asked for, or n consecutive seeds from base.
+func seeds(t *testing.T, base int64, n int) []int64 {
+	t.Helper()
+	if *seedFlag != 0 {
+		return []int64{*seedFlag}
+	}
+	if v := os.Getenv("KVTIER_SEED"); v != "" {
+		s, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("KVTIER_SEED=%q: %v", v, err)
+		}
+		return []int64{s}
+	}
+	if *seqsFlag > 0 {
+		n = *seqsFlag
+	} else if v := os.Getenv("KVTIER_SEQS"); v != "" {
+		if m, err := strconv.Atoi(v); err == nil && m > 0 {
+			n = m
+		}
+	}
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = base + int64(i)
+	}
+	return out
+}
+
+// fakeClock is the injected clock: it moves only when the test says so.
+type fakeClock struct{ t time.Time }
+
+func newFakeClock() *fakeClock               { return &fakeClock{t: time.Unix(1_000_000, 0)} }
+func (c *fakeClock) now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func (c *fakeClock) set(at time.Time)        { c.t = at }
+func (c *fakeClock) since0() time.Duration   { return c.t.Sub(time.Unix(1_000_000, 0)) }
+func tk(i int) messages.Key {
+	return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("h%03d", i), Group: uint32(i % 3)}
+}
+func engineHolder(id string) messages.Holder {
+	return messages.Holder{Origin: messages.OriginEngine, ID: id}
+}
+func engineJob(id messages.JobID) messages.JobRef {
+	return messages.JobRef{Origin: messages.OriginEngine, ID: id}
+}
+
+// ---------------------------------------------------------------------------
+// The reference model: maps and a use counter, written from the documented
+// semantics (state.go, policy.go, DESIGN.md §3), not from the implementation.
+
+type mEntry struct {
+	ready   bool
+	writer  messages.JobRef // while pending
+	lastUse uint64          // LRU recency: commit-to-ready, LeaseToPin, Touch
+	sum     uint32
+}
+
+type mLease struct {
+	h messages.Holder
+	k messages.Key
+}
+
+type model struct {
+	n        int
+	keys     map[messages.Key]*mEntry
+	leases   map[mLease]time.Time
+	pins     map[messages.JobRef]map[messages.Key]int
+	use      uint64
+	counters Counters
+	now      func() time.Time
+}
+
+func newModel(n int, now func() time.Time) *model {
+	return &model{n: n, keys: map[messages.Key]*mEntry{}, leases: map[mLease]time.Time{},
+		pins: map[messages.JobRef]map[messages.Key]int{}, now: now}
+}
+
+func (m *model) bump(e *mEntry) { m.use++; e.lastUse = m.use }
+
+// expire ends every lease due by now: a lease at T is live while now < T.
+func (m *model) expire() {
+	now := m.now()
+	for lk, at := range m.leases {
+		if !at.After(now) {
+			delete(m.leases, lk)
+			m.counters.LeasesExpired++
+		}
+	}
+}
+
+func (m *model) pinsOn(k messages.Key) int {
+	n := 0
+	for _, ks := range m.pins {
+		n += ks[k]
+	}
+	return n
+}
+
+func (m *model) leased(k messages.Key) bool {
+	for lk := range m.leases {
+		if lk.k == k {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *model) status(k messages.Key) messages.LookupStatus {
+	e, ok := m.keys[k]
+	switch {
+	case !ok:
+		return messages.Miss
+	case !e.ready:
+		return messages.HitPending
+	}
+	return messages.Hit
+}
+
+func (m *model) lookup(h messages.Holder, keys []messages.Key, prefix bool, ttl time.Duration) []messages.LookupStatus {
+	m.expire()
+	out := make([]messages.LookupStatus, len(keys))
+	for i, k := range keys {
+		m.counters.Lookups++
+		st := m.status(k)
+		out[i] = st
+		switch st {
+		case messages.Hit:
+			m.counters.Hits++
+			m.leases[mLease{h, k}] = m.now().Add(ttl)
+		case messages.HitPending:
+			m.counters.HitsPending++
+		default:
+			m.counters.Misses++
+		}
+		if prefix && st != messages.Hit {
+			break
+		}
+	}
+	return out
+}
+
+func (m *model) leaseToPin(h messages.Holder, job messages.JobRef, keys []messages.Key) error {
+	m.expire()
+	for _, k := range keys {
+		if m.status(k) != messages.Hit {
+			return messages.ErrUnknownKey
+		}
+	}
+	for _, k := range keys {
+		delete(m.leases, mLease{h, k})
+		if m.pins[job] == nil {
+			m.pins[job] = map[messages.Key]int{}
+		}
+		m.pins[job][k]++
+		m.bump(m.keys[k])
+	}
+	return nil
+}
+
+func (m *model) touch(keys []messages.Key) {
+	for _, k := range keys {
+		if e, ok := m.keys[k]; ok && e.ready {
+			m.bump(e)
+		}
+	}
+}
+
+func (m *model) unpin(job messages.JobRef, keys []messages.Key) error {
+	want := map[messages.Key]int{}
+	for _, k := range keys {
+		want[k]++
+		if _, ok := m.keys[k]; !ok || m.pins[job][k] < want[k] {
+			return messages.ErrNotLoading
+		}
+	}
+	for k, n := range want {
+		m.pins[job][k] -= n
+		if m.pins[job][k] == 0 {
+			delete(m.pins[job], k)
+		}
+	}
+	if len(m.pins[job]) == 0 {
+		delete(m.pins, job)
+	}
+	return nil
+}
+
+func (m *model) evictable(k messages.Key) bool {
+	e := m.keys[k]
+	return e.ready && m.pinsOn(k) == 0 && !m.leased(k)
+}
+
+// reserve: absent keys (first mention) become pending for job; victims are
+// evictable keys in ascending lastUse, never a key named in the call (vLLM's
+// prepare_store protects them: a present key the caller skips storing must
+// still be there after the call).
+func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
+	m.expire()
+	var res ReserveResult
+	named := map[messages.Key]bool{}
+	for _, k := range keys {
+		if named[k] {
+			continue
+		}
+		named[k] = true
+		if _, ok := m.keys[k]; !ok {
+			res.ToStore = append(res.ToStore, k)
+		}
+	}
+	var cands []messages.Key
+	for k := range m.keys {
+		if m.evictable(k) && (!named[k] || devCurrent) {
+			cands = append(cands, k)
+		}
+	}
+	slices.SortFunc(cands, func(a, b messages.Key) int {
+		return int(m.keys[a].lastUse) - int(m.keys[b].lastUse)
+	})
+	free := m.n - len(m.keys)
+	need := len(res.ToStore)
+	if need > free+len(cands) {
+		m.counters.Full++
+		return ReserveResult{}, messages.ErrFull
+	}
+	for i := 0; free+i < need; i++ {
+		res.Evicted = append(res.Evicted, cands[i])
+		delete(m.keys, cands[i])
+		m.counters.Evictions++
+	}
+	for _, k := range res.ToStore {
+		m.keys[k] = &mEntry{writer: job}
+	}
+	return res, nil
+}
+
+func (m *model) commit(job messages.JobRef, keys []messages.Key, ok bool, sums []uint32) error {
+	if ok && len(sums) != len(keys) {
+		return errors.New("checksum count")
+	}
+	seen := map[messages.Key]bool{}
+	for _, k := range keys {
+		e, found := m.keys[k]
+		if !found || e.ready || e.writer != job || seen[k] {
+			return messages.ErrNotPending
+		}
+		seen[k] = true
+	}
+	for i, k := range keys {
+		if ok {
+			e := m.keys[k]
+			e.ready, e.writer, e.sum = true, messages.JobRef{}, sums[i]
+			m.bump(e)
+			m.counters.Stores++
+		} else {
+			delete(m.keys, k)
+			m.counters.StoresFailed++
+		}
+	}
+	return nil
+}
+
+func (m *model) releaseJob(job messages.JobRef) []messages.Key {
+	delete(m.pins, job)
+	var aborted []messages.Key
+	for k, e := range m.keys {
+		if !e.ready && e.writer == job {
+			aborted = append(aborted, k)
+			delete(m.keys, k)
+			m.counters.StoresFailed++
+		}
+	}
+	return aborted
+}
+
+func (m *model) releaseHolder(h messages.Holder) {
+	for lk := range m.leases {
+		if lk.h == h {
+			delete(m.leases, lk)
+		}
+	}
+}
+
+func (m *model) releaseOrigin(o messages.Origin) {
+	for lk := range m.leases {
+		if lk.h.Origin == o {
+			delete(m.leases, lk)
+		}
+	}
+	jobs := map[messages.JobRef]bool{}
+	for j := range m.pins {
+		jobs[j] = true
+	}
+	for _, e := range m.keys {
+		if !e.ready {
+			jobs[e.writer] = true
+		}
+	}
+	for j := range jobs {
+		if j.Origin == o {
+			m.releaseJob(j)
+		}
+	}
+}
+
+func (m *model) dropKey(k messages.Key) {
+	for lk := range m.leases {
+		if lk.k == k {
+			delete(m.leases, lk)
+		}
+	}
+	delete(m.keys, k)
+}
+
+func (m *model) clear() []messages.Key {
+	var removed []messages.Key
+	for k, e := range m.keys {
+		if e.ready && m.pinsOn(k) == 0 {
+			removed = append(removed, k)
+			m.dropKey(k)
+		}
+	}
+	return removed
+}
+
+func (m *model) drop(k messages.Key) bool {
+	e, ok := m.keys[k]
+	if !ok || !e.ready || m.pinsOn(k) > 0 {
+		return false
+	}
+	m.dropKey(k)
+	return true
+}
+
+func (m *model) occupancy() Occupancy {
+	m.expire()
+	o := Occupancy{Slots: m.n, Free: m.n - len(m.keys), Leases: len(m.leases)}
+	for k, e := range m.keys {
+		if e.ready {
+			o.Ready++
+		} else {
+			o.WritePending++
+		}
+		if m.pinsOn(k) > 0 {
+			o.Pinned++
+		}
+		if m.leased(k) {
+			o.Leased++
+		}
+	}
+	return o
+}
+
+func (m *model) nextExpiry() (time.Time, bool) {
+	var best time.Time
+	found := false
+	for _, at := range m.leases {
+		if !found || at.Before(best) {
+			best, found = at, true
+		}
+	}
+	return best, found
+}
+
+// ---------------------------------------------------------------------------
+// The sequence runner.
+
+var devCurrent = os.Getenv("DEVCURRENT") != "" // TEMP
+
+type seqRun struct {
+	t      *testing.T
+	seed   int64
+	rng    *rand.Rand
+	clk    *fakeClock
+	s      *State
+	m      *model
+	nkeys  int
+	slotOf map[messages.Key]int // slot the State gave each key, while present
+	log    []string
+}
+
+var (
+	modelHolders = []messages.Holder{
+		engineHolder("r1"), engineHolder("r2"), engineHolder("r3"),
+		{Origin: messages.OriginPeer, ID: "r1"}, // same id, other origin
+	}
+	modelJobs = []messages.JobRef{
+		engineJob(1), engineJob(2), engineJob(3),
+		{Origin: messages.OriginTier, ID: 1}, // same id, other origin
+		{Origin: messages.OriginPeer, ID: 7},
+	}
+	modelOrigins = []messages.Origin{messages.OriginEngine, messages.OriginTier, messages.OriginPeer}
+	modelTTLs    = []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 5 * time.Second, 10 * time.Second}
+)
+
+func (r *seqRun) logf(format string, a ...any) {
+	for i, v := range a {
+		switch v := v.(type) {
+		case []messages.Key:
+			a[i] = fmtKeys(v)
+		case messages.Key:
+			a[i] = v.Hash
+		case messages.Holder:
+			a[i] = fmt.Sprintf("%s:%s", originName(v.Origin), v.ID)
+		case messages.JobRef:
+			a[i] = fmt.Sprintf("%s#%d", originName(v.Origin), v.ID)
+		case messages.Origin:
+			a[i] = originName(v)
+		}
+	}
+	r.log = append(r.log, fmt.Sprintf(format, a...))
+}
+
+func fmtKeys(ks []messages.Key) string {
+	hs := make([]string, len(ks))
+	for i, k := range ks {
+		hs[i] = k.Hash
+	}
+	return "[" + strings.Join(hs, " ") + "]"
+}
+
+func originName(o messages.Origin) string {
+	switch o {
+	case messages.OriginEngine:
+		return "engine"
+	case messages.OriginTier:
+		return "tier"
+	case messages.OriginPeer:
+		return "peer"
+	}
+	return strconv.Itoa(int(o))
+}
+
+func (r *seqRun) fatalf(format string, a ...any) {
+	r.t.Helper()
+	r.t.Fatalf("seed %d (rerun: go test ./tiers/cpu/ -run '%s' -args -seed=%d): %s\nops:\n  %s",
+		r.seed, r.t.Name(), r.seed, fmt.Sprintf(format, a...), strings.Join(r.log, "\n  "))
+}
+
+func (r *seqRun) key() messages.Key { return tk(r.rng.Intn(r.nkeys)) }
+
+// keys draws 1..max keys, sometimes with a repeat.
+func (r *seqRun) keys(max int) []messages.Key {
+	ks := make([]messages.Key, 1+r.rng.Intn(max))
+	for i := range ks {
+		ks[i] = r.key()
+	}
+	if len(ks) > 1 && r.rng.Intn(8) == 0 {
+		ks[len(ks)-1] = ks[0]
+	}
+	return ks
+}
+
+// presentKeys draws keys the model holds in the given readiness, else random.
+func (r *seqRun) presentKeys(max int, ready bool) []messages.Key {
+	var pool []messages.Key
+	for i := range r.nkeys {
+		if e, ok := r.m.keys[tk(i)]; ok && e.ready == ready {
+			pool = append(pool, tk(i))
+		}
+	}
+	if len(pool) == 0 {
+		return r.keys(max)
+	}
+	ks := make([]messages.Key, 1+r.rng.Intn(max))
+	for i := range ks {
+		ks[i] = pool[r.rng.Intn(len(pool))]
+	}
+	return ks
+}
+
+// pendingOf returns the model's pending keys of job in a deterministic order.
+func (r *seqRun) pendingOf(job messages.JobRef) []messages.Key {
+	var out []messages.Key
+	for i := range r.nkeys {
+		if e, ok := r.m.keys[tk(i)]; ok && !e.ready && e.writer == job {
+			out = append(out, tk(i))
+		}
+	}
+	return out
+}
+
+func sameErr(got, want error) bool {
+	if want == nil || got == nil {
+		return (got == nil) == (want == nil)
+	}
+	for _, s := range []error{messages.ErrUnknownKey, messages.ErrNotPending, messages.ErrNotLoading, messages.ErrFull} {
+		if errors.Is(want, s) {
+			return errors.Is(got, s)
+		}
+	}
+	return true // a non-sentinel error: any error will do
+}
+
+func sortedKeys(ks []messages.Key) []messages.Key {
+	out := slices.Clone(ks)
+	slices.SortFunc(out, func(a, b messages.Key) int { return strings.Compare(a.Hash, b.Hash) })
+	return out
+}
+
+func (r *seqRun) checkSlots(keys []messages.Key, slots []int) {
+	r.t.Helper()
+	if len(slots) != len(keys) {
+		r.fatalf("%d slots for %d keys", len(slots), len(keys))
+	}
+	for i, k := range keys {
+		if want, ok := r.slotOf[k]; !ok || want != slots[i] {
+			r.fatalf("key %v in slot %d, reserved in slot %d (known %v)", k, slots[i], want, ok)
+		}
+	}
+}
+
+// step runs one random operation on both and compares the answers.
+func (r *seqRun) step() {
+	r.t.Helper()
+	rng := r.rng
+	switch op := rng.Intn(100); {
+	case op < 18: // LookupAndLease
+		h := modelHolders[rng.Intn(len(modelHolders))]
+		ks, prefix, ttl := r.keys(5), rng.Intn(2) == 0, modelTTLs[rng.Intn(len(modelTTLs))]
+		if rng.Intn(2) == 0 {
+			ks = r.presentKeys(5, true)
+		}
+		r.logf("t=%v LookupAndLease(%v, %v, prefix=%v, ttl=%v)", r.clk.since0(), h, ks, prefix, ttl)
+		got, want := r.s.LookupAndLease(h, ks, prefix, ttl), r.m.lookup(h, ks, prefix, ttl)
+		if !slices.Equal(got, want) {
+			r.fatalf("LookupAndLease = %v, model %v", got, want)
+		}
+	case op < 28: // LeaseToPin
+		h, job := modelHolders[rng.Intn(len(modelHolders))], modelJobs[rng.Intn(len(modelJobs))]
+		ks := r.presentKeys(3, true)
+		if rng.Intn(6) == 0 {
+			ks = append(ks, r.key())
+		}
+		r.logf("t=%v LeaseToPin(%v, %v, %v)", r.clk.since0(), h, job, ks)
+		slots, err := r.s.LeaseToPin(h, job, ks)
+		werr := r.m.leaseToPin(h, job, ks)
+		if !sameErr(err, werr) {
+			r.fatalf("LeaseToPin err %v, model %v", err, werr)
+		}
+		if err == nil {
+			r.checkSlots(ks, slots)
+		}
+	case op < 33: // Touch
+		ks := r.keys(4)
+		r.logf("Touch(%v)", ks)
+		r.s.Touch(ks)
+		r.m.touch(ks)
+	case op < 42: // Unpin
+		job := modelJobs[rng.Intn(len(modelJobs))]
+		var ks []messages.Key
+		for k, n := range r.m.pins[job] {
+			for range n {
+				if rng.Intn(2) == 0 {
+					ks = append(ks, k)
+				}
+			}
+		}
+		ks = sortedKeys(ks)
+		if len(ks) == 0 || rng.Intn(6) == 0 {
+			ks = append(ks, r.key())
+		}
+		r.logf("Unpin(%v, %v)", job, ks)
+		err, werr := r.s.Unpin(job, ks), r.m.unpin(job, ks)
+		if !sameErr(err, werr) {
+			r.fatalf("Unpin err %v, model %v", err, werr)
+		}
+	case op < 58: // Reserve
+		job := modelJobs[rng.Intn(len(modelJobs))]
+		ks := r.keys(6)
+		r.logf("t=%v Reserve(%v, %v)", r.clk.since0(), job, ks)
+		got, err := r.s.Reserve(job, ks)
+		want, werr := r.m.reserve(job, ks)
+		if !sameErr(err, werr) {
+			r.fatalf("Reserve err %v, model %v", err, werr)
+		}
+		if !slices.Equal(got.ToStore, want.ToStore) || !slices.Equal(got.Evicted, want.Evicted) {
+			r.fatalf("Reserve = toStore %v evicted %v, model toStore %v evicted %v",
+				got.ToStore, got.Evicted, want.ToStore, want.Evicted)
+		}
+		if len(got.Slots) != len(got.ToStore) {
+			r.fatalf("Reserve: %d slots for %d keys", len(got.Slots), len(got.ToStore))
+		}
+		for _, k := range got.Evicted {
+			delete(r.slotOf, k)
+		}
+		for i, k := range got.ToStore {
+			r.slotOf[k] = got.Slots[i]
+		}
+	case op < 74: // Commit
+		job := modelJobs[rng.Intn(len(modelJobs))]
+		ks := r.pendingOf(job)
+		rng.Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
+		if len(ks) > 0 {
+			ks = ks[:1+rng.Intn(len(ks))]
+		}
+		bad := rng.Intn(12)
+		if devCurrent && bad < 2 {
+			bad = 5
+		}
+		switch bad {
+		case 0: // a key this job is not writing
+			ks = append(ks, r.key())
+		case 1: // a key named twice
+			if len(ks) > 0 {
+				ks = append(ks, ks[0])
+			}
+		case 2: // the wrong job
+			job = modelJobs[rng.Intn(len(modelJobs))]
+		}
+		ok := rng.Intn(4) != 0
+		sums := make([]uint32, len(ks))
+		for i := range sums {
+			sums[i] = rng.Uint32()
+		}
+		if ok && rng.Intn(20) == 0 {
+			sums = sums[:len(sums)/2] // wrong count: a plain error, nothing changes
+		}
+		r.logf("Commit(%v, %v, ok=%v, %d sums)", job, ks, ok, len(sums))
+		err, werr := r.s.Commit(job, ks, ok, sums), r.m.commit(job, ks, ok, sums)
+		if !sameErr(err, werr) {
+			r.fatalf("Commit err %v, model %v", err, werr)
+		}
+		if err == nil && !ok {
+			for _, k := range ks {
+				delete(r.slotOf, k)
+			}
+		}
+		if err == nil && ok {
+			for i, k := range ks {
+				slot, sum, cerr := r.s.Checksum(k)
+				if cerr != nil || slot != r.slotOf[k] || sum != sums[i] {
+					r.fatalf("Checksum(%v) = %d %08x %v, want %d %08x", k, slot, sum, cerr, r.slotOf[k], sums[i])
+				}
+			}
+		}
+	case op < 78: // ReleaseJob
+		job := modelJobs[rng.Intn(len(modelJobs))]
+		r.logf("ReleaseJob(%v)", job)
+		got, want := r.s.ReleaseJob(job), r.m.releaseJob(job)
+		if !slices.Equal(sortedKeys(got), sortedKeys(want)) {
+			r.fatalf("ReleaseJob aborted %v, model %v", got, want)
+		}
+		for _, k := range got {
+			delete(r.slotOf, k)
+		}
+	case op < 82: // ReleaseHolder
+		h := modelHolders[rng.Intn(len(modelHolders))]
+		r.logf("ReleaseHolder(%v)", h)
+		r.s.ReleaseHolder(h)
+		r.m.releaseHolder(h)
+	case op < 84: // ReleaseOrigin
+		o := modelOrigins[rng.Intn(len(modelOrigins))]
+		r.logf("ReleaseOrigin(%v)", o)
+		r.s.ReleaseOrigin(o)
+		r.m.releaseOrigin(o)
+		r.resyncSlots()
+	case op < 85: // Clear
+		r.logf("Clear()")
+		got, want := r.s.Clear(), r.m.clear()
+		if !slices.Equal(sortedKeys(got), sortedKeys(want)) {
+			r.fatalf("Clear removed %v, model %v", got, want)
+		}
+		r.resyncSlots()
+	case op < 87: // Drop
+		k := r.key()
+		r.logf("Drop(%v)", k)
+		if got, want := r.s.Drop(k), r.m.drop(k); got != want {
+			r.fatalf("Drop = %v, model %v", got, want)
+		}
+		r.resyncSlots()
+	case op < 89: // Status and NextLeaseExpiry: read-only answers
+		ks := r.keys(6)
+		r.logf("Status(%v); NextLeaseExpiry()", ks)
+		got, want := r.s.Status(ks), make([]messages.LookupStatus, len(ks))
+		for i, k := range ks {
+			want[i] = r.m.status(k)
+		}
+		if !slices.Equal(got, want) {
+			r.fatalf("Status = %v, model %v", got, want)
+		}
+		at, ok := r.s.NextLeaseExpiry()
+		wat, wok := r.m.nextExpiry()
+		if ok != wok || !at.Equal(wat) {
+			r.fatalf("NextLeaseExpiry = %v %v, model %v %v", at, ok, wat, wok)
+		}
+	default: // the clock moves: sometimes exactly onto the next deadline
+		if at, ok := r.m.nextExpiry(); ok && at.After(r.clk.now()) && rng.Intn(3) == 0 {
+			r.clk.set(at)
+		} else {
+			r.clk.advance(time.Duration(rng.Intn(4000)) * time.Millisecond)
+		}
+		r.logf("clock → t=%v", r.clk.since0())
+		return // not a State call: the next op meets the due leases unexpired
+	}
+	r.check()
+}
+
+// resyncSlots forgets slots of keys the model no longer holds.
+func (r *seqRun) resyncSlots() {
+	for k := range r.slotOf {
+		if _, ok := r.m.keys[k]; !ok {
+			delete(r.slotOf, k)
+		}
+	}
+}
+
+func (r *seqRun) check() {
+	r.t.Helper()
+	if err := r.s.CheckInvariants(); err != nil {
+		r.fatalf("invariants: %v", err)
+	}
+	if got, want := r.s.Occupancy(), r.m.occupancy(); got != want {
+		r.fatalf("Occupancy = %+v, model %+v", got, want)
+	}
+	if r.s.Counters != r.m.counters {
+		r.fatalf("Counters = %+v, model %+v", r.s.Counters, r.m.counters)
+	}
+}
+
+func TestStateModel(t *testing.T) {
+	for _, seed := range seeds(t, 1, 10_000) {
+		rng := rand.New(rand.NewSource(seed))
+		n := 4 + rng.Intn(13)
+		clk := newFakeClock()
+		s, err := NewState(n, "lru", clk.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, m: newModel(n, clk.now),
+			nkeys: 2 * n, slotOf: map[messages.Key]int{}}
+		r.logf("NewState(%d, lru)", n)
+		for range 20 + rng.Intn(41) {
+			r.step()
+		}
+	}
+}

@@ -1,0 +1,567 @@
+package cpu
+
+import (
+	"container/heap"
+	"fmt"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Invariants of State (checked by CheckInvariants in tests and after a restart):
+//   - index[k] = s  ⇔  slots[s].state ≠ free and slots[s].key = k.
+//   - free holds exactly the free slots, each once.
+//   - slots[s].pins = Σ over jobs of pins[job][s]; pins > 0 only when ready.
+//   - slots[s].leases = number of live lease entries on s; leases > 0 only when ready.
+//   - a write-pending slot appears in reservations[slots[s].writer].
+//   - the policy holds exactly the ready slots.
+//   - evictable = #ready slots with no pin and no lease; only those are evicted.
+// A HIT leased to a holder is never evicted before the lease ends: that is
+// the guarantee PrepareLoad relies on (DESIGN.md §4 rule 3).
+
+type slotState uint8
+
+const (
+	slotFree slotState = iota
+	slotWritePending
+	slotReady
+)
+
+type slot struct {
+	key      messages.Key
+	state    slotState
+	pins     int32
+	leases   int32
+	writer   messages.JobRef // valid while write-pending
+	checksum uint32          // valid while ready
+}
+
+type leaseKey struct {
+	holder messages.Holder
+	slot   int
+}
+
+// Counters are the State's monotonic counters.
+type Counters struct {
+	Lookups, Hits, HitsPending, Misses uint64
+	Stores, StoresFailed, Evictions    uint64
+	Full, LeasesExpired                uint64
+}
+
+// State is the CPU tier's decision logic: index, slot states, pins, leases
+// and eviction. It is not safe for concurrent use: exactly one actor owns it.
+type State struct {
+	now      func() time.Time
+	slots    []slot
+	free     []int
+	index    map[messages.Key]int
+	policy   Policy
+	leases   map[leaseKey]time.Time // live lease → its expiry
+	byHolder map[messages.Holder]map[int]struct{}
+	expiry   expiryHeap
+	pins     map[messages.JobRef]map[int]int32
+	reserved map[messages.JobRef]map[int]struct{}
+
+	evictable   int
+	pinnedSlots int
+	leasedSlots int
+	Counters    Counters
+}
+
+// NewState builds an empty State of n slots with the named policy; now is the
+// clock leases expire against.
+func NewState(n int, policy string, now func() time.Time) (*State, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: %d slots", messages.ErrBadConfig, n)
+	}
+	p, err := NewPolicy(policy, n)
+	if err != nil {
+		return nil, err
+	}
+	s := &State{
+		now: now, slots: make([]slot, n), free: make([]int, n),
+		index: make(map[messages.Key]int, n), policy: p,
+		leases:   map[leaseKey]time.Time{},
+		byHolder: map[messages.Holder]map[int]struct{}{},
+		pins:     map[messages.JobRef]map[int]int32{},
+		reserved: map[messages.JobRef]map[int]struct{}{},
+	}
+	for i := range s.free {
+		s.free[i] = n - 1 - i // pop from the end hands out slot 0 first
+	}
+	return s, nil
+}
+
+// Slots is the pool size.
+func (s *State) Slots() int { return len(s.slots) }
+
+// LookupAndLease answers each key and leases every HIT to holder for ttl (a
+// repeated lookup by the same holder extends its lease). With prefix, the scan
+// stops at the first key that is not a HIT; later keys answer MISS and are
+// neither counted nor leased.
+func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, prefix bool, ttl time.Duration) []messages.LookupStatus {
+	now := s.expireLeases()
+	out := make([]messages.LookupStatus, len(keys))
+	for i, k := range keys {
+		s.Counters.Lookups++
+		st := s.lookupOne(k)
+		out[i] = st
+		switch st {
+		case messages.Hit:
+			s.Counters.Hits++
+			s.lease(holder, s.index[k], now.Add(ttl))
+		case messages.HitPending:
+			s.Counters.HitsPending++
+		default:
+			s.Counters.Misses++
+		}
+		if prefix && st != messages.Hit {
+			break
+		}
+	}
+	return out
+}
+
+func (s *State) lookupOne(k messages.Key) messages.LookupStatus {
+	i, ok := s.index[k]
+	switch {
+	case !ok:
+		return messages.Miss
+	case s.slots[i].state == slotWritePending:
+		return messages.HitPending
+	}
+	return messages.Hit
+}
+
+// Status answers keys without leasing or counting anything.
+func (s *State) Status(keys []messages.Key) []messages.LookupStatus {
+	out := make([]messages.LookupStatus, len(keys))
+	for i, k := range keys {
+		out[i] = s.lookupOne(k)
+	}
+	return out
+}
+
+// LeaseToPin pins every key for job, consuming holder's leases on them. It is
+// all-or-nothing: if any key is not ready it returns ErrUnknownKey and
+// changes nothing. It returns the slot of each key, in order.
+func (s *State) LeaseToPin(holder messages.Holder, job messages.JobRef, keys []messages.Key) ([]int, error) {
+	s.expireLeases()
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		idx, ok := s.index[k]
+		if !ok || s.slots[idx].state != slotReady {
+			return nil, fmt.Errorf("%w: %v", messages.ErrUnknownKey, k)
+		}
+		out[i] = idx
+	}
+	for _, idx := range out {
+		s.unlease(leaseKey{holder, idx})
+		s.pin(job, idx)
+		s.policy.Access(idx)
+	}
+	return out, nil
+}
+
+// Touch marks ready keys recently used; unknown or pending keys are ignored.
+func (s *State) Touch(keys []messages.Key) {
+	for _, k := range keys {
+		if idx, ok := s.index[k]; ok && s.slots[idx].state == slotReady {
+			s.policy.Access(idx)
+		}
+	}
+}
+
+// Unpin releases job's pins on keys. All-or-nothing: a key job has not pinned
+// returns ErrNotLoading and nothing is unpinned.
+func (s *State) Unpin(job messages.JobRef, keys []messages.Key) error {
+	held := s.pins[job]
+	want := map[int]int32{}
+	for _, k := range keys {
+		idx, ok := s.index[k]
+		if !ok || held[idx] <= want[idx] {
+			return fmt.Errorf("%w: %v", messages.ErrNotLoading, k)
+		}
+		want[idx]++
+	}
+	for idx, n := range want {
+		for range n {
+			s.unpin(job, idx)
+		}
+	}
+	return nil
+}
+
+// ReserveResult is what Reserve decided.
+type ReserveResult struct {
+	ToStore []messages.Key // keys that were absent, now write-pending for the job
+	Slots   []int          // slot of each ToStore key
+	Evicted []messages.Key // keys evicted to make room
+}
+
+// Reserve makes every absent key write-pending for job, evicting in policy
+// order. Keys already present (ready or pending) and repeats are skipped. It
+// is all-or-nothing: ErrFull when there is not room for all, and then
+// nothing is evicted or reserved.
+func (s *State) Reserve(job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
+	s.expireLeases()
+	var res ReserveResult
+	seen := make(map[messages.Key]struct{}, len(keys))
+	for _, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		if _, present := s.index[k]; !present {
+			res.ToStore = append(res.ToStore, k)
+		}
+	}
+	need := len(res.ToStore)
+	if need > len(s.free)+s.evictable {
+		s.Counters.Full++
+		return ReserveResult{}, fmt.Errorf("%w: need %d slots, %d free, %d evictable",
+			messages.ErrFull, need, len(s.free), s.evictable)
+	}
+	for len(s.free) < need {
+		res.Evicted = append(res.Evicted, s.evictOne())
+	}
+	res.Slots = make([]int, need)
+	for i, k := range res.ToStore {
+		res.Slots[i] = s.allocate(k, job)
+	}
+	return res, nil
+}
+
+// Commit ends job's writes of keys. With ok they become ready, with the given
+// checksums (one per key); without, their slots are freed. All-or-nothing: a
+// key job is not writing returns ErrNotPending and changes nothing.
+func (s *State) Commit(job messages.JobRef, keys []messages.Key, ok bool, checksums []uint32) error {
+	if ok && len(checksums) != len(keys) {
+		return fmt.Errorf("commit: %d checksums for %d keys", len(checksums), len(keys))
+	}
+	mine := s.reserved[job]
+	idxs := make([]int, len(keys))
+	for i, k := range keys {
+		idx, found := s.index[k]
+		if _, r := mine[idx]; !found || !r || s.slots[idx].state != slotWritePending {
+			return fmt.Errorf("%w: %v", messages.ErrNotPending, k)
+		}
+		idxs[i] = idx
+		delete(mine, idx) // NB: a key named twice fails on its second mention
+	}
+	for i, idx := range idxs {
+		if ok {
+			s.makeReady(idx, checksums[i])
+		} else {
+			s.freeSlot(idx)
+			s.Counters.StoresFailed++
+		}
+	}
+	if len(mine) == 0 {
+		delete(s.reserved, job)
+	}
+	return nil
+}
+
+// Pending returns the keys job still has write-pending, in slot order.
+func (s *State) Pending(job messages.JobRef) []messages.Key {
+	var out []messages.Key
+	for idx := range s.reserved[job] {
+		out = append(out, s.slots[idx].key)
+	}
+	return out
+}
+
+// ReleaseJob drops every pin job holds and frees every slot it is still
+// writing (a failed store: never readable). It returns the keys freed.
+func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
+	for idx, n := range s.pins[job] {
+		for range n {
+			s.unpin(job, idx)
+		}
+	}
+	for idx := range s.reserved[job] {
+		aborted = append(aborted, s.slots[idx].key)
+		s.freeSlot(idx)
+		s.Counters.StoresFailed++
+	}
+	delete(s.reserved, job)
+	return aborted
+}
+
+// ReleaseOrigin releases every lease, pin and reservation taken for origin
+// (the bridge's, after it restarts with no memory of its requests and jobs).
+func (s *State) ReleaseOrigin(o messages.Origin) {
+	for h := range s.byHolder {
+		if h.Origin == o {
+			s.ReleaseHolder(h)
+		}
+	}
+	for j := range s.pins {
+		if j.Origin == o {
+			s.ReleaseJob(j)
+		}
+	}
+	for j := range s.reserved {
+		if j.Origin == o {
+			s.ReleaseJob(j)
+		}
+	}
+}
+
+// ReleaseHolder ends every lease holder has.
+func (s *State) ReleaseHolder(h messages.Holder) {
+	for idx := range s.byHolder[h] {
+		s.unlease(leaseKey{h, idx})
+	}
+}
+
+// Clear frees every ready slot that is not pinned, dropping leases on them,
+// and returns the keys removed. Pinned and write-pending slots stay: their
+// jobs still own them.
+func (s *State) Clear() []messages.Key {
+	var removed []messages.Key
+	for idx := range s.slots {
+		sl := &s.slots[idx]
+		if sl.state != slotReady || sl.pins > 0 {
+			continue
+		}
+		for h := range s.leaseHoldersOf(idx) {
+			s.unlease(leaseKey{h, idx})
+		}
+		removed = append(removed, sl.key)
+		s.policy.Remove(idx)
+		s.evictable--
+		s.freeSlot(idx)
+	}
+	return removed
+}
+
+func (s *State) leaseHoldersOf(idx int) map[messages.Holder]struct{} {
+	out := map[messages.Holder]struct{}{}
+	if s.slots[idx].leases == 0 {
+		return out
+	}
+	for lk := range s.leases {
+		if lk.slot == idx {
+			out[lk.holder] = struct{}{}
+		}
+	}
+	return out
+}
+
+// Checksum returns the slot and checksum of a ready key.
+func (s *State) Checksum(k messages.Key) (slotIdx int, sum uint32, err error) {
+	idx, ok := s.index[k]
+	if !ok || s.slots[idx].state != slotReady {
+		return 0, 0, fmt.Errorf("%w: %v", messages.ErrUnknownKey, k)
+	}
+	return idx, s.slots[idx].checksum, nil
+}
+
+// Drop removes a ready, unpinned key whose bytes failed verification; its
+// leases end with it. It reports whether the key was dropped.
+func (s *State) Drop(k messages.Key) bool {
+	idx, ok := s.index[k]
+	if !ok || s.slots[idx].state != slotReady || s.slots[idx].pins > 0 {
+		return false
+	}
+	for h := range s.leaseHoldersOf(idx) {
+		s.unlease(leaseKey{h, idx})
+	}
+	s.policy.Remove(idx)
+	s.evictable--
+	s.freeSlot(idx)
+	return true
+}
+
+// Occupancy is a snapshot of the pool's gauges.
+type Occupancy struct {
+	Slots, Free, WritePending, Ready, Pinned, Leased, Leases int
+}
+
+// Occupancy counts slots by state, after expiring due leases.
+func (s *State) Occupancy() Occupancy {
+	s.expireLeases()
+	ready := 0
+	for i := range s.slots {
+		if s.slots[i].state == slotReady {
+			ready++
+		}
+	}
+	return Occupancy{
+		Slots: len(s.slots), Free: len(s.free), Ready: ready,
+		WritePending: len(s.slots) - len(s.free) - ready,
+		Pinned:       s.pinnedSlots, Leased: s.leasedSlots, Leases: len(s.leases),
+	}
+}
+
+// NextLeaseExpiry is when the earliest live lease ends (false when none).
+func (s *State) NextLeaseExpiry() (time.Time, bool) {
+	for len(s.expiry) > 0 {
+		e := s.expiry[0]
+		if at, live := s.leases[leaseKey{e.holder, e.slot}]; live && at.Equal(e.at) {
+			return e.at, true
+		}
+		heap.Pop(&s.expiry) // stale entry: lease consumed or extended
+	}
+	return time.Time{}, false
+}
+
+// ExpireLeases ends every lease due by now.
+func (s *State) ExpireLeases() { s.expireLeases() }
+
+func (s *State) expireLeases() time.Time {
+	now := s.now()
+	for len(s.expiry) > 0 && !s.expiry[0].at.After(now) {
+		e := heap.Pop(&s.expiry).(expiryEntry)
+		lk := leaseKey{e.holder, e.slot}
+		if at, live := s.leases[lk]; live && at.Equal(e.at) {
+			s.unlease(lk)
+			s.Counters.LeasesExpired++
+		}
+	}
+	return now
+}
+
+func (s *State) lease(h messages.Holder, idx int, until time.Time) {
+	lk := leaseKey{h, idx}
+	if _, held := s.leases[lk]; !held {
+		s.becomesHeld(idx, func(sl *slot) { sl.leases++ })
+		if sl := &s.slots[idx]; sl.leases == 1 {
+			s.leasedSlots++
+		}
+		if s.byHolder[h] == nil {
+			s.byHolder[h] = map[int]struct{}{}
+		}
+		s.byHolder[h][idx] = struct{}{}
+	}
+	s.leases[lk] = until
+	heap.Push(&s.expiry, expiryEntry{at: until, holder: h, slot: idx})
+}
+
+func (s *State) unlease(lk leaseKey) {
+	if _, held := s.leases[lk]; !held {
+		return
+	}
+	delete(s.leases, lk)
+	if m := s.byHolder[lk.holder]; m != nil {
+		delete(m, lk.slot)
+		if len(m) == 0 {
+			delete(s.byHolder, lk.holder)
+		}
+	}
+	sl := &s.slots[lk.slot]
+	sl.leases--
+	if sl.leases == 0 {
+		s.leasedSlots--
+	}
+	s.maybeEvictable(lk.slot)
+}
+
+func (s *State) pin(job messages.JobRef, idx int) {
+	s.becomesHeld(idx, func(sl *slot) { sl.pins++ })
+	if s.slots[idx].pins == 1 {
+		s.pinnedSlots++
+	}
+	if s.pins[job] == nil {
+		s.pins[job] = map[int]int32{}
+	}
+	s.pins[job][idx]++
+}
+
+func (s *State) unpin(job messages.JobRef, idx int) {
+	m := s.pins[job]
+	m[idx]--
+	if m[idx] == 0 {
+		delete(m, idx)
+		if len(m) == 0 {
+			delete(s.pins, job)
+		}
+	}
+	sl := &s.slots[idx]
+	sl.pins--
+	if sl.pins == 0 {
+		s.pinnedSlots--
+	}
+	s.maybeEvictable(idx)
+}
+
+// becomesHeld applies a pin or lease increment, keeping evictable exact.
+func (s *State) becomesHeld(idx int, inc func(*slot)) {
+	sl := &s.slots[idx]
+	if sl.pins == 0 && sl.leases == 0 {
+		s.evictable--
+	}
+	inc(sl)
+}
+
+func (s *State) maybeEvictable(idx int) {
+	if sl := &s.slots[idx]; sl.state == slotReady && sl.pins == 0 && sl.leases == 0 {
+		s.evictable++
+	}
+}
+
+func (s *State) isEvictable(idx int) bool {
+	sl := &s.slots[idx]
+	return sl.state == slotReady && sl.pins == 0 && sl.leases == 0
+}
+
+func (s *State) evictOne() messages.Key {
+	idx, ok := s.policy.Victim(s.isEvictable)
+	if !ok {
+		panic("cpu: evictable count says a victim exists but the policy found none")
+	}
+	k := s.slots[idx].key
+	s.evictable--
+	s.freeSlot(idx)
+	s.Counters.Evictions++
+	return k
+}
+
+func (s *State) allocate(k messages.Key, job messages.JobRef) int {
+	idx := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.slots[idx] = slot{key: k, state: slotWritePending, writer: job}
+	s.index[k] = idx
+	if s.reserved[job] == nil {
+		s.reserved[job] = map[int]struct{}{}
+	}
+	s.reserved[job][idx] = struct{}{}
+	return idx
+}
+
+func (s *State) makeReady(idx int, sum uint32) {
+	sl := &s.slots[idx]
+	sl.state, sl.checksum, sl.writer = slotReady, sum, messages.JobRef{}
+	s.policy.Insert(idx, sl.key)
+	s.evictable++
+	s.Counters.Stores++
+}
+
+// freeSlot returns a non-free slot to the free list. The caller has already
+// removed it from the policy and the evictable count if it was ready.
+func (s *State) freeSlot(idx int) {
+	delete(s.index, s.slots[idx].key)
+	s.slots[idx] = slot{}
+	s.free = append(s.free, idx)
+}
+
+type expiryEntry struct {
+	at     time.Time
+	holder messages.Holder
+	slot   int
+}
+
+type expiryHeap []expiryEntry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryEntry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
