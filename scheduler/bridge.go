@@ -37,6 +37,7 @@ type Bridge struct {
 	waiters  []drainWaiter
 	restart  bool
 	resetGen uint64
+	commits  int // CommitSlots sent or being checksummed, not yet acknowledged
 }
 
 // Config is what a Bridge needs from the node. The pointers survive actor
@@ -96,7 +97,7 @@ func Props(cfg Config) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Bridge{cfg: cfg, reg: newRegistry(), pending: map[uint64]pendingCall{},
 			restart: incarnation.Add(1) > 1}
-	})
+	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
 // Receive handles one message.
@@ -267,8 +268,8 @@ func (b *Bridge) intakeErr() error {
 	return nil
 }
 
-func (b *Bridge) newJob(kind messages.JobKind, req *messages.ReqContext, keys []messages.Key, slots []int) *job {
-	j := &job{id: messages.JobID(b.cfg.JobSeq.Add(1)), kind: kind, req: req,
+func (b *Bridge) newJob(id messages.JobID, kind messages.JobKind, req *messages.ReqContext, keys []messages.Key, slots []int) *job {
+	j := &job{id: id, kind: kind, req: req, keys: keys,
 		slots: make(map[messages.Key]int, len(keys)), open: make(map[messages.Key]struct{}, len(keys)),
 		reported: make([]bool, b.workers(req)), allOK: true}
 	for i, k := range keys {
@@ -307,8 +308,7 @@ func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
 			m.Reply.Answer(messages.LoadJob{}, res.Err)
 			return
 		}
-		j := b.newJob(messages.JobLoad, m.Req, m.Keys, res.Slots)
-		j.id = id
+		j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, res.Slots)
 		b.arm(ctx, j)
 		m.Reply.Answer(messages.LoadJob{ID: id, Slots: res.Slots, Workers: len(j.reported)}, nil)
 	}, func(err error) { m.Reply.Answer(messages.LoadJob{}, err) })
@@ -359,8 +359,7 @@ func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
 		}
 		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
 		if len(res.ToStore) > 0 {
-			j := b.newJob(messages.JobStore, m.Req, res.ToStore, res.Slots)
-			j.id = id
+			j := b.newJob(id, messages.JobStore, m.Req, res.ToStore, res.Slots)
 			b.arm(ctx, j)
 			plan.Job, plan.Workers = id, len(j.reported)
 		}
@@ -396,6 +395,7 @@ func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
 // commit ends the job's writes of keys. A successful write is checksummed
 // off the mailbox first; then takes the CPU tier's answer.
 func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool, then func(error)) {
+	b.commits++
 	if !ok {
 		b.sendCommit(ctx, j.ref(), j.req, keys, false, nil, then)
 		return
@@ -420,14 +420,22 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 	b.sendCommit(ctx, m.job, m.req, m.keys, true, m.sums, m.then)
 }
 
+// sendCommit asks the CPU tier to commit; the answer ends one in-flight
+// commit (drains wait for them: a cleared tier must not see a commit land
+// after it) and goes to then when someone waits for it.
 func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *messages.ReqContext, keys []messages.Key, ok bool, sums []uint32, then func(error)) {
-	if then == nil {
-		ctx.Request(b.cfg.CPU, &messages.CommitSlots{Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req})
-		return
+	landed := func(err error) {
+		b.commits--
+		if then != nil {
+			then(err)
+		} else if err != nil {
+			b.cfg.Log.Error().Err(err).Uint64("job", uint64(ref.ID)).Msg("bridge: commit refused")
+		}
+		b.drained(ctx)
 	}
 	b.ask(ctx, func(corr uint64) any {
 		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req}
-	}, func(r any) { then(r.(*messages.Ack).Err) }, then)
+	}, func(r any) { landed(r.(*messages.Ack).Err) }, landed)
 }
 
 // closeIfEmpty removes a job all of whose keys were claimed.
@@ -515,7 +523,7 @@ func (b *Bridge) onDrained(ctx actor.Context, gen uint64, reply messages.Reply[s
 }
 
 func (b *Bridge) drained(actor.Context) {
-	if len(b.waiters) == 0 {
+	if len(b.waiters) == 0 || b.commits > 0 {
 		return
 	}
 	oldest := b.oldestJob()

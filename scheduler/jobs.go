@@ -17,6 +17,7 @@ type job struct {
 	id       messages.JobID
 	kind     messages.JobKind
 	req      *messages.ReqContext
+	keys     []messages.Key            // every key of the job, in call (chain) order
 	slots    map[messages.Key]int      // key → slot, every key of the job
 	open     map[messages.Key]struct{} // keys still owned at the CPU tier
 	reported []bool
@@ -31,8 +32,10 @@ func (j *job) ref() messages.JobRef {
 
 func (j *job) openKeys() []messages.Key {
 	out := make([]messages.Key, 0, len(j.open))
-	for k := range j.open {
-		out = append(out, k)
+	for _, k := range j.keys {
+		if _, ok := j.open[k]; ok {
+			out = append(out, k)
+		}
 	}
 	return out
 }

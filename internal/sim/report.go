@@ -94,6 +94,7 @@ func (e *engine) quiesce(ctx context.Context) error {
 			return fmt.Errorf("stats: %w", err)
 		}
 		e.sum.PendingWorkAtEnd = pending
+		e.sum.Evictions, e.sum.NodeRequests = st.Evictions, st.Requests
 		e.sum.LeakedPins, e.sum.LeakedLeases, e.sum.LeakedWritePending = st.Pinned, st.Leased, st.WritePending
 		quiet := !pending && st.Pinned == 0 && st.Leased == 0 && st.WritePending == 0
 		if quiet || time.Now().After(deadline) {

@@ -43,10 +43,12 @@ type Summary struct {
 	LookupP50us float64 `json:"lookup_p50_us"`
 	LookupP99us float64 `json:"lookup_p99_us"`
 
-	LeakedPins         int  `json:"leaked_pins"`
-	LeakedLeases       int  `json:"leaked_leases"`
-	LeakedWritePending int  `json:"leaked_write_pending"`
-	PendingWorkAtEnd   bool `json:"pending_work_at_end"`
+	Evictions          uint64 `json:"evictions"`     // the node's evictions to make room
+	NodeRequests       int    `json:"node_requests"` // requests with state at the node after the run
+	LeakedPins         int    `json:"leaked_pins"`
+	LeakedLeases       int    `json:"leaked_leases"`
+	LeakedWritePending int    `json:"leaked_write_pending"`
+	PendingWorkAtEnd   bool   `json:"pending_work_at_end"`
 
 	VirtualSeconds float64 `json:"virtual_seconds"`
 	WallSeconds    float64 `json:"wall_seconds"`
@@ -103,6 +105,7 @@ func (s Summary) WriteText(w io.Writer) {
 		s.LoadJobs, s.StoreJobs, s.LateReports, s.LoadErrors)
 	p("lookups         %d calls, p50 %.1f µs, p99 %.1f µs; %d waits, %d gave up",
 		s.Lookups, s.LookupP50us, s.LookupP99us, s.LookupWaits, s.PendingGiveUp)
+	p("node            %d evictions, %d requests with state at the end", s.Evictions, s.NodeRequests)
 	p("leaks           pins %d, leases %d, write-pending %d, pending work %v",
 		s.LeakedPins, s.LeakedLeases, s.LeakedWritePending, s.PendingWorkAtEnd)
 }

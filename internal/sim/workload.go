@@ -77,7 +77,7 @@ type SyntheticConfig struct {
 // DefaultSynthetic is the workload `kvtier sim` runs with no flags.
 func DefaultSynthetic(seed uint64, requests int) SyntheticConfig {
 	return SyntheticConfig{Seed: seed, Requests: requests, SystemPrompts: 16,
-		Concurrent: 64, Interarrival: 50 * time.Millisecond}
+		Concurrent: 256, Interarrival: 50 * time.Millisecond}
 }
 
 // conversation is one open synthetic chat: its prompt so far and turns left.

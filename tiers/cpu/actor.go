@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
 )
 
 // Actor is the CPU tier's mailbox: it applies messages to State one at a time
@@ -44,7 +45,8 @@ const DefaultMaxEvents = 1 << 16
 // Props builds the actor's props over a State and Pool that survive restarts.
 func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger) *actor.Props {
 	a := &Actor{state: state, pool: pool, now: now, log: log, maxEvents: DefaultMaxEvents}
-	return actor.PropsFromProducer(func() actor.Actor { return a })
+	return actor.PropsFromProducer(func() actor.Actor { return a },
+		actor.WithReceiverMiddleware(supervision.Faults))
 }
 
 type verifyDone struct {

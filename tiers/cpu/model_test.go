@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,7 +159,10 @@ func (m *model) lookup(h messages.Holder, keys []messages.Key, prefix bool, ttl 
 		switch st {
 		case messages.Hit:
 			m.counters.Hits++
-			m.leases[mLease{h, k}] = m.now().Add(ttl)
+			// A repeated lookup extends a lease; it never shortens one.
+			if at, held := m.leases[mLease{h, k}]; !held || m.now().Add(ttl).After(at) || devCurrent {
+				m.leases[mLease{h, k}] = m.now().Add(ttl)
+			}
 		case messages.HitPending:
 			m.counters.HitsPending++
 		default:
@@ -425,6 +429,11 @@ var (
 )
 
 func (r *seqRun) logf(format string, a ...any) {
+	r.log = append(r.log, fmt.Sprintf(format, fmtArgs(a)...))
+}
+
+// fmtArgs renders keys, holders and jobs readably for the op log.
+func fmtArgs(a []any) []any {
 	for i, v := range a {
 		switch v := v.(type) {
 		case []messages.Key:
@@ -439,7 +448,7 @@ func (r *seqRun) logf(format string, a ...any) {
 			a[i] = originName(v)
 		}
 	}
-	r.log = append(r.log, fmt.Sprintf(format, a...))
+	return a
 }
 
 func fmtKeys(ks []messages.Key) string {
@@ -465,7 +474,7 @@ func originName(o messages.Origin) string {
 func (r *seqRun) fatalf(format string, a ...any) {
 	r.t.Helper()
 	r.t.Fatalf("seed %d (rerun: go test ./tiers/cpu/ -run '%s' -args -seed=%d): %s\nops:\n  %s",
-		r.seed, r.t.Name(), r.seed, fmt.Sprintf(format, a...), strings.Join(r.log, "\n  "))
+		r.seed, r.t.Name(), r.seed, fmt.Sprintf(format, fmtArgs(a)...), strings.Join(r.log, "\n  "))
 }
 
 func (r *seqRun) key() messages.Key { return tk(r.rng.Intn(r.nkeys)) }
@@ -761,8 +770,236 @@ func TestStateModel(t *testing.T) {
 		r := &seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, m: newModel(n, clk.now),
 			nkeys: 2 * n, slotOf: map[messages.Key]int{}}
 		r.logf("NewState(%d, lru)", n)
-		for range 20 + rng.Intn(41) {
-			r.step()
+		r.run(20 + rng.Intn(41))
+	}
+}
+
+// run runs ops steps, turning a panic into a failure that names the seed.
+func (r *seqRun) run(ops int) {
+	r.t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			r.fatalf("panic: %v\n%s", p, debug.Stack())
 		}
+	}()
+	for range ops {
+		r.step()
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The must-hold property (DESIGN.md §4 rule 3): a HIT is never evicted before
+// its PrepareLoad, even with concurrent stores evicting at full pool, and
+// PrepareLoad (LeaseToPin) never fails for a key that was a HIT for that
+// request and whose lease has not expired.
+
+type leaseRun struct {
+	seqRun
+	granted map[messages.Holder]map[messages.Key]time.Time // the latest HIT's lease deadline
+	loadJob map[messages.Holder]messages.JobRef
+}
+
+var (
+	leaseHolders = []messages.Holder{engineHolder("a"), engineHolder("b"), engineHolder("c")}
+	storeJobs    = []messages.JobRef{
+		{Origin: messages.OriginTier, ID: 1}, {Origin: messages.OriginTier, ID: 2},
+		{Origin: messages.OriginPeer, ID: 1}, engineJob(100),
+	}
+	leaseTTLs = []time.Duration{0, 500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second}
+)
+
+// live is the set of keys h holds a HIT for whose lease has not expired.
+func (r *leaseRun) live(h messages.Holder) []messages.Key {
+	var out []messages.Key
+	for k, at := range r.granted[h] {
+		if at.After(r.clk.now()) {
+			out = append(out, k)
+		}
+	}
+	return sortedKeys(out)
+}
+
+func (r *leaseRun) residentKeys() []messages.Key {
+	var out []messages.Key
+	for i := range r.nkeys {
+		if r.s.Status([]messages.Key{tk(i)})[0] == messages.Hit {
+			out = append(out, tk(i))
+		}
+	}
+	return out
+}
+
+func (r *leaseRun) step() {
+	r.t.Helper()
+	rng := r.rng
+	h := leaseHolders[rng.Intn(len(leaseHolders))]
+	switch op := rng.Intn(100); {
+	case op < 25: // Lookup, mostly of resident keys
+		ks := r.keys(4)
+		if res := r.residentKeys(); len(res) > 0 && rng.Intn(3) != 0 {
+			for i := range ks {
+				ks[i] = res[rng.Intn(len(res))]
+			}
+		}
+		prefix, ttl := rng.Intn(2) == 0, leaseTTLs[rng.Intn(len(leaseTTLs))]
+		r.logf("t=%v LookupAndLease(%v, %v, prefix=%v, ttl=%v)", r.clk.since0(), h, ks, prefix, ttl)
+		for i, st := range r.s.LookupAndLease(h, ks, prefix, ttl) {
+			if st == messages.Hit {
+				if r.granted[h] == nil {
+					r.granted[h] = map[messages.Key]time.Time{}
+				}
+				r.granted[h][ks[i]] = r.clk.now().Add(ttl)
+			}
+		}
+	case op < 40: // PrepareLoad of some live HITs: must succeed
+		ks := r.live(h)
+		rng.Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
+		if len(ks) > 0 {
+			ks = ks[:1+rng.Intn(len(ks))]
+		}
+		stray := rng.Intn(5) == 0
+		if stray || len(ks) == 0 {
+			ks = append(ks, r.key())
+		}
+		r.logf("t=%v LeaseToPin(%v, %v)", r.clk.since0(), h, ks)
+		_, err := r.s.LeaseToPin(h, r.loadJob[h], ks)
+		if err != nil && !stray && len(r.live(h)) > 0 {
+			r.fatalf("LeaseToPin of live HITs failed: %v", err)
+		}
+		if err == nil {
+			for _, k := range ks {
+				delete(r.granted[h], k) // the lease is now a pin
+			}
+		}
+	case op < 48: // CompleteLoad
+		job := r.loadJob[h]
+		var ks []messages.Key
+		for idx, n := range r.s.pins[job] {
+			for range n {
+				ks = append(ks, r.s.slots[idx].key)
+			}
+		}
+		if len(ks) == 0 {
+			return
+		}
+		r.logf("Unpin(%v, %v)", job, ks)
+		if err := r.s.Unpin(job, ks); err != nil {
+			r.fatalf("Unpin: %v", err)
+		}
+	case op < 75: // a concurrent store by another job, at full pool
+		job := storeJobs[rng.Intn(len(storeJobs))]
+		ks := r.keys(4)
+		r.logf("t=%v Reserve(%v, %v)", r.clk.since0(), job, ks)
+		res, err := r.s.Reserve(job, ks)
+		if err != nil && !errors.Is(err, messages.ErrFull) {
+			r.fatalf("Reserve: %v", err)
+		}
+		if err == nil && rng.Intn(3) != 0 {
+			ok := rng.Intn(5) != 0
+			r.logf("Commit(%v, %v, ok=%v)", job, res.ToStore, ok)
+			if err := r.s.Commit(job, res.ToStore, ok, make([]uint32, len(res.ToStore))); err != nil {
+				r.fatalf("Commit: %v", err)
+			}
+		}
+	case op < 83: // a store job finishes later
+		job := storeJobs[rng.Intn(len(storeJobs))]
+		ks := sortedKeys(r.s.Pending(job))
+		if len(ks) == 0 {
+			return
+		}
+		ok := rng.Intn(4) != 0
+		r.logf("Commit(%v, %v, ok=%v)", job, ks, ok)
+		if err := r.s.Commit(job, ks, ok, make([]uint32, len(ks))); err != nil {
+			r.fatalf("Commit: %v", err)
+		}
+	case op < 85: // a store job is reaped
+		job := storeJobs[rng.Intn(len(storeJobs))]
+		r.logf("ReleaseJob(%v)", job)
+		r.s.ReleaseJob(job)
+	case op < 87: // a restarted tier or peer forgets its work; engine leases stay
+		o := []messages.Origin{messages.OriginTier, messages.OriginPeer}[rng.Intn(2)]
+		r.logf("ReleaseOrigin(%v)", o)
+		r.s.ReleaseOrigin(o)
+	case op < 89: // RequestFinished
+		r.logf("ReleaseHolder(%v)", h)
+		r.s.ReleaseHolder(h)
+		delete(r.granted, h)
+	case op < 92:
+		ks := r.keys(3)
+		r.logf("Touch(%v)", ks)
+		r.s.Touch(ks)
+	default: // time passes, sometimes exactly onto a deadline
+		if ks := r.live(h); len(ks) > 0 && rng.Intn(3) == 0 {
+			r.clk.set(r.granted[h][ks[rng.Intn(len(ks))]])
+		} else {
+			r.clk.advance(time.Duration(rng.Intn(1500)) * time.Millisecond)
+		}
+		r.logf("clock → t=%v", r.clk.since0())
+	}
+	r.check()
+}
+
+func (r *leaseRun) check() {
+	r.t.Helper()
+	if err := r.s.CheckInvariants(); err != nil {
+		r.fatalf("invariants: %v", err)
+	}
+	for _, h := range leaseHolders {
+		for _, k := range r.live(h) {
+			if st := r.s.Status([]messages.Key{k}); st[0] != messages.Hit {
+				r.fatalf("%v's leased HIT %v (lease to %v) is %v", h, k, r.granted[h][k].Sub(time.Unix(1_000_000, 0)), st[0])
+			}
+		}
+		for idx := range r.s.pins[r.loadJob[h]] {
+			if r.s.slots[idx].state != slotReady {
+				r.fatalf("%v's pinned slot %d is not ready", h, idx)
+			}
+		}
+	}
+}
+
+func (r *leaseRun) run(ops int) {
+	r.t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			r.fatalf("panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	for range ops {
+		r.step()
+	}
+}
+
+func TestLeasedHitSurvivesUntilPrepareLoad(t *testing.T) {
+	for _, seed := range seeds(t, 1_000_001, 10_000) {
+		rng := rand.New(rand.NewSource(seed))
+		n := 4 + rng.Intn(9)
+		clk := newFakeClock()
+		policy := []string{"lru", "arc"}[rng.Intn(2)]
+		s, err := NewState(n, policy, clk.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &leaseRun{
+			seqRun:  seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, nkeys: 3 * n},
+			granted: map[messages.Holder]map[messages.Key]time.Time{},
+			loadJob: map[messages.Holder]messages.JobRef{},
+		}
+		for i, h := range leaseHolders {
+			r.loadJob[h] = engineJob(messages.JobID(i + 1))
+		}
+		// Start full: every slot ready.
+		fill := make([]messages.Key, n)
+		for i := range fill {
+			fill[i] = tk(r.nkeys - 1 - i)
+		}
+		if _, err := s.Reserve(engineJob(99), fill); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Commit(engineJob(99), fill, true, make([]uint32, n)); err != nil {
+			t.Fatal(err)
+		}
+		r.logf("NewState(%d, %s) filled with %v", n, policy, fill)
+		r.run(30 + rng.Intn(31))
 	}
 }

@@ -1,0 +1,31 @@
+// Command kvtier is the kvtier command-line tool: the engine simulator
+// (`kvtier sim`) and, as they land, bench, chaos, inspect and events tail.
+// It only parses flags and wires library packages together; the logic lives
+// in internal/ and the node in the root package.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	if err := newRootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvtier:", err)
+		os.Exit(1)
+	}
+}
+
+// newRootCmd builds the command tree.
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kvtier",
+		Short:         "kvtier tools: engine simulator and friends",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newSimCmd())
+	return root
+}

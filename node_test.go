@@ -1,0 +1,455 @@
+package kvtier
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	testBlock   = 4096
+	testTimeout = 30 * time.Second // per-call deadline; never reached by a passing test
+)
+
+var testNS = messages.Layout{Model: "m", DType: "fp16", BlockTokens: 16, TPSize: 1}.Namespace()
+
+func key(i int) messages.Key {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(i))
+	return messages.Key{Namespace: testNS, Hash: string(b[:])}
+}
+
+func keys(ids ...int) []messages.Key {
+	out := make([]messages.Key, len(ids))
+	for i, id := range ids {
+		out[i] = key(id)
+	}
+	return out
+}
+
+type harness struct {
+	t     *testing.T
+	node  *Node
+	m     Manager
+	clock *supervision.ManualClock
+	ctx   context.Context
+}
+
+// open starts a node of `slots` slots on a manual clock.
+func open(t *testing.T, slots int, tweak ...func(*Config)) *harness {
+	t.Helper()
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	cfg := Config{PoolBytes: int64(slots * testBlock), BlockBytes: testBlock, Clock: clock}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	node, err := Open(ctx, cfg)
+	require.NoError(t, err)
+	h := &harness{t: t, node: node, m: node.Manager(), clock: clock, ctx: ctx}
+	t.Cleanup(func() {
+		require.NoError(t, node.Close(ctx))
+		cancel()
+	})
+	return h
+}
+
+func fill(b []byte, seed int) {
+	for i := range b {
+		b[i] = byte(seed*31 + i)
+	}
+}
+
+// store writes blocks for ids through a store job reported by every worker.
+func (h *harness) store(req *messages.ReqContext, ids ...int) messages.StorePlan {
+	h.t.Helper()
+	plan, err := h.m.PrepareStore(h.ctx, req, keys(ids...))
+	require.NoError(h.t, err)
+	for i, k := range plan.ToStore {
+		fill(h.m.Pool().Slot(plan.Slots[i]), int(binary.BigEndian.Uint64([]byte(k.Hash))))
+	}
+	for w := 0; w < plan.Workers; w++ {
+		require.NoError(h.t, h.m.JobDone(h.ctx, plan.Job, w, true))
+	}
+	return plan
+}
+
+func (h *harness) stats() messages.Stats {
+	h.t.Helper()
+	s, err := h.m.Stats(h.ctx)
+	require.NoError(h.t, err)
+	return s
+}
+
+// quiet asserts nothing is pinned, leased or being written.
+func (h *harness) quiet() {
+	h.t.Helper()
+	s := h.stats()
+	require.Zero(h.t, s.Pinned, "pinned slots")
+	require.Zero(h.t, s.Leased, "leased slots")
+	require.Zero(h.t, s.WritePending, "write-pending slots")
+	require.Zero(h.t, s.JobsInFlight, "jobs in flight")
+}
+
+// lookupUntilSettled looks up until no key is HIT_PENDING (a store's commit
+// is checksummed off the mailbox, so it lands a moment after JobDone).
+func (h *harness) lookupUntilSettled(req *messages.ReqContext, ks []messages.Key) []messages.LookupStatus {
+	h.t.Helper()
+	for {
+		st, err := h.m.Lookup(h.ctx, req, ks, false)
+		require.NoError(h.t, err)
+		settled := true
+		for _, s := range st {
+			settled = settled && s != messages.HitPending
+		}
+		if settled {
+			return st
+		}
+		require.NoError(h.t, h.ctx.Err())
+	}
+}
+
+func TestStoreLookupLoadRoundTrip(t *testing.T) {
+	h := open(t, 8)
+	writer := &messages.ReqContext{RequestID: "w"}
+	plan := h.store(writer, 1, 2, 3)
+	require.Len(t, plan.ToStore, 3)
+	require.NoError(t, h.m.RequestFinished(h.ctx, writer))
+
+	reader := &messages.ReqContext{RequestID: "r"}
+	st := h.lookupUntilSettled(reader, keys(1, 2, 3, 4))
+	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Hit, messages.Hit, messages.Miss}, st)
+	require.Equal(t, 3, h.stats().Leased)
+
+	job, err := h.m.PrepareLoad(h.ctx, reader, keys(1, 2, 3))
+	require.NoError(t, err)
+	for i, id := range []int{1, 2, 3} {
+		want := make([]byte, testBlock)
+		fill(want, id)
+		require.Equal(t, want, h.m.Pool().Slot(job.Slots[i]), "block %d", id)
+	}
+	s := h.stats()
+	require.Equal(t, 3, s.Pinned)
+	require.Zero(t, s.Leased, "PrepareLoad consumes the leases")
+	pending, err := h.m.HasPendingWork(h.ctx)
+	require.NoError(t, err)
+	require.True(t, pending)
+
+	require.NoError(t, h.m.JobDone(h.ctx, job.ID, 0, true))
+	pending, err = h.m.HasPendingWork(h.ctx)
+	require.NoError(t, err)
+	require.False(t, pending)
+	h.quiet()
+
+	events, err := h.m.TakeEvents(h.ctx)
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Equal(t, messages.BlockStored, events[0].Kind)
+	require.Same(t, writer, events[0].Ctx, "stored event carries the producing request's context")
+	require.Equal(t, keys(1, 2, 3), events[0].Keys)
+}
+
+func TestPrefixLookupStopsAtFirstMiss(t *testing.T) {
+	h := open(t, 8)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1, 3)
+	req := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, keys(1, 3))
+	require.NoError(t, h.m.RequestFinished(h.ctx, &messages.ReqContext{RequestID: "probe"}))
+	st, err := h.m.Lookup(h.ctx, req, keys(1, 2, 3), true)
+	require.NoError(t, err)
+	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss, messages.Miss}, st)
+	require.Equal(t, 1, h.stats().Leased, "keys after the first miss are not leased")
+	require.NoError(t, h.m.RequestFinished(h.ctx, req))
+	h.quiet()
+}
+
+func TestLeasedHitSurvivesEvictionPressure(t *testing.T) {
+	h := open(t, 4)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2, 3, 4)
+	reader := &messages.ReqContext{RequestID: "r"}
+	require.Equal(t, messages.Hit, h.lookupUntilSettled(reader, keys(1))[0])
+
+	// Three more blocks fit only by evicting three of the four: key 1 is
+	// leased, so 2, 3, 4 go.
+	plan, err := h.m.PrepareStore(h.ctx, &messages.ReqContext{RequestID: "w2"}, keys(5, 6, 7))
+	require.NoError(t, err)
+	require.ElementsMatch(t, keys(2, 3, 4), plan.Evicted)
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 0, true))
+
+	// A fourth cannot: everything is leased or just being committed... and
+	// key 1 still loads.
+	job, err := h.m.PrepareLoad(h.ctx, reader, keys(1))
+	require.NoError(t, err)
+	require.NoError(t, h.m.JobDone(h.ctx, job.ID, 0, true))
+	h.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, keys(5))
+	require.NoError(t, h.m.RequestFinished(h.ctx, &messages.ReqContext{RequestID: "probe"}))
+	h.quiet()
+}
+
+func TestFullWhenEverythingIsLeased(t *testing.T) {
+	h := open(t, 2)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
+	reader := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(1, 2))
+	_, err := h.m.PrepareStore(h.ctx, &messages.ReqContext{RequestID: "w2"}, keys(3))
+	require.ErrorIs(t, err, messages.ErrFull)
+	require.Equal(t, uint64(1), h.stats().Full)
+
+	require.NoError(t, h.m.RequestFinished(h.ctx, reader))
+	plan, err := h.m.PrepareStore(h.ctx, &messages.ReqContext{RequestID: "w2"}, keys(3))
+	require.NoError(t, err, "leases released by RequestFinished make room")
+	require.Len(t, plan.Evicted, 1)
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 0, true))
+}
+
+func TestLeaseExpiresOnTheInjectedClock(t *testing.T) {
+	h := open(t, 2, func(c *Config) { c.LeaseTTL = time.Second })
+	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
+	reader := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(1, 2))
+	h.clock.Advance(time.Second)
+	s := h.stats()
+	require.Zero(t, s.Leased)
+	require.Equal(t, uint64(2), s.LeasesExpired)
+}
+
+func TestBadInputGetsTypedErrors(t *testing.T) {
+	h := open(t, 4)
+	req := &messages.ReqContext{RequestID: "r"}
+
+	_, err := h.m.PrepareLoad(h.ctx, req, keys(42))
+	require.ErrorIs(t, err, messages.ErrUnknownKey)
+	require.ErrorIs(t, h.m.CompleteLoad(h.ctx, req, keys(42)), messages.ErrNotLoading)
+	require.ErrorIs(t, h.m.CompleteStore(h.ctx, req, keys(42), true), messages.ErrNotPending)
+	require.ErrorIs(t, h.m.JobDone(h.ctx, 999, 0, true), messages.ErrUnknownJob)
+	_, err = h.m.Lookup(h.ctx, req, []messages.Key{{Namespace: testNS}}, false)
+	require.ErrorIs(t, err, messages.ErrBadKey)
+
+	// PrepareLoad is all-or-nothing: one unknown key pins nothing.
+	h.store(&messages.ReqContext{RequestID: "w"}, 1)
+	h.lookupUntilSettled(req, keys(1))
+	_, err = h.m.PrepareLoad(h.ctx, req, keys(1, 42))
+	require.ErrorIs(t, err, messages.ErrUnknownKey)
+	require.Zero(t, h.stats().Pinned)
+
+	// Double CompleteStore.
+	plan, err := h.m.PrepareStore(h.ctx, req, keys(7))
+	require.NoError(t, err)
+	require.NoError(t, h.m.CompleteStore(h.ctx, req, keys(7), true))
+	require.ErrorIs(t, h.m.CompleteStore(h.ctx, req, keys(7), true), messages.ErrNotPending)
+	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrUnknownJob, "job ended by CompleteStore")
+	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 5, true), messages.ErrUnknownJob)
+
+	st, err := h.m.Lookup(h.ctx, req, keys(7), false)
+	require.NoError(t, err)
+	require.Equal(t, messages.Hit, st[0], "CompleteStore answers once the block is readable")
+	require.Equal(t, uint64(3), h.stats().LateReports)
+	require.NoError(t, h.m.RequestFinished(h.ctx, req))
+	h.quiet()
+}
+
+func TestBadConfig(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"zero pool":      {PoolBytes: -1},
+		"negative block": {BlockBytes: -4096},
+		"pool < block":   {PoolBytes: 100, BlockBytes: 4096},
+		"bad policy":     {Policy: "fifo"},
+		"workers":        {JobWorkers: -2},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Open(context.Background(), cfg)
+			require.ErrorIs(t, err, messages.ErrBadConfig)
+		})
+	}
+}
+
+func TestWorkerReportsCompleteAJob(t *testing.T) {
+	h := open(t, 4, func(c *Config) { c.JobWorkers = 3 })
+	req := &messages.ReqContext{RequestID: "w"}
+	plan, err := h.m.PrepareStore(h.ctx, req, keys(1))
+	require.NoError(t, err)
+	require.Equal(t, 3, plan.Workers)
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 0, true))
+	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrBadWorker, "duplicate report")
+	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 3, true), messages.ErrBadWorker, "out of range")
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 1, false))
+	pending, err := h.m.HasPendingWork(h.ctx)
+	require.NoError(t, err)
+	require.True(t, pending, "one worker still owes a report")
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 2, true))
+
+	// One worker failed: the store is not readable and its slot is free.
+	st := h.lookupUntilSettled(&messages.ReqContext{RequestID: "r"}, keys(1))
+	require.Equal(t, messages.Miss, st[0])
+	s := h.stats()
+	require.Equal(t, uint64(1), s.StoresFailed)
+	require.Equal(t, 4, s.Free)
+}
+
+func TestStalledJobsAreReapedAtTheirDeadline(t *testing.T) {
+	const deadline = 300 * time.Second
+	h := open(t, 4)
+	writer := &messages.ReqContext{RequestID: "w"}
+	h.store(writer, 1)
+	reader := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(1))
+	load, err := h.m.PrepareLoad(h.ctx, reader, keys(1))
+	require.NoError(t, err)
+	store, err := h.m.PrepareStore(h.ctx, writer, keys(2))
+	require.NoError(t, err)
+	require.Equal(t, 2, h.clock.Pending(), "one armed timer per job")
+
+	h.clock.Advance(deadline - time.Nanosecond)
+	s := h.stats()
+	require.Equal(t, 2, s.JobsInFlight, "nothing reaped before the deadline")
+
+	h.clock.Advance(time.Nanosecond)
+	s = h.stats()
+	require.Zero(t, s.JobsInFlight)
+	require.Equal(t, uint64(1), s.JobsReapedLoad)
+	require.Equal(t, uint64(1), s.JobsReapedStore)
+	require.Zero(t, s.Pinned, "reaped load released its pin")
+	require.Zero(t, s.WritePending, "reaped store freed its slot")
+	st, err := h.m.Lookup(h.ctx, &messages.ReqContext{RequestID: "p"}, keys(2), false)
+	require.NoError(t, err)
+	require.Equal(t, messages.Miss, st[0], "a reaped store is never readable")
+
+	// Reports after reaping are counted and dropped.
+	require.ErrorIs(t, h.m.JobDone(h.ctx, load.ID, 0, true), messages.ErrUnknownJob)
+	require.ErrorIs(t, h.m.JobDone(h.ctx, store.Job, 0, true), messages.ErrUnknownJob)
+	require.Equal(t, uint64(2), h.stats().LateReports)
+	require.Zero(t, h.clock.Pending(), "no timer left armed")
+}
+
+func TestCompletedJobDisarmsItsTimer(t *testing.T) {
+	h := open(t, 4)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1)
+	require.Zero(t, h.clock.Pending())
+	h.clock.Advance(time.Hour)
+	require.Zero(t, h.stats().JobsReapedStore)
+}
+
+func TestPauseStopsIntakeAndResumeRestoresIt(t *testing.T) {
+	h := open(t, 4)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1)
+	req := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(req, keys(1))
+	require.NoError(t, h.m.RequestFinished(h.ctx, req))
+
+	require.NoError(t, h.m.Pause(h.ctx, false))
+	st, err := h.m.Lookup(h.ctx, req, keys(1), false)
+	require.NoError(t, err)
+	require.Equal(t, messages.Miss, st[0])
+	_, err = h.m.PrepareStore(h.ctx, req, keys(2))
+	require.ErrorIs(t, err, messages.ErrPaused)
+	require.True(t, h.stats().Paused)
+
+	require.NoError(t, h.m.Resume(h.ctx))
+	st, err = h.m.Lookup(h.ctx, req, keys(1), false)
+	require.NoError(t, err)
+	require.Equal(t, messages.Hit, st[0], "pause without clearCache keeps the blocks")
+	require.NoError(t, h.m.RequestFinished(h.ctx, req))
+}
+
+func TestPauseWaitsForJobsThenClears(t *testing.T) {
+	h := open(t, 4)
+	writer := &messages.ReqContext{RequestID: "w"}
+	h.store(writer, 1)
+	plan, err := h.m.PrepareStore(h.ctx, writer, keys(2))
+	require.NoError(t, err)
+
+	paused := make(chan error, 1)
+	go func() { paused <- h.m.Pause(h.ctx, true) }()
+	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 0, true))
+	require.NoError(t, <-paused)
+	s := h.stats()
+	require.Equal(t, 4, s.Free, "clearCache emptied the primary tier")
+	events, err := h.m.TakeEvents(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, messages.AllBlocksCleared, events[len(events)-1].Kind)
+}
+
+func TestResetCacheReapsStragglersAtItsDeadline(t *testing.T) {
+	h := open(t, 4)
+	writer := &messages.ReqContext{RequestID: "w"}
+	h.store(writer, 1)
+	_, err := h.m.PrepareStore(h.ctx, writer, keys(2))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(h.ctx, 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.m.ResetCache(ctx) }()
+	// The drain deadline is on the node's (manual) clock: advancing it past
+	// the drain bound reaps the stalled store, then the tier clears.
+	for h.clock.Pending() < 2 {
+		require.NoError(t, ctx.Err())
+	}
+	h.clock.Advance(20 * time.Second)
+	require.NoError(t, <-done)
+	s := h.stats()
+	require.Equal(t, 4, s.Free)
+	require.Equal(t, uint64(1), s.JobsReapedStore)
+}
+
+func TestBridgeRestartReleasesEngineState(t *testing.T) {
+	h := open(t, 4)
+	writer := &messages.ReqContext{RequestID: "w"}
+	h.store(writer, 1)
+	reader := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(1))
+	plan, err := h.m.PrepareStore(h.ctx, writer, keys(2))
+	require.NoError(t, err)
+
+	h.node.system.Root.Send(h.node.bridge, &supervision.InjectPanic{Reason: "test"})
+	s := h.stats()
+	require.Equal(t, uint64(1), s.ActorRestarts)
+	require.Zero(t, s.Leased, "a restarted bridge drops engine leases")
+	require.Zero(t, s.WritePending, "and fails engine writes")
+	require.Zero(t, s.JobsInFlight)
+	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrUnknownJob)
+	st, err := h.m.Lookup(h.ctx, reader, keys(1, 2), false)
+	require.NoError(t, err)
+	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss}, st, "ready blocks survive")
+	require.NoError(t, h.m.RequestFinished(h.ctx, reader))
+	h.quiet()
+}
+
+func TestCPUTierRestartKeepsItsSlotTable(t *testing.T) {
+	h := open(t, 4)
+	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
+	reader := &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(1))
+
+	h.node.system.Root.Send(h.cpuPID(), &supervision.InjectPanic{Reason: "test"})
+	s := h.stats()
+	require.Equal(t, uint64(1), s.ActorRestarts)
+	require.Equal(t, 2, s.Ready)
+	require.Equal(t, 1, s.Leased, "leases survive a CPU tier restart")
+	job, err := h.m.PrepareLoad(h.ctx, reader, keys(1))
+	require.NoError(t, err, "a leased HIT still loads after the restart")
+	require.NoError(t, h.m.JobDone(h.ctx, job.ID, 0, true))
+	h.quiet()
+}
+
+func (h *harness) cpuPID() *actor.PID {
+	return actor.NewPID(h.node.system.Address(), "kvtier/cpu")
+}
+
+func TestCloseIsIdempotentAndRefusesCalls(t *testing.T) {
+	h := open(t, 4)
+	require.NoError(t, h.node.Close(h.ctx))
+	_, err := h.m.Lookup(h.ctx, &messages.ReqContext{RequestID: "r"}, keys(1), false)
+	require.True(t, errors.Is(err, messages.ErrClosed))
+}
