@@ -49,7 +49,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	slots := int(cfg.PoolBytes / int64(cfg.BlockBytes))
 	pool, err := cpu.OpenPool(cfg.PoolPath, slots, cfg.BlockBytes)
 	if err != nil {
-		return nil, fmt.Errorf("open pool: %w", err)
+		return nil, fmt.Errorf("kvtier: open pool: %w", err)
 	}
 	state, err := cpu.NewState(slots, cfg.Policy, cfg.Clock.Now)
 	if err != nil {
@@ -92,6 +92,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	select {
 	case pids := <-spawned:
 		if !pids["cpu"].Equal(cpuPID) {
+			n.stopActors(context.Background())
 			return fmt.Errorf("cpu tier spawned as %s, wired as %s", pids["cpu"], cpuPID)
 		}
 		n.bridge = pids["bridge"]
@@ -123,7 +124,13 @@ func (n *Node) Close(ctx context.Context) error {
 		}); err != nil {
 			errs = append(errs, fmt.Errorf("drain: %w", err))
 		}
-		errs = append(errs, n.stopActors(ctx), n.pool.Close())
+		if err := n.stopActors(ctx); err != nil {
+			// NB: an actor may still be running and touch slot memory, so the
+			// pool stays mapped (leaked) rather than risk a fault.
+			errs = append(errs, fmt.Errorf("stop actors (pool left mapped): %w", err))
+		} else {
+			errs = append(errs, n.pool.Close())
+		}
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr

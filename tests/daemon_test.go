@@ -295,3 +295,21 @@ func TestDaemonRejectsBadConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestDaemonOpenFailureExits2(t *testing.T) {
+	bin := buildDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The pool's directory is a regular file, so Open cannot create the pool.
+	notDir := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+	d := startDaemon(t, bin, "--pool-path", filepath.Join(notDir, "x.pool"),
+		"--pool-bytes", "1MiB", "--block-bytes", "64KiB",
+		"--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+	exit, err := d.wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, exit, "failed Open exits 2; stderr:\n%s", d.stderr)
+	rec, err := d.stderr.waitJSON(ctx, "cannot open node")
+	require.NoError(t, err)
+	require.Contains(t, rec["error"], "pool")
+}

@@ -26,6 +26,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd())
+	root.AddCommand(newSimCmd(), newBenchCmd())
 	return root
 }

@@ -36,6 +36,7 @@ type simOptions struct {
 	policy     string
 	poolPath   string
 	touch      bool
+	settle     bool
 	json       bool
 	noProgress bool
 }
@@ -77,6 +78,7 @@ loaded block was corrupt or the node leaked pins, leases or pending writes.`,
 	f.StringVar(&o.policy, "policy", "lru", "CPU tier eviction policy: lru or arc")
 	f.StringVar(&o.poolPath, "pool-path", "", "shared-memory file of the pool (empty: anonymous memfd)")
 	f.BoolVar(&o.touch, "touch-gpu-hits", def.TouchGPUHits, "Touch blocks found in the GPU cache so the CPU tier's recency follows use")
+	f.BoolVar(&o.settle, "settle", def.Settle, "wait for each store to be committed before going on (reproducible runs; off: faster, counts may vary)")
 	f.BoolVar(&o.json, "json", false, "print the summary as one JSON object on the last line")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	return cmd
@@ -159,7 +161,7 @@ func engineConfig(o simOptions) sim.Config {
 	cfg.GPUBlocks, cfg.Workers = o.gpuBlocks, o.workers
 	cfg.StepTime, cfg.CopyTime = o.stepTime, o.copyTime
 	cfg.MaxRunning, cfg.MaxWait = o.maxRunning, o.maxWait
-	cfg.TimeScale, cfg.Realtime, cfg.TouchGPUHits = o.timeScale, o.realtime, o.touch
+	cfg.TimeScale, cfg.Realtime, cfg.TouchGPUHits, cfg.Settle = o.timeScale, o.realtime, o.touch, o.settle
 	return cfg
 }
 

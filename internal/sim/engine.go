@@ -31,6 +31,9 @@ type Config struct {
 	// Progress, if set, is called after every step with requests finished
 	// and the total.
 	Progress func(done, total int)
+	// Settle waits after each store job's reports until the node has
+	// committed it, which makes runs reproducible (see engine.settle).
+	Settle bool
 	// DrainTimeout bounds the wait, after the last report, for the node to
 	// become quiet (no pending work, no pins, leases or pending writes).
 	DrainTimeout time.Duration
@@ -39,7 +42,7 @@ type Config struct {
 // DefaultConfig is the engine `kvtier sim` runs with no flags.
 func DefaultConfig() Config {
 	return Config{GPUBlocks: 1000, Workers: 2, StepTime: 20 * time.Millisecond,
-		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true,
+		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true, Settle: true,
 		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second}
 }
 
@@ -77,6 +80,7 @@ type engine struct {
 	run     []*running
 	jobs    jobQueue
 	seq     uint64
+	storing int // keys of store jobs issued and not yet reported
 	sum     Summary
 	lookups []time.Duration
 	wall    time.Time
@@ -211,6 +215,9 @@ func (e *engine) copyTime(n int) time.Duration { return time.Duration(n) * e.cfg
 func (e *engine) enqueue(j *job) {
 	e.seq++
 	j.seq, j.due = e.seq, e.now+e.copyTime(len(j.keys))
+	if j.kind == messages.JobStore {
+		e.storing += len(j.keys)
+	}
 	heap.Push(&e.jobs, j)
 }
 

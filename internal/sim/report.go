@@ -40,7 +40,45 @@ func (e *engine) work(ctx context.Context, j *job) error {
 		}
 	}
 	e.account(j, bad)
+	if j.kind == messages.JobStore {
+		e.storing -= len(j.keys)
+		return e.settle(ctx)
+	}
 	return nil
+}
+
+// settle waits, with Settle set, until the node has committed every store
+// whose reports were sent: commits land asynchronously after the last
+// JobDone (checksummed off the mailbox), and the CPU tier's recency order is
+// their landing order, so without this wait two runs of one seed can evict
+// differently. It polls Stats until WritePending is down to the keys of the
+// store jobs still copying; past DrainTimeout it counts a timeout and goes
+// on. It polls with a short sleep backoff because the node offers no
+// commit notification (spinning on Stats starves the commit on 2 cores).
+// (A node with other writers — promotions, peers — would need an
+// explicit commit acknowledgement instead.)
+func (e *engine) settle(ctx context.Context) error {
+	if !e.cfg.Settle {
+		return nil
+	}
+	var deadline time.Time
+	for backoff := 5 * time.Microsecond; ; backoff = min(2*backoff, time.Millisecond) {
+		st, err := e.mgr.Stats(ctx)
+		if err != nil {
+			return fmt.Errorf("stats: %w", err)
+		}
+		if st.WritePending <= e.storing {
+			return nil
+		}
+		e.sum.SettlePolls++
+		if deadline.IsZero() {
+			deadline = time.Now().Add(e.cfg.DrainTimeout)
+		} else if time.Now().After(deadline) {
+			e.sum.SettleTimeouts++
+			return nil
+		}
+		time.Sleep(backoff)
+	}
 }
 
 // report sends worker w's JobDone. A report for a job the node no longer

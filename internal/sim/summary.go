@@ -39,6 +39,10 @@ type Summary struct {
 	LoadJobs      int `json:"load_jobs"`
 	StoreJobs     int `json:"store_jobs"`
 	LateReports   int `json:"late_reports"` // JobDone answered ErrUnknownJob
+	// SettlePolls counts Stats polls spent waiting for commits to land;
+	// SettleTimeouts the waits given up (the run may then not reproduce).
+	SettlePolls    int `json:"settle_polls"`
+	SettleTimeouts int `json:"settle_timeouts"`
 
 	LookupP50us float64 `json:"lookup_p50_us"`
 	LookupP99us float64 `json:"lookup_p99_us"`
@@ -62,7 +66,7 @@ func (s Summary) Healthy() bool {
 
 // Counts returns s without its timing fields, for comparing two runs.
 func (s Summary) Counts() Summary {
-	s.LookupP50us, s.LookupP99us, s.WallSeconds = 0, 0, 0
+	s.LookupP50us, s.LookupP99us, s.WallSeconds, s.SettlePolls = 0, 0, 0, 0
 	return s
 }
 
@@ -101,8 +105,8 @@ func (s Summary) WriteText(w io.Writer) {
 	p("blocks          gpu-hit %d, loaded %d, verified %d, corrupt %d, recomputed %d",
 		s.GPUHitBlocks, s.BlocksLoaded, s.BlocksVerified, s.CorruptBlocks, s.BlocksRecomputed)
 	p("stores          stored %d, skipped (full) %d in %d calls", s.BlocksStored, s.StoreSkipped, s.StoreFull)
-	p("jobs            load %d, store %d, late reports %d, load errors %d",
-		s.LoadJobs, s.StoreJobs, s.LateReports, s.LoadErrors)
+	p("jobs            load %d, store %d, late reports %d, load errors %d; commit waits %d polls, %d timeouts",
+		s.LoadJobs, s.StoreJobs, s.LateReports, s.LoadErrors, s.SettlePolls, s.SettleTimeouts)
 	p("lookups         %d calls, p50 %.1f µs, p99 %.1f µs; %d waits, %d gave up",
 		s.Lookups, s.LookupP50us, s.LookupP99us, s.LookupWaits, s.PendingGiveUp)
 	p("node            %d evictions, %d requests with state at the end", s.Evictions, s.NodeRequests)

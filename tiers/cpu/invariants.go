@@ -29,11 +29,18 @@ func (s *State) CheckInvariants() error {
 		}
 	}
 	leaseSum := make([]int32, len(s.slots))
-	for lk := range s.leases {
-		leaseSum[lk.slot]++
-		if _, ok := s.byHolder[lk.holder][lk.slot]; !ok {
-			bad("lease %v on slot %d missing from byHolder", lk.holder, lk.slot)
+	nLeases := 0
+	for h, hl := range s.leases {
+		if len(hl.until) == 0 {
+			bad("holder %v kept with no lease", h)
 		}
+		for idx := range hl.until {
+			leaseSum[idx]++
+			nLeases++
+		}
+	}
+	if nLeases != s.nLeases {
+		bad("%d leases counted, %d held", s.nLeases, nLeases)
 	}
 	evictable, pinned, leased := 0, 0, 0
 	for idx := range s.slots {

@@ -77,6 +77,15 @@ func engineJob(id messages.JobID) messages.JobRef {
 	return messages.JobRef{Origin: messages.OriginEngine, ID: id}
 }
 
+// testKeys are the key space of every test here: h000, h001, ...
+var testKeys = func() []messages.Key {
+	ks := make([]messages.Key, 256)
+	for i := range ks {
+		ks[i] = messages.Key{Namespace: "ns", Hash: fmt.Sprintf("h%03d", i), Group: uint32(i % 3)}
+	}
+	return ks
+}()
+
 // ---------------------------------------------------------------------------
 // The reference model: maps and a use counter, written from the documented
 // semantics (state.go, policy.go, DESIGN.md §3), not from the implementation.
@@ -160,7 +169,7 @@ func (m *model) lookup(h messages.Holder, keys []messages.Key, prefix bool, ttl 
 		case messages.Hit:
 			m.counters.Hits++
 			// A repeated lookup extends a lease; it never shortens one.
-			if at, held := m.leases[mLease{h, k}]; !held || m.now().Add(ttl).After(at) || devCurrent {
+			if at, held := m.leases[mLease{h, k}]; !held || m.now().Add(ttl).After(at) {
 				m.leases[mLease{h, k}] = m.now().Add(ttl)
 			}
 		case messages.HitPending:
@@ -245,7 +254,7 @@ func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 	}
 	var cands []messages.Key
 	for k := range m.keys {
-		if m.evictable(k) && (!named[k] || devCurrent) {
+		if m.evictable(k) && !named[k] {
 			cands = append(cands, k)
 		}
 	}
@@ -400,8 +409,6 @@ func (m *model) nextExpiry() (time.Time, bool) {
 // ---------------------------------------------------------------------------
 // The sequence runner.
 
-var devCurrent = os.Getenv("DEVCURRENT") != "" // TEMP
-
 type seqRun struct {
 	t      *testing.T
 	seed   int64
@@ -411,7 +418,13 @@ type seqRun struct {
 	m      *model
 	nkeys  int
 	slotOf map[messages.Key]int // slot the State gave each key, while present
-	log    []string
+	log    []logEntry
+}
+
+// logEntry is one op of the log, formatted only when a sequence fails.
+type logEntry struct {
+	format string
+	args   []any
 }
 
 var (
@@ -429,7 +442,7 @@ var (
 )
 
 func (r *seqRun) logf(format string, a ...any) {
-	r.log = append(r.log, fmt.Sprintf(format, fmtArgs(a)...))
+	r.log = append(r.log, logEntry{format, a})
 }
 
 // fmtArgs renders keys, holders and jobs readably for the op log.
@@ -473,8 +486,12 @@ func originName(o messages.Origin) string {
 
 func (r *seqRun) fatalf(format string, a ...any) {
 	r.t.Helper()
+	ops := make([]string, len(r.log))
+	for i, e := range r.log {
+		ops[i] = fmt.Sprintf(e.format, fmtArgs(e.args)...)
+	}
 	r.t.Fatalf("seed %d (rerun: go test ./tiers/cpu/ -run '%s' -args -seed=%d): %s\nops:\n  %s",
-		r.seed, r.t.Name(), r.seed, fmt.Sprintf(format, fmtArgs(a)...), strings.Join(r.log, "\n  "))
+		r.seed, r.t.Name(), r.seed, fmt.Sprintf(format, fmtArgs(a)...), strings.Join(ops, "\n  "))
 }
 
 func (r *seqRun) key() messages.Key { return tk(r.rng.Intn(r.nkeys)) }
@@ -539,7 +556,6 @@ func sortedKeys(ks []messages.Key) []messages.Key {
 }
 
 func (r *seqRun) checkSlots(keys []messages.Key, slots []int) {
-	r.t.Helper()
 	if len(slots) != len(keys) {
 		r.fatalf("%d slots for %d keys", len(slots), len(keys))
 	}
@@ -552,7 +568,6 @@ func (r *seqRun) checkSlots(keys []messages.Key, slots []int) {
 
 // step runs one random operation on both and compares the answers.
 func (r *seqRun) step() {
-	r.t.Helper()
 	rng := r.rng
 	switch op := rng.Intn(100); {
 	case op < 18: // LookupAndLease
@@ -634,11 +649,7 @@ func (r *seqRun) step() {
 		if len(ks) > 0 {
 			ks = ks[:1+rng.Intn(len(ks))]
 		}
-		bad := rng.Intn(12)
-		if devCurrent && bad < 2 {
-			bad = 5
-		}
-		switch bad {
+		switch rng.Intn(12) {
 		case 0: // a key this job is not writing
 			ks = append(ks, r.key())
 		case 1: // a key named twice
@@ -746,7 +757,6 @@ func (r *seqRun) resyncSlots() {
 }
 
 func (r *seqRun) check() {
-	r.t.Helper()
 	if err := r.s.CheckInvariants(); err != nil {
 		r.fatalf("invariants: %v", err)
 	}
@@ -822,7 +832,7 @@ func (r *leaseRun) live(h messages.Holder) []messages.Key {
 func (r *leaseRun) residentKeys() []messages.Key {
 	var out []messages.Key
 	for i := range r.nkeys {
-		if r.s.Status([]messages.Key{tk(i)})[0] == messages.Hit {
+		if idx, ok := r.s.index[tk(i)]; ok && r.s.slots[idx].state == slotReady {
 			out = append(out, tk(i))
 		}
 	}
@@ -830,7 +840,6 @@ func (r *leaseRun) residentKeys() []messages.Key {
 }
 
 func (r *leaseRun) step() {
-	r.t.Helper()
 	rng := r.rng
 	h := leaseHolders[rng.Intn(len(leaseHolders))]
 	switch op := rng.Intn(100); {
@@ -940,14 +949,17 @@ func (r *leaseRun) step() {
 }
 
 func (r *leaseRun) check() {
-	r.t.Helper()
 	if err := r.s.CheckInvariants(); err != nil {
 		r.fatalf("invariants: %v", err)
 	}
+	now := r.clk.now()
 	for _, h := range leaseHolders {
-		for _, k := range r.live(h) {
-			if st := r.s.Status([]messages.Key{k}); st[0] != messages.Hit {
-				r.fatalf("%v's leased HIT %v (lease to %v) is %v", h, k, r.granted[h][k].Sub(time.Unix(1_000_000, 0)), st[0])
+		for k, at := range r.granted[h] {
+			if !at.After(now) {
+				continue
+			}
+			if st := r.s.lookupOne(k); st != messages.Hit {
+				r.fatalf("%v's leased HIT %v (lease to %v) is %v", h, k, at.Sub(time.Unix(1_000_000, 0)), st)
 			}
 		}
 		for idx := range r.s.pins[r.loadJob[h]] {

@@ -36,9 +36,11 @@ type slot struct {
 	checksum uint32          // valid while ready
 }
 
-type leaseKey struct {
-	holder messages.Holder
-	slot   int
+// holderLeases are one holder's live leases: slot → expiry. A holder is one
+// request (or peer round), so the map is small and its key is a plain int:
+// a HIT costs one index lookup and one small-map insert.
+type holderLeases struct {
+	until map[int]time.Time
 }
 
 // Counters are the State's monotonic counters.
@@ -56,9 +58,9 @@ type State struct {
 	free     []int
 	index    map[messages.Key]int
 	policy   Policy
-	leases   map[leaseKey]time.Time // live lease → its expiry
-	byHolder map[messages.Holder]map[int]struct{}
-	expiry   expiryHeap
+	leases   map[messages.Holder]*holderLeases // live leases by holder
+	nLeases  int                               // live leases in all
+	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
 	pins     map[messages.JobRef]map[int]int32
 	reserved map[messages.JobRef]map[int]struct{}
 
@@ -81,8 +83,7 @@ func NewState(n int, policy string, now func() time.Time) (*State, error) {
 	s := &State{
 		now: now, slots: make([]slot, n), free: make([]int, n),
 		index: make(map[messages.Key]int, n), policy: p,
-		leases:   map[leaseKey]time.Time{},
-		byHolder: map[messages.Holder]map[int]struct{}{},
+		leases:   map[messages.Holder]*holderLeases{},
 		pins:     map[messages.JobRef]map[int]int32{},
 		reserved: map[messages.JobRef]map[int]struct{}{},
 	}
@@ -101,15 +102,27 @@ func (s *State) Slots() int { return len(s.slots) }
 // neither counted nor leased.
 func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, prefix bool, ttl time.Duration) []messages.LookupStatus {
 	now := s.expireLeases()
+	until := now.Add(ttl)
 	out := make([]messages.LookupStatus, len(keys))
+	var hl *holderLeases
 	for i, k := range keys {
 		s.Counters.Lookups++
-		st := s.lookupOne(k)
+		idx, found := s.index[k]
+		st := messages.Miss
+		if found {
+			st = messages.Hit
+			if s.slots[idx].state == slotWritePending {
+				st = messages.HitPending
+			}
+		}
 		out[i] = st
 		switch st {
 		case messages.Hit:
 			s.Counters.Hits++
-			s.lease(holder, s.index[k], now.Add(ttl))
+			if hl == nil {
+				hl = s.holderLeases(holder)
+			}
+			s.lease(hl, idx, until)
 		case messages.HitPending:
 			s.Counters.HitsPending++
 		default:
@@ -119,7 +132,19 @@ func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, pref
 			break
 		}
 	}
+	if hl != nil {
+		heap.Push(&s.expiry, expiryEntry{at: until, holder: holder})
+	}
 	return out
+}
+
+func (s *State) holderLeases(h messages.Holder) *holderLeases {
+	hl := s.leases[h]
+	if hl == nil {
+		hl = &holderLeases{until: map[int]time.Time{}}
+		s.leases[h] = hl
+	}
+	return hl
 }
 
 func (s *State) lookupOne(k messages.Key) messages.LookupStatus {
@@ -155,8 +180,11 @@ func (s *State) LeaseToPin(holder messages.Holder, job messages.JobRef, keys []m
 		}
 		out[i] = idx
 	}
+	hl := s.leases[holder]
 	for _, idx := range out {
-		s.unlease(leaseKey{holder, idx})
+		if hl != nil {
+			s.unlease(holder, hl, idx)
+		}
 		s.pin(job, idx)
 		s.policy.Access(idx)
 	}
@@ -207,23 +235,33 @@ func (s *State) Reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 	s.expireLeases()
 	var res ReserveResult
 	seen := make(map[messages.Key]struct{}, len(keys))
+	// NB: a key of this call that is already present is reported as present
+	// (not to store), so it must not be evicted to make room for the others.
+	var protected map[int]struct{}
 	for _, k := range keys {
 		if _, dup := seen[k]; dup {
 			continue
 		}
 		seen[k] = struct{}{}
-		if _, present := s.index[k]; !present {
+		idx, present := s.index[k]
+		switch {
+		case !present:
 			res.ToStore = append(res.ToStore, k)
+		case s.isEvictable(idx):
+			if protected == nil {
+				protected = map[int]struct{}{}
+			}
+			protected[idx] = struct{}{}
 		}
 	}
-	need := len(res.ToStore)
-	if need > len(s.free)+s.evictable {
+	need, room := len(res.ToStore), len(s.free)+s.evictable-len(protected)
+	if need > room {
 		s.Counters.Full++
 		return ReserveResult{}, fmt.Errorf("%w: need %d slots, %d free, %d evictable",
-			messages.ErrFull, need, len(s.free), s.evictable)
+			messages.ErrFull, need, len(s.free), s.evictable-len(protected))
 	}
 	for len(s.free) < need {
-		res.Evicted = append(res.Evicted, s.evictOne())
+		res.Evicted = append(res.Evicted, s.evictOne(protected))
 	}
 	res.Slots = make([]int, need)
 	for i, k := range res.ToStore {
@@ -241,15 +279,19 @@ func (s *State) Commit(job messages.JobRef, keys []messages.Key, ok bool, checks
 	}
 	mine := s.reserved[job]
 	idxs := make([]int, len(keys))
+	named := make(map[int]struct{}, len(keys))
 	for i, k := range keys {
 		idx, found := s.index[k]
-		if _, r := mine[idx]; !found || !r || s.slots[idx].state != slotWritePending {
+		_, r := mine[idx]
+		_, twice := named[idx]
+		if !found || !r || twice || s.slots[idx].state != slotWritePending {
 			return fmt.Errorf("%w: %v", messages.ErrNotPending, k)
 		}
 		idxs[i] = idx
-		delete(mine, idx) // NB: a key named twice fails on its second mention
+		named[idx] = struct{}{}
 	}
 	for i, idx := range idxs {
+		delete(mine, idx)
 		if ok {
 			s.makeReady(idx, checksums[i])
 		} else {
@@ -292,7 +334,7 @@ func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
 // ReleaseOrigin releases every lease, pin and reservation taken for origin
 // (the bridge's, after it restarts with no memory of its requests and jobs).
 func (s *State) ReleaseOrigin(o messages.Origin) {
-	for h := range s.byHolder {
+	for h := range s.leases {
 		if h.Origin == o {
 			s.ReleaseHolder(h)
 		}
@@ -311,8 +353,12 @@ func (s *State) ReleaseOrigin(o messages.Origin) {
 
 // ReleaseHolder ends every lease holder has.
 func (s *State) ReleaseHolder(h messages.Holder) {
-	for idx := range s.byHolder[h] {
-		s.unlease(leaseKey{h, idx})
+	hl := s.leases[h]
+	if hl == nil {
+		return
+	}
+	for idx := range hl.until {
+		s.unlease(h, hl, idx)
 	}
 }
 
@@ -326,9 +372,7 @@ func (s *State) Clear() []messages.Key {
 		if sl.state != slotReady || sl.pins > 0 {
 			continue
 		}
-		for h := range s.leaseHoldersOf(idx) {
-			s.unlease(leaseKey{h, idx})
-		}
+		s.unleaseAll(idx)
 		removed = append(removed, sl.key)
 		s.policy.Remove(idx)
 		s.evictable--
@@ -337,17 +381,16 @@ func (s *State) Clear() []messages.Key {
 	return removed
 }
 
-func (s *State) leaseHoldersOf(idx int) map[messages.Holder]struct{} {
-	out := map[messages.Holder]struct{}{}
+// unleaseAll ends every lease on slot idx. O(holders): for Clear and Drop only.
+func (s *State) unleaseAll(idx int) {
 	if s.slots[idx].leases == 0 {
-		return out
+		return
 	}
-	for lk := range s.leases {
-		if lk.slot == idx {
-			out[lk.holder] = struct{}{}
+	for h, hl := range s.leases {
+		if _, ok := hl.until[idx]; ok {
+			s.unlease(h, hl, idx)
 		}
 	}
-	return out
 }
 
 // Checksum returns the slot and checksum of a ready key.
@@ -366,9 +409,7 @@ func (s *State) Drop(k messages.Key) bool {
 	if !ok || s.slots[idx].state != slotReady || s.slots[idx].pins > 0 {
 		return false
 	}
-	for h := range s.leaseHoldersOf(idx) {
-		s.unlease(leaseKey{h, idx})
-	}
+	s.unleaseAll(idx)
 	s.policy.Remove(idx)
 	s.evictable--
 	s.freeSlot(idx)
@@ -392,71 +433,95 @@ func (s *State) Occupancy() Occupancy {
 	return Occupancy{
 		Slots: len(s.slots), Free: len(s.free), Ready: ready,
 		WritePending: len(s.slots) - len(s.free) - ready,
-		Pinned:       s.pinnedSlots, Leased: s.leasedSlots, Leases: len(s.leases),
+		Pinned:       s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
 	}
 }
 
-// NextLeaseExpiry is when the earliest live lease ends (false when none).
+// NextLeaseExpiry is when the earliest live lease expires (false when there
+// is none). Stale heap entries (holder gone, or its leases extended) are
+// dropped or re-pushed at the holder's real earliest expiry on the way.
 func (s *State) NextLeaseExpiry() (time.Time, bool) {
 	for len(s.expiry) > 0 {
 		e := s.expiry[0]
-		if at, live := s.leases[leaseKey{e.holder, e.slot}]; live && at.Equal(e.at) {
+		hl, live := s.leases[e.holder]
+		if !live {
+			heap.Pop(&s.expiry)
+			continue
+		}
+		first := hl.earliest()
+		if first.Equal(e.at) {
 			return e.at, true
 		}
-		heap.Pop(&s.expiry) // stale entry: lease consumed or extended
+		heap.Pop(&s.expiry)
+		if first.After(e.at) {
+			heap.Push(&s.expiry, expiryEntry{at: first, holder: e.holder})
+		}
 	}
 	return time.Time{}, false
+}
+
+func (hl *holderLeases) earliest() time.Time {
+	var first time.Time
+	for _, at := range hl.until {
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	return first
 }
 
 // ExpireLeases ends every lease due by now.
 func (s *State) ExpireLeases() { s.expireLeases() }
 
+// expireLeases pops every due entry and ends that holder's due leases. Each
+// entry was pushed by one leasing call, so the work is O(the leases that
+// call could have made), amortised over the calls.
 func (s *State) expireLeases() time.Time {
 	now := s.now()
 	for len(s.expiry) > 0 && !s.expiry[0].at.After(now) {
 		e := heap.Pop(&s.expiry).(expiryEntry)
-		lk := leaseKey{e.holder, e.slot}
-		if at, live := s.leases[lk]; live && at.Equal(e.at) {
-			s.unlease(lk)
-			s.Counters.LeasesExpired++
+		hl := s.leases[e.holder]
+		if hl == nil {
+			continue
+		}
+		for idx, at := range hl.until {
+			if !at.After(now) {
+				s.unlease(e.holder, hl, idx)
+				s.Counters.LeasesExpired++
+			}
 		}
 	}
 	return now
 }
 
-func (s *State) lease(h messages.Holder, idx int, until time.Time) {
-	lk := leaseKey{h, idx}
-	if _, held := s.leases[lk]; !held {
+func (s *State) lease(hl *holderLeases, idx int, until time.Time) {
+	if _, held := hl.until[idx]; !held {
 		s.becomesHeld(idx, func(sl *slot) { sl.leases++ })
-		if sl := &s.slots[idx]; sl.leases == 1 {
+		if s.slots[idx].leases == 1 {
 			s.leasedSlots++
 		}
-		if s.byHolder[h] == nil {
-			s.byHolder[h] = map[int]struct{}{}
-		}
-		s.byHolder[h][idx] = struct{}{}
+		s.nLeases++
+	} else if hl.until[idx].After(until) {
+		return // a repeated lookup extends a lease, never shortens it
 	}
-	s.leases[lk] = until
-	heap.Push(&s.expiry, expiryEntry{at: until, holder: h, slot: idx})
+	hl.until[idx] = until
 }
 
-func (s *State) unlease(lk leaseKey) {
-	if _, held := s.leases[lk]; !held {
+func (s *State) unlease(h messages.Holder, hl *holderLeases, idx int) {
+	if _, held := hl.until[idx]; !held {
 		return
 	}
-	delete(s.leases, lk)
-	if m := s.byHolder[lk.holder]; m != nil {
-		delete(m, lk.slot)
-		if len(m) == 0 {
-			delete(s.byHolder, lk.holder)
-		}
+	delete(hl.until, idx)
+	if len(hl.until) == 0 {
+		delete(s.leases, h)
 	}
-	sl := &s.slots[lk.slot]
+	s.nLeases--
+	sl := &s.slots[idx]
 	sl.leases--
 	if sl.leases == 0 {
 		s.leasedSlots--
 	}
-	s.maybeEvictable(lk.slot)
+	s.maybeEvictable(idx)
 }
 
 func (s *State) pin(job messages.JobRef, idx int) {
@@ -507,8 +572,11 @@ func (s *State) isEvictable(idx int) bool {
 	return sl.state == slotReady && sl.pins == 0 && sl.leases == 0
 }
 
-func (s *State) evictOne() messages.Key {
-	idx, ok := s.policy.Victim(s.isEvictable)
+func (s *State) evictOne(protected map[int]struct{}) messages.Key {
+	idx, ok := s.policy.Victim(func(i int) bool {
+		_, keep := protected[i]
+		return !keep && s.isEvictable(i)
+	})
 	if !ok {
 		panic("cpu: evictable count says a victim exists but the policy found none")
 	}
@@ -550,7 +618,6 @@ func (s *State) freeSlot(idx int) {
 type expiryEntry struct {
 	at     time.Time
 	holder messages.Holder
-	slot   int
 }
 
 type expiryHeap []expiryEntry

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/internal/bench"
+)
+
+// newBenchCmd builds `kvtier bench`: scenarios that print a figure with its
+// same-run baseline.
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu)"}
+	cmd.AddCommand(newBenchCPUCmd())
+	return cmd
+}
+
+func newBenchCPUCmd() *cobra.Command {
+	o := bench.DefaultCPUOptions()
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "cpu",
+		Short: "Lookup of N keys and PrepareStore with eviction: actor path vs bare CPU-tier logic",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := bench.RunCPU(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(os.Stdout).Encode(r)
+			}
+			fmt.Printf("lookup of %d keys (actor path): p50 %.1f µs, p99 %.1f µs, %.0f keys/s\n", o.LookupKeys, r.LookupP50us, r.LookupP99us, r.KeyLookupsPerS)
+			fmt.Printf("lookup of %d keys (bare state): p50 %.1f µs, %.0f keys/s  → actor overhead %.2f×\n", o.LookupKeys, r.BareLookupP50us, r.BareKeyLookupsPerS, r.LookupActorOverhead)
+			fmt.Printf("stores with eviction, batch %d: actor %.0f blocks/s, bare %.0f blocks/s → actor overhead %.2f×\n", o.StoreBatch, r.StoresPerS, r.BareStoresPerS, r.StoreActorOverhead)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
+	f.IntVar(&o.Slots, "slots", o.Slots, "pool slots")
+	f.IntVar(&o.BlockBytes, "block-bytes", o.BlockBytes, "bytes per block")
+	f.IntVar(&o.LookupKeys, "keys", o.LookupKeys, "keys per Lookup")
+	f.IntVar(&o.Lookups, "lookups", o.Lookups, "Lookup calls measured")
+	f.IntVar(&o.StoreBatch, "store-batch", o.StoreBatch, "keys per PrepareStore")
+	f.IntVar(&o.StoreRounds, "store-rounds", o.StoreRounds, "PrepareStore calls measured")
+	f.StringVar(&o.Policy, "policy", o.Policy, "eviction policy (lru, arc)")
+	return cmd
+}
