@@ -35,7 +35,7 @@ func (s *State) CheckInvariants() error {
 			bad("holder %v kept with no lease", h)
 		}
 		for idx := range hl.until {
-			leaseSum[idx]++
+			leaseSum[int(idx)]++
 			nLeases++
 		}
 	}

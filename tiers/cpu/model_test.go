@@ -67,9 +67,10 @@ func (c *fakeClock) now() time.Time          { return c.t }
 func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 func (c *fakeClock) set(at time.Time)        { c.t = at }
 func (c *fakeClock) since0() time.Duration   { return c.t.Sub(time.Unix(1_000_000, 0)) }
-func tk(i int) messages.Key {
-	return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("h%03d", i), Group: uint32(i % 3)}
-}
+
+// tk is test key i: h000, h001, ...
+func tk(i int) messages.Key { return testKeys[i] }
+
 func engineHolder(id string) messages.Holder {
 	return messages.Holder{Origin: messages.OriginEngine, ID: id}
 }
@@ -780,7 +781,7 @@ func TestStateModel(t *testing.T) {
 		r := &seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, m: newModel(n, clk.now),
 			nkeys: 2 * n, slotOf: map[messages.Key]int{}}
 		r.logf("NewState(%d, lru)", n)
-		r.run(20 + rng.Intn(41))
+		r.run(20 + rng.Intn(26))
 	}
 }
 
@@ -1012,6 +1013,6 @@ func TestLeasedHitSurvivesUntilPrepareLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.logf("NewState(%d, %s) filled with %v", n, policy, fill)
-		r.run(30 + rng.Intn(31))
+		r.run(20 + rng.Intn(21))
 	}
 }

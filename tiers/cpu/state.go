@@ -3,6 +3,7 @@ package cpu
 import (
 	"container/heap"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -40,7 +41,7 @@ type slot struct {
 // request (or peer round), so the map is small and its key is a plain int:
 // a HIT costs one index lookup and one small-map insert.
 type holderLeases struct {
-	until map[int]time.Time
+	until map[int32]int64 // slot → expiry in Unix nanoseconds
 }
 
 // Counters are the State's monotonic counters.
@@ -105,6 +106,7 @@ func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, pref
 	until := now.Add(ttl)
 	out := make([]messages.LookupStatus, len(keys))
 	var hl *holderLeases
+	untilNs := until.UnixNano()
 	for i, k := range keys {
 		s.Counters.Lookups++
 		idx, found := s.index[k]
@@ -120,9 +122,9 @@ func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, pref
 		case messages.Hit:
 			s.Counters.Hits++
 			if hl == nil {
-				hl = s.holderLeases(holder)
+				hl = s.holderLeases(holder, len(keys)-i)
 			}
-			s.lease(hl, idx, until)
+			s.lease(hl, idx, untilNs)
 		case messages.HitPending:
 			s.Counters.HitsPending++
 		default:
@@ -138,10 +140,11 @@ func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, pref
 	return out
 }
 
-func (s *State) holderLeases(h messages.Holder) *holderLeases {
+// holderLeases returns h's leases, creating them sized for hint more.
+func (s *State) holderLeases(h messages.Holder, hint int) *holderLeases {
 	hl := s.leases[h]
 	if hl == nil {
-		hl = &holderLeases{until: map[int]time.Time{}}
+		hl = &holderLeases{until: make(map[int32]int64, hint)}
 		s.leases[h] = hl
 	}
 	return hl
@@ -357,9 +360,13 @@ func (s *State) ReleaseHolder(h messages.Holder) {
 	if hl == nil {
 		return
 	}
+	// NB: the holder's map goes as a whole; only the slots' counts are
+	// adjusted one by one.
 	for idx := range hl.until {
-		s.unlease(h, hl, idx)
+		s.slotUnleased(int(idx))
 	}
+	s.nLeases -= len(hl.until)
+	delete(s.leases, h)
 }
 
 // Clear frees every ready slot that is not pinned, dropping leases on them,
@@ -387,7 +394,7 @@ func (s *State) unleaseAll(idx int) {
 		return
 	}
 	for h, hl := range s.leases {
-		if _, ok := hl.until[idx]; ok {
+		if _, ok := hl.until[int32(idx)]; ok {
 			s.unlease(h, hl, idx)
 		}
 	}
@@ -449,23 +456,21 @@ func (s *State) NextLeaseExpiry() (time.Time, bool) {
 			continue
 		}
 		first := hl.earliest()
-		if first.Equal(e.at) {
+		if first == e.at.UnixNano() {
 			return e.at, true
 		}
 		heap.Pop(&s.expiry)
-		if first.After(e.at) {
-			heap.Push(&s.expiry, expiryEntry{at: first, holder: e.holder})
+		if first > e.at.UnixNano() {
+			heap.Push(&s.expiry, expiryEntry{at: time.Unix(0, first), holder: e.holder})
 		}
 	}
 	return time.Time{}, false
 }
 
-func (hl *holderLeases) earliest() time.Time {
-	var first time.Time
+func (hl *holderLeases) earliest() int64 {
+	first := int64(math.MaxInt64)
 	for _, at := range hl.until {
-		if first.IsZero() || at.Before(first) {
-			first = at
-		}
+		first = min(first, at)
 	}
 	return first
 }
@@ -484,9 +489,10 @@ func (s *State) expireLeases() time.Time {
 		if hl == nil {
 			continue
 		}
+		nowNs := now.UnixNano()
 		for idx, at := range hl.until {
-			if !at.After(now) {
-				s.unlease(e.holder, hl, idx)
+			if at <= nowNs {
+				s.unlease(e.holder, hl, int(idx))
 				s.Counters.LeasesExpired++
 			}
 		}
@@ -494,28 +500,33 @@ func (s *State) expireLeases() time.Time {
 	return now
 }
 
-func (s *State) lease(hl *holderLeases, idx int, until time.Time) {
-	if _, held := hl.until[idx]; !held {
+func (s *State) lease(hl *holderLeases, idx int, until int64) {
+	prev, held := hl.until[int32(idx)]
+	if !held {
 		s.becomesHeld(idx, func(sl *slot) { sl.leases++ })
 		if s.slots[idx].leases == 1 {
 			s.leasedSlots++
 		}
 		s.nLeases++
-	} else if hl.until[idx].After(until) {
+	} else if prev > until {
 		return // a repeated lookup extends a lease, never shortens it
 	}
-	hl.until[idx] = until
+	hl.until[int32(idx)] = until
 }
 
 func (s *State) unlease(h messages.Holder, hl *holderLeases, idx int) {
-	if _, held := hl.until[idx]; !held {
+	if _, held := hl.until[int32(idx)]; !held {
 		return
 	}
-	delete(hl.until, idx)
+	delete(hl.until, int32(idx))
 	if len(hl.until) == 0 {
 		delete(s.leases, h)
 	}
 	s.nLeases--
+	s.slotUnleased(idx)
+}
+
+func (s *State) slotUnleased(idx int) {
 	sl := &s.slots[idx]
 	sl.leases--
 	if sl.leases == 0 {
