@@ -466,23 +466,36 @@ func (b *Bridge) jobDone(ctx actor.Context, m *messages.JobDone) {
 	}
 	j.reported[m.Worker], j.allOK = true, j.allOK && m.OK
 	j.nReports++
-	m.Reply.Answer(struct{}{}, nil)
-	if j.nReports == len(j.reported) {
-		b.finish(ctx, j, j.allOK)
-		b.cfg.Counters.JobsCompleted++
+	if j.nReports < len(j.reported) {
+		m.Reply.Answer(struct{}{}, nil)
+		return
 	}
+	// The last report is answered once the job's blocks are readable (or
+	// freed): an engine that stores then looks up sees a HIT, not a race
+	// with the checksum goroutine.
+	b.cfg.Counters.JobsCompleted++
+	b.finish(ctx, j, j.allOK, func(err error) { m.Reply.Answer(struct{}{}, err) })
 }
 
 // finish releases what the job still holds: a load unpins, a store commits
 // (readable only if ok) — and removes it from the registry.
-func (b *Bridge) finish(ctx actor.Context, j *job, ok bool) {
+// then, if set, gets the outcome once the CPU tier has applied it.
+func (b *Bridge) finish(ctx actor.Context, j *job, ok bool, then func(error)) {
 	b.reg.remove(j)
 	keys := j.openKeys()
 	j.open = nil
-	if j.kind == messages.JobLoad {
+	switch {
+	case j.kind == messages.JobLoad:
+		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
+		// pins released, so the answer need not wait for the ack.
 		ctx.Request(b.cfg.CPU, &messages.ReleaseJob{Job: j.ref()})
-	} else if len(keys) > 0 {
-		b.commit(ctx, j, keys, ok, nil)
+		if then != nil {
+			then(nil)
+		}
+	case len(keys) > 0:
+		b.commit(ctx, j, keys, ok, then)
+	case then != nil:
+		then(nil)
 	}
 	b.drained(ctx)
 }
@@ -504,7 +517,7 @@ func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
 	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
 		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
 		Str("why", why).Msg("bridge: stalled job reaped")
-	b.finish(ctx, j, false)
+	b.finish(ctx, j, false, nil)
 }
 
 func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {

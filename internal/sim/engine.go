@@ -164,7 +164,7 @@ func (e *engine) newRunning(i int) *running {
 	}
 	e.sum.PromptBlocks += len(keys)
 	ctx := &messages.ReqContext{RequestID: fmt.Sprintf("sim-%d", i), Workers: e.cfg.Workers,
-		BlockSize: TokensPerBlock, TokenIDs: tokenIDs(req.Blocks)}
+		BlockSize: TokensPerBlock}
 	return &running{req: req, ctx: ctx, keys: keys}
 }
 

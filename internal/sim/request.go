@@ -161,18 +161,19 @@ func storeContext(r *running, first int) *messages.ReqContext {
 	if first > 0 {
 		c.ParentBlockHash = []byte(r.keys[first-1].Hash)
 	}
-	c.TokenIDs = r.ctx.TokenIDs[min(first*TokensPerBlock, len(r.ctx.TokenIDs)):]
+	c.TokenIDs = tokenIDs(r.req.Blocks[first:])
 	return &c
 }
 
-// tokenIDs makes up the token ids of a prompt: TokensPerBlock per block, a
-// function of the block id.
+// tokenIDs makes up the token ids of blocks: TokensPerBlock per block, a
+// cheap function of the block id (a Weyl sequence below a 65,536 vocabulary).
 func tokenIDs(blocks []uint64) []int32 {
-	t := make([]int32, 0, len(blocks)*TokensPerBlock)
-	for _, id := range blocks {
-		state := id
-		for range TokensPerBlock {
-			t = append(t, int32(splitmix64(&state)%50000))
+	t := make([]int32, len(blocks)*TokensPerBlock)
+	for b, id := range blocks {
+		x := uint32((id * 0x9e3779b97f4a7c15) >> 32)
+		for i := range t[b*TokensPerBlock : (b+1)*TokensPerBlock] {
+			x += 0x9e3779b9
+			t[b*TokensPerBlock+i] = int32(x >> 16)
 		}
 	}
 	return t

@@ -164,8 +164,8 @@ func tracePath(t *testing.T) string {
 }
 
 func TestTraceAgainstFakeNodeMatchesLRUModel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("replays the whole trace")
+	if testing.Short() || raceEnabled {
+		t.Skip("replays the whole trace (about 3 s, a minute under -race)")
 	}
 	reqs, err := ReadTraceFile(tracePath(t), 0)
 	require.NoError(t, err)

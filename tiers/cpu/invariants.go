@@ -42,7 +42,7 @@ func (s *State) CheckInvariants() error {
 	if nLeases != s.nLeases {
 		bad("%d leases counted, %d held", s.nLeases, nLeases)
 	}
-	evictable, pinned, leased := 0, 0, 0
+	evictable, pinned, leased, ready := 0, 0, 0, 0
 	for idx := range s.slots {
 		sl := &s.slots[idx]
 		if (sl.state == slotFree) != inFree[idx] {
@@ -67,6 +67,9 @@ func (s *State) CheckInvariants() error {
 		if s.isEvictable(idx) {
 			evictable++
 		}
+		if sl.state == slotReady {
+			ready++
+		}
 		if sl.pins > 0 {
 			pinned++
 		}
@@ -76,6 +79,9 @@ func (s *State) CheckInvariants() error {
 	}
 	if len(s.index) != len(s.slots)-len(s.free) {
 		bad("index has %d keys, %d slots in use", len(s.index), len(s.slots)-len(s.free))
+	}
+	if ready != s.ready {
+		bad("ready count %d, %d slots ready", s.ready, ready)
 	}
 	if evictable != s.evictable || pinned != s.pinnedSlots || leased != s.leasedSlots {
 		bad("counts evictable %d/%d pinned %d/%d leased %d/%d",

@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 
@@ -37,6 +38,9 @@ type Pool struct {
 func OpenPool(path string, slots, blockBytes int) (*Pool, error) {
 	if slots <= 0 || blockBytes <= 0 {
 		return nil, fmt.Errorf("%w: pool of %d slots of %d bytes", messages.ErrBadConfig, slots, blockBytes)
+	}
+	if int64(slots) > math.MaxInt64/int64(blockBytes) {
+		return nil, fmt.Errorf("%w: pool of %d slots of %d bytes overflows", messages.ErrBadConfig, slots, blockBytes)
 	}
 	size := int64(slots) * int64(blockBytes)
 	f, err := createRegion(path)

@@ -66,6 +66,7 @@ type State struct {
 	reserved map[messages.JobRef]map[int]struct{}
 
 	evictable   int
+	ready       int
 	pinnedSlots int
 	leasedSlots int
 	Counters    Counters
@@ -431,15 +432,9 @@ type Occupancy struct {
 // Occupancy counts slots by state, after expiring due leases.
 func (s *State) Occupancy() Occupancy {
 	s.expireLeases()
-	ready := 0
-	for i := range s.slots {
-		if s.slots[i].state == slotReady {
-			ready++
-		}
-	}
 	return Occupancy{
-		Slots: len(s.slots), Free: len(s.free), Ready: ready,
-		WritePending: len(s.slots) - len(s.free) - ready,
+		Slots: len(s.slots), Free: len(s.free), Ready: s.ready,
+		WritePending: len(s.slots) - len(s.free) - s.ready,
 		Pinned:       s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
 	}
 }
@@ -615,12 +610,16 @@ func (s *State) makeReady(idx int, sum uint32) {
 	sl.state, sl.checksum, sl.writer = slotReady, sum, messages.JobRef{}
 	s.policy.Insert(idx, sl.key)
 	s.evictable++
+	s.ready++
 	s.Counters.Stores++
 }
 
 // freeSlot returns a non-free slot to the free list. The caller has already
 // removed it from the policy and the evictable count if it was ready.
 func (s *State) freeSlot(idx int) {
+	if s.slots[idx].state == slotReady {
+		s.ready--
+	}
 	delete(s.index, s.slots[idx].key)
 	s.slots[idx] = slot{}
 	s.free = append(s.free, idx)
