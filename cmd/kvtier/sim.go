@@ -78,7 +78,7 @@ loaded block was corrupt or the node leaked pins, leases or pending writes.`,
 	f.StringVar(&o.policy, "policy", "lru", "CPU tier eviction policy: lru or arc")
 	f.StringVar(&o.poolPath, "pool-path", "", "shared-memory file of the pool (empty: anonymous memfd)")
 	f.BoolVar(&o.touch, "touch-gpu-hits", def.TouchGPUHits, "Touch blocks found in the GPU cache so the CPU tier's recency follows use")
-	f.BoolVar(&o.settle, "settle", def.Settle, "wait for each store to be committed before going on (reproducible runs; off: faster, counts may vary)")
+	f.BoolVar(&o.settle, "settle", def.Settle, "poll Stats after each store job until it is committed (the node already answers a job's last report after its commit)")
 	f.BoolVar(&o.json, "json", false, "print the summary as one JSON object on the last line")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	return cmd

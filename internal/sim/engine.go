@@ -31,8 +31,10 @@ type Config struct {
 	// Progress, if set, is called after every step with requests finished
 	// and the total.
 	Progress func(done, total int)
-	// Settle waits after each store job's reports until the node has
-	// committed it, which makes runs reproducible (see engine.settle).
+	// Settle polls Stats after each store job's reports until the node has
+	// committed it. The node answers a job's last report only once its
+	// blocks are committed, so this is off by default; it remains for
+	// managers that do not (a check, not a requirement).
 	Settle bool
 	// DrainTimeout bounds the wait, after the last report, for the node to
 	// become quiet (no pending work, no pins, leases or pending writes).
@@ -42,7 +44,7 @@ type Config struct {
 // DefaultConfig is the engine `kvtier sim` runs with no flags.
 func DefaultConfig() Config {
 	return Config{GPUBlocks: 1000, Workers: 2, StepTime: 20 * time.Millisecond,
-		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true, Settle: true,
+		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true, Settle: false,
 		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second}
 }
 
