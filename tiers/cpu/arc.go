@@ -57,6 +57,8 @@ func (a *arc) Remove(slot int) {
 	}
 }
 
+func (a *arc) Len() int { return a.t1.size + a.t2.size }
+
 func (a *arc) Victim(evictable func(int) bool) (int, bool) {
 	first, second, firstGhost, secondGhost := &a.t2, &a.t1, &a.b2, &a.b1
 	if a.t1.size > 0 && (a.t1.size > a.p || a.t2.size == 0) {

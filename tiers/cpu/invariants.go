@@ -80,6 +80,9 @@ func (s *State) CheckInvariants() error {
 	if len(s.index) != len(s.slots)-len(s.free) {
 		bad("index has %d keys, %d slots in use", len(s.index), len(s.slots)-len(s.free))
 	}
+	if n := s.policy.Len(); n != ready {
+		bad("policy holds %d slots, %d ready", n, ready)
+	}
 	if ready != s.ready {
 		bad("ready count %d, %d slots ready", s.ready, ready)
 	}

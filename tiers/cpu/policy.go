@@ -20,6 +20,8 @@ type Policy interface {
 	// Victim picks, removes and returns the slot to evict among those for
 	// which evictable is true; false when there is none.
 	Victim(evictable func(slot int) bool) (int, bool)
+	// Len is how many slots the policy holds (for invariant checks).
+	Len() int
 }
 
 // NewPolicy returns the named policy for a pool of n slots.
@@ -107,6 +109,8 @@ func (p *lru) Remove(slot int) {
 		p.l.remove(slot)
 	}
 }
+func (p *lru) Len() int { return p.l.size }
+
 func (p *lru) Victim(evictable func(int) bool) (int, bool) {
 	s, ok := p.l.lastEvictable(evictable)
 	if ok {
