@@ -72,6 +72,7 @@ type CommitSlots struct {
 	OK        bool        // whether the bytes are complete and valid
 	Checksums []uint32    // CRC32C per key when OK
 	Ctx       *ReqContext // context of the job, for the stored event
+	Place     []Placement // per key: its place in Ctx's call, for the stored event (nil: unknown)
 }
 
 // ReleaseJob drops Job's pins and frees its unfinished writes.

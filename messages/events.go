@@ -38,4 +38,15 @@ type Event struct {
 	Medium string      // MediumCPU or MediumStorage
 	Ctx    *ReqContext // the producing job's context (stored events only)
 	At     time.Time   // when the tier applied it
+	// Place locates each of Keys in the call Ctx describes (stored events
+	// only; one per key; nil when the producer did not know).
+	Place []Placement
+	// Ownership names the tier within its medium that holds the blocks
+	// ("" for the CPU tier; e.g. "fs" or "obj" for STORAGE). Copies are
+	// counted per (Medium, Ownership): a block is removed from a medium
+	// only when its last copy there goes away.
+	Ownership string
+	// Locality is "LOCAL" or "REMOTE" relative to this node for tiers that
+	// can be either (a shared filesystem); "" when not applicable.
+	Locality string
 }

@@ -65,6 +65,7 @@ type State struct {
 	pins     map[messages.JobRef]map[int]int32
 	reserved map[messages.JobRef]map[int]struct{}
 
+	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
 	ready       int
 	pinnedSlots int
@@ -144,6 +145,11 @@ func (s *State) LookupAndLease(holder messages.Holder, keys []messages.Key, pref
 // holderLeases returns h's leases, creating them sized for hint more.
 func (s *State) holderLeases(h messages.Holder, hint int) *holderLeases {
 	hl := s.leases[h]
+	if hl == nil && len(s.spare) > 0 {
+		hl = s.spare[len(s.spare)-1]
+		s.spare = s.spare[:len(s.spare)-1]
+		s.leases[h] = hl
+	}
 	if hl == nil {
 		hl = &holderLeases{until: make(map[int32]int64, hint)}
 		s.leases[h] = hl
@@ -368,6 +374,20 @@ func (s *State) ReleaseHolder(h messages.Holder) {
 	}
 	s.nLeases -= len(hl.until)
 	delete(s.leases, h)
+	s.recycle(hl)
+}
+
+// maxSpare bounds the lease maps kept for reuse: enough for the requests of
+// a few engine steps, so a steady stream of lookups allocates no maps.
+const maxSpare = 64
+
+// recycle keeps an emptied lease map (clear keeps its buckets) for the next
+// holder.
+func (s *State) recycle(hl *holderLeases) {
+	if len(s.spare) < maxSpare {
+		clear(hl.until)
+		s.spare = append(s.spare, hl)
+	}
 }
 
 // Clear frees every ready slot that is not pinned, dropping leases on them,
@@ -516,6 +536,7 @@ func (s *State) unlease(h messages.Holder, hl *holderLeases, idx int) {
 	delete(hl.until, int32(idx))
 	if len(hl.until) == 0 {
 		delete(s.leases, h)
+		s.recycle(hl)
 	}
 	s.nLeases--
 	s.slotUnleased(idx)
