@@ -35,6 +35,39 @@ type Config struct {
 	// CallTimeout bounds a manager call whose ctx has no deadline.
 	CallTimeout time.Duration `yaml:"call_timeout"`
 
+	// Standalone mode (docs/PROTOCOL.md): the engine endpoint.
+
+	// EngineListen is where the engine endpoint serves out-of-process
+	// engines: "ipc:///path" or "tcp://127.0.0.1:PORT". Empty: no endpoint
+	// (embedded use). It needs a PoolPath the engine can map.
+	EngineListen string `yaml:"engine_listen"`
+	// EngineAllowRemote permits a tcp EngineListen that is not loopback.
+	EngineAllowRemote bool `yaml:"engine_allow_remote"`
+	// EngineGrace is how long an engine connection may stay silent (the
+	// client pings at a third of it) before its leases, pins, pending writes
+	// and jobs are released.
+	EngineGrace time.Duration `yaml:"engine_grace"`
+	// EngineGroup, if set (a group name or numeric gid), may use the engine
+	// socket and the pool file: both become mode 0660 in that group instead
+	// of 0600.
+	EngineGroup string `yaml:"engine_group"`
+	// Namespace, if set, is the only layout namespace the engine endpoint
+	// accepts keys in; Hello tells engines.
+	Namespace string `yaml:"namespace"`
+	// EngineClock drives engine-session liveness; nil is the wall clock. It
+	// is not Clock on purpose: a test that advances lease and job time must
+	// not thereby declare its engine connections dead.
+	EngineClock supervision.Clock `yaml:"-"`
+
+	// Events publishes KV events in vLLM's wire format (events_config.go).
+	Events EventsConfig `yaml:"events"`
+
+	// Secondary tiers (tiers_config.go): fs and obj tiers in lookup order,
+	// the deadline of a secondary lookup, the cascade queue per tier.
+	SecondaryTiers          []TierConfig  `yaml:"secondary_tiers"`
+	SecondaryLookupDeadline time.Duration `yaml:"secondary_lookup_deadline"`
+	CascadeQueue            int           `yaml:"cascade_queue"`
+
 	// Clock drives leases and deadlines; nil is the wall clock.
 	Clock supervision.Clock `yaml:"-"`
 	// Logger receives the node's structured logs; nil discards them.
@@ -49,6 +82,7 @@ const (
 	DefaultJobWorkers      = 1
 	DefaultEngineJobTimout = 300 * time.Second
 	DefaultCallTimeout     = 10 * time.Second
+	DefaultEngineGrace     = 10 * time.Second
 )
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -77,6 +111,10 @@ func (c Config) WithDefaults() Config {
 	if c.CallTimeout == 0 {
 		c.CallTimeout = DefaultCallTimeout
 	}
+	if c.EngineGrace == 0 {
+		c.EngineGrace = DefaultEngineGrace
+	}
+	c.Events = c.Events.withDefaults()
 	if c.Clock == nil {
 		c.Clock = supervision.RealClock{}
 	}
@@ -111,6 +149,15 @@ func (c Config) Validate() error {
 		return bad("job timeouts must be positive (load %v, store %v)", c.LoadJobTimeout, c.StoreJobTimeout)
 	case c.CallTimeout <= 0:
 		return bad("call_timeout %v must be positive", c.CallTimeout)
+	case c.EngineGrace < 0:
+		return bad("engine_grace %v must be positive", c.EngineGrace)
+	case c.EngineListen != "" && c.PoolPath == "":
+		return bad("engine_listen needs a pool_path engines can map (an anonymous memfd has no name)")
+	case len(c.Namespace) > 64:
+		return bad("namespace of %d bytes (max 64)", len(c.Namespace))
 	}
-	return nil
+	if err := validateTiers(c); err != nil {
+		return err
+	}
+	return c.Events.validate()
 }

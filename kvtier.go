@@ -34,6 +34,10 @@ type Node struct {
 	registry *prometheus.Registry
 	metrics  *nodeMetrics
 	manager  *embedded
+	endpoint *scheduler.Endpoint // standalone mode only (standalone.go)
+	cpu      *actor.PID
+	events   eventsState // KV events (node_events.go)
+	tiers    tiersState  // secondary tiers (node_tiers.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -57,12 +61,26 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{})}
+	if err := n.openEndpoint(); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := n.openEvents(); err != nil {
+		_ = n.closeEndpoint()
+		pool.Close()
+		return nil, err
+	}
 	if err := n.start(ctx, state); err != nil {
+		_ = n.closeTiers(ctx)
+		_ = n.closeEndpoint()
+		_ = n.closeEvents(ctx)
 		pool.Close()
 		return nil, err
 	}
 	n.manager = &embedded{node: n}
 	n.registry, n.metrics = newNodeMetrics(n.manager.Stats, cfg.CallTimeout)
+	n.registerEndpointMetrics()
+	n.registerTierMetrics()
 	cfg.Logger.Info().Str("pool", pool.Path()).Int("slots", slots).Int("block_bytes", cfg.BlockBytes).
 		Str("policy", cfg.Policy).Msg("kvtier node open")
 	return n, nil
@@ -70,18 +88,28 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 
 func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	log := *n.cfg.Logger
+	if err := n.openTiers(); err != nil {
+		return err
+	}
 	n.system = actors.NewSystem(log)
 	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
+	n.cpu = cpuPID
+	hub := n.eventsChildren()
+	tierKids := n.tierChildren(cpuPID)
 	counters, jobSeq := &scheduler.Counters{}, &atomic.Uint64{}
 	children := []actors.Child{
-		{Name: "cpu", Props: cpu.Props(state, n.pool, n.cfg.Clock.Now, log.With().Str("actor", "cpu").Logger())},
+		{Name: "cpu", Props: cpu.Props(state, n.pool, n.cfg.Clock.Now, log.With().Str("actor", "cpu").Logger(), n.cpuOptions()...)},
 		{Name: "bridge", Props: scheduler.Props(scheduler.Config{
 			CPU: cpuPID, Slot: n.pool.Slot, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
 			Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
 			JobSeq: jobSeq, Counters: counters, Restarts: &n.restarts,
-			Log: log.With().Str("actor", "bridge").Logger(),
+			Tiering: n.tiers.tiering,
+			Log:     log.With().Str("actor", "bridge").Logger(),
 		})},
 	}
+	children = append(children, n.endpointChildren()...)
+	children = append(children, tierKids...)
+	children = append(hub, children...)
 	spawned := make(chan map[string]*actor.PID, 1)
 	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), "kvtier")
 	if err != nil {
@@ -95,7 +123,12 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 			n.stopActors(context.Background())
 			return fmt.Errorf("cpu tier spawned as %s, wired as %s", pids["cpu"], cpuPID)
 		}
+		if err := n.checkEvents(pids); err != nil {
+			n.stopActors(context.Background())
+			return err
+		}
 		n.bridge = pids["bridge"]
+		n.startEndpoint(pids)
 		return nil
 	case <-ctx.Done():
 		n.stopActors(context.Background())
@@ -119,17 +152,30 @@ func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
 		var errs []error
+		// Standalone: no engine call may arrive from the socket from now on.
+		if err := n.closeEndpoint(); err != nil {
+			errs = append(errs, err)
+		}
 		if _, err := call(ctx, n, func(r messages.Reply[struct{}]) any {
 			return &messages.Shutdown{Deadline: n.drainDeadline(ctx), Reply: r}
 		}); err != nil {
 			errs = append(errs, fmt.Errorf("drain: %w", err))
 		}
+		if err := n.flushEvents(ctx); err != nil {
+			errs = append(errs, err)
+		}
 		if err := n.stopActors(ctx); err != nil {
 			// NB: an actor may still be running and touch slot memory, so the
 			// pool stays mapped (leaked) rather than risk a fault.
 			errs = append(errs, fmt.Errorf("stop actors (pool left mapped): %w", err))
+		} else if err := n.closeTiers(ctx); err != nil {
+			// NB: likewise a tier I/O worker may still copy into a slot.
+			errs = append(errs, fmt.Errorf("stop tier I/O (pool left mapped): %w", err))
 		} else {
 			errs = append(errs, n.pool.Close())
+		}
+		if err := n.closeEvents(ctx); err != nil {
+			errs = append(errs, err)
 		}
 		n.closeErr = errors.Join(errs...)
 	})

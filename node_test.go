@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -38,27 +39,74 @@ func keys(ids ...int) []messages.Key {
 	return out
 }
 
+// mode is a way into a node (DESIGN.md §3, "Two ways in, one code path"):
+// the behaviour tests run through both, and must give the same results.
+type mode string
+
+const (
+	embeddedMode   mode = "embedded"   // the in-process Manager
+	standaloneMode mode = "standalone" // the Go client over the engine endpoint's socket and the shared pool
+)
+
+var modes = []mode{embeddedMode, standaloneMode}
+
+// eachMode runs a behaviour test once per mode.
+func eachMode(t *testing.T, test func(t *testing.T, m mode)) {
+	for _, m := range modes {
+		t.Run(string(m), func(t *testing.T) { test(t, m) })
+	}
+}
+
 type harness struct {
 	t     *testing.T
+	mode  mode
 	node  *Node
 	m     Manager
 	clock *supervision.ManualClock
 	ctx   context.Context
 }
 
-// open starts a node of `slots` slots on a manual clock.
+// DialStandalone connects a standalone client (scheduler/client) to a
+// node's engine endpoint. It is set by standalone_dial_test.go, in the
+// external test package: the client imports this package, so this one's
+// tests cannot import it.
+var DialStandalone func(ctx context.Context, addr, name string) (Manager, func(context.Context) error, error)
+
+// open starts an embedded node of `slots` slots on a manual clock.
 func open(t *testing.T, slots int, tweak ...func(*Config)) *harness {
+	t.Helper()
+	return openMode(t, embeddedMode, slots, tweak...)
+}
+
+// openMode starts a node of `slots` slots on a manual clock; in standalone
+// mode the manager is a client connected through the node's engine endpoint
+// (an ipc socket) with the pool mapped from its shared-memory file.
+func openMode(t *testing.T, m mode, slots int, tweak ...func(*Config)) *harness {
 	t.Helper()
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
 	cfg := Config{PoolBytes: int64(slots * testBlock), BlockBytes: testBlock, Clock: clock}
+	if m == standaloneMode {
+		dir := t.TempDir()
+		cfg.PoolPath = filepath.Join(dir, "pool")
+		cfg.EngineListen = "ipc://" + filepath.Join(dir, "engine.sock")
+	}
 	for _, f := range tweak {
 		f(&cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	node, err := Open(ctx, cfg)
 	require.NoError(t, err)
-	h := &harness{t: t, node: node, m: node.Manager(), clock: clock, ctx: ctx}
+	h := &harness{t: t, mode: m, node: node, m: node.Manager(), clock: clock, ctx: ctx}
+	var closeClient func(context.Context) error
+	if m == standaloneMode {
+		require.NotNil(t, DialStandalone, "standalone_dial_test.go sets DialStandalone")
+		h.m, closeClient, err = DialStandalone(ctx, node.EngineAddr(), t.Name())
+		require.NoError(t, err)
+	}
 	t.Cleanup(func() {
+		if closeClient != nil {
+			require.NoError(t, closeClient(ctx))
+		}
 		require.NoError(t, node.Close(ctx))
 		cancel()
 	})
@@ -120,8 +168,10 @@ func (h *harness) lookupUntilSettled(req *messages.ReqContext, ks []messages.Key
 	}
 }
 
-func TestStoreLookupLoadRoundTrip(t *testing.T) {
-	h := open(t, 8)
+func TestStoreLookupLoadRoundTrip(t *testing.T) { eachMode(t, testStoreLookupLoadRoundTrip) }
+
+func testStoreLookupLoadRoundTrip(t *testing.T, m mode) {
+	h := openMode(t, m, 8)
 	writer := &messages.ReqContext{RequestID: "w"}
 	plan := h.store(writer, 1, 2, 3)
 	require.Len(t, plan.ToStore, 3)
@@ -156,12 +206,14 @@ func TestStoreLookupLoadRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, events, 1)
 	require.Equal(t, messages.BlockStored, events[0].Kind)
-	require.Same(t, writer, events[0].Ctx, "stored event carries the producing request's context")
+	h.sameCtx(writer, events[0].Ctx, "stored event carries the producing request's context")
 	require.Equal(t, keys(1, 2, 3), events[0].Keys)
 }
 
-func TestPrefixLookupStopsAtFirstMiss(t *testing.T) {
-	h := open(t, 8)
+func TestPrefixLookupStopsAtFirstMiss(t *testing.T) { eachMode(t, testPrefixLookupStopsAtFirstMiss) }
+
+func testPrefixLookupStopsAtFirstMiss(t *testing.T, m mode) {
+	h := openMode(t, m, 8)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 3)
 	req := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, keys(1, 3))
@@ -175,7 +227,11 @@ func TestPrefixLookupStopsAtFirstMiss(t *testing.T) {
 }
 
 func TestLeasedHitSurvivesEvictionPressure(t *testing.T) {
-	h := open(t, 4)
+	eachMode(t, testLeasedHitSurvivesEvictionPressure)
+}
+
+func testLeasedHitSurvivesEvictionPressure(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2, 3, 4)
 	reader := &messages.ReqContext{RequestID: "r"}
 	require.Equal(t, messages.Hit, h.lookupUntilSettled(reader, keys(1))[0])
@@ -197,8 +253,10 @@ func TestLeasedHitSurvivesEvictionPressure(t *testing.T) {
 	h.quiet()
 }
 
-func TestFullWhenEverythingIsLeased(t *testing.T) {
-	h := open(t, 2)
+func TestFullWhenEverythingIsLeased(t *testing.T) { eachMode(t, testFullWhenEverythingIsLeased) }
+
+func testFullWhenEverythingIsLeased(t *testing.T, m mode) {
+	h := openMode(t, m, 2)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	reader := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(reader, keys(1, 2))
@@ -214,7 +272,11 @@ func TestFullWhenEverythingIsLeased(t *testing.T) {
 }
 
 func TestLeaseExpiresOnTheInjectedClock(t *testing.T) {
-	h := open(t, 2, func(c *Config) { c.LeaseTTL = time.Second })
+	eachMode(t, testLeaseExpiresOnTheInjectedClock)
+}
+
+func testLeaseExpiresOnTheInjectedClock(t *testing.T, m mode) {
+	h := openMode(t, m, 2, func(c *Config) { c.LeaseTTL = time.Second })
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	reader := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(reader, keys(1, 2))
@@ -224,8 +286,10 @@ func TestLeaseExpiresOnTheInjectedClock(t *testing.T) {
 	require.Equal(t, uint64(2), s.LeasesExpired)
 }
 
-func TestBadInputGetsTypedErrors(t *testing.T) {
-	h := open(t, 4)
+func TestBadInputGetsTypedErrors(t *testing.T) { eachMode(t, testBadInputGetsTypedErrors) }
+
+func testBadInputGetsTypedErrors(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	req := &messages.ReqContext{RequestID: "r"}
 
 	_, err := h.m.PrepareLoad(h.ctx, req, keys(42))
@@ -274,8 +338,10 @@ func TestBadConfig(t *testing.T) {
 	}
 }
 
-func TestWorkerReportsCompleteAJob(t *testing.T) {
-	h := open(t, 4, func(c *Config) { c.JobWorkers = 3 })
+func TestWorkerReportsCompleteAJob(t *testing.T) { eachMode(t, testWorkerReportsCompleteAJob) }
+
+func testWorkerReportsCompleteAJob(t *testing.T, m mode) {
+	h := openMode(t, m, 4, func(c *Config) { c.JobWorkers = 3 })
 	req := &messages.ReqContext{RequestID: "w"}
 	plan, err := h.m.PrepareStore(h.ctx, req, keys(1))
 	require.NoError(t, err)
@@ -298,8 +364,12 @@ func TestWorkerReportsCompleteAJob(t *testing.T) {
 }
 
 func TestStalledJobsAreReapedAtTheirDeadline(t *testing.T) {
+	eachMode(t, testStalledJobsAreReapedAtTheirDeadline)
+}
+
+func testStalledJobsAreReapedAtTheirDeadline(t *testing.T, m mode) {
 	const deadline = 300 * time.Second
-	h := open(t, 4)
+	h := openMode(t, m, 4)
 	writer := &messages.ReqContext{RequestID: "w"}
 	h.store(writer, 1)
 	reader := &messages.ReqContext{RequestID: "r"}
@@ -332,8 +402,10 @@ func TestStalledJobsAreReapedAtTheirDeadline(t *testing.T) {
 	require.Zero(t, h.clock.Pending(), "no timer left armed")
 }
 
-func TestCompletedJobDisarmsItsTimer(t *testing.T) {
-	h := open(t, 4)
+func TestCompletedJobDisarmsItsTimer(t *testing.T) { eachMode(t, testCompletedJobDisarmsItsTimer) }
+
+func testCompletedJobDisarmsItsTimer(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1)
 	require.Zero(t, h.clock.Pending())
 	h.clock.Advance(time.Hour)
@@ -341,7 +413,11 @@ func TestCompletedJobDisarmsItsTimer(t *testing.T) {
 }
 
 func TestPauseStopsIntakeAndResumeRestoresIt(t *testing.T) {
-	h := open(t, 4)
+	eachMode(t, testPauseStopsIntakeAndResumeRestoresIt)
+}
+
+func testPauseStopsIntakeAndResumeRestoresIt(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1)
 	req := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(req, keys(1))
@@ -362,8 +438,10 @@ func TestPauseStopsIntakeAndResumeRestoresIt(t *testing.T) {
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
 }
 
-func TestPauseWaitsForJobsThenClears(t *testing.T) {
-	h := open(t, 4)
+func TestPauseWaitsForJobsThenClears(t *testing.T) { eachMode(t, testPauseWaitsForJobsThenClears) }
+
+func testPauseWaitsForJobsThenClears(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	writer := &messages.ReqContext{RequestID: "w"}
 	h.store(writer, 1)
 	plan, err := h.m.PrepareStore(h.ctx, writer, keys(2))
@@ -381,7 +459,11 @@ func TestPauseWaitsForJobsThenClears(t *testing.T) {
 }
 
 func TestResetCacheReapsStragglersAtItsDeadline(t *testing.T) {
-	h := open(t, 4)
+	eachMode(t, testResetCacheReapsStragglersAtItsDeadline)
+}
+
+func testResetCacheReapsStragglersAtItsDeadline(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	writer := &messages.ReqContext{RequestID: "w"}
 	h.store(writer, 1)
 	_, err := h.m.PrepareStore(h.ctx, writer, keys(2))
@@ -404,7 +486,11 @@ func TestResetCacheReapsStragglersAtItsDeadline(t *testing.T) {
 }
 
 func TestBridgeRestartReleasesEngineState(t *testing.T) {
-	h := open(t, 4)
+	eachMode(t, testBridgeRestartReleasesEngineState)
+}
+
+func testBridgeRestartReleasesEngineState(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	writer := &messages.ReqContext{RequestID: "w"}
 	h.store(writer, 1)
 	reader := &messages.ReqContext{RequestID: "r"}
@@ -427,7 +513,11 @@ func TestBridgeRestartReleasesEngineState(t *testing.T) {
 }
 
 func TestCPUTierRestartKeepsItsSlotTable(t *testing.T) {
-	h := open(t, 4)
+	eachMode(t, testCPUTierRestartKeepsItsSlotTable)
+}
+
+func testCPUTierRestartKeepsItsSlotTable(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	reader := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(reader, keys(1))
@@ -447,9 +537,28 @@ func (h *harness) cpuPID() *actor.PID {
 	return actor.NewPID(h.node.system.Address(), "kvtier/cpu")
 }
 
+// Embedded only: a closed daemon cannot answer, so a standalone caller
+// learns it from its own deadline (tests/standalone_test.go).
 func TestCloseIsIdempotentAndRefusesCalls(t *testing.T) {
-	h := open(t, 4)
+	testCloseIsIdempotentAndRefusesCalls(t, embeddedMode)
+}
+
+func testCloseIsIdempotentAndRefusesCalls(t *testing.T, m mode) {
+	h := openMode(t, m, 4)
 	require.NoError(t, h.node.Close(h.ctx))
 	_, err := h.m.Lookup(h.ctx, &messages.ReqContext{RequestID: "r"}, keys(1), false)
 	require.True(t, errors.Is(err, messages.ErrClosed))
+}
+
+// sameCtx asserts an event carries want's request context: the very value
+// in process; through the socket, a copy with the same content (the
+// engine's request id, without the endpoint's session prefix).
+func (h *harness) sameCtx(want, got *messages.ReqContext, msg string) {
+	h.t.Helper()
+	if h.mode == embeddedMode {
+		require.Same(h.t, want, got, msg)
+		return
+	}
+	require.NotNil(h.t, got, msg)
+	require.Equal(h.t, *want, *got, msg)
 }

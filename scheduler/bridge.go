@@ -3,6 +3,7 @@ package scheduler
 import (
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,7 @@ type Config struct {
 	JobSeq       *atomic.Uint64    // job id source
 	Counters     *Counters         // bridge counters
 	Restarts     *atomic.Uint64    // supervised restarts, for Stats
+	Tiering      *actor.PID        // the tiering actor; nil without secondary tiers (bridge_tiering.go)
 	Log          zerolog.Logger    // structured logs
 }
 
@@ -82,6 +84,7 @@ type (
 		job  messages.JobRef
 		req  *messages.ReqContext
 		keys []messages.Key
+		pos  []messages.Placement // per key: its place in the job's call
 		sums []uint32
 		then func(error)
 	}
@@ -139,6 +142,8 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.stats(ctx, m)
 	case *messages.Shutdown:
 		b.shutdown(ctx, m)
+	case *messages.ReleaseSession:
+		b.releaseSession(ctx, m)
 	case *jobDeadline:
 		b.deadline(ctx, m)
 	case *reapAt:
@@ -156,6 +161,8 @@ func (b *Bridge) Receive(ctx actor.Context) {
 	case *messages.TierEvents:
 		b.resume(m.Corr, m)
 	case *messages.TierStatsResult:
+		b.resume(m.Corr, m)
+	case *messages.AsyncLookupResult:
 		b.resume(m.Corr, m)
 	case *actor.Stopping, *actor.Stopped, *actor.Restart:
 	default:
@@ -254,7 +261,7 @@ func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
 	b.ask(ctx, func(corr uint64) any {
 		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL}
 	}, func(r any) {
-		m.Reply.Answer(r.(*messages.LookupResult).Status, nil)
+		b.answerLookup(ctx, m, r.(*messages.LookupResult).Status)
 	}, func(err error) { m.Reply.Answer(nil, err) })
 }
 
@@ -360,6 +367,10 @@ func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
 		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
 		if len(res.ToStore) > 0 {
 			j := b.newJob(id, messages.JobStore, m.Req, res.ToStore, res.Slots)
+			j.place = make(placeMap, len(res.ToStore))
+			for i, p := range messages.Place(m.Keys, res.ToStore, m.Req.ParentBlockHash) {
+				j.place[res.ToStore[i]] = p
+			}
 			b.arm(ctx, j)
 			plan.Job, plan.Workers = id, len(j.reported)
 		}
@@ -394,12 +405,15 @@ func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
 
 // commit ends the job's writes of keys. A successful write is checksummed
 // off the mailbox first; then takes the CPU tier's answer.
+// Committed keys go in chain order with their placements, so a stored
+// event names parents before children.
 func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool, then func(error)) {
 	b.commits++
 	if !ok {
-		b.sendCommit(ctx, j.ref(), j.req, keys, false, nil, then)
+		b.sendCommit(ctx, j.ref(), j.req, keys, nil, false, nil, then)
 		return
 	}
+	keys, place := j.placed(keys)
 	slots := make([]int, len(keys))
 	for i, k := range keys {
 		slots[i] = j.slots[k]
@@ -410,22 +424,25 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		for i, s := range slots {
 			sums[i] = crc32.Checksum(slot(s), castagnoli)
 		}
-		root.Send(self, &checksummed{job: ref, req: req, keys: keys, sums: sums, then: then})
+		root.Send(self, &checksummed{job: ref, req: req, keys: keys, pos: place, sums: sums, then: then})
 	}()
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
-	b.sendCommit(ctx, m.job, m.req, m.keys, true, m.sums, m.then)
+	b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
 }
 
 // sendCommit asks the CPU tier to commit; the answer ends one in-flight
 // commit (drains wait for them: a cleared tier must not see a commit land
 // after it) and goes to then when someone waits for it.
-func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *messages.ReqContext, keys []messages.Key, ok bool, sums []uint32, then func(error)) {
+func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *messages.ReqContext, keys []messages.Key, place []messages.Placement, ok bool, sums []uint32, then func(error)) {
 	landed := func(err error) {
 		b.commits--
+		if ok && err == nil {
+			b.cascade(ctx, keys, sums, req) // before the answer: whoever it wakes sees the cascade queued
+		}
 		if then != nil {
 			then(err)
 		} else if err != nil {
@@ -434,7 +451,7 @@ func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *message
 		b.drained(ctx)
 	}
 	b.ask(ctx, func(corr uint64) any {
-		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req}
+		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req, Place: place}
 	}, func(r any) { landed(r.(*messages.Ack).Err) }, landed)
 }
 
@@ -630,4 +647,33 @@ func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
 		}
 		m.Reply.Answer(s, nil)
 	}, func(err error) { m.Reply.Answer(messages.Stats{}, err) })
+}
+
+// releaseSession ends what a lost engine connection held (standalone mode,
+// sent by the engine endpoint once the session's in-flight calls are over):
+// the leases of its unfinished requests, and every in-flight job of any of
+// its requests, reaped as a deadline would (a store is never readable, a
+// load unpins). Every CPU-tier release is sent before the answer, so a call
+// made after the answer sees them applied (the CPU mailbox is FIFO from us).
+// Cost: O(requests with jobs at the bridge), once per lost connection.
+func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
+	if m.Prefix == "" {
+		m.Reply.Answer(messages.SessionReleased{}, fmt.Errorf("%w: release of a session without a prefix", messages.ErrInternal))
+		return
+	}
+	for _, id := range m.Open {
+		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
+	}
+	var doomed []*job
+	for id, jobs := range b.reg.byReq {
+		if strings.HasPrefix(id, m.Prefix) {
+			for _, j := range jobs {
+				doomed = append(doomed, j)
+			}
+		}
+	}
+	for _, j := range doomed {
+		b.reap(ctx, j, "engine connection lost")
+	}
+	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
 }

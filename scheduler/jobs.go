@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"slices"
+
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 )
@@ -19,6 +21,7 @@ type job struct {
 	req      *messages.ReqContext
 	keys     []messages.Key            // every key of the job, in call (chain) order
 	slots    map[messages.Key]int      // key → slot, every key of the job
+	place    placeMap                  // store jobs: each key's place in its PrepareStore call; nil for loads
 	open     map[messages.Key]struct{} // keys still owned at the CPU tier
 	reported []bool
 	nReports int
@@ -38,6 +41,25 @@ func (j *job) openKeys() []messages.Key {
 		}
 	}
 	return out
+}
+
+// placeMap locates each key of a store job in the call that opened it (its
+// PrepareStore), for the stored event's token ids and parent.
+type placeMap = map[messages.Key]messages.Placement
+
+// placed returns keys in chain order (by their index in the job's call)
+// with the placement of each; keys come from the job, so every one is placed.
+func (j *job) placed(keys []messages.Key) ([]messages.Key, []messages.Placement) {
+	if j.place == nil {
+		return keys, nil
+	}
+	sorted := slices.Clone(keys)
+	slices.SortStableFunc(sorted, func(a, b messages.Key) int { return j.place[a].Index - j.place[b].Index })
+	place := make([]messages.Placement, len(sorted))
+	for i, k := range sorted {
+		place[i] = j.place[k]
+	}
+	return sorted, place
 }
 
 // registry holds the in-flight engine jobs and, per request, the jobs it

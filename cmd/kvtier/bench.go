@@ -13,8 +13,9 @@ import (
 // newBenchCmd builds `kvtier bench`: scenarios that print a figure with its
 // same-run baseline.
 func newBenchCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu)"}
-	cmd.AddCommand(newBenchCPUCmd())
+	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint)"}
+	cmd.AddCommand(newBenchCPUCmd(), newBenchEndpointCmd())
+	cmd.AddCommand(newBenchFSCmd())
 	return cmd
 }
 
@@ -47,5 +48,36 @@ func newBenchCPUCmd() *cobra.Command {
 	f.IntVar(&o.StoreBatch, "store-batch", o.StoreBatch, "keys per PrepareStore")
 	f.IntVar(&o.StoreRounds, "store-rounds", o.StoreRounds, "PrepareStore calls measured")
 	f.StringVar(&o.Policy, "policy", o.Policy, "eviction policy (lru, arc)")
+	return cmd
+}
+
+func newBenchEndpointCmd() *cobra.Command {
+	o := bench.DefaultEndpointOptions()
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "endpoint",
+		Short: "Standalone mode: 2,000-key Lookup through the engine socket vs embedded, store+load through the shared pool vs copy()",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := bench.RunEndpoint(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(os.Stdout).Encode(r)
+			}
+			fmt.Printf("lookup of %d keys through the socket: p50 %.1f µs, p99 %.1f µs\n", o.LookupKeys, r.LookupP50us, r.LookupP99us)
+			fmt.Printf("lookup of %d keys embedded (same node): p50 %.1f µs, p99 %.1f µs → socket adds %.1f µs at p99\n", o.LookupKeys, r.EmbeddedLookupP50us, r.EmbeddedLookupP99us, r.SocketOverheadP99us)
+			fmt.Printf("store+load through the shared pool: %.2f GB/s; copy() of the same bytes: %.2f GB/s (%.2f×)\n", r.ShmGBps, r.MemcpyGBps, r.ShmOverMemcpy)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
+	f.IntVar(&o.Slots, "slots", o.Slots, "pool slots")
+	f.IntVar(&o.BlockBytes, "block-bytes", o.BlockBytes, "bytes per block")
+	f.IntVar(&o.LookupKeys, "keys", o.LookupKeys, "keys per Lookup")
+	f.IntVar(&o.Lookups, "lookups", o.Lookups, "Lookup calls measured per path")
+	f.IntVar(&o.CopyBlocks, "copy-blocks", o.CopyBlocks, "blocks per store+load round")
+	f.IntVar(&o.CopyRounds, "copy-rounds", o.CopyRounds, "store+load rounds measured")
 	return cmd
 }

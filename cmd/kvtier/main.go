@@ -27,5 +27,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newSimCmd(), newBenchCmd())
+	root.AddCommand(newEventsCmd())
 	return root
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/sim"
+	"github.com/kvtier/kvtier/scheduler/client"
 )
 
 // simOptions are the flags of `kvtier sim`.
@@ -39,6 +40,9 @@ type simOptions struct {
 	settle     bool
 	json       bool
 	noProgress bool
+	connect    string
+	tiers      tierFlags              // secondary tiers of the embedded node (sim_tiers.go)
+	set        func(name string) bool // whether a flag was given
 }
 
 // errUnhealthy makes the command exit non-zero after printing the summary.
@@ -50,13 +54,22 @@ func newSimCmd() *cobra.Command {
 	def := sim.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "sim",
-		Short: "Drive an embedded node as an inference engine's scheduler would",
+		Short: "Drive an embedded node (or a kvtierd with --connect) as an inference engine's scheduler would",
 		Long: `sim runs an engine simulator against an embedded kvtier node: a GPU cache with
 its own LRU, a multi-turn workload with shared prefixes (or a Mooncake trace),
 lookups, loads and stores issued as jobs with per-worker reports after a
 simulated copy time, on a virtual clock. Every block's bytes are a function of
 its key, written on store and verified on every load. It exits non-zero if a
-loaded block was corrupt or the node leaked pins, leases or pending writes.`,
+loaded block was corrupt or the node leaked pins, leases or pending writes.
+
+With --connect ADDR it drives a running kvtierd through its engine endpoint
+instead (standalone mode): the same engine, the same calls, every byte copied
+through the daemon's shared pool and verified. The pool's geometry then comes
+from the daemon's Hello; the defaults of --cpu-blocks and --block-bytes are
+the node's own defaults (kvtier.DefaultPoolBytes / DefaultBlockBytes), so
+"kvtier sim" and "kvtier sim --connect" against a kvtierd on its defaults run
+the same node and print the same counts for the same seed. Run it against a
+fresh daemon: a warm one starts with blocks cached.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSim(cmd.Context(), o, cmd.OutOrStdout()) },
 	}
@@ -68,8 +81,8 @@ loaded block was corrupt or the node leaked pins, leases or pending writes.`,
 	f.Float64Var(&o.timeScale, "time-scale", 0, "replay arrivals at timestamp/SCALE on the virtual clock (0 = as fast as the node allows)")
 	f.BoolVar(&o.realtime, "realtime", false, "pace steps so the virtual clock follows the wall clock")
 	f.IntVar(&o.gpuBlocks, "gpu-blocks", def.GPUBlocks, "blocks in the simulated GPU cache")
-	f.IntVar(&o.cpuBlocks, "cpu-blocks", 20000, "slots in kvtier's CPU pool")
-	f.IntVar(&o.blockBytes, "block-bytes", 16<<10, "bytes per block")
+	f.IntVar(&o.cpuBlocks, "cpu-blocks", kvtier.DefaultPoolBytes/kvtier.DefaultBlockBytes, "slots in kvtier's CPU pool (default: the node's default pool)")
+	f.IntVar(&o.blockBytes, "block-bytes", kvtier.DefaultBlockBytes, "bytes per block (default: the node's default)")
 	f.IntVar(&o.workers, "workers", def.Workers, "worker reports per job (tensor-parallel workers)")
 	f.DurationVar(&o.stepTime, "step-time", def.StepTime, "virtual duration of one model step")
 	f.DurationVar(&o.copyTime, "copy-time", def.CopyTime, "virtual copy time per block of a job")
@@ -81,6 +94,9 @@ loaded block was corrupt or the node leaked pins, leases or pending writes.`,
 	f.BoolVar(&o.settle, "settle", def.Settle, "poll Stats after each store job until it is committed (the node already answers a job's last report after its commit)")
 	f.BoolVar(&o.json, "json", false, "print the summary as one JSON object on the last line")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar even on a terminal")
+	f.StringVar(&o.connect, "connect", "", "drive the kvtierd whose engine endpoint is ADDR (ipc:///path or tcp://127.0.0.1:PORT) instead of an embedded node")
+	o.set = func(name string) bool { return f.Changed(name) }
+	addTierFlags(f, &o.tiers)
 	return cmd
 }
 
@@ -95,23 +111,23 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	node, err := kvtier.Open(ctx, nodeConfig(o))
+	mgr, closeNode, err := openManager(ctx, o)
 	if err != nil {
-		return fmt.Errorf("open node: %w", err)
+		return err
 	}
 	cfg := engineConfig(o)
 	bar := newBar(o, len(reqs))
 	if bar != nil {
 		cfg.Progress = func(done, _ int) { _ = bar.Set(done) }
 	}
-	sum, runErr := sim.Run(ctx, node.Manager(), reqs, cfg)
+	sum, runErr := sim.Run(ctx, mgr, reqs, cfg)
 	if bar != nil {
 		_ = bar.Finish()
 		fmt.Fprintln(os.Stderr)
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	closeErr := node.Close(closeCtx)
+	closeErr := closeNode(closeCtx)
 	if runErr != nil {
 		return runErr
 	}
@@ -132,6 +148,36 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 	return nil
 }
 
+// openManager opens an embedded node, or with --connect dials a daemon and
+// checks that the geometry flags given agree with its pool.
+func openManager(ctx context.Context, o simOptions) (kvtier.Manager, func(context.Context) error, error) {
+	if o.connect == "" {
+		node, err := kvtier.Open(ctx, nodeConfig(o))
+		if err != nil {
+			return nil, nil, fmt.Errorf("open node: %w", err)
+		}
+		return node.Manager(), node.Close, nil
+	}
+	for _, name := range []string{"policy", "pool-path", "fs-root", "obj-endpoint"} {
+		if o.set != nil && o.set(name) {
+			return nil, nil, fmt.Errorf("--%s configures an embedded node; with --connect the daemon's config applies", name)
+		}
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(dialCtx, o.connect, client.Options{Name: "kvtier sim"})
+	if err != nil {
+		return nil, nil, err
+	}
+	h := c.Hello()
+	if o.set != nil && ((o.set("cpu-blocks") && o.cpuBlocks != h.Slots) || (o.set("block-bytes") && o.blockBytes != h.BlockBytes)) {
+		_ = c.Close(ctx)
+		return nil, nil, fmt.Errorf("the daemon's pool is %d slots of %d bytes; --cpu-blocks %d --block-bytes %d disagree",
+			h.Slots, h.BlockBytes, o.cpuBlocks, o.blockBytes)
+	}
+	return c, c.Close, nil
+}
+
 // loadWorkload reads the trace, or generates the synthetic workload.
 func loadWorkload(o simOptions) ([]sim.Request, string, error) {
 	if o.trace == "" {
@@ -146,13 +192,15 @@ func loadWorkload(o simOptions) ([]sim.Request, string, error) {
 
 // nodeConfig is the embedded node's configuration.
 func nodeConfig(o simOptions) kvtier.Config {
-	return kvtier.Config{
+	cfg := kvtier.Config{
 		PoolPath:   o.poolPath,
 		PoolBytes:  int64(o.cpuBlocks) * int64(o.blockBytes),
 		BlockBytes: o.blockBytes,
 		Policy:     o.policy,
 		JobWorkers: max(o.workers, 1),
 	}
+	o.tiers.apply(&cfg)
+	return cfg
 }
 
 // engineConfig is the simulated engine's configuration.

@@ -9,6 +9,8 @@
 //	        [--block-bytes SIZE] [--policy lru|arc]
 //	        [--metrics-listen ADDR] [--log-level LEVEL]
 //	        [--log-format auto|console|json] [--shutdown-timeout DUR]
+//	        [--engine-listen ADDR] [--engine-grace DUR] [--engine-group GROUP]
+//	        [--events-endpoint ADDR] [--events-replay ADDR] [--events-topic TOPIC]
 //
 // Flags given on the command line override the config file. Sizes take
 // integers or human strings ("16MiB", "64KiB"). The pool lives in the
@@ -23,6 +25,18 @@
 //	/metrics  Prometheus metrics from the node's private registry
 //	/healthz  200 while the process runs
 //	/readyz   200 once the node is open, 503 before and once shutdown began
+//
+// Standalone mode: --engine-listen ipc:///path (or tcp://127.0.0.1:PORT)
+// serves the manager API to out-of-process engines (docs/PROTOCOL.md); the
+// socket and the pool file are mode 0600, or 0660 in --engine-group. An
+// engine silent for --engine-grace is released (leases, pins, pending
+// writes, jobs). The bound address is logged as engine_listen.
+//
+// KV events (docs/PROTOCOL.md, "KV events"): --events-endpoint tcp://*:5557
+// binds a ZeroMQ PUB socket publishing vLLM-format KV events, and
+// --events-replay tcp://*:5558 a ROUTER socket serving replays; both off
+// unless given (or set under events: in the config file). The bound
+// addresses are logged as events_endpoint and events_replay.
 //
 // Exit status: 0 after a clean shutdown, 2 for bad flags, a bad config or a
 // failed Open, 1 for any other failure (HTTP listener, unclean shutdown). A
@@ -74,6 +88,12 @@ type options struct {
 	logLevel        string
 	logFormat       string
 	shutdownTimeout time.Duration
+	engineListen    string
+	engineGrace     time.Duration
+	engineGroup     string
+	eventsEndpoint  string
+	eventsReplay    string
+	eventsTopic     string
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
 }
@@ -92,6 +112,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (console on a terminal, else json), console, json")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
+	fs.StringVar(&o.engineListen, "engine-listen", "", "engine endpoint `address`: ipc:///path or tcp://127.0.0.1:PORT (default from config, else none)")
+	fs.DurationVar(&o.engineGrace, "engine-grace", 0, "release an engine connection silent this long (default from config, else 10s)")
+	fs.StringVar(&o.engineGroup, "engine-group", "", "`group` allowed to use the engine socket and the pool file (mode 0660)")
+	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")
+	fs.StringVar(&o.eventsReplay, "events-replay", "", "KV events replay ROUTER `address` to bind, e.g. tcp://*:5558 (default from config, else off)")
+	fs.StringVar(&o.eventsTopic, "events-topic", "", "KV events topic (default from config, else kv@<node_id>@<model>)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -158,6 +184,27 @@ func buildConfig(o options) (kvtier.Config, error) {
 	if o.set["policy"] {
 		cfg.Policy = o.policy
 	}
+	if o.set["engine-listen"] {
+		cfg.EngineListen = o.engineListen
+	}
+	if o.set["engine-grace"] {
+		if o.engineGrace <= 0 {
+			return cfg, fmt.Errorf("%w: engine_grace (--engine-grace) %v must be positive", messages.ErrBadConfig, o.engineGrace)
+		}
+		cfg.EngineGrace = o.engineGrace
+	}
+	if o.set["engine-group"] {
+		cfg.EngineGroup = o.engineGroup
+	}
+	if o.set["events-endpoint"] {
+		cfg.Events.Endpoint = o.eventsEndpoint
+	}
+	if o.set["events-replay"] {
+		cfg.Events.Replay = o.eventsReplay
+	}
+	if o.set["events-topic"] {
+		cfg.Events.Topic = o.eventsTopic
+	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		return cfg, err
 	}
@@ -223,6 +270,9 @@ func run(args []string, stderr *os.File) int {
 		Int("block_bytes", c.BlockBytes).
 		Int64("slots", c.PoolBytes/int64(c.BlockBytes)).
 		Str("policy", c.Policy).
+		Str("engine_listen", node.EngineAddr()).
+		Str("events_endpoint", node.EventsEndpoint()).
+		Str("events_replay", node.EventsReplayEndpoint()).
 		Msg("kvtierd listening")
 
 	status := exitOK

@@ -67,25 +67,31 @@ type running struct {
 	gpuHits int // leading blocks found in the GPU cache
 	hits    int // blocks after those leased as HIT in kvtier
 	waits   int // steps spent waiting on RETRY / HIT_PENDING
+	// secondary counts the hits that followed a RETRY (promoted from a
+	// secondary tier); afterRetry is whether the last lookup stopped there.
+	secondary  int
+	afterRetry bool
 }
 
 // engine is the simulated engine scheduler: one thread, a virtual clock.
 type engine struct {
-	cfg     Config
-	mgr     kvtier.Manager
-	pool    kvtier.SlotMemory
-	gpu     *LRU
-	reqs    []Request
-	next    int // index of the next request to admit
-	done    int
-	now     time.Duration
-	run     []*running
-	jobs    jobQueue
-	seq     uint64
-	storing int // keys of store jobs issued and not yet reported
-	sum     Summary
-	lookups []time.Duration
-	wall    time.Time
+	cfg      Config
+	mgr      kvtier.Manager
+	pool     kvtier.SlotMemory
+	gpu      *LRU
+	reqs     []Request
+	next     int // index of the next request to admit
+	done     int
+	now      time.Duration
+	run      []*running
+	jobs     jobQueue
+	seq      uint64
+	storing  int // keys of store jobs issued and not yet reported
+	sum      Summary
+	lookups  []time.Duration
+	wall     time.Time
+	tiered   TieredManager // nil when the manager has no secondary tiers to settle
+	tierWork bool          // a lookup of this step answered RETRY: secondary work to settle
 }
 
 // Run replays reqs against mgr and returns the summary. mode names the
@@ -94,12 +100,16 @@ type engine struct {
 // corruption and leaks are reported in the summary.
 func Run(ctx context.Context, mgr kvtier.Manager, reqs []Request, cfg Config) (Summary, error) {
 	e := &engine{cfg: cfg, mgr: mgr, pool: mgr.Pool(), gpu: NewLRU(cfg.GPUBlocks), reqs: reqs, wall: time.Now()}
+	e.tiered, _ = mgr.(TieredManager)
 	e.cfg.MaxRunning = max(e.cfg.MaxRunning, 1)
 	e.sum.Requests = len(reqs)
 	for e.done < len(reqs) || e.jobs.Len() > 0 {
 		if err := e.step(ctx); err != nil {
 			return e.sum, err
 		}
+	}
+	if err := e.tierSummary(ctx); err != nil {
+		return e.sum, err
 	}
 	if err := e.quiesce(ctx); err != nil {
 		return e.sum, err
@@ -133,6 +143,9 @@ func (e *engine) step(ctx context.Context) error {
 		}
 	}
 	e.reap()
+	if err := e.settleTiers(ctx); err != nil {
+		return err
+	}
 	e.sum.Steps++
 	if e.cfg.Progress != nil {
 		e.cfg.Progress(e.done, len(e.reqs))

@@ -38,6 +38,11 @@ func (e *engine) lookup(ctx context.Context, r *running) error {
 		n++
 	}
 	r.hits += n
+	if r.afterRetry {
+		r.secondary += n
+	}
+	r.afterRetry = n < len(st) && st[n] == messages.Retry
+	e.tierWork = e.tierWork || r.afterRetry
 	if n < len(st) && (st[n] == messages.Retry || st[n] == messages.HitPending) {
 		if r.waits < e.cfg.MaxWait {
 			r.waits++
@@ -73,7 +78,7 @@ func (e *engine) load(ctx context.Context, r *running) error {
 			return fmt.Errorf("prepare load %s: %w", r.ctx.RequestID, err)
 		}
 		e.sum.LoadErrors++
-		r.hits = 0
+		r.hits, r.secondary = 0, 0
 		return nil
 	}
 	if err := e.checkSlots(lj.Slots, len(keys)); err != nil {
@@ -108,6 +113,7 @@ func (e *engine) compute(ctx context.Context, r *running) error {
 	first := r.gpuHits + r.hits
 	e.sum.GPUHitBlocks += r.gpuHits
 	e.sum.BlocksLoaded += r.hits
+	e.sum.SecondaryHitBlocks += r.secondary
 	e.sum.BlocksRecomputed += len(r.keys) - first
 	if e.cfg.TouchGPUHits && r.gpuHits > 0 {
 		if err := e.mgr.Touch(ctx, r.ctx, r.keys[:r.gpuHits]); err != nil {

@@ -28,8 +28,20 @@ type Summary struct {
 
 	HitRate      float64  `json:"hit_rate"`     // (gpu hits + loaded) / prompt blocks
 	GPUHitRate   float64  `json:"gpu_hit_rate"` // gpu hits / prompt blocks
-	CPUHitRate   float64  `json:"cpu_hit_rate"` // loaded from kvtier's CPU tier / prompt blocks
+	CPUHitRate   float64  `json:"cpu_hit_rate"` // loaded from kvtier's CPU tier / prompt blocks (HIT at the first ask)
 	IdealHitRate *float64 `json:"ideal_hit_rate,omitempty"`
+
+	// Secondary tiers (tiers.go): blocks loaded after a RETRY (promoted
+	// from a secondary tier), their rate, and per tier kind the share of
+	// those hits by the blocks each tier promoted (exact with one tier).
+	SecondaryHitBlocks int               `json:"secondary_hit_blocks,omitempty"`
+	SecondaryHitRate   float64           `json:"secondary_hit_rate"`
+	FSHitRate          float64           `json:"fs_hit_rate"`
+	ObjHitRate         float64           `json:"obj_hit_rate"`
+	TierPromoted       map[string]uint64 `json:"tier_promoted_blocks,omitempty"`
+	TierKinds          map[string]string `json:"-"`
+	CascadeDropped     uint64            `json:"cascade_dropped,omitempty"`
+	TierSettles        int               `json:"tier_settles,omitempty"` // steps after which the run waited for secondary lookups to finish
 
 	Lookups       int `json:"lookups"`        // Lookup calls
 	LookupWaits   int `json:"lookup_waits"`   // steps a request waited on RETRY or HIT_PENDING
@@ -74,7 +86,9 @@ func (s Summary) Counts() Summary {
 func (s *Summary) finish(latencies []time.Duration) {
 	s.HitRate = ratio(s.GPUHitBlocks+s.BlocksLoaded, s.PromptBlocks)
 	s.GPUHitRate = ratio(s.GPUHitBlocks, s.PromptBlocks)
-	s.CPUHitRate = ratio(s.BlocksLoaded, s.PromptBlocks)
+	s.CPUHitRate = ratio(s.BlocksLoaded-s.SecondaryHitBlocks, s.PromptBlocks)
+	s.SecondaryHitRate = ratio(s.SecondaryHitBlocks, s.PromptBlocks)
+	s.FSHitRate, s.ObjHitRate = s.tierShare("fs"), s.tierShare("obj")
 	slices.Sort(latencies)
 	s.LookupP50us = micros(percentile(latencies, 0.50))
 	s.LookupP99us = micros(percentile(latencies, 0.99))
@@ -99,6 +113,10 @@ func (s Summary) WriteText(w io.Writer) {
 		s.Mode, s.Seed, s.Requests, s.Steps, s.VirtualSeconds, s.WallSeconds)
 	p("prompt blocks   %d", s.PromptBlocks)
 	p("hit rate        %.2f%%  (gpu %.2f%%, cpu %.2f%%)", 100*s.HitRate, 100*s.GPUHitRate, 100*s.CPUHitRate)
+	if s.TierPromoted != nil {
+		p("secondary       %.2f%% of blocks loaded after promotion (fs %.2f%%, obj %.2f%%); promoted %v; cascade dropped %d",
+			100*s.SecondaryHitRate, 100*s.FSHitRate, 100*s.ObjHitRate, s.TierPromoted, s.CascadeDropped)
+	}
 	if s.IdealHitRate != nil {
 		p("ideal hit rate  %.2f%%  (unbounded cache, prefix semantics)", 100**s.IdealHitRate)
 	}
@@ -122,4 +140,20 @@ func (s Summary) WriteJSON(w io.Writer) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// tierShare is the secondary hit rate attributed to tiers of kind, in
+// proportion to the blocks each tier promoted.
+func (s *Summary) tierShare(kind string) float64 {
+	var all, mine uint64
+	for name, n := range s.TierPromoted {
+		all += n
+		if s.TierKinds[name] == kind {
+			mine += n
+		}
+	}
+	if all == 0 {
+		return 0
+	}
+	return s.SecondaryHitRate * float64(mine) / float64(all)
 }

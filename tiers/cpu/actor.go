@@ -23,6 +23,8 @@ import (
 //     invariants before serving again.
 //   - Events are buffered up to maxEvents; beyond that the oldest are dropped
 //     and counted, so an engine that never drains cannot grow memory.
+//   - With an event sink, every announced event is also sent to it, in
+//     announce order, never dropped (the sink is an actor: a send, no I/O).
 type Actor struct {
 	state            *State
 	pool             *Pool
@@ -34,6 +36,7 @@ type Actor struct {
 	checksumFailures uint64
 	verifyJob        messages.JobID
 	restarted        bool
+	sink             *actor.PID // event hub, or nil
 }
 
 // Castagnoli is the CRC32C table every tier checksums blocks with.
@@ -42,9 +45,19 @@ var Castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // DefaultMaxEvents bounds the event buffer.
 const DefaultMaxEvents = 1 << 16
 
+// Option configures the actor.
+type Option func(*Actor)
+
+// WithEventSink also sends every announced event, as a *messages.Event, to
+// pid (the node's event hub). The TakeEvents buffer is unaffected.
+func WithEventSink(pid *actor.PID) Option { return func(a *Actor) { a.sink = pid } }
+
 // Props builds the actor's props over a State and Pool that survive restarts.
-func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger) *actor.Props {
+func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger, opts ...Option) *actor.Props {
 	a := &Actor{state: state, pool: pool, now: now, log: log, maxEvents: DefaultMaxEvents}
+	for _, o := range opts {
+		o(a)
+	}
 	return actor.PropsFromProducer(func() actor.Actor { return a },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }
@@ -96,6 +109,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.events, a.dropped = nil, 0
 	case *messages.TierStats:
 		ctx.Respond(&messages.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
+	case *messages.TierInventory:
+		ctx.Respond(&messages.InventoryResult{Corr: m.Corr, Medium: messages.MediumCPU, Keys: a.state.ReadyKeys()})
 	case *actor.Stopping, *actor.Stopped, *actor.Restart:
 	default:
 		a.log.Warn().Str("type", typeName(m)).Msg("cpu tier: unknown message dropped")
@@ -105,7 +120,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 func (a *Actor) reserve(ctx actor.Context, m *messages.ReserveSlots) {
 	res, err := a.state.Reserve(m.Job, m.Keys)
 	if len(res.Evicted) > 0 {
-		a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
+		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
 	}
 	ctx.Respond(&messages.ReserveResult{Corr: m.Corr, ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted, Err: err})
 }
@@ -113,7 +128,7 @@ func (a *Actor) reserve(ctx actor.Context, m *messages.ReserveSlots) {
 func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
 	err := a.state.Commit(m.Job, m.Keys, m.OK, m.Checksums)
 	if err == nil && m.OK && len(m.Keys) > 0 {
-		a.announce(messages.Event{Kind: messages.BlockStored, Keys: m.Keys, Ctx: m.Ctx})
+		a.announce(ctx, messages.Event{Kind: messages.BlockStored, Keys: m.Keys, Ctx: m.Ctx, Place: m.Place})
 	}
 	ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
 }
@@ -121,9 +136,9 @@ func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
 func (a *Actor) clear(ctx actor.Context, m *messages.ClearTier) {
 	removed := a.state.Clear()
 	if a.state.Occupancy().Free == a.state.Slots() {
-		a.announce(messages.Event{Kind: messages.AllBlocksCleared})
+		a.announce(ctx, messages.Event{Kind: messages.AllBlocksCleared})
 	} else if len(removed) > 0 {
-		a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: removed})
+		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: removed})
 	}
 	ctx.Respond(&messages.Ack{Corr: m.Corr})
 }
@@ -158,7 +173,7 @@ func (a *Actor) verified(ctx actor.Context, m *verifyDone) {
 		a.checksumFailures++
 		err = messagesChecksumError(m.key, m.want, m.got)
 		if a.state.Drop(m.key) {
-			a.announce(messages.Event{Kind: messages.BlockRemoved, Keys: []messages.Key{m.key}})
+			a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: []messages.Key{m.key}})
 		}
 		a.log.Error().Stringer("key", m.key).Uint32("want", m.want).Uint32("got", m.got).Msg("cpu tier: block failed verification, dropped")
 	}
@@ -167,8 +182,12 @@ func (a *Actor) verified(ctx actor.Context, m *verifyDone) {
 	}
 }
 
-func (a *Actor) announce(e messages.Event) {
+func (a *Actor) announce(ctx actor.Context, e messages.Event) {
 	e.Medium, e.At = messages.MediumCPU, a.now()
+	if a.sink != nil {
+		ev := e
+		ctx.Send(a.sink, &ev)
+	}
 	if len(a.events) >= a.maxEvents {
 		a.events = a.events[1:]
 		a.dropped++

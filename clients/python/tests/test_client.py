@@ -1,0 +1,157 @@
+"""Store, load and verify blocks through a real kvtierd (built from this
+repository) with the Python client. Run: python3 -m pytest clients/python -q"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+from kvtier_client import HIT, MISS, Client, KvtierError, Request  # noqa: E402
+
+BLOCK = 64 << 10
+NS = "0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def kvtierd_bin(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("bin") / "kvtierd")
+    subprocess.run(["go", "build", "-o", out, "./cmd/kvtierd"], cwd=REPO, check=True)
+    return out
+
+
+@pytest.fixture
+def daemon(kvtierd_bin, tmp_path):
+    """A fresh kvtierd: yields its engine address; SIGTERM at the end."""
+    sock = str(tmp_path / "engine.sock")
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    pool = os.path.join(shm, f"kvtier-pytest-{os.getpid()}-{time.monotonic_ns()}.pool")
+    proc = subprocess.Popen(
+        [kvtierd_bin, "--engine-listen", "ipc://" + sock, "--pool-path", pool,
+         "--pool-bytes", "8MiB", "--block-bytes", str(BLOCK), "--engine-grace", "2s",
+         "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:  # readiness: the daemon's own log line
+            if json.loads(line).get("message") == "kvtierd listening":
+                break
+            assert time.monotonic() < deadline, "kvtierd did not start"
+        # Keep draining its log so the daemon never blocks on a full pipe.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield "ipc://" + sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not os.path.exists(pool), "the daemon removes its pool"
+
+
+def key(i: int):
+    return (NS, i.to_bytes(32, "big"), 0)
+
+
+def content(i: int) -> bytes:
+    return bytes((i * 31 + j) & 0xFF for j in range(256)) * (BLOCK // 256)
+
+
+def test_hello_describes_the_pool(daemon):
+    with Client(daemon, name="pytest") as c:
+        assert c.hello.protocol == 1
+        assert c.hello.block_bytes == BLOCK
+        assert c.hello.slots == (8 << 20) // BLOCK
+        assert os.stat(c.hello.pool_path).st_mode & 0o777 == 0o600
+
+
+def test_store_load_verify(daemon):
+    with Client(daemon) as c:
+        writer = Request("w", tokens=list(range(32)), block_size=16)
+        ids = [1, 2, 3]
+        plan = c.prepare_store(writer, [key(i) for i in ids])
+        assert [k[1] for k in plan.to_store] == [key(i)[1] for i in ids]
+        for k, s in zip(plan.to_store, plan.slots):
+            c.slot(s)[:] = content(int.from_bytes(k[1], "big"))
+        c.job_done(plan.job, 0, True)  # answered once the blocks are readable
+        c.request_finished(writer)
+
+        reader = Request("r")
+        assert c.lookup(reader, [key(1), key(2), key(3), key(4)]) == [HIT, HIT, HIT, MISS]
+        job = c.prepare_load(reader, [key(i) for i in ids])
+        for i, s in zip(ids, job.slots):
+            assert bytes(c.slot(s)) == content(i), f"block {i} verified"
+        assert c.has_pending_work()
+        c.job_done(job.job, 0, True)
+        c.request_finished(reader)
+        st = c.stats()
+        assert st["pinned"] == 0 and st["leased"] == 0 and st["write_pending"] == 0
+        assert st["stores"] == 3
+
+        events = c.take_events()
+        stored = [e for e in events if e["kind"] == "BlockStored"]
+        assert stored and stored[0]["req"]["id"] == "w"
+        assert stored[0]["keys"] == [key(i) for i in ids]
+
+
+def test_errors_carry_codes(daemon):
+    with Client(daemon) as c:
+        r = Request("r")
+        with pytest.raises(KvtierError) as e:
+            c.prepare_load(r, [key(42)])
+        assert e.value.code == "UNKNOWN_KEY"
+        with pytest.raises(KvtierError) as e:
+            c.job_done(987654, 0, True)
+        assert e.value.code == "UNKNOWN_JOB"
+        with pytest.raises(KvtierError) as e:
+            c.complete_store(r, [key(1)], True)
+        assert e.value.code == "NOT_PENDING"
+        c.pause()
+        with pytest.raises(KvtierError) as e:
+            c.prepare_store(r, [key(5)])
+        assert e.value.code == "PAUSED"
+        c.resume()
+
+
+def test_full_when_everything_is_leased(daemon):
+    with Client(daemon) as c:
+        n = c.hello.slots
+        w = Request("w")
+        plan = c.prepare_store(w, [key(i) for i in range(n)])
+        c.job_done(plan.job, 0, True)
+        reader = Request("r")
+        assert c.lookup(reader, [key(i) for i in range(n)]) == [HIT] * n
+        with pytest.raises(KvtierError) as e:
+            c.prepare_store(Request("w2"), [key(n + 1)])
+        assert e.value.code == "FULL"
+        c.request_finished(reader)
+        plan = c.prepare_store(Request("w2"), [key(n + 1)])
+        assert len(plan.evicted) == 1
+
+
+def test_abandoned_session_is_released_after_grace(daemon):
+    # No heartbeat and no bye: the daemon must release the lease after its
+    # grace period (2 s); a second client observes it.
+    lost = Client(daemon, heartbeat=False)
+    plan = lost.prepare_store(Request("w"), [key(7)])
+    lost.job_done(plan.job, 0, True)
+    assert lost.lookup(Request("held"), [key(7)]) == [HIT]
+    with Client(daemon) as observer:
+        assert observer.stats()["leased"] == 1
+        deadline = time.monotonic() + 30
+        while observer.stats()["leased"] != 0:  # bounded readiness wait
+            assert time.monotonic() < deadline, "lease not released after grace"
+            time.sleep(0.05)
+        with pytest.raises(KvtierError) as e:
+            lost.ping()
+        assert e.value.code == "NO_SESSION"
+    lost._stop.set()
+    lost._closed = True
+    lost.pool.release()
+    lost._mm.close()
+    lost._sock.close()

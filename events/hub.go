@@ -1,0 +1,182 @@
+package events
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Hub is the events actor: tiers send it their events (*messages.Event);
+// it translates them, gathers what arrives back to back into one batch,
+// numbers the batch and hands its encoded payload to the sink.
+//
+// Invariants:
+//   - hub state (translator, next sequence number, the open batch) outlives
+//     the actor: a supervisor restart neither rewinds sequence numbers nor
+//     forgets which blocks are announced.
+//   - sequence numbers start at 0 and grow by exactly 1 per batch handed to
+//     the sink; a batch is never empty.
+//   - a batch closes when the flushBatch the hub sent itself on opening it
+//     comes back through the mailbox (so every event queued behind the first
+//     joins it), or at MaxBatchEvents. No timer, no polling: an idle hub
+//     receives nothing and does nothing.
+//   - Receive never blocks: the sink's Publish does not.
+type Hub struct {
+	cfg HubConfig
+	st  *hubState
+}
+
+// Sink takes published batches; Publish must not block.
+type Sink interface {
+	Publish(Entry)
+}
+
+// Entry is one published batch: its sequence number and msgpack payload.
+// Payloads are immutable once built.
+type Entry struct {
+	Seq     uint64
+	Payload []byte
+}
+
+// HubConfig is what the hub needs.
+type HubConfig struct {
+	Format         HashFormat       // block hash form on the wire
+	DPRank         int64            // data_parallel_rank of every batch
+	MaxBatchEvents int              // events per batch at most; 0 = DefaultMaxBatchEvents
+	Sink           Sink             // where batches go
+	Now            func() time.Time // batch timestamps
+	Counters       *Counters        // shared with the node; may be nil
+	Log            zerolog.Logger
+}
+
+// DefaultMaxBatchEvents bounds a batch.
+const DefaultMaxBatchEvents = 1024
+
+// Counters are the hub's monotonic counters, readable from any goroutine.
+type Counters struct {
+	Batches         atomic.Uint64 // batches handed to the sink
+	Events          atomic.Uint64 // wire events in them
+	Placeholders    atomic.Uint64 // stored blocks without full provenance
+	UnknownRemovals atomic.Uint64 // removals of blocks never announced stored
+	EncodeErrors    atomic.Uint64 // batches that failed to encode (dropped)
+}
+
+type hubState struct {
+	tr          *Translator
+	seq         uint64 // next sequence number
+	pending     []Event
+	flushQueued bool
+	warned      bool // a placeholder was logged once
+}
+
+// Messages the hub takes besides *messages.Event.
+type (
+	// Flush closes the open batch now; the hub answers *Flushed to the
+	// sender once the batch is with the sink.
+	Flush struct{}
+	// Flushed answers Flush.
+	Flushed struct{ Seq uint64 } // the next sequence number
+	// flushBatch is the hub's note to itself to close the open batch.
+	flushBatch struct{}
+)
+
+// HubProps builds the hub's props; its state is made here, once, so that
+// restarts keep it.
+func HubProps(cfg HubConfig) *actor.Props {
+	if cfg.MaxBatchEvents <= 0 {
+		cfg.MaxBatchEvents = DefaultMaxBatchEvents
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Counters == nil {
+		cfg.Counters = &Counters{}
+	}
+	st := &hubState{tr: NewTranslator(cfg.Format)}
+	return actor.PropsFromProducer(func() actor.Actor { return &Hub{cfg: cfg, st: st} },
+		actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// Receive handles one message.
+func (h *Hub) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.Event:
+		h.apply(ctx, m)
+	case flushBatch, *flushBatch:
+		h.st.flushQueued = false
+		h.flush()
+	case *Flush:
+		h.flush()
+		ctx.Respond(&Flushed{Seq: h.st.seq})
+	case *actor.Started:
+		// After a restart the note that would close the open batch may have
+		// been the message that failed.
+		if len(h.st.pending) > 0 {
+			h.st.flushQueued = true
+			ctx.Send(ctx.Self(), &flushBatch{})
+		}
+	case *actor.Stopping:
+		h.flush()
+	case *actor.Stopped, *actor.Restarting, *actor.Restart:
+	default:
+		h.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("events hub: unknown message dropped")
+	}
+}
+
+func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
+	tr := h.st.tr
+	before := tr.Placeholders
+	wire := tr.Apply(e)
+	h.cfg.Counters.UnknownRemovals.Store(tr.UnknownRemovals)
+	if n := tr.Placeholders - before; n > 0 {
+		h.cfg.Counters.Placeholders.Add(n)
+		if !h.st.warned {
+			h.st.warned = true
+			req := ""
+			if e.Ctx != nil {
+				req = e.Ctx.RequestID
+			}
+			h.cfg.Log.Warn().Uint64("blocks", n).Str("request", req).
+				Msg("events hub: stored blocks without token ids or block size (placeholders); counting the rest silently")
+		}
+	}
+	for len(wire) > 0 {
+		room := h.cfg.MaxBatchEvents - len(h.st.pending)
+		take := min(room, len(wire))
+		h.st.pending = append(h.st.pending, wire[:take]...)
+		wire = wire[take:]
+		if len(h.st.pending) >= h.cfg.MaxBatchEvents {
+			h.flush()
+		}
+	}
+	if len(h.st.pending) > 0 && !h.st.flushQueued {
+		h.st.flushQueued = true
+		ctx.Send(ctx.Self(), &flushBatch{})
+	}
+}
+
+// flush encodes the open batch and hands it to the sink.
+func (h *Hub) flush() {
+	if len(h.st.pending) == 0 {
+		return
+	}
+	b := Batch{TS: Timestamp(h.cfg.Now()), Events: h.st.pending, DPRank: h.cfg.DPRank, HasDPRank: true}
+	h.st.pending = nil
+	payload, err := EncodeBatch(&b)
+	if err != nil {
+		h.cfg.Counters.EncodeErrors.Add(1)
+		h.cfg.Log.Error().Err(err).Int("events", len(b.Events)).Msg("events hub: batch dropped")
+		return
+	}
+	seq := h.st.seq
+	h.st.seq++
+	h.cfg.Counters.Batches.Add(1)
+	h.cfg.Counters.Events.Add(uint64(len(b.Events)))
+	h.cfg.Sink.Publish(Entry{Seq: seq, Payload: payload})
+}

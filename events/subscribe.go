@@ -1,0 +1,186 @@
+package events
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// SubscriberConfig is what `kvtier events tail` subscribes with.
+type SubscriberConfig struct {
+	Endpoint string // the node's PUB address
+	Replay   string // the node's replay ROUTER address; "" = no replay
+	Topic    string // topic prefix to subscribe to; "" = every topic
+	// ReplayFrom, when Replay is set and it is ≥ 0, first replays the
+	// buffered batches from that sequence number; -1 starts live.
+	ReplayFrom int64
+	// NoFollow stops after the replay (needs ReplayFrom ≥ 0).
+	NoFollow bool
+}
+
+// Delivery is one batch handed to the subscriber's callback.
+type Delivery struct {
+	Seq      uint64
+	Topic    string // "" for replayed batches (the replay socket sends none)
+	Batch    *Batch
+	Replayed bool
+	// Missed is how many batches before this one were neither received nor
+	// replayable (lost to a full replay buffer or no replay socket).
+	Missed uint64
+}
+
+// Subscribe delivers batches in sequence order to fn until ctx ends, fn
+// fails or (NoFollow) the replay ends. Live batches are read while a replay
+// runs and queued; duplicates (seen in the replay) are dropped; a gap in
+// the live sequence is filled from the replay socket when there is one.
+// Undecodable payloads end it with ErrMalformed.
+func Subscribe(ctx context.Context, cfg SubscriberConfig, fn func(Delivery) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Dial(cfg.Endpoint); err != nil {
+		return fmt.Errorf("events: dial %s: %w", cfg.Endpoint, err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+		return fmt.Errorf("events: subscribe: %w", err)
+	}
+	live := make(chan zmq4.Msg, 1024)
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(live)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case live <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	s := &subscriber{cfg: cfg, fn: fn}
+	if cfg.Replay != "" && cfg.ReplayFrom >= 0 {
+		if err := s.replay(ctx, uint64(cfg.ReplayFrom)); err != nil {
+			return err
+		}
+		if cfg.NoFollow {
+			return nil
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m, ok := <-live:
+			if !ok {
+				err := <-readErr
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("events: receive: %w", err)
+			}
+			if err := s.live(ctx, m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type subscriber struct {
+	cfg     SubscriberConfig
+	fn      func(Delivery) error
+	next    uint64 // next sequence number expected
+	started bool   // next is meaningful
+}
+
+func (s *subscriber) deliver(d Delivery) error {
+	if s.started && d.Seq > s.next {
+		d.Missed = d.Seq - s.next
+	}
+	s.next, s.started = d.Seq+1, true
+	return s.fn(d)
+}
+
+func (s *subscriber) live(ctx context.Context, m zmq4.Msg) error {
+	if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
+		return fmt.Errorf("%w: message of %d frames", ErrMalformed, len(m.Frames))
+	}
+	seq := binary.BigEndian.Uint64(m.Frames[1])
+	if s.started && seq < s.next {
+		return nil // already delivered by a replay
+	}
+	if s.started && seq > s.next && s.cfg.Replay != "" {
+		if err := s.replayUpTo(ctx, s.next, seq); err != nil {
+			return err
+		}
+		if seq < s.next {
+			return nil
+		}
+	}
+	b, err := DecodeBatch(m.Frames[2])
+	if err != nil {
+		return fmt.Errorf("seq %d: %w", seq, err)
+	}
+	return s.deliver(Delivery{Seq: seq, Topic: string(m.Frames[0]), Batch: b})
+}
+
+func (s *subscriber) replay(ctx context.Context, from uint64) error {
+	return s.replayUpTo(ctx, from, EndSeq)
+}
+
+// replayUpTo asks the replay socket for the batches from `from` and
+// delivers those below `upTo`.
+func (s *subscriber) replayUpTo(ctx context.Context, from, upTo uint64) error {
+	return Replay(ctx, s.cfg.Replay, from, func(seq uint64, payload []byte) error {
+		if seq >= upTo || (s.started && seq < s.next) {
+			return nil
+		}
+		b, err := DecodeBatch(payload)
+		if err != nil {
+			return fmt.Errorf("replayed seq %d: %w", seq, err)
+		}
+		return s.deliver(Delivery{Seq: seq, Batch: b, Replayed: true})
+	})
+}
+
+// Replay asks the replay socket at addr for the buffered batches from
+// `from` on and hands each to fn, until the terminator.
+func Replay(ctx context.Context, addr string, from uint64, fn func(seq uint64, payload []byte) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(addr); err != nil {
+		return fmt.Errorf("events: dial replay %s: %w", addr, err)
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], from)
+	if err := dealer.Send(zmq4.NewMsgFrom(nil, start[:])); err != nil {
+		return fmt.Errorf("events: replay request: %w", err)
+	}
+	for {
+		m, err := dealer.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("events: replay: %w", err)
+		}
+		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 || len(m.Frames[1]) != 8 {
+			return fmt.Errorf("%w: replay message of %d frames", ErrMalformed, len(m.Frames))
+		}
+		seq := binary.BigEndian.Uint64(m.Frames[1])
+		if seq == EndSeq {
+			return nil
+		}
+		if err := fn(seq, m.Frames[2]); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package kvtier
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// EventsConfig turns on KV events in vLLM's wire format (docs/PROTOCOL.md,
+// "KV events"). Off unless Endpoint is set.
+type EventsConfig struct {
+	// Endpoint is the PUB address the node binds, e.g. "tcp://*:5557" or
+	// "ipc:///run/kvtier/events". Empty: no events.
+	Endpoint string `yaml:"endpoint"`
+	// Replay is the ROUTER address the node binds for replay requests.
+	// Empty: no replay socket. Needs Endpoint.
+	Replay string `yaml:"replay"`
+	// Topic is the first frame of every message; default kv@<node_id>@<model>.
+	Topic string `yaml:"topic"`
+	// NodeID names this node in the default topic; default the host name.
+	NodeID string `yaml:"node_id"`
+	// Model names the served model in the default topic; default "kvtier".
+	Model string `yaml:"model"`
+	// HashFormat is "int" (default, vLLM's: the low 64 bits as an unsigned
+	// int) or "bytes" (the raw hash).
+	HashFormat string `yaml:"hash_format"`
+	// BufferBatches bounds the replay buffer (default 10,000 batches; it is
+	// also bounded to 256 MiB of payload).
+	BufferBatches int `yaml:"buffer_batches"`
+	// DataParallelRank is the third element of every batch (default 0).
+	DataParallelRank int `yaml:"data_parallel_rank"`
+	// Linger bounds how long Close waits after the last send for ZeroMQ to
+	// hand queued batches to subscribers (default 100ms; negative: none).
+	Linger time.Duration `yaml:"linger"`
+}
+
+// Enabled reports whether events are published.
+func (c EventsConfig) Enabled() bool { return c.Endpoint != "" }
+
+func (c EventsConfig) withDefaults() EventsConfig {
+	if !c.Enabled() {
+		return c
+	}
+	if c.NodeID == "" {
+		c.NodeID, _ = os.Hostname()
+		if c.NodeID == "" {
+			c.NodeID = "kvtier"
+		}
+	}
+	if c.Model == "" {
+		c.Model = "kvtier"
+	}
+	if c.Topic == "" {
+		c.Topic = "kv@" + c.NodeID + "@" + c.Model
+	}
+	if c.HashFormat == "" {
+		c.HashFormat = "int"
+	}
+	if c.BufferBatches == 0 {
+		c.BufferBatches = events.DefaultBufferBatches
+	}
+	if c.Linger == 0 {
+		c.Linger = events.DefaultLinger
+	}
+	return c
+}
+
+func (c EventsConfig) validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: events: "+format, append([]any{messages.ErrBadConfig}, a...)...)
+	}
+	switch {
+	case c.Replay != "" && c.Endpoint == "":
+		return bad("replay %q needs an endpoint", c.Replay)
+	case c.Endpoint != "" && !validZMQAddr(c.Endpoint):
+		return bad("endpoint %q (want tcp://HOST:PORT or ipc://PATH)", c.Endpoint)
+	case c.Replay != "" && !validZMQAddr(c.Replay):
+		return bad("replay %q (want tcp://HOST:PORT or ipc://PATH)", c.Replay)
+	case c.BufferBatches < 0:
+		return bad("buffer_batches %d must be positive", c.BufferBatches)
+	case c.DataParallelRank < 0:
+		return bad("data_parallel_rank %d must not be negative", c.DataParallelRank)
+	}
+	if _, err := events.ParseHashFormat(c.HashFormat); err != nil {
+		return fmt.Errorf("events: %w", err)
+	}
+	return nil
+}
+
+func validZMQAddr(a string) bool {
+	return strings.HasPrefix(a, "tcp://") && len(a) > len("tcp://") ||
+		strings.HasPrefix(a, "ipc://") && len(a) > len("ipc://")
+}

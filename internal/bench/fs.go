@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/fs"
+)
+
+// FSOptions sizes the fs-tier scenario.
+type FSOptions struct {
+	Dir        string        // filesystem to measure on (a fresh subdirectory is made and removed)
+	Blocks     int           // blocks written and read back
+	BlockBytes int           // bytes per block
+	Workers    int           // the tier's I/O goroutines
+	Window     int           // operations in flight against the tier
+	Fsync      bool          // fsync every block (and the raw file once per block)
+	Timeout    time.Duration // whole-run bound
+}
+
+// DefaultFSOptions is what `kvtier bench fs` runs with no flags: 1 GiB.
+func DefaultFSOptions() FSOptions {
+	return FSOptions{Dir: os.TempDir(), Blocks: 4096, BlockBytes: 256 << 10, Workers: 4, Window: 16, Timeout: 10 * time.Minute}
+}
+
+// FSResult is the scenario's report. Raw figures are one file written and
+// read sequentially, block by block, on the same filesystem in the same
+// run; tier figures are the same bytes as one file per block through the fs
+// tier's actor and workers (header, CRC32C check on write and verify on
+// read, temp file + rename).
+type FSResult struct {
+	FSWriteGBps  float64 `json:"fs_write_GBps"`
+	FSReadGBps   float64 `json:"fs_read_GBps"`
+	RawWriteGBps float64 `json:"raw_write_GBps"`
+	RawReadGBps  float64 `json:"raw_read_GBps"`
+	WriteRatio   float64 `json:"write_ratio"` // fs ÷ raw
+	ReadRatio    float64 `json:"read_ratio"`  // fs ÷ raw
+	Blocks       int     `json:"blocks"`
+	BlockBytes   int     `json:"block_bytes"`
+	Workers      int     `json:"workers"`
+	Window       int     `json:"window"`
+	Fsync        bool    `json:"fsync"`
+	Dir          string  `json:"dir"`
+}
+
+// RunFS measures raw sequential file I/O, then the fs tier, on the same
+// bytes and filesystem.
+func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
+	if o.Blocks <= 0 || o.BlockBytes <= 0 || o.Window <= 0 {
+		return FSResult{}, fmt.Errorf("%w: blocks, block bytes and window must be positive", messages.ErrBadConfig)
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	dir, err := os.MkdirTemp(o.Dir, "kvtier-bench-fs-")
+	if err != nil {
+		return FSResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	res := FSResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Fsync: o.Fsync, Dir: o.Dir}
+	src := make([][]byte, 64)
+	for i := range src {
+		src[i] = make([]byte, o.BlockBytes)
+		if _, err := rand.Read(src[i]); err != nil {
+			return res, err
+		}
+	}
+	total := float64(o.Blocks) * float64(o.BlockBytes)
+	// NB: each phase starts with no dirty pages of the one before, so the
+	// kernel's writeback throttling does not charge one for the other.
+	unix.Sync()
+	w, r, err := rawIO(filepath.Join(dir, "raw"), src, o)
+	if err != nil {
+		return res, err
+	}
+	res.RawWriteGBps, res.RawReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
+	unix.Sync()
+	w, r, err = tierIO(ctx, filepath.Join(dir, "tier"), src, o)
+	if err != nil {
+		return res, err
+	}
+	res.FSWriteGBps, res.FSReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
+	res.WriteRatio, res.ReadRatio = res.FSWriteGBps/res.RawWriteGBps, res.FSReadGBps/res.RawReadGBps
+	return res, nil
+}
+
+// rawIO writes the blocks into one file and reads them back, sequentially.
+func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	for i := range o.Blocks {
+		if _, err := f.Write(src[i%len(src)]); err != nil {
+			f.Close()
+			return 0, 0, err
+		}
+		if o.Fsync {
+			if err := f.Sync(); err != nil {
+				f.Close()
+				return 0, 0, err
+			}
+		}
+	}
+	if err := f.Close(); err != nil {
+		return 0, 0, err
+	}
+	write = time.Since(start)
+	f, err = os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, o.BlockBytes)
+	start = time.Now()
+	for range o.Blocks {
+		if _, err := io.ReadFull(f, buf); err != nil {
+			return 0, 0, err
+		}
+	}
+	return write, time.Since(start), nil
+}
+
+var fsBenchNS = messages.Layout{Model: "bench-fs", DType: "fp16", BlockTokens: 16, TPSize: 1}.Namespace()
+
+func fsBenchKey(i int) messages.Key {
+	var b [32]byte
+	binary.BigEndian.PutUint64(b[:], uint64(i))
+	return messages.Key{Namespace: fsBenchNS, Hash: string(b[:])}
+}
+
+// tierIO writes the blocks through the fs tier's actor with Window in
+// flight, then reads every one back (verified by the tier).
+func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions) (write, read time.Duration, err error) {
+	tier, err := fs.Open(fs.Config{Root: root, BlockBytes: o.BlockBytes, Fsync: o.Fsync, Workers: o.Workers,
+		Queue: 4 * o.Window, Log: zerolog.Nop()})
+	if err != nil {
+		return 0, 0, err
+	}
+	system := actors.NewSystem(zerolog.Nop())
+	defer system.Shutdown()
+	pid, err := system.Root.SpawnNamed(tier.Props(), "fs")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		err = errors.Join(err, actors.StopAndWait(ctx, system, pid), tier.Close(ctx))
+	}()
+	sums := make([]uint32, len(src))
+	for i, b := range src {
+		sums[i] = crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))
+	}
+	results := make(chan any, o.Window)
+	collector, err := system.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
+		switch m := c.Message().(type) {
+		case *messages.TierWriteResult, *messages.TierReadResult:
+			results <- m
+		}
+	}), "collector")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer system.Root.Stop(collector)
+	write, err = pipeline(ctx, o, results, func(i, slot int) {
+		system.Root.RequestWithCustomSender(pid, &messages.TierWrite{Corr: uint64(slot), Key: fsBenchKey(i),
+			Src: src[i%len(src)], Checksum: sums[i%len(src)]}, collector)
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("tier write: %w", err)
+	}
+	dests := make([][]byte, o.Window)
+	for i := range dests {
+		dests[i] = make([]byte, o.BlockBytes)
+	}
+	read, err = pipeline(ctx, o, results, func(i, slot int) {
+		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("tier read: %w", err)
+	}
+	return write, read, nil
+}
+
+// pipeline issues Blocks operations keeping Window in flight; every answer
+// must be a success. Each operation carries a window slot (its Corr, the
+// index of its buffer), reused only once its answer is back.
+func pipeline(ctx context.Context, o FSOptions, results <-chan any, issue func(i, slot int)) (time.Duration, error) {
+	start := time.Now()
+	next, done := 0, 0
+	for ; next < min(o.Window, o.Blocks); next++ {
+		issue(next, next)
+	}
+	for done < o.Blocks {
+		select {
+		case r := <-results:
+			var err error
+			var slot uint64
+			switch m := r.(type) {
+			case *messages.TierWriteResult:
+				err, slot = m.Err, m.Corr
+			case *messages.TierReadResult:
+				err, slot = m.Err, m.Corr
+			}
+			if err != nil {
+				return 0, err
+			}
+			done++
+			if next < o.Blocks {
+				issue(next, int(slot))
+				next++
+			}
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return time.Since(start), nil
+}

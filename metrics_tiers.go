@@ -1,0 +1,94 @@
+package kvtier
+
+// Prometheus metrics of the secondary tiers, read from one TieringStats
+// snapshot per scrape (the tiering actor and the tier actors own the
+// numbers).
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type tierCollector struct {
+	node  *Node
+	descs map[string]*prometheus.Desc
+}
+
+var tierMetricHelp = map[string]string{
+	"cascade_dropped_total":             "Blocks not cascaded to a secondary tier: queue full, tier full or unhealthy, or evicted before their turn.",
+	"cascade_written_total":             "Blocks written to a secondary tier by cascades.",
+	"cascade_failed_total":              "Cascade writes that failed in the tier (I/O, checksum).",
+	"promotions_total":                  "Blocks promoted from a secondary tier into the CPU tier.",
+	"promotion_failures_total":          "Promotions that failed (I/O, corrupt copy); the key is a miss for that tier for a while.",
+	"tier_blocks":                       "Blocks held by a secondary tier.",
+	"tier_bytes":                        "Bytes used by a secondary tier.",
+	"tier_healthy":                      "1 while a secondary tier is healthy.",
+	"tier_invalid_blocks_total":         "Stored blocks found invalid and removed, never served.",
+	"tier_writes_full_total":            "Writes refused for lack of room (capacity, ENOSPC).",
+	"tier_evictions_total":              "Blocks evicted from a secondary tier for capacity.",
+	"promotions_full_total":             "Promotions refused because the CPU tier had no slot.",
+	"secondary_lookups_timed_out_total": "Keys whose secondary lookup passed its deadline (answered MISS).",
+	"stalled_promotions_total":          "Promotion jobs reaped at their deadline.",
+	"stalled_cascades_total":            "Cascade jobs reaped at their deadline.",
+}
+
+// registerTierMetrics adds the secondary tiers' metrics to the registry.
+func (n *Node) registerTierMetrics() {
+	if n.tiers.tiering == nil {
+		return
+	}
+	c := &tierCollector{node: n, descs: map[string]*prometheus.Desc{}}
+	for name, help := range tierMetricHelp {
+		var labels []string
+		switch name {
+		case "promotions_full_total", "secondary_lookups_timed_out_total", "stalled_promotions_total", "stalled_cascades_total":
+		default:
+			labels = []string{"tier"}
+		}
+		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, labels, nil)
+	}
+	n.registry.MustRegister(c)
+}
+
+func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.node.cfg.CallTimeout)
+	defer cancel()
+	s, err := c.node.TieringStats(ctx)
+	if err != nil {
+		return
+	}
+	counter := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v, labels...)
+	}
+	for _, t := range s.Tiers {
+		counter("cascade_dropped_total", float64(s.CascadeDropped[t.Name]), t.Name)
+		counter("cascade_written_total", float64(s.CascadeWritten[t.Name]), t.Name)
+		counter("cascade_failed_total", float64(s.CascadeFailed[t.Name]), t.Name)
+		counter("promotions_total", float64(s.Promoted[t.Name]), t.Name)
+		counter("promotion_failures_total", float64(s.PromotionsFailed[t.Name]), t.Name)
+		counter("tier_invalid_blocks_total", float64(t.Invalid), t.Name)
+		counter("tier_writes_full_total", float64(t.WritesFull), t.Name)
+		counter("tier_evictions_total", float64(t.Evictions), t.Name)
+		gauge("tier_blocks", float64(t.Blocks), t.Name)
+		gauge("tier_bytes", float64(t.Bytes), t.Name)
+		healthy := 0.0
+		if t.Healthy {
+			healthy = 1
+		}
+		gauge("tier_healthy", healthy, t.Name)
+	}
+	counter("promotions_full_total", float64(s.PromotionsFull))
+	counter("secondary_lookups_timed_out_total", float64(s.LookupsTimedOut))
+	counter("stalled_promotions_total", float64(s.PromotionsReaped))
+	counter("stalled_cascades_total", float64(s.CascadesReaped))
+}

@@ -1,0 +1,155 @@
+package kvtier
+
+// The node's KV events (docs/PROTOCOL.md, "KV events"): the publisher's
+// sockets open before the actors start, the hub actor is spawned first
+// under the guardian, the CPU tier forwards its events to it, and Close
+// flushes the hub after the bridge drained, then closes the sockets.
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu"
+)
+
+// eventsState is the node's events wiring; zero when events are off.
+type eventsState struct {
+	pub      *events.Publisher
+	hub      *actor.PID // wired before spawn, checked after
+	counters events.Counters
+}
+
+// openEvents binds the events sockets when configured.
+func (n *Node) openEvents() error {
+	c := n.cfg.Events
+	if !c.Enabled() {
+		return nil
+	}
+	log := n.cfg.Logger.With().Str("component", "events").Logger()
+	pub, err := events.Listen(events.PublisherConfig{Endpoint: c.Endpoint, Replay: c.Replay, Topic: c.Topic,
+		BufferBatches: c.BufferBatches, Linger: c.Linger, Log: log})
+	if err != nil {
+		return fmt.Errorf("kvtier: events: %w", err)
+	}
+	n.events.pub = pub
+	return nil
+}
+
+// eventsChildren is the hub, when events are on.
+func (n *Node) eventsChildren() []actors.Child {
+	if n.events.pub == nil {
+		return nil
+	}
+	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
+	n.events.hub = actor.NewPID(n.system.Address(), "kvtier/events")
+	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
+		Format: format, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
+		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
+		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
+	})}}
+}
+
+// cpuOptions wires the CPU tier to the hub.
+func (n *Node) cpuOptions() []cpu.Option {
+	if n.events.hub == nil {
+		return nil
+	}
+	return []cpu.Option{cpu.WithEventSink(n.events.hub)}
+}
+
+// checkEvents verifies the hub was spawned where the CPU tier sends.
+func (n *Node) checkEvents(pids map[string]*actor.PID) error {
+	if n.events.hub != nil && !pids["events"].Equal(n.events.hub) {
+		return fmt.Errorf("events hub spawned as %s, wired as %s", pids["events"], n.events.hub)
+	}
+	return nil
+}
+
+// flushEvents closes the hub's open batch once every event sent before
+// now is processed (its mailbox is FIFO), so nothing is lost when the
+// actors stop.
+func (n *Node) flushEvents(ctx context.Context) error {
+	_, err := n.FlushEvents(ctx)
+	return err
+}
+
+// FlushEvents publishes the hub's open batch once every event the tiers
+// announced before the call is translated, and returns the sequence number
+// the next batch will get (so batches 0..next-1 are published and in the
+// replay buffer). Without events it returns 0.
+func (n *Node) FlushEvents(ctx context.Context) (next uint64, err error) {
+	if n.events.hub == nil {
+		return 0, nil
+	}
+	r, err := actors.Ask(ctx, n.system, n.events.hub, &events.Flush{})
+	if err != nil {
+		return 0, fmt.Errorf("kvtier: flush events: %w", err)
+	}
+	f, ok := r.(*events.Flushed)
+	if !ok {
+		return 0, fmt.Errorf("kvtier: flush events: unexpected answer %T", r)
+	}
+	return f.Seq, nil
+}
+
+// closeEvents sends what the publisher holds and closes its sockets.
+func (n *Node) closeEvents(ctx context.Context) error {
+	if n.events.pub == nil {
+		return nil
+	}
+	c := &n.events.counters
+	n.cfg.Logger.Info().Uint64("batches", c.Batches.Load()).Uint64("events", c.Events.Load()).
+		Uint64("placeholders", c.Placeholders.Load()).Uint64("unknown_removals", c.UnknownRemovals.Load()).
+		Msg("events hub stopped")
+	return n.events.pub.Close(ctx)
+}
+
+// EventsEndpoint is the bound PUB address of the node's KV events (a tcp
+// port 0 resolved), "" when events are off.
+func (n *Node) EventsEndpoint() string {
+	if n.events.pub == nil {
+		return ""
+	}
+	return n.events.pub.Endpoint()
+}
+
+// EventsReplayEndpoint is the bound replay ROUTER address, "" without one.
+func (n *Node) EventsReplayEndpoint() string {
+	if n.events.pub == nil {
+		return ""
+	}
+	return n.events.pub.ReplayEndpoint()
+}
+
+// EventsCounters are the hub's counters (zero when events are off).
+func (n *Node) EventsCounters() *events.Counters { return &n.events.counters }
+
+// Inventory lists, per medium (messages.MediumCPU, ...), the blocks the
+// node's tiers hold readable now: what the node's KV events announce as
+// stored and not removed. Each tier answers from its own mailbox, so the
+// list is exact for that tier at that moment.
+func (n *Node) Inventory(ctx context.Context) (map[string][]messages.Key, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
+		defer cancel()
+	}
+	r, err := actors.Ask(ctx, n.system, n.cpu, &messages.TierInventory{Corr: 1})
+	if err != nil {
+		return nil, fmt.Errorf("kvtier: inventory: %w", err)
+	}
+	res, ok := r.(*messages.InventoryResult)
+	if !ok {
+		return nil, fmt.Errorf("kvtier: inventory: unexpected answer %T", r)
+	}
+	out := map[string][]messages.Key{}
+	if len(res.Keys) > 0 {
+		out[res.Medium] = res.Keys
+	}
+	return out, nil
+}

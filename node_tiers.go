@@ -1,0 +1,137 @@
+package kvtier
+
+// The node's secondary tiers: opened (fs: index rebuilt from disk) before
+// the actors start, spawned under the guardian as "tier-<name>" beside the
+// "tiering" actor, their I/O workers closed after the actors stopped and
+// before the pool is unmapped (a worker may be copying into a slot).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/tiering"
+)
+
+// openedTier is a secondary tier ready to be spawned.
+type openedTier struct {
+	name, kind string
+	props      *actor.Props
+	close      func(context.Context) error
+}
+
+// tiersState is the node's secondary-tier plumbing.
+type tiersState struct {
+	opened  []openedTier
+	tiering *actor.PID // nil without secondary tiers
+}
+
+// openTiers opens every configured secondary tier.
+func (n *Node) openTiers() error {
+	names := tierNames(n.cfg.SecondaryTiers)
+	for i, tc := range n.cfg.SecondaryTiers {
+		log := n.cfg.Logger.With().Str("actor", "tier-"+names[i]).Logger()
+		switch tc.Kind {
+		case tiers.KindFS:
+			t, err := fs.Open(fs.Config{Name: names[i], Root: tc.Root, Capacity: int64(tc.Capacity),
+				BlockBytes: n.cfg.BlockBytes, Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Log: log})
+			if err != nil {
+				_ = n.closeTiers(context.Background())
+				return fmt.Errorf("kvtier: secondary tier %s: %w", names[i], err)
+			}
+			n.tiers.opened = append(n.tiers.opened, openedTier{name: names[i], kind: tc.Kind, props: t.Props(), close: t.Close})
+		case tiers.KindObj:
+			t, err := openObjTier(tc, names[i], n.cfg, log)
+			if err != nil {
+				_ = n.closeTiers(context.Background())
+				return fmt.Errorf("kvtier: secondary tier %s: %w", names[i], err)
+			}
+			n.tiers.opened = append(n.tiers.opened, t)
+		}
+	}
+	return nil
+}
+
+// tierChildren are the tier actors and the tiering actor, spawned after the
+// CPU tier and before the bridge.
+func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
+	if len(n.tiers.opened) == 0 {
+		return nil
+	}
+	var children []actors.Child
+	var ts []tiering.Tier
+	for _, t := range n.tiers.opened {
+		name := "tier-" + t.name
+		children = append(children, actors.Child{Name: name, Props: t.props})
+		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: actor.NewPID(n.system.Address(), "kvtier/"+name)})
+	}
+	n.tiers.tiering = actor.NewPID(n.system.Address(), "kvtier/tiering")
+	children = append(children, actors.Child{Name: "tiering", Props: tiering.Props(tiering.Config{
+		CPU: cpuPID, Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
+		LookupDeadline: n.cfg.SecondaryLookupDeadline, CascadeQueue: n.cfg.CascadeQueue,
+		Log: n.cfg.Logger.With().Str("actor", "tiering").Logger(),
+	})})
+	return children
+}
+
+// closeTiers stops every tier's I/O workers, waiting for running I/O until
+// ctx ends; an error means slot memory may still be touched.
+func (n *Node) closeTiers(ctx context.Context) error {
+	var errs []error
+	for _, t := range n.tiers.opened {
+		if err := t.close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("tier %s: %w", t.name, err))
+		}
+	}
+	n.tiers.opened = nil
+	return errors.Join(errs...)
+}
+
+// ErrNoSecondaryTiers: the node has no secondary tier configured.
+var ErrNoSecondaryTiers = fmt.Errorf("%w: no secondary tiers configured", messages.ErrBadConfig)
+
+// TieringIdle waits until the tiering actor has no secondary lookup,
+// promotion or cascade in flight, or ctx ends. The engine API never needs
+// it; simulators and tests use it to settle a node between steps. Without
+// secondary tiers it returns at once.
+func (n *Node) TieringIdle(ctx context.Context) error {
+	if n.tiers.tiering == nil {
+		return nil
+	}
+	_, err := askTiering[struct{}](ctx, n, func(r messages.Reply[struct{}]) any { return &messages.TieringIdle{Reply: r} })
+	return err
+}
+
+// TieringStats returns the tiering actor's counters and each secondary
+// tier's (ErrNoSecondaryTiers without any).
+func (n *Node) TieringStats(ctx context.Context) (messages.TieringStats, error) {
+	if n.tiers.tiering == nil {
+		return messages.TieringStats{}, ErrNoSecondaryTiers
+	}
+	return askTiering[messages.TieringStats](ctx, n, func(r messages.Reply[messages.TieringStats]) any {
+		return &messages.GetTieringStats{Reply: r}
+	})
+}
+
+func askTiering[T any](ctx context.Context, n *Node, build func(messages.Reply[T]) any) (T, error) {
+	var zero T
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
+		defer cancel()
+	}
+	reply := messages.NewReply[T]()
+	n.system.Root.Send(n.tiers.tiering, build(reply))
+	select {
+	case r := <-reply:
+		return r.Value, r.Err
+	case <-ctx.Done():
+		return zero, fmt.Errorf("kvtier tiering: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,70 @@
+package scheduler
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// The bridge's side of the secondary tiers: a CPU MISS is put to the
+// tiering actor (RETRY while it looks or promotes, MISS once it knows), and
+// a successful store commit is cascaded to it. Both are messages; the
+// bridge never waits on a tier, and neither counts as pending engine work.
+
+// answerLookup answers an engine Lookup from the CPU tier's statuses,
+// first asking the tiering actor about the MISS keys when there is one. A
+// prefix scan keeps its semantics: the CPU stopped at its first non-HIT; if
+// that is a MISS, the tiering actor gets the tail and its answer for the
+// first key (RETRY or MISS) is the scan's stop, the rest stay MISS.
+func (b *Bridge) answerLookup(ctx actor.Context, m *messages.Lookup, st []messages.LookupStatus) {
+	if b.cfg.Tiering == nil {
+		m.Reply.Answer(st, nil)
+		return
+	}
+	var idx []int
+	if m.Prefix {
+		i := 0
+		for i < len(st) && st[i] == messages.Hit {
+			i++
+		}
+		if i < len(st) && st[i] == messages.Miss {
+			for j := i; j < len(st); j++ {
+				idx = append(idx, j)
+			}
+		}
+	} else {
+		for i, s := range st {
+			if s == messages.Miss {
+				idx = append(idx, i)
+			}
+		}
+	}
+	if len(idx) == 0 {
+		m.Reply.Answer(st, nil)
+		return
+	}
+	keys := make([]messages.Key, len(idx))
+	for j, i := range idx {
+		keys[j] = m.Keys[i]
+	}
+	b.corr++
+	b.pending[b.corr] = pendingCall{onReply: func(r any) {
+		res := r.(*messages.AsyncLookupResult)
+		for j, i := range idx {
+			if j < len(res.Status) {
+				st[i] = res.Status[j]
+			}
+		}
+		m.Reply.Answer(st, nil)
+	}, fail: func(err error) { m.Reply.Answer(nil, err) }}
+	ctx.Request(b.cfg.Tiering, &messages.AsyncLookup{Corr: b.corr, Req: m.Req, Keys: keys, Prefix: m.Prefix})
+}
+
+// cascade tells the tiering actor that keys became readable (fire and
+// forget).
+func (b *Bridge) cascade(ctx actor.Context, keys []messages.Key, sums []uint32, req *messages.ReqContext) {
+	if b.cfg.Tiering == nil || len(keys) == 0 || len(sums) != len(keys) {
+		return
+	}
+	ctx.Send(b.cfg.Tiering, &messages.Cascade{Keys: keys, Checksums: sums, Ctx: req})
+}

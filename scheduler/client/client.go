@@ -1,0 +1,315 @@
+// Package client is the Go client of kvtierd's engine endpoint (standalone
+// mode, docs/PROTOCOL.md): Dial says Hello, maps the shared CPU pool
+// read-write by the path the daemon returns, and implements the same manager
+// interface as an embedded node's Node.Manager() — so an engine (or the
+// simulator) runs unchanged against either.
+//
+// It owns one DEALER socket, the table of calls awaiting replies, the
+// heartbeat timer and the pool mapping. It never touches daemon state except
+// through protocol calls, and never reads or writes a slot it was not handed
+// by a reply (every slot index is checked against the mapped pool).
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// Options tune a client.
+type Options struct {
+	// Name identifies the client in the daemon's logs.
+	Name string
+	// CallTimeout bounds a call whose ctx has no deadline (default 10 s).
+	CallTimeout time.Duration
+}
+
+// Client is a connection to kvtierd. Its methods are safe for concurrent use.
+type Client struct {
+	opts  Options
+	sock  zmq4.Socket
+	hello wire.Hello
+	pool  *Pool
+
+	nextID  atomic.Uint64
+	mu      sync.Mutex // guards pending
+	pending map[uint64]chan []byte
+
+	sendMu    sync.Mutex // serialises sends and the heartbeat timer
+	heartbeat *time.Timer
+	closed    bool
+
+	done     chan struct{}
+	readDone chan struct{}
+	closeErr error
+	once     sync.Once
+}
+
+// Dial connects to the endpoint at addr (ipc:///path or tcp://host:port),
+// says Hello within ctx, and maps the pool.
+func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 10 * time.Second
+	}
+	sock := zmq4.NewDealer(context.Background(), zmq4.WithDialerMaxRetries(0))
+	if err := dialWithin(ctx, sock, addr); err != nil {
+		sock.Close()
+		return nil, err
+	}
+	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{},
+		done: make(chan struct{}), readDone: make(chan struct{})}
+	go c.readLoop()
+	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name})
+	if err != nil {
+		c.shutdown()
+		return nil, fmt.Errorf("kvtier client: hello %s: %w", addr, err)
+	}
+	c.hello = rp.Hello
+	if c.hello.Protocol != wire.Version {
+		c.shutdown()
+		return nil, fmt.Errorf("%w: daemon speaks protocol %d, client %d", messages.ErrProtocolVersion, c.hello.Protocol, wire.Version)
+	}
+	if c.pool, err = MapPool(c.hello.PoolPath, c.hello.Slots, c.hello.BlockBytes); err != nil {
+		c.shutdown()
+		return nil, err
+	}
+	c.sendMu.Lock()
+	c.heartbeat = time.AfterFunc(c.hello.Heartbeat, c.ping)
+	c.sendMu.Unlock()
+	return c, nil
+}
+
+// dialWithin connects, retrying a refused or absent socket (the daemon may
+// still be starting) until ctx ends.
+func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
+	backoff := 10 * time.Millisecond
+	for {
+		err := sock.Dial(addr)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("kvtier client: dial %s: %w (last error: %v)", addr, ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// Hello is what the daemon said when the session began.
+func (c *Client) Hello() wire.Hello { return c.hello }
+
+// readLoop hands each reply to its caller until the socket closes.
+func (c *Client) readLoop() {
+	defer close(c.readDone)
+	for {
+		msg, err := c.sock.Recv()
+		if err != nil {
+			return
+		}
+		if len(msg.Frames) != 1 {
+			continue
+		}
+		id, err := wire.ReplyID(msg.Frames[0])
+		if err != nil {
+			continue
+		}
+		c.mu.Lock()
+		ch := c.pending[id]
+		delete(c.pending, id)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- msg.Frames[0] // buffered: the caller may have given up
+		}
+	}
+}
+
+// ping keeps the session alive while the engine is idle; any call resets it.
+func (c *Client) ping() {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.closed {
+		return
+	}
+	// The reply (id 0) matches no caller and is dropped by readLoop.
+	_ = c.sock.Send(zmq4.NewMsg(wire.EncodeRequest(&wire.Request{Op: wire.OpPing})))
+	c.heartbeat.Reset(c.hello.Heartbeat)
+}
+
+func (c *Client) send(frame []byte) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.closed {
+		return messages.ErrClosed
+	}
+	if c.heartbeat != nil {
+		c.heartbeat.Reset(c.hello.Heartbeat)
+	}
+	return c.sock.Send(zmq4.NewMsg(frame))
+}
+
+// do sends q and waits for its reply within ctx (or CallTimeout). The
+// daemon is told the deadline, so it gives up no later than the caller.
+func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.CallTimeout)
+		defer cancel()
+	}
+	deadline, _ := ctx.Deadline()
+	q.Timeout = max(min(time.Until(deadline), wire.MaxTimeout), time.Millisecond)
+	q.ID = c.nextID.Add(1)
+	ch := make(chan []byte, 1)
+	c.mu.Lock()
+	c.pending[q.ID] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, q.ID)
+		c.mu.Unlock()
+	}()
+	if err := c.send(wire.EncodeRequest(q)); err != nil {
+		return nil, fmt.Errorf("kvtier client %s: send: %w", q.Op, err)
+	}
+	select {
+	case frame := <-ch:
+		rp, err := wire.DecodeReply(frame, q.Op)
+		if err != nil {
+			return nil, err
+		}
+		if rp.Err != nil {
+			return nil, fmt.Errorf("%s: %w", q.Op, rp.Err)
+		}
+		return rp, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("kvtier client %s: %w", q.Op, ctx.Err())
+	case <-c.done:
+		return nil, fmt.Errorf("kvtier client %s: %w", q.Op, messages.ErrClosed)
+	}
+}
+
+// Close says Bye (so the daemon releases the session now rather than after
+// its grace period), then closes the socket and unmaps the pool. Slices
+// from Pool().Slot must not be used afterwards.
+func (c *Client) Close(ctx context.Context) error {
+	c.once.Do(func() {
+		_, byeErr := c.do(ctx, &wire.Request{Op: wire.OpBye})
+		c.closeErr = errors.Join(byeErr, c.shutdown())
+	})
+	return c.closeErr
+}
+
+func (c *Client) shutdown() error {
+	c.sendMu.Lock()
+	c.closed = true
+	if c.heartbeat != nil {
+		c.heartbeat.Stop()
+	}
+	c.sendMu.Unlock()
+	close(c.done)
+	err := c.sock.Close()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // zmq4: the daemon closed the connection first
+	}
+	<-c.readDone
+	if c.pool != nil {
+		err = errors.Join(err, c.pool.Close())
+	}
+	return err
+}
+
+// Pool is the shared CPU pool, mapped read-write.
+func (c *Client) Pool() kvtier.SlotMemory { return c.pool }
+
+// checkSlots refuses a reply whose slots fall outside the mapped pool.
+func (c *Client) checkSlots(op wire.Op, slots []int, keys int) error {
+	if len(slots) != keys {
+		return fmt.Errorf("%w: %s: %d slots for %d keys", messages.ErrBadReply, op, len(slots), keys)
+	}
+	for _, s := range slots {
+		if s < 0 || s >= c.pool.Slots() {
+			return fmt.Errorf("%w: %s: slot %d outside the pool of %d", messages.ErrBadReply, op, s, c.pool.Slots())
+		}
+	}
+	return nil
+}
+
+// Pool is the daemon's slot memory mapped into this process.
+type Pool struct {
+	mem        []byte
+	blockBytes int
+	slots      int
+}
+
+// MapPool maps the pool file at path, which must hold exactly slots blocks
+// of blockBytes.
+func MapPool(path string, slots, blockBytes int) (*Pool, error) {
+	if path == "" || slots <= 0 || blockBytes <= 0 {
+		return nil, fmt.Errorf("%w: pool %q of %d slots of %d bytes", messages.ErrBadReply, path, slots, blockBytes)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: open pool: %w", err)
+	}
+	defer f.Close() // the mapping outlives the descriptor
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: stat pool: %w", err)
+	}
+	size := int64(slots) * int64(blockBytes)
+	if st.Size() != size {
+		return nil, fmt.Errorf("%w: pool %s is %d bytes, hello says %d×%d", messages.ErrBadReply, path, st.Size(), slots, blockBytes)
+	}
+	// NB: MAP_POPULATE maps every page now, so no copy on the hot path pays
+	// a page fault (the daemon allocated the pages up front).
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: mmap pool: %w", err)
+	}
+	return &Pool{mem: mem, blockBytes: blockBytes, slots: slots}, nil
+}
+
+// Slot returns the bytes of slot i, aliasing the shared pool.
+func (p *Pool) Slot(i int) []byte {
+	off := i * p.blockBytes
+	return p.mem[off : off+p.blockBytes : off+p.blockBytes]
+}
+
+// BlockBytes is the size of one slot.
+func (p *Pool) BlockBytes() int { return p.blockBytes }
+
+// Slots is the number of slots.
+func (p *Pool) Slots() int { return p.slots }
+
+// Close unmaps the pool.
+func (p *Pool) Close() error {
+	if p.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(p.mem)
+	p.mem = nil
+	return err
+}
+
+func wireErr(op wire.Op, format string, a ...any) error {
+	return wireErrIs(messages.ErrBadReply, op, format, a...)
+}
+
+func wireErrIs(sentinel error, op wire.Op, format string, a ...any) error {
+	return fmt.Errorf("%w: %s: %s", sentinel, op, fmt.Sprintf(format, a...))
+}

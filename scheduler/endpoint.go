@@ -1,0 +1,277 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Endpoint serves the manager API to out-of-process engines on a ZeroMQ
+// ROUTER socket (standalone mode, DESIGN.md §3; docs/PROTOCOL.md).
+//
+// Three parts, one owner each:
+//   - the reader goroutine owns Recv: it decodes each frame (off any
+//     mailbox) and sends the endpoint actor one message per frame;
+//   - the endpoint actor (endpointActor) owns the sessions: it forwards
+//     calls to the bridge and arms one liveness timer per session;
+//   - the writer goroutine owns Send: replies reach it through a bounded
+//     queue; when the queue is full a reply is dropped and counted (the
+//     client's deadline covers it), so a blocking ROUTER send never stalls
+//     the actor or a bridge reply.
+//
+// Each answered call is awaited by a short goroutine (the bridge answers on
+// a buffered channel; the goroutine ends on the answer, the call's deadline
+// or Close), so the actor never waits.
+type Endpoint struct {
+	cfg     EndpointConfig
+	ln      *listener
+	table   *sessionTable
+	out     chan outbound
+	done    chan struct{}
+	track   tracker
+	system  *actor.ActorSystem
+	pid     *actor.PID
+	metrics *endpointMetrics
+	closed  atomic.Bool
+}
+
+// EndpointConfig is what the endpoint needs from the node.
+type EndpointConfig struct {
+	Listen      ListenOptions
+	Bridge      *actor.PID        // the bridge, where calls go
+	Clock       supervision.Clock // session liveness timers
+	NodeClock   supervision.Clock // drain deadlines (the bridge's clock)
+	Grace       time.Duration     // a session silent this long is released
+	CallTimeout time.Duration     // a call with no timeout_ms
+	MaxInFlight int               // calls of one session in flight at once
+	MaxOpen     int               // unfinished request ids one session may hold
+	Hello       wire.Hello        // geometry and limits told to every session
+	Log         zerolog.Logger
+}
+
+// Defaults for an endpoint.
+const (
+	DefaultMaxInFlight = 1024
+	DefaultMaxOpen     = 1 << 16
+	outQueue           = 4096
+	// badFrameLimit: a session that sends this many malformed frames in a
+	// row is released, as if it had gone away.
+	badFrameLimit = 64
+)
+
+// NewEndpoint binds the socket; Start begins serving once the actor from
+// Props is spawned. A bind error is returned here, before any actor runs.
+func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxOpen <= 0 {
+		cfg.MaxOpen = DefaultMaxOpen
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = supervision.RealClock{}
+	}
+	if cfg.NodeClock == nil {
+		cfg.NodeClock = supervision.RealClock{}
+	}
+	ln, err := listen(cfg.Listen, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Hello.Protocol = wire.Version
+	cfg.Hello.Grace = cfg.Grace
+	cfg.Hello.Heartbeat = max(cfg.Grace/3, time.Millisecond)
+	cfg.Hello.MaxKeys, cfg.Hello.MaxFrameBytes = wire.MaxKeys, wire.MaxFrameBytes
+	return &Endpoint{cfg: cfg, ln: ln, table: newSessionTable(), out: make(chan outbound, outQueue),
+		done: make(chan struct{}), metrics: newEndpointMetrics()}, nil
+}
+
+// Addr is the bound address (a tcp port of 0 resolved).
+func (e *Endpoint) Addr() string { return e.ln.addr }
+
+// Collectors are the endpoint's Prometheus metrics.
+func (e *Endpoint) Collectors() []prometheus.Collector { return e.metrics.collectors() }
+
+// Props builds the endpoint actor. Its session table outlives restarts.
+func (e *Endpoint) Props() *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &endpointActor{ep: e, t: e.table} },
+		actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// Start begins reading and writing the socket; pid is the spawned endpoint
+// actor, bridge where it sends calls.
+func (e *Endpoint) Start(system *actor.ActorSystem, pid, bridge *actor.PID) {
+	e.system, e.pid, e.cfg.Bridge = system, pid, bridge
+	e.track.goTracked(e.readLoop)
+	e.track.goTracked(e.writeLoop)
+	e.cfg.Log.Info().Str("engine_listen", e.ln.addr).Dur("grace", e.cfg.Grace).Msg("engine endpoint serving")
+}
+
+// Close stops serving: the socket closes (in-flight replies are dropped,
+// clients time out on their deadlines), every goroutine the endpoint started
+// ends before it returns. Sessions are not released here: the node is
+// closing and drains everything itself.
+func (e *Endpoint) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(e.done)
+	err := e.ln.close()
+	e.track.closeAndWait()
+	return err
+}
+
+// readLoop receives frames until the socket closes.
+func (e *Endpoint) readLoop() {
+	for {
+		msg, err := e.ln.sock.Recv()
+		if err != nil {
+			select {
+			case <-e.done:
+			default:
+				e.cfg.Log.Error().Err(err).Msg("engine endpoint: receive failed; endpoint stops reading")
+			}
+			return
+		}
+		if len(msg.Frames) == 0 {
+			continue
+		}
+		peer := string(msg.Frames[0])
+		if len(msg.Frames) != 2 {
+			e.metrics.badFrames.WithLabelValues(string(wire.CodeBadRequest)).Inc()
+			e.reply(peer, wire.EncodeError(0, fmt.Errorf("%w: a request is exactly one frame, got %d", messages.ErrBadRequest, len(msg.Frames)-1)))
+			continue
+		}
+		q, err := wire.DecodeRequest(msg.Frames[1])
+		e.system.Root.Send(e.pid, &inbound{peer: peer, req: q, err: err})
+	}
+}
+
+// writeLoop sends queued replies until Close.
+func (e *Endpoint) writeLoop() {
+	for {
+		select {
+		case <-e.done:
+			return
+		case o := <-e.out:
+			if err := e.ln.sock.Send(zmq4.NewMsgFrom(o.peer, o.body)); err != nil {
+				e.metrics.repliesDropped.Inc()
+				e.cfg.Log.Debug().Err(err).Msg("engine endpoint: reply not sent")
+			}
+		}
+	}
+}
+
+// reply queues a frame for peer without blocking; a full queue drops it.
+func (e *Endpoint) reply(peer string, body []byte) {
+	select {
+	case e.out <- outbound{peer: []byte(peer), body: body}:
+	default:
+		e.metrics.repliesDropped.Inc()
+	}
+}
+
+// Messages of the endpoint actor.
+type (
+	// inbound is one decoded frame (or its decode error) from peer.
+	inbound struct {
+		peer string
+		req  *wire.Request
+		err  error
+	}
+	// callDone: a call of session finished (answered or timed out).
+	callDone struct{ session uint64 }
+	// sessionTimer: session's liveness timer fired.
+	sessionTimer struct{ session uint64 }
+	// released: the bridge released session's holds.
+	released struct {
+		session uint64
+		res     messages.SessionReleased
+		err     error
+	}
+)
+
+// endpointMetrics are the endpoint's Prometheus metrics.
+type endpointMetrics struct {
+	sessions       prometheus.Gauge
+	released       *prometheus.CounterVec
+	badFrames      *prometheus.CounterVec
+	repliesDropped prometheus.Counter
+}
+
+func newEndpointMetrics() *endpointMetrics {
+	return &endpointMetrics{
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvtier", Name: "engine_sessions",
+			Help: "Live engine sessions on the engine endpoint."}),
+		released: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_sessions_released_total",
+			Help: "Engine sessions ended, by reason: lost (silent past the grace period), bye, hello (replaced by a new Hello), bad_frames."}, []string{"reason"}),
+		badFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_bad_frames_total",
+			Help: "Engine frames refused, by error code."}, []string{"code"}),
+		repliesDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_replies_dropped_total",
+			Help: "Replies not sent: the send queue was full or the peer was gone."}),
+	}
+}
+
+func (m *endpointMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.sessions, m.released, m.badFrames, m.repliesDropped}
+}
+
+// sessionPrefix is the request-id prefix of session id: it isolates the
+// request ids of different engines (two engines may both say "req-1") and
+// names everything a session holds at the bridge. No wire request id can
+// produce another session's prefix: every wire id gets its own prefixed.
+func sessionPrefix(id uint64) string { return "\x1es" + strconv.FormatUint(id, 10) + "\x1f" }
+
+// stripSession removes a session prefix from a request id, if it has one.
+func stripSession(id string) string {
+	if !strings.HasPrefix(id, "\x1es") {
+		return id
+	}
+	if i := strings.IndexByte(id, '\x1f'); i > 0 {
+		return id[i+1:]
+	}
+	return id
+}
+
+// await waits for one bridge answer, bounded by timeout and Close, encodes
+// the reply and tells the actor the call is over.
+func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout time.Duration,
+	reply messages.Reply[T], fill func(*wire.Reply, T)) {
+	sid := s.id
+	started := e.track.goTracked(func() {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		var body []byte
+		select {
+		case r := <-reply:
+			if r.Err != nil {
+				body = wire.EncodeError(q.ID, r.Err)
+			} else {
+				rp := &wire.Reply{ID: q.ID}
+				fill(rp, r.Value)
+				body = wire.EncodeReply(q.Op, rp, stripSession)
+			}
+		case <-timer.C:
+			body = wire.EncodeError(q.ID, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded))
+		case <-e.done:
+			return
+		}
+		e.reply(peer, body)
+		e.system.Root.Send(e.pid, &callDone{session: sid})
+	})
+	if started {
+		s.inflight++
+	}
+}

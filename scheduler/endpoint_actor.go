@@ -1,0 +1,359 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// endpointActor owns the engine sessions: who is connected, what each has
+// open at the bridge, when each was last heard from. It forwards decoded
+// calls to the bridge and arms one liveness timer per session.
+//
+// Invariants:
+//   - the session table is touched only inside Receive; it outlives a
+//     restart of this actor (like the CPU tier's State), so a restart loses
+//     no session and leaks nothing.
+//   - a session's request ids reach the bridge prefixed with its own
+//     sessionPrefix, so sessions never share leases or jobs.
+//   - a session is released exactly once (lost, bye, hello again, bad
+//     frames), and only after its in-flight calls ended: a PrepareStore
+//     answered after the release would otherwise open a job nobody reaps.
+//   - liveness costs O(1) per frame (lastSeen := now) and at most one timer
+//     wakeup per grace period per session: when the timer fires early
+//     (traffic since it was armed) it is re-armed for the remainder. No
+//     sweep, no polling.
+//   - Receive never blocks: replies go to the writer's queue, bridge
+//     answers are awaited by per-call goroutines.
+type endpointActor struct {
+	ep *Endpoint
+	t  *sessionTable
+}
+
+// sessionTable is the endpoint's state, owned by the endpoint actor.
+type sessionTable struct {
+	byPeer map[string]*session
+	byID   map[uint64]*session
+	nextID uint64
+}
+
+func newSessionTable() *sessionTable {
+	return &sessionTable{byPeer: map[string]*session{}, byID: map[uint64]*session{}}
+}
+
+// session is one engine connection's state.
+type session struct {
+	id        uint64
+	peer      string
+	prefix    string
+	client    string
+	lastSeen  time.Time
+	timer     interface{ Stop() bool }
+	open      map[string]struct{} // prefixed request ids without RequestFinished yet
+	inflight  int                 // calls forwarded and not yet answered
+	badFrames int                 // malformed frames in a row
+	// ending is set once the session is released; the release is sent when
+	// inflight reaches 0. reason says why, then runs after the bridge's answer.
+	ending bool
+	reason string
+	then   func(messages.SessionReleased, error)
+}
+
+// Receive handles one message.
+func (a *endpointActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *inbound:
+		a.inbound(ctx, m)
+	case *callDone:
+		if s := a.t.byID[m.session]; s != nil {
+			s.inflight--
+			a.maybeRelease(ctx, s)
+		}
+	case *sessionTimer:
+		a.timerFired(ctx, m.session)
+	case *released:
+		a.released(m)
+	case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
+	default:
+		a.ep.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("engine endpoint: unknown message dropped")
+	}
+}
+
+func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
+	s := a.t.byPeer[m.peer]
+	if s != nil && !s.ending {
+		s.lastSeen = a.ep.cfg.Clock.Now()
+	}
+	if m.err != nil {
+		a.badFrame(ctx, m.peer, s, m.err)
+		return
+	}
+	q := m.req
+	if q.Op == wire.OpHello {
+		a.hello(ctx, m.peer, s, q)
+		return
+	}
+	if s == nil || s.ending {
+		a.refuse(m.peer, q.ID, wire.CodeNoSession, fmt.Errorf("%w: say hello first (or again: a silent session is released after %v)", messages.ErrNoSession, a.ep.cfg.Grace))
+		return
+	}
+	s.badFrames = 0
+	switch q.Op {
+	case wire.OpPing:
+		a.ep.reply(m.peer, wire.EncodeReply(q.Op, &wire.Reply{ID: q.ID}, nil))
+		return
+	case wire.OpBye:
+		peer, id := m.peer, q.ID
+		a.end(ctx, s, "bye", func(res messages.SessionReleased, err error) {
+			if err != nil {
+				a.ep.reply(peer, wire.EncodeError(id, err))
+				return
+			}
+			a.ep.reply(peer, wire.EncodeReply(wire.OpBye, &wire.Reply{ID: id, Released: res}, nil))
+		})
+		return
+	}
+	if err := a.admit(s, q); err != nil {
+		a.refuse(m.peer, q.ID, wire.CodeOf(err), err)
+		return
+	}
+	a.forward(ctx, m.peer, s, q)
+}
+
+// admit checks what the codec cannot: the namespace, the session's limits.
+func (a *endpointActor) admit(s *session, q *wire.Request) error {
+	if ns := a.ep.cfg.Hello.Namespace; ns != "" {
+		for _, k := range q.Keys {
+			if k.Namespace != ns {
+				return fmt.Errorf("%w: key namespace %q, this daemon serves %q", messages.ErrBadKey, k.Namespace, ns)
+			}
+		}
+	}
+	if s.inflight >= a.ep.cfg.MaxInFlight {
+		return fmt.Errorf("%w: %d calls in flight", messages.ErrBusy, s.inflight)
+	}
+	if q.Req != nil && q.Op != wire.OpRequestFinished && len(s.open) >= a.ep.cfg.MaxOpen {
+		if _, known := s.open[s.prefix+q.Req.RequestID]; !known {
+			return fmt.Errorf("%w: %d requests without request_finished", messages.ErrBusy, len(s.open))
+		}
+	}
+	return nil
+}
+
+func (a *endpointActor) refuse(peer string, id uint64, code wire.Code, err error) {
+	a.ep.metrics.badFrames.WithLabelValues(string(code)).Inc()
+	a.ep.reply(peer, wire.EncodeError(id, err))
+}
+
+func (a *endpointActor) badFrame(ctx actor.Context, peer string, s *session, err error) {
+	de, _ := err.(*wire.DecodeError)
+	code := wire.CodeBadRequest
+	if de != nil {
+		code = de.Code
+	}
+	a.ep.metrics.badFrames.WithLabelValues(string(code)).Inc()
+	a.ep.cfg.Log.Debug().Err(err).Str("peer", fmt.Sprintf("%x", peer)).Msg("engine endpoint: malformed frame")
+	id := uint64(0)
+	if de != nil && de.HasID {
+		id = de.ID
+	}
+	a.ep.reply(peer, wire.EncodeError(id, err))
+	if s != nil && !s.ending {
+		if s.badFrames++; s.badFrames >= badFrameLimit {
+			a.ep.cfg.Log.Warn().Uint64("session", s.id).Int("bad_frames", s.badFrames).Msg("engine endpoint: releasing a session that keeps sending malformed frames")
+			a.end(ctx, s, "bad_frames", nil)
+		}
+	}
+}
+
+// hello begins a session for peer; an existing one is released first, so a
+// reconnecting engine starts clean.
+func (a *endpointActor) hello(ctx actor.Context, peer string, old *session, q *wire.Request) {
+	if old != nil && !old.ending {
+		a.end(ctx, old, "hello", nil)
+	}
+	a.t.nextID++
+	s := &session{id: a.t.nextID, peer: peer, prefix: sessionPrefix(a.t.nextID), client: q.Client,
+		lastSeen: a.ep.cfg.Clock.Now(), open: map[string]struct{}{}}
+	a.t.byPeer[peer], a.t.byID[s.id] = s, s
+	a.arm(ctx, s, a.ep.cfg.Grace)
+	a.ep.metrics.sessions.Inc()
+	h := a.ep.cfg.Hello
+	h.Session = s.id
+	a.ep.reply(peer, wire.EncodeReply(wire.OpHello, &wire.Reply{ID: q.ID, Hello: h}, nil))
+	a.ep.cfg.Log.Info().Uint64("session", s.id).Str("client", s.client).Msg("engine session begun")
+}
+
+func (a *endpointActor) arm(ctx actor.Context, s *session, d time.Duration) {
+	self, root, id := ctx.Self(), ctx.ActorSystem().Root, s.id
+	s.timer = a.ep.cfg.Clock.AfterFunc(d, func() { root.Send(self, &sessionTimer{session: id}) })
+}
+
+func (a *endpointActor) timerFired(ctx actor.Context, id uint64) {
+	s := a.t.byID[id]
+	if s == nil || s.ending {
+		return
+	}
+	left := s.lastSeen.Add(a.ep.cfg.Grace).Sub(a.ep.cfg.Clock.Now())
+	if left > 0 {
+		a.arm(ctx, s, left) // heard from since the timer was armed
+		return
+	}
+	a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Dur("grace", a.ep.cfg.Grace).
+		Int("open_requests", len(s.open)).Msg("engine session lost; releasing what it held")
+	a.end(ctx, s, "lost", nil)
+}
+
+// end marks s released: from now on its peer has no session; its holds are
+// released at the bridge once its in-flight calls are over.
+func (a *endpointActor) end(ctx actor.Context, s *session, reason string, then func(messages.SessionReleased, error)) {
+	s.ending, s.reason, s.then = true, reason, then
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if a.t.byPeer[s.peer] == s {
+		delete(a.t.byPeer, s.peer)
+	}
+	a.ep.metrics.sessions.Dec()
+	a.maybeRelease(ctx, s)
+}
+
+func (a *endpointActor) maybeRelease(ctx actor.Context, s *session) {
+	if !s.ending || s.inflight > 0 || s.open == nil {
+		return
+	}
+	open := make([]string, 0, len(s.open))
+	for id := range s.open {
+		open = append(open, id)
+	}
+	s.open = nil // released once
+	reply := messages.NewReply[messages.SessionReleased]()
+	ctx.Send(a.ep.cfg.Bridge, &messages.ReleaseSession{Prefix: s.prefix, Open: open, Reply: reply})
+	self, root, id, timeout := ctx.Self(), ctx.ActorSystem().Root, s.id, a.ep.cfg.CallTimeout
+	a.ep.track.goTracked(func() {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		select {
+		case r := <-reply:
+			root.Send(self, &released{session: id, res: r.Value, err: r.Err})
+		case <-timer.C:
+			root.Send(self, &released{session: id, err: fmt.Errorf("release session %d: %w", id, errNoAnswer)})
+		case <-a.ep.done:
+		}
+	})
+}
+
+var errNoAnswer = fmt.Errorf("%w: the bridge did not answer", messages.ErrInternal)
+
+func (a *endpointActor) released(m *released) {
+	s := a.t.byID[m.session]
+	if s == nil {
+		return
+	}
+	delete(a.t.byID, m.session)
+	a.ep.metrics.released.WithLabelValues(s.reason).Inc()
+	ev := a.ep.cfg.Log.Info()
+	if m.err != nil {
+		ev = a.ep.cfg.Log.Error().Err(m.err)
+	}
+	ev.Uint64("session", s.id).Str("client", s.client).Str("reason", s.reason).
+		Int("requests", m.res.Requests).Int("jobs_reaped", m.res.Jobs).Msg("engine session released")
+	if s.then != nil {
+		s.then(m.res, m.err)
+	}
+}
+
+// forward sends q to the bridge with s's prefix on its request id and
+// awaits the answer off the mailbox.
+func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *wire.Request) {
+	var req *messages.ReqContext
+	if q.Req != nil {
+		req = q.Req // decoded fresh for this call: ours to change
+		req.RequestID = s.prefix + req.RequestID
+		if q.Op == wire.OpRequestFinished {
+			delete(s.open, req.RequestID)
+		} else {
+			s.open[req.RequestID] = struct{}{}
+		}
+	}
+	timeout := a.ep.cfg.CallTimeout
+	if q.Timeout > 0 {
+		timeout = q.Timeout
+	}
+	bridge := a.ep.cfg.Bridge
+	send := func(msg any) { ctx.Send(bridge, msg) }
+	e := a.ep
+	switch q.Op {
+	case wire.OpLookup:
+		r := messages.NewReply[[]messages.LookupStatus]()
+		send(&messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) { rp.Status = v })
+	case wire.OpPrepareLoad:
+		r := messages.NewReply[messages.LoadJob]()
+		send(&messages.PrepareLoad{Req: req, Keys: q.Keys, Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.LoadJob) {
+			rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers
+		})
+	case wire.OpTouch:
+		r := messages.NewReply[struct{}]()
+		send(&messages.Touch{Req: req, Keys: q.Keys, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpCompleteLoad:
+		r := messages.NewReply[struct{}]()
+		send(&messages.CompleteLoad{Req: req, Keys: q.Keys, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpPrepareStore:
+		r := messages.NewReply[messages.StorePlan]()
+		send(&messages.PrepareStore{Req: req, Keys: q.Keys, Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StorePlan) {
+			rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
+		})
+	case wire.OpCompleteStore:
+		r := messages.NewReply[struct{}]()
+		send(&messages.CompleteStore{Req: req, Keys: q.Keys, OK: q.OK, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpJobDone:
+		r := messages.NewReply[struct{}]()
+		send(&messages.JobDone{Job: q.Job, Worker: q.Worker, OK: q.OK, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpRequestFinished:
+		r := messages.NewReply[struct{}]()
+		send(&messages.RequestFinished{Req: req, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpTakeEvents:
+		r := messages.NewReply[[]messages.Event]()
+		send(&messages.TakeEvents{Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.Event) { rp.Events = v })
+	case wire.OpHasPendingWork:
+		r := messages.NewReply[bool]()
+		send(&messages.HasPendingWork{Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v bool) { rp.Pending = v })
+	case wire.OpPause:
+		r := messages.NewReply[struct{}]()
+		send(&messages.Pause{ClearCache: q.Clear, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpResume:
+		r := messages.NewReply[struct{}]()
+		send(&messages.Resume{Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpResetCache:
+		// As the embedded manager does: the drain ends (and reaps) before
+		// the caller's deadline, on the node's clock.
+		deadline := e.cfg.NodeClock.Now().Add(timeout * 9 / 10)
+		r := messages.NewReply[struct{}]()
+		send(&messages.ResetCache{Deadline: deadline, Reply: r})
+		await(e, peer, s, q, timeout, r, noFill)
+	case wire.OpStats:
+		r := messages.NewReply[messages.Stats]()
+		send(&messages.GetStats{Reply: r})
+		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) { rp.Stats = v })
+	default:
+		a.refuse(peer, q.ID, wire.CodeUnknownOp, fmt.Errorf("%w: %s", messages.ErrUnknownOp, q.Op))
+	}
+}
+
+func noFill(*wire.Reply, struct{}) {}

@@ -1,0 +1,191 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// The engine endpoint's socket side: binding (local only unless allowed,
+// ipc socket file with restricted mode), the reader goroutine that decodes
+// frames off any mailbox, and the writer goroutine that owns every send, so
+// a ROUTER send that blocks never stalls an actor (DESIGN.md §8).
+
+// ListenOptions say where and how the endpoint binds.
+type ListenOptions struct {
+	Addr        string      // ipc:///path or tcp://host:port
+	AllowRemote bool        // permit a tcp address that is not loopback
+	Mode        os.FileMode // ipc socket file mode (0600 by default)
+	GID         int         // group of the ipc socket file; -1 = unchanged
+}
+
+// listener is a bound ROUTER socket.
+type listener struct {
+	sock zmq4.Socket
+	addr string // the bound address (a tcp port of 0 resolved)
+	path string // ipc socket file we own, "" for tcp
+}
+
+// listen binds a ROUTER socket as o says.
+func listen(o ListenOptions, logger zerolog.Logger) (*listener, error) {
+	network, rest, ok := strings.Cut(o.Addr, "://")
+	if !ok {
+		return nil, fmt.Errorf("%w: engine_listen %q: want ipc:///path or tcp://127.0.0.1:PORT", messages.ErrBadConfig, o.Addr)
+	}
+	zlog := log.New(logger, "", 0)
+	switch network {
+	case "ipc":
+		return listenIPC(rest, o, zlog)
+	case "tcp":
+		host, _, err := net.SplitHostPort(rest)
+		if err != nil {
+			return nil, fmt.Errorf("%w: engine_listen %q: %v", messages.ErrBadConfig, o.Addr, err)
+		}
+		if !o.AllowRemote && !isLoopback(host) {
+			return nil, fmt.Errorf("%w: engine_listen %q is not a loopback address (set engine_allow_remote to serve other hosts)", messages.ErrBadConfig, o.Addr)
+		}
+		sock := zmq4.NewRouter(context.Background(), zmq4.WithLogger(zlog))
+		if err := sock.Listen(o.Addr); err != nil {
+			sock.Close()
+			return nil, fmt.Errorf("engine endpoint: %w", err)
+		}
+		return &listener{sock: sock, addr: "tcp://" + sock.Addr().String()}, nil
+	}
+	return nil, fmt.Errorf("%w: engine_listen %q: transport %q (want ipc or tcp)", messages.ErrBadConfig, o.Addr, network)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// listenIPC binds a unix socket at path with mode and group set before the
+// socket becomes reachable by its name: it is bound under a temporary name
+// in the same directory, restricted, then renamed into place.
+func listenIPC(path string, o ListenOptions, zlog *log.Logger) (*listener, error) {
+	if path == "" || !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("%w: engine_listen ipc path %q must be absolute", messages.ErrBadConfig, path)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
+	sock := zmq4.NewRouter(context.Background(), zmq4.WithLogger(zlog))
+	if err := sock.Listen("ipc://" + tmp); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("engine endpoint: %w", err)
+	}
+	fail := func(err error) (*listener, error) {
+		sock.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	mode := o.Mode
+	if mode == 0 {
+		mode = 0o600
+	}
+	if o.GID >= 0 {
+		if err := os.Lchown(tmp, -1, o.GID); err != nil {
+			return fail(fmt.Errorf("engine endpoint: chown %s: %w", tmp, err))
+		}
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return fail(fmt.Errorf("engine endpoint: chmod %s: %w", tmp, err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("engine endpoint: %w", err))
+	}
+	return &listener{sock: sock, addr: "ipc://" + path, path: path}, nil
+}
+
+// removeStaleSocket removes a socket file left by a daemon that died; a live
+// one (it accepts a connection) is refused.
+func removeStaleSocket(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("engine endpoint: %w", err)
+	}
+	if st.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%w: engine_listen %s exists and is not a socket", messages.ErrBadConfig, path)
+	}
+	c, err := net.Dial("unix", path)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("engine endpoint: %s is in use by a live process", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("engine endpoint: probing %s: %w", path, err)
+	}
+	return os.Remove(path)
+}
+
+func (l *listener) close() error {
+	err := l.sock.Close()
+	if errors.Is(err, net.ErrClosed) {
+		// NB: zmq4 reports a connection its peer already closed; nothing leaks.
+		err = nil
+	}
+	if l.path != "" {
+		if rmErr := os.Remove(l.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			err = errors.Join(err, rmErr)
+		}
+	}
+	return err
+}
+
+// outbound is one reply frame for a peer.
+type outbound struct {
+	peer []byte
+	body []byte
+}
+
+// tracker starts goroutines that Close waits for, and refuses new ones once
+// closing began (nats-server's habit).
+type tracker struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (t *tracker) goTracked(f func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (t *tracker) closeAndWait() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.wg.Wait()
+}

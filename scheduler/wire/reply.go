@@ -1,0 +1,499 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Hello is what a session learns when it begins.
+type Hello struct {
+	Protocol      int                // protocol version
+	Session       uint64             // the session's number, unique in the daemon's life
+	PoolPath      string             // shared-memory file of the pool; map it read-write
+	BlockBytes    int                // bytes per slot
+	Slots         int                // slots in the pool
+	Namespace     messages.Namespace // the only namespace keys may use; "" = any
+	Heartbeat     time.Duration      // send a frame (ping) at least this often
+	Grace         time.Duration      // a session silent this long is released
+	MaxKeys       int                // keys per call
+	MaxFrameBytes int                // bytes per frame
+	JobWorkers    int                // worker reports a job expects by default
+}
+
+// Reply is one answer. Err is set on failure; otherwise the fields of the
+// request's op are.
+type Reply struct {
+	ID       uint64
+	Err      *RemoteError
+	Status   []messages.LookupStatus // lookup
+	Job      messages.JobID          // prepare_load, prepare_store
+	Slots    []int                   // prepare_load, prepare_store
+	Workers  int                     // prepare_load, prepare_store
+	ToStore  []messages.Key          // prepare_store
+	Evicted  []messages.Key          // prepare_store
+	Events   []messages.Event        // take_events
+	Pending  bool                    // has_pending_work
+	Stats    messages.Stats          // stats
+	Hello    Hello                   // hello
+	Released messages.SessionReleased
+}
+
+// EncodeError encodes an error reply for request id.
+func EncodeError(id uint64, err error) []byte {
+	w := writer{b: make([]byte, 0, 128)}
+	w.mapLen(3)
+	w.str("v")
+	w.uint(Version)
+	w.str("id")
+	w.uint(id)
+	w.str("err")
+	w.mapLen(2)
+	w.str("code")
+	w.str(string(CodeOf(err)))
+	msg := err.Error()
+	if len(msg) > maxErrorMsgBytes {
+		msg = msg[:maxErrorMsgBytes]
+	}
+	w.str("msg")
+	w.str(msg)
+	return w.b
+}
+
+// EncodeReply encodes a successful reply to op. strip is removed from the
+// front of request ids in events (the endpoint's session prefix).
+func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
+	w := writer{b: make([]byte, 0, 64+16*len(rp.Status)+8*len(rp.Slots))}
+	body := func(n int) {
+		w.mapLen(2 + n)
+		w.str("v")
+		w.uint(Version)
+		w.str("id")
+		w.uint(rp.ID)
+	}
+	switch op {
+	case OpHello:
+		h := rp.Hello
+		body(11)
+		kvUint(&w, "protocol", uint64(h.Protocol))
+		kvUint(&w, "session", h.Session)
+		w.str("pool_path")
+		w.str(h.PoolPath)
+		kvUint(&w, "block_bytes", uint64(h.BlockBytes))
+		kvUint(&w, "slots", uint64(h.Slots))
+		w.str("namespace")
+		w.str(string(h.Namespace))
+		kvUint(&w, "heartbeat_ms", uint64(h.Heartbeat/time.Millisecond))
+		kvUint(&w, "grace_ms", uint64(h.Grace/time.Millisecond))
+		kvUint(&w, "max_keys", uint64(h.MaxKeys))
+		kvUint(&w, "max_frame_bytes", uint64(h.MaxFrameBytes))
+		kvUint(&w, "job_workers", uint64(h.JobWorkers))
+	case OpLookup:
+		body(1)
+		w.str("status")
+		w.binHeader(len(rp.Status))
+		for _, s := range rp.Status {
+			w.b = append(w.b, byte(s))
+		}
+	case OpPrepareLoad:
+		body(3)
+		kvUint(&w, "job", uint64(rp.Job))
+		writeSlots(&w, rp.Slots)
+		kvUint(&w, "workers", uint64(rp.Workers))
+	case OpPrepareStore:
+		body(5)
+		kvUint(&w, "job", uint64(rp.Job))
+		writeSlots(&w, rp.Slots)
+		kvUint(&w, "workers", uint64(rp.Workers))
+		w.str("to_store")
+		encodeKeys(&w, rp.ToStore)
+		w.str("evicted")
+		encodeKeys(&w, rp.Evicted)
+	case OpTakeEvents:
+		body(1)
+		w.str("events")
+		w.arrayLen(len(rp.Events))
+		for i := range rp.Events {
+			encodeEvent(&w, &rp.Events[i], strip)
+		}
+	case OpHasPendingWork:
+		body(1)
+		w.str("pending")
+		w.bool(rp.Pending)
+	case OpStats:
+		body(1)
+		w.str("stats")
+		encodeStats(&w, &rp.Stats)
+	case OpBye:
+		body(2)
+		kvUint(&w, "requests", uint64(rp.Released.Requests))
+		kvUint(&w, "jobs", uint64(rp.Released.Jobs))
+	default:
+		body(0)
+	}
+	return w.b
+}
+
+func kvUint(w *writer, k string, v uint64) {
+	w.str(k)
+	w.uint(v)
+}
+
+func writeSlots(w *writer, slots []int) {
+	w.str("slots")
+	w.arrayLen(len(slots))
+	for _, s := range slots {
+		w.uint(uint64(s))
+	}
+}
+
+func encodeEvent(w *writer, e *messages.Event, strip func(string) string) {
+	w.mapLen(5)
+	w.str("kind")
+	w.str(e.Kind.String())
+	w.str("keys")
+	encodeKeys(w, e.Keys)
+	w.str("medium")
+	w.str(e.Medium)
+	w.str("req")
+	prefix := ""
+	if e.Ctx != nil && strip != nil {
+		prefix = e.Ctx.RequestID[:len(e.Ctx.RequestID)-len(strip(e.Ctx.RequestID))]
+	}
+	encodeReqContext(w, e.Ctx, prefix)
+	w.str("at_ns")
+	w.int(e.At.UnixNano())
+}
+
+// statFields names every Stats field on the wire.
+var statFields = []struct {
+	name string
+	ptr  func(*messages.Stats) any // *int, *uint64 or *bool
+}{
+	{"slots", func(s *messages.Stats) any { return &s.Slots }},
+	{"block_bytes", func(s *messages.Stats) any { return &s.BlockBytes }},
+	{"free", func(s *messages.Stats) any { return &s.Free }},
+	{"write_pending", func(s *messages.Stats) any { return &s.WritePending }},
+	{"ready", func(s *messages.Stats) any { return &s.Ready }},
+	{"pinned", func(s *messages.Stats) any { return &s.Pinned }},
+	{"leased", func(s *messages.Stats) any { return &s.Leased }},
+	{"leases", func(s *messages.Stats) any { return &s.Leases }},
+	{"jobs_in_flight", func(s *messages.Stats) any { return &s.JobsInFlight }},
+	{"requests", func(s *messages.Stats) any { return &s.Requests }},
+	{"paused", func(s *messages.Stats) any { return &s.Paused }},
+	{"lookups", func(s *messages.Stats) any { return &s.Lookups }},
+	{"hits", func(s *messages.Stats) any { return &s.Hits }},
+	{"hits_pending", func(s *messages.Stats) any { return &s.HitsPending }},
+	{"misses", func(s *messages.Stats) any { return &s.Misses }},
+	{"stores", func(s *messages.Stats) any { return &s.Stores }},
+	{"stores_failed", func(s *messages.Stats) any { return &s.StoresFailed }},
+	{"evictions", func(s *messages.Stats) any { return &s.Evictions }},
+	{"full", func(s *messages.Stats) any { return &s.Full }},
+	{"leases_expired", func(s *messages.Stats) any { return &s.LeasesExpired }},
+	{"jobs_completed", func(s *messages.Stats) any { return &s.JobsCompleted }},
+	{"jobs_reaped_load", func(s *messages.Stats) any { return &s.JobsReapedLoad }},
+	{"jobs_reaped_store", func(s *messages.Stats) any { return &s.JobsReapedStore }},
+	{"late_reports", func(s *messages.Stats) any { return &s.LateReports }},
+	{"checksum_failures", func(s *messages.Stats) any { return &s.ChecksumFailures }},
+	{"actor_restarts", func(s *messages.Stats) any { return &s.ActorRestarts }},
+}
+
+func encodeStats(w *writer, s *messages.Stats) {
+	w.mapLen(len(statFields))
+	for _, f := range statFields {
+		w.str(f.name)
+		switch p := f.ptr(s).(type) {
+		case *int:
+			w.int(int64(*p))
+		case *uint64:
+			w.uint(*p)
+		case *bool:
+			w.bool(*p)
+		}
+	}
+}
+
+// DecodeReply decodes a reply frame to a request of op. Unknown fields are
+// skipped (a newer daemon may add some); known fields must have their exact
+// types. Errors wrap messages.ErrBadReply.
+func DecodeReply(frame []byte, op Op) (*Reply, error) {
+	rp, err := decodeReply(frame, op)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", messages.ErrBadReply, op, err)
+	}
+	return rp, nil
+}
+
+// ReplyID reads only the id of a reply frame (to find its caller).
+func ReplyID(frame []byte) (uint64, error) {
+	r := reader{b: frame}
+	n, err := r.mapLen(64)
+	if err != nil {
+		return 0, err
+	}
+	for range n {
+		k, err := r.str(64)
+		if err != nil {
+			return 0, err
+		}
+		if k == "id" {
+			return r.uint(math.MaxUint64)
+		}
+		if err := r.skip(0); err != nil {
+			return 0, err
+		}
+	}
+	return 0, fmt.Errorf("reply without an id")
+}
+
+func decodeReply(frame []byte, op Op) (*Reply, error) {
+	if len(frame) > MaxFrameBytes {
+		return nil, fmt.Errorf("frame of %d bytes", len(frame))
+	}
+	r := &reader{b: frame}
+	n, err := r.mapLen(64)
+	if err != nil {
+		return nil, err
+	}
+	rp := &Reply{}
+	for range n {
+		k, err := r.str(64)
+		if err != nil {
+			return nil, err
+		}
+		if err := decodeReplyField(r, rp, op, k); err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	return rp, nil
+}
+
+func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
+	var err error
+	u := func(max uint64) int {
+		var v uint64
+		v, err = r.uint(max)
+		return int(v)
+	}
+	if op == OpHello && k != "v" && k != "id" && k != "err" {
+		return decodeHelloField(r, &rp.Hello, k)
+	}
+	switch k {
+	case "v":
+		if v := u(math.MaxUint32); err == nil && v != Version {
+			return fmt.Errorf("protocol version %d, want %d", v, Version)
+		}
+	case "id":
+		rp.ID, err = r.uint(math.MaxUint64)
+	case "err":
+		rp.Err, err = decodeRemoteError(r)
+	case "status":
+		var p []byte
+		if p, err = r.bin(MaxKeys); err == nil {
+			rp.Status = make([]messages.LookupStatus, len(p))
+			for i, c := range p {
+				if c > byte(messages.Retry) {
+					return fmt.Errorf("lookup status %d", c)
+				}
+				rp.Status[i] = messages.LookupStatus(c)
+			}
+		}
+	case "job":
+		var v uint64
+		v, err = r.uint(math.MaxUint64)
+		rp.Job = messages.JobID(v)
+	case "slots":
+		var n int
+		if n, err = r.arrayLen(MaxKeys); err == nil {
+			rp.Slots = make([]int, n)
+			for i := range rp.Slots {
+				if rp.Slots[i] = u(math.MaxInt32); err != nil {
+					return err
+				}
+			}
+		}
+	case "workers":
+		rp.Workers = u(MaxWorkers)
+	case "to_store":
+		rp.ToStore, err = decodeKeys(r, MaxKeys)
+	case "evicted":
+		rp.Evicted, err = decodeKeys(r, MaxKeys)
+	case "events":
+		rp.Events, err = decodeEvents(r)
+	case "pending":
+		rp.Pending, err = r.bool()
+	case "stats":
+		err = decodeStats(r, &rp.Stats)
+	case "requests":
+		rp.Released.Requests = u(math.MaxInt32)
+	case "jobs":
+		rp.Released.Jobs = u(math.MaxInt32)
+	default:
+		return r.skip(0)
+	}
+	return err
+}
+
+func decodeRemoteError(r *reader) (*RemoteError, error) {
+	if r.isNil() {
+		return nil, nil
+	}
+	n, err := r.mapLen(8)
+	if err != nil {
+		return nil, err
+	}
+	var code, msg string
+	for range n {
+		k, err := r.str(16)
+		if err != nil {
+			return nil, err
+		}
+		switch k {
+		case "code":
+			code, err = r.str(64)
+		case "msg":
+			msg, err = r.str(maxErrorMsgBytes)
+		default:
+			err = r.skip(0)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	e, _ := ErrorOf(Code(code), msg).(*RemoteError)
+	return e, nil
+}
+
+func decodeHelloField(r *reader, h *Hello, k string) error {
+	var err error
+	u := func(max uint64) uint64 {
+		var v uint64
+		v, err = r.uint(max)
+		return v
+	}
+	switch k {
+	case "protocol":
+		h.Protocol = int(u(math.MaxUint32))
+	case "session":
+		h.Session = u(math.MaxUint64)
+	case "pool_path":
+		h.PoolPath, err = r.str(4096)
+	case "block_bytes":
+		h.BlockBytes = int(u(math.MaxInt32))
+	case "slots":
+		h.Slots = int(u(math.MaxInt32))
+	case "namespace":
+		var ns string
+		ns, err = r.str(MaxNamespaceBytes)
+		h.Namespace = messages.Namespace(ns)
+	case "heartbeat_ms":
+		h.Heartbeat = time.Duration(u(math.MaxUint32)) * time.Millisecond
+	case "grace_ms":
+		h.Grace = time.Duration(u(math.MaxUint32)) * time.Millisecond
+	case "max_keys":
+		h.MaxKeys = int(u(math.MaxInt32))
+	case "max_frame_bytes":
+		h.MaxFrameBytes = int(u(math.MaxInt32))
+	case "job_workers":
+		h.JobWorkers = int(u(MaxWorkers))
+	default:
+		return r.skip(0)
+	}
+	return err
+}
+
+func decodeEvents(r *reader) ([]messages.Event, error) {
+	n, err := r.arrayLen(1 << 20)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]messages.Event, n)
+	for i := range out {
+		m, err := r.mapLen(16)
+		if err != nil {
+			return nil, err
+		}
+		for range m {
+			k, err := r.str(32)
+			if err != nil {
+				return nil, err
+			}
+			e := &out[i]
+			switch k {
+			case "kind":
+				var s string
+				if s, err = r.str(32); err == nil {
+					e.Kind = eventKind(s)
+				}
+			case "keys":
+				e.Keys, err = decodeKeys(r, MaxKeys)
+			case "medium":
+				e.Medium, err = r.str(32)
+			case "req":
+				if !r.isNil() {
+					e.Ctx, err = decodeReqContext(r)
+				}
+			case "at_ns":
+				var ns int64
+				if ns, err = r.int(math.MinInt64, math.MaxInt64); err == nil {
+					e.At = time.Unix(0, ns)
+				}
+			default:
+				err = r.skip(0)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("event %d: %s: %w", i, k, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+func eventKind(s string) messages.EventKind {
+	for k := messages.BlockStored; k <= messages.AllBlocksCleared; k++ {
+		if k.String() == s {
+			return k
+		}
+	}
+	return 0
+}
+
+func decodeStats(r *reader, s *messages.Stats) error {
+	n, err := r.mapLen(256)
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := r.str(64)
+		if err != nil {
+			return err
+		}
+		found := false
+		for _, f := range statFields {
+			if f.name != k {
+				continue
+			}
+			found = true
+			switch p := f.ptr(s).(type) {
+			case *int:
+				var v int64
+				v, err = r.int(math.MinInt32, math.MaxInt32)
+				*p = int(v)
+			case *uint64:
+				*p, err = r.uint(math.MaxUint64)
+			case *bool:
+				*p, err = r.bool()
+			}
+			break
+		}
+		if !found {
+			err = r.skip(0)
+		}
+		if err != nil {
+			return fmt.Errorf("stats.%s: %w", k, err)
+		}
+	}
+	return nil
+}

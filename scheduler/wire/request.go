@@ -1,0 +1,601 @@
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// Bounds every decoder enforces (docs/PROTOCOL.md lists them).
+const (
+	MaxFrameBytes     = 32 << 20 // one request or reply frame
+	MaxKeys           = 1 << 16  // keys in one call
+	MaxNamespaceBytes = 64
+	MaxRequestIDBytes = 256
+	MaxTokens         = 4 << 20 // token ids in one ReqContext
+	MaxTiers          = 16
+	MaxTierBytes      = 64
+	MaxNameBytes      = 256 // LoRA name, client name
+	MaxExtraKeys      = 64
+	MaxExtraKeyBytes  = 1024
+	MaxWorkers        = 1024
+	MaxTimeout        = 10 * time.Minute
+	maxFields         = 32
+)
+
+// Op is a protocol operation.
+type Op uint8
+
+// The operations, one per manager call plus the session's own.
+const (
+	OpHello Op = iota + 1
+	OpPing
+	OpBye
+	OpLookup
+	OpPrepareLoad
+	OpTouch
+	OpCompleteLoad
+	OpPrepareStore
+	OpCompleteStore
+	OpJobDone
+	OpRequestFinished
+	OpTakeEvents
+	OpHasPendingWork
+	OpPause
+	OpResume
+	OpResetCache
+	OpStats
+	opEnd
+)
+
+var opNames = [...]string{
+	OpHello: "hello", OpPing: "ping", OpBye: "bye", OpLookup: "lookup",
+	OpPrepareLoad: "prepare_load", OpTouch: "touch", OpCompleteLoad: "complete_load",
+	OpPrepareStore: "prepare_store", OpCompleteStore: "complete_store", OpJobDone: "job_done",
+	OpRequestFinished: "request_finished", OpTakeEvents: "take_events",
+	OpHasPendingWork: "has_pending_work", OpPause: "pause", OpResume: "resume",
+	OpResetCache: "reset_cache", OpStats: "stats",
+}
+
+func (o Op) String() string {
+	if o > 0 && o < opEnd {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// OpByName finds an op by its wire name.
+func OpByName(name string) (Op, bool) {
+	for o := OpHello; o < opEnd; o++ {
+		if opNames[o] == name {
+			return o, true
+		}
+	}
+	return 0, false
+}
+
+// field is a request field beyond v, op, id.
+type field uint16
+
+const (
+	fTimeout field = 1 << iota
+	fReq
+	fKeys
+	fPrefix
+	fOK
+	fJob
+	fWorker
+	fClear
+	fClient
+)
+
+var fieldNames = map[string]field{
+	"timeout_ms": fTimeout, "req": fReq, "keys": fKeys, "prefix": fPrefix, "ok": fOK,
+	"job": fJob, "worker": fWorker, "clear": fClear, "client": fClient,
+}
+
+// schema: the fields each op allows, and those it requires.
+var schema = map[Op]struct{ allowed, required field }{
+	OpHello:           {fTimeout | fClient, 0},
+	OpPing:            {fTimeout, 0},
+	OpBye:             {fTimeout, 0},
+	OpLookup:          {fTimeout | fReq | fKeys | fPrefix, fReq | fKeys},
+	OpPrepareLoad:     {fTimeout | fReq | fKeys, fReq | fKeys},
+	OpTouch:           {fTimeout | fReq | fKeys, fReq | fKeys},
+	OpCompleteLoad:    {fTimeout | fReq | fKeys, fReq | fKeys},
+	OpPrepareStore:    {fTimeout | fReq | fKeys, fReq | fKeys},
+	OpCompleteStore:   {fTimeout | fReq | fKeys | fOK, fReq | fKeys | fOK},
+	OpJobDone:         {fTimeout | fJob | fWorker | fOK, fJob | fWorker | fOK},
+	OpRequestFinished: {fTimeout | fReq, fReq},
+	OpTakeEvents:      {fTimeout, 0},
+	OpHasPendingWork:  {fTimeout, 0},
+	OpPause:           {fTimeout | fClear, 0},
+	OpResume:          {fTimeout, 0},
+	OpResetCache:      {fTimeout, 0},
+	OpStats:           {fTimeout, 0},
+}
+
+// Request is one decoded engine call.
+type Request struct {
+	Op      Op
+	ID      uint64               // chosen by the client, echoed in the reply
+	Timeout time.Duration        // the client's deadline for this call; 0 = the daemon's default
+	Req     *messages.ReqContext // request-scoped ops
+	Keys    []messages.Key       // key-carrying ops
+	Prefix  bool                 // lookup
+	OK      bool                 // complete_store, job_done
+	Job     messages.JobID       // job_done
+	Worker  int                  // job_done
+	Clear   bool                 // pause
+	Client  string               // hello: a name for logs
+}
+
+// DecodeRequest decodes one request frame. Its errors are *DecodeError.
+// Decoded strings and keys never alias frame.
+func DecodeRequest(frame []byte) (*Request, error) {
+	if len(frame) > MaxFrameBytes {
+		return nil, &DecodeError{Code: CodeBadRequest, Msg: fmt.Sprintf("frame of %d bytes (max %d)", len(frame), MaxFrameBytes)}
+	}
+	d := requestDecoder{r: reader{b: frame}}
+	return d.decode()
+}
+
+type requestDecoder struct {
+	r       reader
+	req     Request
+	hasID   bool
+	opName  string
+	offsets map[field]int
+}
+
+func (d *requestDecoder) fail(code Code, format string, a ...any) error {
+	return &DecodeError{Code: code, ID: d.req.ID, HasID: d.hasID, Op: d.opName, Msg: fmt.Sprintf(format, a...)}
+}
+
+func (d *requestDecoder) decode() (*Request, error) {
+	n, err := d.r.mapLen(maxFields)
+	if err != nil {
+		return nil, d.fail(CodeBadRequest, "request: %v", err)
+	}
+	// Pass 1: v, op and id wherever they are; remember where the rest are.
+	var version uint64
+	var seen field
+	var hasV, hasOp bool
+	d.offsets = make(map[field]int, n)
+	for range n {
+		name, err := d.r.str(32)
+		if err != nil {
+			return nil, d.fail(CodeBadRequest, "field name: %v", err)
+		}
+		switch name {
+		case "v", "op", "id":
+			if err := d.header(name, &version, &hasV, &hasOp); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		f, ok := fieldNames[name]
+		if !ok {
+			return nil, d.fail(CodeBadRequest, "unknown field %q", name)
+		}
+		if seen&f != 0 {
+			return nil, d.fail(CodeBadRequest, "field %q repeated", name)
+		}
+		seen |= f
+		d.offsets[f] = d.r.off
+		if err := d.r.skip(0); err != nil {
+			return nil, d.fail(CodeBadRequest, "field %q: %v", name, err)
+		}
+	}
+	if d.r.left() != 0 {
+		return nil, d.fail(CodeBadRequest, "%d bytes after the request map", d.r.left())
+	}
+	switch {
+	case !hasV:
+		return nil, d.fail(CodeBadRequest, "missing field \"v\" (protocol version)")
+	case version != Version:
+		return nil, d.fail(CodeBadVersion, "protocol version %d (this daemon speaks %d)", version, Version)
+	case !d.hasID:
+		return nil, d.fail(CodeBadRequest, "missing field \"id\"")
+	case !hasOp:
+		return nil, d.fail(CodeBadRequest, "missing field \"op\"")
+	}
+	op, ok := OpByName(d.opName)
+	if !ok {
+		return nil, d.fail(CodeUnknownOp, "unknown operation %q", d.opName)
+	}
+	d.req.Op = op
+	s := schema[op]
+	if extra := seen &^ s.allowed; extra != 0 {
+		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
+	}
+	if missing := s.required &^ seen; missing != 0 {
+		return nil, d.fail(CodeBadRequest, "%s needs field %q", op, fieldName(missing))
+	}
+	// Pass 2: the op's fields, each with its exact type and bounds.
+	for f := field(1); f <= fClient; f <<= 1 {
+		off, ok := d.offsets[f]
+		if !ok {
+			continue
+		}
+		d.r.off = off
+		if err := d.field(f); err != nil {
+			code := CodeBadRequest
+			if errors.Is(err, messages.ErrBadKey) {
+				code = CodeBadKey
+			}
+			return nil, d.fail(code, "field %q: %v", fieldName(f), err)
+		}
+	}
+	return &d.req, nil
+}
+
+func (d *requestDecoder) header(name string, version *uint64, hasV, hasOp *bool) error {
+	var err error
+	switch name {
+	case "v":
+		if *hasV {
+			return d.fail(CodeBadRequest, "field \"v\" repeated")
+		}
+		*hasV = true
+		if *version, err = d.r.uint(math.MaxUint32); err != nil {
+			return d.fail(CodeBadRequest, "field \"v\": %v", err)
+		}
+	case "op":
+		if *hasOp {
+			return d.fail(CodeBadRequest, "field \"op\" repeated")
+		}
+		*hasOp = true
+		if d.opName, err = d.r.str(32); err != nil {
+			return d.fail(CodeBadRequest, "field \"op\": %v", err)
+		}
+	case "id":
+		if d.hasID {
+			return d.fail(CodeBadRequest, "field \"id\" repeated")
+		}
+		id, err := d.r.uint(math.MaxUint64)
+		if err != nil {
+			return d.fail(CodeBadRequest, "field \"id\": %v", err)
+		}
+		d.req.ID, d.hasID = id, true
+	}
+	return nil
+}
+
+func fieldName(set field) string {
+	for name, f := range fieldNames {
+		if set&f != 0 {
+			return name
+		}
+	}
+	return "?"
+}
+
+func (d *requestDecoder) field(f field) error {
+	r, q := &d.r, &d.req
+	var err error
+	switch f {
+	case fTimeout:
+		var ms uint64
+		if ms, err = r.uint(uint64(MaxTimeout / time.Millisecond)); err == nil {
+			if ms == 0 {
+				return fmt.Errorf("timeout_ms must be positive")
+			}
+			q.Timeout = time.Duration(ms) * time.Millisecond
+		}
+	case fReq:
+		q.Req, err = decodeReqContext(r)
+	case fKeys:
+		q.Keys, err = decodeKeys(r, MaxKeys)
+	case fPrefix:
+		q.Prefix, err = r.bool()
+	case fOK:
+		q.OK, err = r.bool()
+	case fJob:
+		var id uint64
+		id, err = r.uint(math.MaxUint64)
+		q.Job = messages.JobID(id)
+	case fWorker:
+		var w uint64
+		w, err = r.uint(MaxWorkers - 1)
+		q.Worker = int(w)
+	case fClear:
+		q.Clear, err = r.bool()
+	case fClient:
+		q.Client, err = r.str(MaxNameBytes)
+	}
+	return err
+}
+
+// decodeKeys reads an array of keys, each [namespace str, hash bin, group uint].
+func decodeKeys(r *reader, max int) ([]messages.Key, error) {
+	n, err := r.arrayLen(max)
+	if err != nil {
+		return nil, err
+	}
+	// Each key takes at least 4 bytes (fixarray, fixstr, bin8 header): the
+	// allocation is bounded by the frame, not by the claimed count alone.
+	if 4*n > r.left() {
+		return nil, errShort
+	}
+	keys := make([]messages.Key, n)
+	var lastNS string
+	for i := range keys {
+		if keys[i], err = decodeKey(r, &lastNS); err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, err)
+		}
+	}
+	return keys, nil
+}
+
+func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
+	var k messages.Key
+	n, err := r.arrayLen(3)
+	if err != nil {
+		return k, err
+	}
+	if n != 3 {
+		return k, fmt.Errorf("a key is [namespace, hash, group], got %d elements", n)
+	}
+	nsLen, err := r.strLen()
+	if err != nil {
+		return k, err
+	}
+	if nsLen > MaxNamespaceBytes {
+		return k, fmt.Errorf("namespace of %d bytes (max %d)", nsLen, MaxNamespaceBytes)
+	}
+	ns, _ := r.next(nsLen)
+	// NB: keys of one call nearly always share a namespace: reuse the string.
+	if string(ns) != *lastNS {
+		*lastNS = string(ns)
+	}
+	// NB: an empty hash decodes; the node refuses it with ErrBadKey, as it
+	// does in process. A hash too long to be one is refused here, as BAD_KEY.
+	c, _ := r.peek()
+	hash, err := r.bin(messages.MaxHashBytes)
+	if err != nil {
+		if c >= 0xc4 && c <= 0xc6 && err != errShort {
+			return k, fmt.Errorf("%w: %v", messages.ErrBadKey, err)
+		}
+		return k, err
+	}
+	g, err := r.uint(math.MaxUint32)
+	if err != nil {
+		return k, err
+	}
+	return messages.Key{Namespace: messages.Namespace(*lastNS), Hash: string(hash), Group: uint32(g)}, nil
+}
+
+// decodeReqContext reads a ReqContext map; only "id" is required.
+func decodeReqContext(r *reader) (*messages.ReqContext, error) {
+	n, err := r.mapLen(16)
+	if err != nil {
+		return nil, err
+	}
+	c := &messages.ReqContext{}
+	seen := map[string]bool{}
+	for range n {
+		name, err := r.str(32)
+		if err != nil {
+			return nil, err
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("req field %q repeated", name)
+		}
+		seen[name] = true
+		if err := decodeReqField(r, c, name); err != nil {
+			return nil, fmt.Errorf("req.%s: %w", name, err)
+		}
+	}
+	if !seen["id"] || c.RequestID == "" {
+		return nil, fmt.Errorf("req needs a non-empty \"id\"")
+	}
+	return c, nil
+}
+
+func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
+	var err error
+	switch name {
+	case "id":
+		c.RequestID, err = r.str(MaxRequestIDBytes)
+	case "workers":
+		var w uint64
+		w, err = r.uint(MaxWorkers)
+		c.Workers = int(w)
+	case "tiers":
+		c.TierFilter, err = decodeStrings(r, MaxTiers, MaxTierBytes)
+	case "parent":
+		if r.isNil() {
+			return nil
+		}
+		var p []byte
+		if p, err = r.bin(messages.MaxHashBytes); err == nil {
+			c.ParentBlockHash = append([]byte(nil), p...)
+		}
+	case "tokens":
+		var p []byte
+		if p, err = r.bin(4 * MaxTokens); err != nil {
+			return err
+		}
+		if len(p)%4 != 0 {
+			return fmt.Errorf("%d bytes is not a whole number of int32 token ids", len(p))
+		}
+		if len(p) == 0 {
+			return nil // as absent: the encoder leaves empty lists out
+		}
+		c.TokenIDs = make([]int32, len(p)/4)
+		for i := range c.TokenIDs {
+			c.TokenIDs[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+		}
+	case "block_size":
+		var b uint64
+		b, err = r.uint(1 << 20)
+		c.BlockSize = int(b)
+	case "lora_id":
+		var id int64
+		id, err = r.int(math.MinInt32, math.MaxInt32)
+		c.LoRAID = int(id)
+	case "lora_name":
+		c.LoRAName, err = r.str(MaxNameBytes)
+	case "extra":
+		c.ExtraKeys, err = decodeStrings(r, MaxExtraKeys, MaxExtraKeyBytes)
+	default:
+		return fmt.Errorf("unknown field")
+	}
+	return err
+}
+
+func decodeStrings(r *reader, maxN, maxLen int) ([]string, error) {
+	n, err := r.arrayLen(maxN)
+	if err != nil || n == 0 {
+		return nil, err // empty as absent: the encoder leaves empty lists out
+	}
+	out := make([]string, n)
+	for i := range out {
+		if out[i], err = r.str(maxLen); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// EncodeRequest encodes q as a request frame of protocol Version.
+func EncodeRequest(q *Request) []byte {
+	w := writer{b: make([]byte, 0, 64+len(q.Keys)*48)}
+	s := schema[q.Op]
+	nf := 3
+	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
+	fields := []struct {
+		f  field
+		on bool
+	}{{fTimeout, q.Timeout > 0}, {fReq, q.Req != nil}, {fKeys, true}, {fPrefix, q.Prefix},
+		{fOK, true}, {fJob, true}, {fWorker, true}, {fClear, q.Clear}, {fClient, q.Client != ""}}
+	for _, x := range fields {
+		if set(x.f, x.on) {
+			nf++
+		}
+	}
+	w.mapLen(nf)
+	w.str("v")
+	w.uint(Version)
+	w.str("op")
+	w.str(q.Op.String())
+	w.str("id")
+	w.uint(q.ID)
+	for _, x := range fields {
+		if !set(x.f, x.on) {
+			continue
+		}
+		w.str(fieldName(x.f))
+		switch x.f {
+		case fTimeout:
+			w.uint(uint64(max(q.Timeout/time.Millisecond, 1)))
+		case fReq:
+			encodeReqContext(&w, q.Req, "")
+		case fKeys:
+			encodeKeys(&w, q.Keys)
+		case fPrefix:
+			w.bool(q.Prefix)
+		case fOK:
+			w.bool(q.OK)
+		case fJob:
+			w.uint(uint64(q.Job))
+		case fWorker:
+			w.uint(uint64(q.Worker))
+		case fClear:
+			w.bool(q.Clear)
+		case fClient:
+			w.str(q.Client)
+		}
+	}
+	return w.b
+}
+
+func encodeKeys(w *writer, keys []messages.Key) {
+	w.arrayLen(len(keys))
+	for _, k := range keys {
+		w.arrayLen(3)
+		w.str(string(k.Namespace))
+		w.binString(k.Hash)
+		w.uint(uint64(k.Group))
+	}
+}
+
+// encodeReqContext writes c (nil as msgpack nil); a non-empty strip is
+// removed from the front of the request id.
+func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
+	if c == nil {
+		w.nil_()
+		return
+	}
+	n := 1
+	count := func(on bool) {
+		if on {
+			n++
+		}
+	}
+	count(c.Workers != 0)
+	count(len(c.TierFilter) > 0)
+	count(c.ParentBlockHash != nil)
+	count(len(c.TokenIDs) > 0)
+	count(c.BlockSize != 0)
+	count(c.LoRAID != 0)
+	count(c.LoRAName != "")
+	count(len(c.ExtraKeys) > 0)
+	w.mapLen(n)
+	w.str("id")
+	id := c.RequestID
+	if strip != "" && len(id) >= len(strip) && id[:len(strip)] == strip {
+		id = id[len(strip):]
+	}
+	w.str(id)
+	if c.Workers != 0 {
+		w.str("workers")
+		w.uint(uint64(c.Workers))
+	}
+	if len(c.TierFilter) > 0 {
+		w.str("tiers")
+		writeStrings(w, c.TierFilter)
+	}
+	if c.ParentBlockHash != nil {
+		w.str("parent")
+		w.bin(c.ParentBlockHash)
+	}
+	if len(c.TokenIDs) > 0 {
+		w.str("tokens")
+		w.binHeader(4 * len(c.TokenIDs))
+		for _, t := range c.TokenIDs {
+			w.b = binary.LittleEndian.AppendUint32(w.b, uint32(t))
+		}
+	}
+	if c.BlockSize != 0 {
+		w.str("block_size")
+		w.uint(uint64(c.BlockSize))
+	}
+	if c.LoRAID != 0 {
+		w.str("lora_id")
+		w.int(int64(c.LoRAID))
+	}
+	if c.LoRAName != "" {
+		w.str("lora_name")
+		w.str(c.LoRAName)
+	}
+	if len(c.ExtraKeys) > 0 {
+		w.str("extra")
+		writeStrings(w, c.ExtraKeys)
+	}
+}
+
+func writeStrings(w *writer, ss []string) {
+	w.arrayLen(len(ss))
+	for _, s := range ss {
+		w.str(s)
+	}
+}

@@ -1,0 +1,125 @@
+package kvtier
+
+// Standalone mode: the node side of the engine endpoint (DESIGN.md §3, "Two
+// ways in, one code path"). With Config.EngineListen set, Open binds the
+// endpoint before any actor starts (a bad address fails Open), the guardian
+// spawns the endpoint actor beside the bridge, and Close stops the endpoint
+// before anything else so no engine call arrives during the drain.
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler"
+	"github.com/kvtier/kvtier/scheduler/wire"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// EngineAddr is the engine endpoint's bound address ("" without one); a tcp
+// port of 0 is resolved.
+func (n *Node) EngineAddr() string {
+	if n.endpoint == nil {
+		return ""
+	}
+	return n.endpoint.Addr()
+}
+
+// openEndpoint restricts the pool file and binds the engine endpoint, when
+// the config asks for one.
+func (n *Node) openEndpoint() error {
+	c := n.cfg
+	if c.EngineListen == "" {
+		return nil
+	}
+	gid, mode, err := engineAccess(c.EngineGroup)
+	if err != nil {
+		return err
+	}
+	// The pool holds cached KV: only the owner (and the configured group)
+	// may map it.
+	if gid >= 0 {
+		if err := os.Chown(c.PoolPath, -1, gid); err != nil {
+			return fmt.Errorf("kvtier: pool file group: %w", err)
+		}
+	}
+	if err := os.Chmod(c.PoolPath, mode); err != nil {
+		return fmt.Errorf("kvtier: pool file mode: %w", err)
+	}
+	clock := c.EngineClock
+	if clock == nil {
+		clock = supervision.RealClock{}
+	}
+	ep, err := scheduler.NewEndpoint(scheduler.EndpointConfig{
+		Listen:      scheduler.ListenOptions{Addr: c.EngineListen, AllowRemote: c.EngineAllowRemote, Mode: mode, GID: gid},
+		Clock:       clock,
+		NodeClock:   c.Clock,
+		Grace:       c.EngineGrace,
+		CallTimeout: c.CallTimeout,
+		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
+			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers},
+		Log: c.Logger.With().Str("actor", "endpoint").Logger(),
+	})
+	if err != nil {
+		return err
+	}
+	n.endpoint = ep
+	return nil
+}
+
+// engineAccess resolves engine_group to a gid (-1 without one) and the file
+// mode of the socket and the pool.
+func engineAccess(group string) (int, os.FileMode, error) {
+	if group == "" {
+		return -1, 0o600, nil
+	}
+	gid, err := strconv.Atoi(group)
+	if err != nil {
+		g, lerr := user.LookupGroup(group)
+		if lerr != nil {
+			return 0, 0, fmt.Errorf("%w: engine_group %q: %v", messages.ErrBadConfig, group, lerr)
+		}
+		gid, _ = strconv.Atoi(g.Gid)
+	}
+	return gid, 0o660, nil
+}
+
+// endpointChildren is the endpoint actor for the guardian to spawn, if any.
+func (n *Node) endpointChildren() []actors.Child {
+	if n.endpoint == nil {
+		return nil
+	}
+	return []actors.Child{{Name: "endpoint", Props: n.endpoint.Props()}}
+}
+
+// startEndpoint begins serving once the actors are up, and registers the
+// endpoint's metrics.
+func (n *Node) startEndpoint(pids map[string]*actor.PID) {
+	if n.endpoint == nil {
+		return
+	}
+	n.endpoint.Start(n.system, pids["endpoint"], pids["bridge"])
+}
+
+// closeEndpoint stops engine intake from the socket (first step of Close).
+func (n *Node) closeEndpoint() error {
+	if n.endpoint == nil {
+		return nil
+	}
+	if err := n.endpoint.Close(); err != nil {
+		return fmt.Errorf("close engine endpoint: %w", err)
+	}
+	return nil
+}
+
+// registerEndpointMetrics adds the endpoint's metrics to the node registry.
+func (n *Node) registerEndpointMetrics() {
+	if n.endpoint != nil {
+		n.registry.MustRegister(n.endpoint.Collectors()...)
+	}
+}

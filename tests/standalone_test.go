@@ -1,0 +1,263 @@
+package tests
+
+// Standalone mode with real processes: kvtierd serving its engine endpoint,
+// `kvtier sim --connect` and raw ZeroMQ peers as engines.
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// standalone starts kvtierd with an engine endpoint on an ipc socket and
+// returns it with the endpoint and metrics addresses.
+func standalone(t *testing.T, ctx context.Context, extra ...string) (d *daemon, engine, metrics string) {
+	t.Helper()
+	engine = "ipc://" + filepath.Join(t.TempDir(), "engine.sock")
+	args := append([]string{"--pool-path", poolPath(t), "--engine-listen", engine,
+		"--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	d = startDaemon(t, buildDaemon(t), args...)
+	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	require.NoError(t, err)
+	require.Equal(t, engine, rec["engine_listen"])
+	return d, engine, rec["metrics_addr"].(string)
+}
+
+// runSimJSON runs `kvtier sim` with args and decodes its JSON summary.
+func runSimJSON(t *testing.T, ctx context.Context, bin string, args ...string) map[string]any {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"sim", "--json", "--no-progress"}, args...)...)
+	out, err := cmd.Output()
+	var stderr string
+	if ee, ok := err.(*exec.ExitError); ok {
+		stderr = string(ee.Stderr)
+	}
+	require.NoError(t, err, "kvtier sim %v: %s", args, stderr)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var sum map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &sum))
+	return sum
+}
+
+// counts drops the fields of a summary that measure time.
+func counts(s map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range s {
+		switch k {
+		case "lookup_p50_us", "lookup_p99_us", "wall_seconds", "settle_polls":
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// One code path: the simulator through the daemon's socket and shared pool
+// gives exactly the counts of the embedded node, both on their defaults.
+func TestSimThroughDaemonMatchesEmbedded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cli := buildCLI(t)
+	_, engine, _ := standalone(t, ctx)
+	args := []string{"--seed", "7", "--requests", "800"}
+	connected := runSimJSON(t, ctx, cli, append(args, "--connect", engine)...)
+	embedded := runSimJSON(t, ctx, cli, args...)
+	require.EqualValues(t, 0, connected["corrupt_blocks"])
+	require.Positive(t, connected["blocks_verified"].(float64))
+	require.Equal(t, counts(embedded), counts(connected))
+}
+
+// dialTest connects the test's own client (it heartbeats, so it outlives
+// the grace period).
+func dialTest(t *testing.T, ctx context.Context, engine string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(ctx, engine, client.Options{Name: t.Name()})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}
+
+// An engine killed mid-run (SIGKILL: no Bye, no RequestFinished, jobs in
+// flight) leaves nothing pinned, leased or write-pending once its grace
+// period has passed, and the loss is counted.
+func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cli := buildCLI(t)
+	d, engine, metricsAddr := standalone(t, ctx, "--engine-grace", "2s")
+	observer := dialTest(t, ctx, engine)
+
+	// Slow copies in real time keep store and load jobs in flight.
+	sim := exec.Command(cli, "sim", "--connect", engine, "--seed", "3", "--no-progress",
+		"--realtime", "--step-time", "5ms", "--copy-time", "20ms", "--requests", "100000")
+	require.NoError(t, sim.Start())
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = sim.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = sim.Process.Kill(); <-exited })
+
+	// Readiness: wait (bounded by ctx) until the engine holds something of
+	// every kind a crash can leak.
+	var held messages.Stats
+	for {
+		s, err := observer.Stats(ctx)
+		require.NoError(t, err)
+		if s.WritePending > 0 && s.JobsInFlight > 0 && s.Pinned+s.Leased > 0 {
+			held = s
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("sim exited early: %v", waitErr)
+		case <-ctx.Done():
+			t.Fatalf("engine never held pins, leases and writes at once: %+v", s)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	require.NoError(t, sim.Process.Signal(syscall.SIGKILL))
+	<-exited
+	t.Logf("killed the engine holding %d write-pending, %d pinned, %d leased slots, %d jobs",
+		held.WritePending, held.Pinned, held.Leased, held.JobsInFlight)
+
+	rec, err := d.stderr.waitJSON(ctx, "engine session released")
+	require.NoError(t, err)
+	require.Equal(t, "lost", rec["reason"])
+	s, err := observer.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, s.WritePending, "write-pending slots")
+	require.Zero(t, s.Pinned, "pinned slots")
+	require.Zero(t, s.Leased, "leased slots")
+	require.Zero(t, s.JobsInFlight, "jobs in flight")
+	require.Zero(t, s.Requests, "requests with state")
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	code, body, err := get(ctx, client, "http://"+metricsAddr+"/metrics")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `kvtier_engine_sessions_released_total{reason="lost"} 1`)
+
+	// The daemon still serves: a fresh engine stores and loads.
+	require.NoError(t, observer.Ping(ctx))
+}
+
+// rawPeer is a bare DEALER socket: it sends whatever bytes a test makes.
+type rawPeer struct {
+	t    *testing.T
+	sock zmq4.Socket
+}
+
+func dialRaw(t *testing.T, engine string) *rawPeer {
+	t.Helper()
+	sock := zmq4.NewDealer(context.Background())
+	require.NoError(t, sock.Dial(engine))
+	t.Cleanup(func() { _ = sock.Close() })
+	return &rawPeer{t: t, sock: sock}
+}
+
+// roundTrip sends frames and decodes the reply map.
+func (p *rawPeer) roundTrip(frames ...[]byte) map[string]any {
+	p.t.Helper()
+	require.NoError(p.t, p.sock.Send(zmq4.NewMsgFrom(frames...)))
+	msg, err := p.sock.Recv()
+	require.NoError(p.t, err)
+	require.Len(p.t, msg.Frames, 1)
+	var reply map[string]any
+	require.NoError(p.t, msgpack.Unmarshal(msg.Frames[0], &reply))
+	return reply
+}
+
+func pack(t *testing.T, v any) []byte {
+	b, err := msgpack.Marshal(v)
+	require.NoError(t, err)
+	return b
+}
+
+func errCode(reply map[string]any) string {
+	e, _ := reply["err"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+// Malformed frames each get an error reply (with the request's id where
+// it could be read); the daemon keeps serving everyone.
+func TestMalformedFramesGetErrorReplies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, engine, metricsAddr := standalone(t, ctx, "--pool-bytes", "4MiB", "--block-bytes", "64KiB")
+	good := dialTest(t, ctx, engine)
+	p := dialRaw(t, engine)
+	hello := p.roundTrip(pack(t, map[string]any{"v": 1, "op": "hello", "id": 1}))
+	require.Empty(t, errCode(hello))
+
+	key := []any{"ns", []byte("hash0001"), 0}
+	manyKeys := make([]any, wire.MaxKeys+1)
+	for i := range manyKeys {
+		manyKeys[i] = key
+	}
+	for _, tc := range []struct {
+		name   string
+		frames [][]byte
+		code   string
+		id     uint64
+	}{
+		{"garbage", [][]byte{[]byte("\xc1\xff not msgpack")}, "BAD_REQUEST", 0},
+		{"not a map", [][]byte{pack(t, []any{1, 2, 3})}, "BAD_REQUEST", 0},
+		{"two frames", [][]byte{pack(t, map[string]any{"v": 1, "op": "ping", "id": 2}), []byte("x")}, "BAD_REQUEST", 0},
+		{"wrong version", [][]byte{pack(t, map[string]any{"v": 2, "op": "ping", "id": 3})}, "BAD_VERSION", 3},
+		{"unknown op", [][]byte{pack(t, map[string]any{"v": 1, "op": "format_disk", "id": 4})}, "UNKNOWN_OP", 4},
+		{"wrong type: id as string", [][]byte{pack(t, map[string]any{"v": 1, "op": "ping", "id": "5"})}, "BAD_REQUEST", 0},
+		{"wrong type: keys as map", [][]byte{pack(t, map[string]any{"v": 1, "op": "lookup", "id": 6,
+			"req": map[string]any{"id": "r"}, "keys": map[string]any{"a": 1}})}, "BAD_REQUEST", 6},
+		{"wrong type: hash as str", [][]byte{pack(t, map[string]any{"v": 1, "op": "lookup", "id": 7,
+			"req": map[string]any{"id": "r"}, "keys": []any{[]any{"ns", "hash", 0}}})}, "BAD_REQUEST", 7},
+		{"oversize key list", [][]byte{pack(t, map[string]any{"v": 1, "op": "lookup", "id": 8,
+			"req": map[string]any{"id": "r"}, "keys": manyKeys})}, "BAD_REQUEST", 8},
+		{"oversize hash", [][]byte{pack(t, map[string]any{"v": 1, "op": "lookup", "id": 9,
+			"req": map[string]any{"id": "r"}, "keys": []any{[]any{"ns", make([]byte, 65), 0}}})}, "BAD_KEY", 9},
+		{"worker index out of range", [][]byte{pack(t, map[string]any{"v": 1, "op": "job_done", "id": 10,
+			"job": 1, "worker": wire.MaxWorkers, "ok": true})}, "BAD_REQUEST", 10},
+		{"unknown field", [][]byte{pack(t, map[string]any{"v": 1, "op": "ping", "id": 11, "slot": 99999999})}, "BAD_REQUEST", 11},
+		{"missing field", [][]byte{pack(t, map[string]any{"v": 1, "op": "job_done", "id": 12, "job": 1})}, "BAD_REQUEST", 12},
+		{"unknown job", [][]byte{pack(t, map[string]any{"v": 1, "op": "job_done", "id": 13, "job": 424242, "worker": 0, "ok": true})}, "UNKNOWN_JOB", 13},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reply := p.roundTrip(tc.frames...)
+			require.Equal(t, tc.code, errCode(reply), "reply %v", reply)
+			require.EqualValues(t, tc.id, reply["id"])
+			require.NoError(t, good.Ping(ctx), "the daemon keeps serving")
+		})
+	}
+	// A peer that never said hello has no session.
+	stranger := dialRaw(t, engine)
+	require.Equal(t, "NO_SESSION", errCode(stranger.roundTrip(pack(t, map[string]any{"v": 1, "op": "stats", "id": 1}))))
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	_, body, err := get(ctx, client, "http://"+metricsAddr+"/metrics")
+	require.NoError(t, err)
+	require.Contains(t, body, `kvtier_engine_bad_frames_total{code="BAD_REQUEST"}`)
+	_, err = good.Stats(ctx)
+	require.NoError(t, err)
+	require.NoError(t, good.Close(ctx))
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	exit, err := d.wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, exit)
+}

@@ -1,0 +1,247 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// readChunk is the unit a block is read and checksummed in.
+const readChunk = 64 << 10
+
+// Store does the tier's file I/O: one call per block, run on a worker
+// goroutine, never in the actor. It holds no index; the actor decides which
+// calls to make.
+type Store struct {
+	fs     FS
+	root   string
+	fsync  bool
+	tmpSeq atomic.Uint64
+}
+
+// NewStore serves blocks under root through fsys; with fsync every write
+// is synced before it is published.
+func NewStore(fsys FS, root string, fsync bool) *Store {
+	return &Store{fs: fsys, root: root, fsync: fsync}
+}
+
+// Path is key's file.
+func (s *Store) Path(k messages.Key) string { return filepath.Join(s.root, relPath(k)) }
+
+// Write stores src as k's block: it checks src against sum, writes header
+// and bytes to a temporary file, optionally syncs it, and renames it into
+// place, so a reader sees the whole block or none. It returns the file's
+// size. Out of space is ErrTierFull.
+func (s *Store) Write(k messages.Key, src []byte, sum uint32) (int64, error) {
+	if got := crc32.Checksum(src, castagnoli); got != sum {
+		return 0, fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
+	}
+	p := s.Path(k)
+	if err := s.fs.MkdirAll(filepath.Dir(p)); err != nil {
+		return 0, ioErr("mkdir", err)
+	}
+	tmp := p + tmpMarker + strconv.FormatUint(s.tmpSeq.Add(1), 10)
+	if err := s.writeFile(tmp, k, src, sum); err != nil {
+		_ = s.fs.Remove(tmp)
+		return 0, err
+	}
+	if err := s.fs.Rename(tmp, p); err != nil {
+		_ = s.fs.Remove(tmp)
+		return 0, ioErr("rename", err)
+	}
+	return headerSize + int64(len(src)), nil
+}
+
+func (s *Store) writeFile(name string, k messages.Key, src []byte, sum uint32) (err error) {
+	f, err := s.fs.Create(name)
+	if err != nil {
+		return ioErr("create", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = ioErr("close", cerr)
+		}
+	}()
+	var hdr [headerSize]byte
+	encodeHeader(&hdr, header{key: k, length: int64(len(src)), sum: sum})
+	if _, err := f.Write(hdr[:]); err != nil {
+		return ioErr("write", err)
+	}
+	if _, err := f.Write(src); err != nil {
+		return ioErr("write", err)
+	}
+	if s.fsync {
+		if err := f.Sync(); err != nil {
+			return ioErr("fsync", err)
+		}
+	}
+	return nil
+}
+
+// ioErr wraps an I/O error; out of space or quota becomes ErrTierFull.
+func ioErr(op string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %s: %v", messages.ErrTierFull, op, err)
+	}
+	return fmt.Errorf("fs tier %s: %w", op, err)
+}
+
+// Read reads k's block into dest and verifies it: header intact, same key,
+// length len(dest), CRC32C of the bytes as recorded. It returns the
+// checksum. A file that fails a check is ErrInvalidBlock (the caller removes
+// it); a missing file is ErrNotFound.
+func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, err error) {
+	f, err := s.fs.Open(s.Path(k))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
+	}
+	if err != nil {
+		return 0, ioErr("open", err)
+	}
+	defer f.Close()
+	var hdr [headerSize]byte
+	if n, err := f.ReadAt(hdr[:], 0); n < headerSize {
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, ioErr("read", err)
+		}
+		return 0, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, k)
+	}
+	h, err := decodeHeader(hdr[:])
+	if err != nil {
+		return 0, fmt.Errorf("%v: %w", k, err)
+	}
+	if h.key != k || h.length != int64(len(dest)) {
+		return 0, fmt.Errorf("%w: %v: file holds %v of %d bytes", messages.ErrInvalidBlock, k, h.key, h.length)
+	}
+	// NB: read and checksum chunk by chunk, so each chunk is summed while it
+	// is still in cache: the checksum then costs little beyond the copy.
+	var got uint32
+	for off := 0; off < len(dest); off += readChunk {
+		chunk := dest[off:min(off+readChunk, len(dest))]
+		if n, err := f.ReadAt(chunk, headerSize+int64(off)); n < len(chunk) {
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, ioErr("read", err)
+			}
+			return 0, fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, off+n, len(dest))
+		}
+		got = crc32.Update(got, castagnoli, chunk)
+	}
+	if got != h.sum {
+		return 0, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.sum, got)
+	}
+	return h.sum, nil
+}
+
+// Remove deletes k's file; a missing file is not an error.
+func (s *Store) Remove(k messages.Key) error {
+	if err := s.fs.Remove(s.Path(k)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return ioErr("remove", err)
+	}
+	return nil
+}
+
+// scanned is a block file found by Scan.
+type scanned struct {
+	key   messages.Key
+	size  int64
+	mtime time.Time
+}
+
+// ScanResult is what a start-up scan found.
+type ScanResult struct {
+	blocks  []scanned // oldest first
+	Removed int       // leftovers removed: temporary files, misnamed or mis-sized block files
+	Skipped int       // entries that are not ours, left alone
+}
+
+// Scan walks the root and lists the block files, oldest first. Temporary
+// files (a write interrupted by a crash), block files whose name does not
+// parse and block files whose size is not header + blockBytes are removed
+// and counted: they can never be served. Headers and checksums are verified
+// lazily, on read. A missing root is created.
+func (s *Store) Scan(blockBytes int) (ScanResult, error) {
+	var res ScanResult
+	if err := s.fs.MkdirAll(s.root); err != nil {
+		return res, ioErr("mkdir root", err)
+	}
+	nsDirs, err := s.fs.ReadDir(s.root)
+	if err != nil {
+		return res, ioErr("read root", err)
+	}
+	for _, nd := range nsDirs {
+		ns, ok := parseNSDir(nd.Name())
+		if !ok || !nd.IsDir() {
+			res.Skipped++
+			continue
+		}
+		if err := s.scanNamespace(ns, filepath.Join(s.root, nd.Name()), blockBytes, &res); err != nil {
+			return res, err
+		}
+	}
+	slices.SortStableFunc(res.blocks, func(a, b scanned) int { return a.mtime.Compare(b.mtime) })
+	return res, nil
+}
+
+func (s *Store) scanNamespace(ns messages.Namespace, dir string, blockBytes int, res *ScanResult) error {
+	shards, err := s.fs.ReadDir(dir)
+	if err != nil {
+		return ioErr("read dir", err)
+	}
+	for _, sd := range shards {
+		if !sd.IsDir() || len(sd.Name()) != 2 || !isLowerHex(sd.Name()) {
+			res.Skipped++
+			continue
+		}
+		shardDir := filepath.Join(dir, sd.Name())
+		files, err := s.fs.ReadDir(shardDir)
+		if err != nil {
+			return ioErr("read dir", err)
+		}
+		for _, f := range files {
+			s.scanFile(ns, shardDir, sd.Name(), f, blockBytes, res)
+		}
+	}
+	return nil
+}
+
+func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry, blockBytes int, res *ScanResult) {
+	name := f.Name()
+	full := filepath.Join(dir, name)
+	if !f.Type().IsRegular() {
+		res.Skipped++
+		return
+	}
+	if strings.Contains(name, tmpMarker) && strings.Contains(name, blockExt) {
+		if s.fs.Remove(full) == nil {
+			res.Removed++
+		}
+		return
+	}
+	if !strings.HasSuffix(name, blockExt) {
+		res.Skipped++
+		return
+	}
+	hash, group, ok := parseFileName(name)
+	info, err := f.Info()
+	if !ok || err != nil || info.Size() != headerSize+int64(blockBytes) || shardOf(name) != shard {
+		if s.fs.Remove(full) == nil {
+			res.Removed++
+		}
+		return
+	}
+	res.blocks = append(res.blocks, scanned{
+		key:  messages.Key{Namespace: ns, Hash: hash, Group: group},
+		size: info.Size(), mtime: info.ModTime(),
+	})
+}

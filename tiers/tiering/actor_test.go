@@ -1,0 +1,149 @@
+package tiering
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// stalledTier is a tier whose device hangs: it says it has every key, and
+// holds every read until the test releases it (a hung disk or endpoint).
+type stalledTier struct {
+	reads   chan heldRead
+	lookups bool // answer lookups (false: hang on them too)
+}
+
+type heldRead struct {
+	sender *actor.PID
+	m      *messages.TierRead
+}
+
+func (s *stalledTier) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.TierLookup:
+		if s.lookups {
+			found := make([]bool, len(m.Keys))
+			for i := range found {
+				found[i] = true
+			}
+			ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: found})
+		}
+	case *messages.TierRead:
+		s.reads <- heldRead{sender: ctx.Sender(), m: m}
+	}
+}
+
+type rig struct {
+	t       *testing.T
+	ctx     context.Context
+	system  *actor.ActorSystem
+	tiering *actor.PID
+	cpu     *actor.PID
+	clock   *supervision.ManualClock
+	reads   chan heldRead
+}
+
+func newRig(t *testing.T, answerLookups bool) *rig {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	pool, err := cpu.OpenPool("", 4, 64)
+	require.NoError(t, err)
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	state, err := cpu.NewState(4, "lru", clock.Now)
+	require.NoError(t, err)
+	system := actors.NewSystem(zerolog.Nop())
+	reads := make(chan heldRead, 16)
+	cpuPID := actor.NewPID(system.Address(), "g/cpu")
+	tierPID := actor.NewPID(system.Address(), "g/slow")
+	children := []actors.Child{
+		{Name: "cpu", Props: cpu.Props(state, pool, clock.Now, zerolog.Nop())},
+		{Name: "slow", Props: actor.PropsFromProducer(func() actor.Actor { return &stalledTier{reads: reads, lookups: answerLookups} })},
+		{Name: "tiering", Props: Props(Config{CPU: cpuPID, Tiers: []Tier{{Name: "slow", Kind: "obj", PID: tierPID}},
+			Slot: pool.Slot, Clock: clock, LookupDeadline: time.Second, PromotionTimeout: 5 * time.Second})},
+	}
+	spawned := make(chan map[string]*actor.PID, 1)
+	var restarts = new(atomicCounter)
+	g, err := system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &restarts.Uint64, zerolog.Nop()), "g")
+	require.NoError(t, err)
+	pids := <-spawned
+	t.Cleanup(func() {
+		require.NoError(t, actors.StopAndWait(ctx, system, g))
+		system.Shutdown()
+		require.NoError(t, pool.Close())
+		cancel()
+	})
+	return &rig{t: t, ctx: ctx, system: system, tiering: pids["tiering"], cpu: pids["cpu"], clock: clock, reads: reads}
+}
+
+func (r *rig) ask(pid *actor.PID, msg any) any {
+	r.t.Helper()
+	res, err := actors.Ask(r.ctx, r.system, pid, msg)
+	require.NoError(r.t, err)
+	return res
+}
+
+func (r *rig) lookup(keys ...messages.Key) []messages.LookupStatus {
+	r.t.Helper()
+	return r.ask(r.tiering, &messages.AsyncLookup{Corr: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys}).(*messages.AsyncLookupResult).Status
+}
+
+func (r *rig) cpuStats() messages.Stats {
+	r.t.Helper()
+	return r.ask(r.cpu, &messages.TierStats{Corr: 1}).(*messages.TierStatsResult).Stats
+}
+
+func (r *rig) idle() {
+	r.t.Helper()
+	reply := messages.NewReply[struct{}]()
+	r.system.Root.Send(r.tiering, &messages.TieringIdle{Reply: reply})
+	select {
+	case <-reply:
+	case <-r.ctx.Done():
+		r.t.Fatal("tiering never became idle")
+	}
+}
+
+func k(i byte) messages.Key { return messages.Key{Namespace: "ab", Hash: string([]byte{i})} }
+
+// A tier that never answers a lookup cannot hold the engine: RETRY until the
+// deadline, MISS from then on, and nothing is left in flight.
+func TestLookupDeadlineTurnsRetryIntoMiss(t *testing.T) {
+	r := newRig(t, false)
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(1)))
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(1)), "still in flight")
+	r.clock.Advance(time.Second)
+	require.Equal(t, []messages.LookupStatus{messages.Miss}, r.lookup(k(1)), "deadline passed")
+	r.idle()
+}
+
+// A promotion whose read hangs is reaped at its deadline: the key answers
+// MISS at once, but its reserved slot is freed only when the read returns
+// (a worker may still be writing into it), and it never becomes readable.
+func TestStalledPromotionIsReapedAndItsSlotFreedWhenTheReadReturns(t *testing.T) {
+	r := newRig(t, true)
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(2)))
+	held := <-r.reads
+	require.Equal(t, 1, r.cpuStats().WritePending, "slot reserved for the promotion")
+	r.clock.Advance(5 * time.Second)
+	require.Equal(t, []messages.LookupStatus{messages.Miss}, r.lookup(k(2)), "reaped: a miss for the engine")
+	require.Equal(t, 1, r.cpuStats().WritePending, "the read may still land in the slot: it stays reserved")
+	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key, Checksum: 0})
+	r.idle()
+	st := r.cpuStats()
+	require.Zero(t, st.WritePending, "released once the read returned")
+	require.Zero(t, st.Ready, "a reaped promotion is never readable")
+}
+
+type atomicCounter struct{ atomic.Uint64 }

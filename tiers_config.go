@@ -1,0 +1,111 @@
+package kvtier
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/fs"
+)
+
+// TierConfig is one secondary tier of Config.SecondaryTiers. In YAML:
+//
+//	secondary_tiers:
+//	  - {kind: fs, root: /var/lib/kvtier, capacity: 100GiB, fsync: false}
+//	  - {kind: obj, endpoint: 127.0.0.1:7070, bucket: kv, prefix: node-a/}
+type TierConfig struct {
+	// Kind is "fs" or "obj".
+	Kind string `yaml:"kind"`
+	// Name names the tier in stats, metrics and ReqContext.TierFilter;
+	// default: the kind (then kind2, kind3, ... for repeats).
+	Name string `yaml:"name"`
+	// Workers is the tier's I/O goroutines (fs default 4, obj default 16).
+	Workers int `yaml:"workers"`
+
+	// fs: the root directory, byte capacity (0 = unbounded) and whether each
+	// block file is fsynced before it is published.
+	Root     string   `yaml:"root"`
+	Capacity ByteSize `yaml:"capacity"`
+	Fsync    bool     `yaml:"fsync"`
+
+	// obj: an S3-compatible endpoint (host:port), bucket and key prefix.
+	// Credentials come from here or, when empty, from AWS_ACCESS_KEY_ID /
+	// AWS_SECRET_ACCESS_KEY.
+	Endpoint  string `yaml:"endpoint"`
+	Bucket    string `yaml:"bucket"`
+	Prefix    string `yaml:"prefix"`
+	Region    string `yaml:"region"`
+	Secure    bool   `yaml:"secure"`
+	AccessKey string `yaml:"access_key"`
+	SecretKey string `yaml:"secret_key"`
+
+	// FS replaces the real filesystem of an fs tier (fault injection in
+	// tests); nil is the OS.
+	FS fs.FS `yaml:"-"`
+}
+
+// tierNames returns each tier's name, defaulted and made unique.
+func tierNames(ts []TierConfig) []string {
+	out := make([]string, len(ts))
+	seen := map[string]int{}
+	for i, t := range ts {
+		name := t.Name
+		if name == "" {
+			name = t.Kind
+			if n := seen[name]; n > 0 {
+				name = fmt.Sprintf("%s%d", t.Kind, n+1)
+			}
+		}
+		seen[t.Kind]++
+		out[i] = name
+	}
+	return out
+}
+
+// credentials returns the obj tier's keys, from the config or the standard
+// environment variables.
+func (t TierConfig) credentials() (access, secret string) {
+	access, secret = t.AccessKey, t.SecretKey
+	if access == "" {
+		access = os.Getenv("AWS_ACCESS_KEY_ID")
+	}
+	if secret == "" {
+		secret = os.Getenv("AWS_SECRET_ACCESS_KEY")
+	}
+	return access, secret
+}
+
+func validateTiers(c Config) error {
+	if len(c.SecondaryTiers) > 63 {
+		return badConfig("%d secondary tiers (max 63)", len(c.SecondaryTiers))
+	}
+	names := map[string]bool{}
+	for i, name := range tierNames(c.SecondaryTiers) {
+		t := c.SecondaryTiers[i]
+		switch {
+		case names[name]:
+			return badConfig("secondary_tiers[%d]: name %q repeated", i, name)
+		case name == tiers.CPU:
+			return badConfig("secondary_tiers[%d]: name %q is the CPU tier's", i, name)
+		case t.Workers < 0:
+			return badConfig("secondary_tiers[%d]: workers %d must not be negative", i, t.Workers)
+		}
+		names[name] = true
+		switch t.Kind {
+		case tiers.KindFS:
+			if t.Root == "" {
+				return badConfig("secondary_tiers[%d]: fs tier needs a root", i)
+			}
+			if t.Capacity < 0 {
+				return badConfig("secondary_tiers[%d]: capacity %d must not be negative", i, t.Capacity)
+			}
+		case tiers.KindObj:
+			if t.Endpoint == "" || t.Bucket == "" {
+				return badConfig("secondary_tiers[%d]: obj tier needs an endpoint and a bucket", i)
+			}
+		default:
+			return badConfig("secondary_tiers[%d]: kind %q (want fs or obj)", i, t.Kind)
+		}
+	}
+	return nil
+}
