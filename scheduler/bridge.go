@@ -635,11 +635,17 @@ func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
 	b.drainBy(ctx, m.Deadline, m.Reply, func() { m.Reply.Answer(struct{}{}, nil) })
 }
 
+// stats answers with the bridge's figures as of the call, merged with the
+// CPU tier's as of its answer. NB: the CPU tier answers after every release
+// the bridge sent before the call, so a job the bridge no longer counts
+// shows no pins it gave back; only a finished store whose commit is still
+// being checksummed can show write-pending slots for a moment.
 func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
+	c := *b.cfg.Counters
+	jobs, requests, paused := len(b.reg.jobs), len(b.reg.byReq), b.paused
 	b.ask(ctx, func(corr uint64) any { return &messages.TierStats{Corr: corr} }, func(r any) {
 		s := r.(*messages.TierStatsResult).Stats
-		c := b.cfg.Counters
-		s.JobsInFlight, s.Requests, s.Paused = len(b.reg.jobs), len(b.reg.byReq), b.paused
+		s.JobsInFlight, s.Requests, s.Paused = jobs, requests, paused
 		s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
 			c.JobsCompleted, c.ReapedLoad, c.ReapedStore, c.LateReports
 		if b.cfg.Restarts != nil {
