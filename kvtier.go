@@ -80,6 +80,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	n.manager = &embedded{node: n}
 	n.registry, n.metrics = newNodeMetrics(n.manager.Stats, cfg.CallTimeout)
 	n.registerEndpointMetrics()
+	n.registerEventsMetrics()
 	n.registerTierMetrics()
 	cfg.Logger.Info().Str("pool", pool.Path()).Int("slots", slots).Int("block_bytes", cfg.BlockBytes).
 		Str("policy", cfg.Policy).Msg("kvtier node open")

@@ -8,6 +8,8 @@ package kvtier
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -152,4 +154,24 @@ func (n *Node) Inventory(ctx context.Context) (map[string][]messages.Key, error)
 		out[res.Medium] = res.Keys
 	}
 	return out, nil
+}
+
+// registerEventsMetrics exposes the hub's counters on the node registry,
+// read at scrape time (the hub updates them atomically).
+func (n *Node) registerEventsMetrics() {
+	if n.events.pub == nil {
+		return
+	}
+	c := &n.events.counters
+	counter := func(name, help string, v *atomic.Uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metricsNamespace, Name: name, Help: help},
+			func() float64 { return float64(v.Load()) })
+	}
+	n.registry.MustRegister(
+		counter("events_batches_total", "KV event batches published.", &c.Batches),
+		counter("events_total", "KV events published.", &c.Events),
+		counter("events_placeholders_total", "Stored blocks announced without full provenance.", &c.Placeholders),
+		counter("events_unknown_removals_total", "Removals of blocks never announced stored (not published).", &c.UnknownRemovals),
+		counter("events_encode_errors_total", "Event batches dropped because they failed to encode.", &c.EncodeErrors),
+	)
 }

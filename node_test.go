@@ -16,7 +16,12 @@ import (
 	"github.com/kvtier/kvtier/supervision"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// NB: zmq4 v0.17.0's PUB socket never stops its writer goroutine on Close
+// (upstream bug, see events/); it is the one goroutine allowed to outlive a
+// node that published events.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
 
 const (
 	testBlock   = 4096
