@@ -41,7 +41,19 @@ type Holder struct {
 }
 
 // JobID numbers transfer jobs; never reused within a node's life.
+//
+// Ranges, so that owners numbering jobs independently never collide under
+// one Origin: the bridge numbers engine jobs from 1; the tiering actor
+// numbers its promotion and cascade jobs (OriginTier) from TieringJobBase;
+// the CPU tier numbers its own verification pins (OriginTier) from
+// VerifyJobBase.
 type JobID uint64
+
+// Job id ranges (see JobID).
+const (
+	TieringJobBase JobID = 1 << 62
+	VerifyJobBase  JobID = 3 << 62
+)
 
 // JobRef owns pins and write reservations in the CPU tier.
 type JobRef struct {

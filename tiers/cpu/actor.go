@@ -152,7 +152,7 @@ func (a *Actor) verify(ctx actor.Context, m *messages.VerifyBlock) {
 		return
 	}
 	a.verifyJob++
-	job := messages.JobRef{Origin: messages.OriginTier, ID: a.verifyJob}
+	job := messages.JobRef{Origin: messages.OriginTier, ID: messages.VerifyJobBase + a.verifyJob}
 	slots, err := a.state.LeaseToPin(messages.Holder{}, job, []messages.Key{m.Key})
 	if err != nil {
 		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})

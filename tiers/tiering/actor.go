@@ -86,8 +86,8 @@ func (c Config) WithDefaults() Config {
 }
 
 // jobBase keeps the tiering actor's job ids apart from every other
-// OriginTier job id (the CPU tier numbers its verification jobs from 1).
-const jobBase = messages.JobID(1) << 62
+// OriginTier job id (messages.JobID documents the ranges).
+const jobBase = messages.TieringJobBase
 
 // Actor is the tiering actor.
 //
