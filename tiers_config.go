@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/obj"
 )
 
 // TierConfig is one secondary tier of Config.SecondaryTiers. In YAML:
@@ -42,6 +43,9 @@ type TierConfig struct {
 	// FS replaces the real filesystem of an fs tier (fault injection in
 	// tests); nil is the OS.
 	FS fs.FS `yaml:"-"`
+	// ObjClient replaces the S3 client of an obj tier (fault injection in
+	// tests, obj.NewFaulty); nil is minio-go against Endpoint.
+	ObjClient obj.Client `yaml:"-"`
 }
 
 // tierNames returns each tier's name, defaulted and made unique.

@@ -163,6 +163,7 @@ type TieringStats struct {
 
 	LookupsStarted      uint64            `json:"lookups_started"`      // keys whose secondary lookup was started
 	LookupsTimedOut     uint64            `json:"lookups_timed_out"`    // keys whose lookup passed its deadline
+	LookupsUnavailable  uint64            `json:"lookups_unavailable"`  // tier lookup answers that were errors (tier unhealthy); counted as absent
 	Retries             uint64            `json:"retries"`              // keys answered RETRY
 	NegativeHits        uint64            `json:"negative_hits"`        // keys answered MISS from the negative cache
 	Promoted            map[string]uint64 `json:"promoted"`             // blocks promoted into the CPU tier, by source tier

@@ -16,6 +16,7 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint)"}
 	cmd.AddCommand(newBenchCPUCmd(), newBenchEndpointCmd())
 	cmd.AddCommand(newBenchFSCmd())
+	cmd.AddCommand(newBenchObjCmd())
 	return cmd
 }
 

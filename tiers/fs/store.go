@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // readChunk is the unit a block is read and checksummed in.
@@ -74,7 +75,7 @@ func (s *Store) writeFile(name string, k messages.Key, src []byte, sum uint32) (
 		}
 	}()
 	var hdr [headerSize]byte
-	encodeHeader(&hdr, header{key: k, length: int64(len(src)), sum: sum})
+	encodeHeader(&hdr, blockfmt.Header{Key: k, Length: int64(len(src)), Sum: sum})
 	if _, err := f.Write(hdr[:]); err != nil {
 		return ioErr("write", err)
 	}
@@ -121,8 +122,8 @@ func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("%v: %w", k, err)
 	}
-	if h.key != k || h.length != int64(len(dest)) {
-		return 0, fmt.Errorf("%w: %v: file holds %v of %d bytes", messages.ErrInvalidBlock, k, h.key, h.length)
+	if err := h.Check(k, len(dest)); err != nil {
+		return 0, err
 	}
 	// NB: read and checksum chunk by chunk, so each chunk is summed while it
 	// is still in cache: the checksum then costs little beyond the copy.
@@ -137,10 +138,10 @@ func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, err error) {
 		}
 		got = crc32.Update(got, castagnoli, chunk)
 	}
-	if got != h.sum {
-		return 0, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.sum, got)
+	if got != h.Sum {
+		return 0, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
 	}
-	return h.sum, nil
+	return h.Sum, nil
 }
 
 // Remove deletes k's file; a missing file is not an error.

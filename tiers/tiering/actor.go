@@ -446,8 +446,11 @@ func (a *Actor) onTierLookup(ctx actor.Context, m *messages.TierLookupResult) {
 	b.waiting &^= 1 << p.tier
 	delete(b.corrs, p.tier)
 	if m.Err != nil {
-		// An unhealthy tier could not tell: not absent, just not this time.
-		b.mask &^= 1 << p.tier
+		// NB: an unhealthy tier could not tell, and it answers at once, so
+		// "ask again" would be RETRY on every engine step, forever. It counts
+		// as absent for NegativeTTL: the engine gets MISS on its next step and
+		// the tier is asked again once the entry expires.
+		a.stats.LookupsUnavailable++
 	} else {
 		for i := range b.keys {
 			if i < len(m.Found) && m.Found[i] {

@@ -22,8 +22,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // stalledTier is a tier whose device hangs: it says it has every key, and
 // holds every read until the test releases it (a hung disk or endpoint).
 type stalledTier struct {
-	reads   chan heldRead
-	lookups bool // answer lookups (false: hang on them too)
+	reads       chan heldRead
+	lookups     bool // answer lookups (false: hang on them too)
+	unavailable bool // answer lookups with ErrTierUnavailable (an unhealthy tier)
 }
 
 type heldRead struct {
@@ -34,6 +35,10 @@ type heldRead struct {
 func (s *stalledTier) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.TierLookup:
+		if s.unavailable {
+			ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: make([]bool, len(m.Keys)), Err: messages.ErrTierUnavailable})
+			return
+		}
 		if s.lookups {
 			found := make([]bool, len(m.Keys))
 			for i := range found {
@@ -56,7 +61,7 @@ type rig struct {
 	reads   chan heldRead
 }
 
-func newRig(t *testing.T, answerLookups bool) *rig {
+func newRig(t *testing.T, answerLookups bool, tweak ...func(*stalledTier)) *rig {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	pool, err := cpu.OpenPool("", 4, 64)
 	require.NoError(t, err)
@@ -69,7 +74,13 @@ func newRig(t *testing.T, answerLookups bool) *rig {
 	tierPID := actor.NewPID(system.Address(), "g/slow")
 	children := []actors.Child{
 		{Name: "cpu", Props: cpu.Props(state, pool, clock.Now, zerolog.Nop())},
-		{Name: "slow", Props: actor.PropsFromProducer(func() actor.Actor { return &stalledTier{reads: reads, lookups: answerLookups} })},
+		{Name: "slow", Props: actor.PropsFromProducer(func() actor.Actor {
+			tier := &stalledTier{reads: reads, lookups: answerLookups}
+			for _, f := range tweak {
+				f(tier)
+			}
+			return tier
+		})},
 		{Name: "tiering", Props: Props(Config{CPU: cpuPID, Tiers: []Tier{{Name: "slow", Kind: "obj", PID: tierPID}},
 			Slot: pool.Slot, Clock: clock, LookupDeadline: time.Second, PromotionTimeout: 5 * time.Second})},
 	}
@@ -125,6 +136,21 @@ func TestLookupDeadlineTurnsRetryIntoMiss(t *testing.T) {
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(1)), "still in flight")
 	r.clock.Advance(time.Second)
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, r.lookup(k(1)), "deadline passed")
+	r.idle()
+}
+
+// An unhealthy tier answers at once with an error: that must not become
+// RETRY on every engine step (a livelock the deadline never ends, since the
+// answer is never late). The key is a MISS from the next lookup on, with
+// the clock never moved.
+func TestUnavailableTierIsAMissNotRetryForever(t *testing.T) {
+	r := newRig(t, true, func(s *stalledTier) { s.unavailable = true })
+	first := r.lookup(k(1))
+	r.idle()
+	require.Contains(t, []messages.LookupStatus{messages.Retry, messages.Miss}, first[0])
+	for range 3 {
+		require.Equal(t, []messages.LookupStatus{messages.Miss}, r.lookup(k(1)))
+	}
 	r.idle()
 }
 

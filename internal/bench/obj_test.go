@@ -1,0 +1,28 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/tiers/obj/objtest"
+)
+
+func TestRunObjSmall(t *testing.T) {
+	if _, err := objtest.Binary(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	o := DefaultObjOptions()
+	o.Dir, o.Blocks, o.BlockBytes, o.Window, o.Workers, o.Timeout = t.TempDir(), 32, 16<<10, 4, 4, time.Minute
+	r, err := RunObj(context.Background(), o)
+	require.NoError(t, err)
+	for _, v := range []float64{r.ObjPutGBps, r.ObjGetGBps, r.RawPutGBps, r.RawGetGBps} {
+		require.Positive(t, v)
+	}
+}

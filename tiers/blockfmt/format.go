@@ -1,0 +1,177 @@
+package blockfmt
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash/crc32"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Stored block format, version 1: a fixed 160-byte header, then the block.
+//
+//	off  size  field
+//	  0     4  magic "KVTB"
+//	  4     2  format version (1), little endian
+//	  6     1  namespace length (≤ 64)
+//	  7     1  hash length (1..64)
+//	  8     4  group
+//	 12     8  block length in bytes
+//	 20     4  CRC32C (Castagnoli) of the block
+//	 24    64  namespace, zero padded
+//	 88    64  hash, zero padded
+//	152     4  CRC32C of bytes 0..151
+//	156     4  zero
+const (
+	HeaderSize   = 160
+	Version      = 1
+	MaxNamespace = 64
+	// Ext ends every block object's name.
+	Ext = ".blk"
+)
+
+var magic = [4]byte{'K', 'V', 'T', 'B'}
+
+// Castagnoli is the CRC32C table blocks are checksummed with.
+var Castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Header is a decoded block header.
+type Header struct {
+	Key    messages.Key
+	Length int64
+	Sum    uint32 // CRC32C of the block
+}
+
+// Encode writes h into dst.
+func Encode(dst *[HeaderSize]byte, h Header) {
+	*dst = [HeaderSize]byte{}
+	copy(dst[0:4], magic[:])
+	binary.LittleEndian.PutUint16(dst[4:], Version)
+	dst[6], dst[7] = byte(len(h.Key.Namespace)), byte(len(h.Key.Hash))
+	binary.LittleEndian.PutUint32(dst[8:], h.Key.Group)
+	binary.LittleEndian.PutUint64(dst[12:], uint64(h.Length))
+	binary.LittleEndian.PutUint32(dst[20:], h.Sum)
+	copy(dst[24:88], h.Key.Namespace)
+	copy(dst[88:152], h.Key.Hash)
+	binary.LittleEndian.PutUint32(dst[152:], crc32.Checksum(dst[:152], Castagnoli))
+}
+
+// Decode parses and validates a header (magic, version, header checksum,
+// field lengths). Any failure is ErrInvalidBlock.
+func Decode(src []byte) (Header, error) {
+	bad := func(why string) (Header, error) {
+		return Header{}, fmt.Errorf("%w: header: %s", messages.ErrInvalidBlock, why)
+	}
+	switch {
+	case len(src) < HeaderSize:
+		return bad("short")
+	case [4]byte(src[0:4]) != magic:
+		return bad("bad magic")
+	case binary.LittleEndian.Uint16(src[4:]) != Version:
+		return bad(fmt.Sprintf("format version %d", binary.LittleEndian.Uint16(src[4:])))
+	case binary.LittleEndian.Uint32(src[152:]) != crc32.Checksum(src[:152], Castagnoli):
+		return bad("header checksum")
+	case binary.LittleEndian.Uint32(src[156:]) != 0:
+		return bad("reserved bytes set")
+	}
+	nsLen, hashLen := int(src[6]), int(src[7])
+	if nsLen > MaxNamespace || hashLen == 0 || hashLen > messages.MaxHashBytes {
+		return bad("field lengths")
+	}
+	return Header{
+		Key: messages.Key{Namespace: messages.Namespace(src[24 : 24+nsLen]),
+			Hash: string(src[88 : 88+hashLen]), Group: binary.LittleEndian.Uint32(src[8:])},
+		Length: int64(binary.LittleEndian.Uint64(src[12:])),
+		Sum:    binary.LittleEndian.Uint32(src[20:]),
+	}, nil
+}
+
+// Check verifies that a decoded header describes k's block of length
+// bytes (ErrInvalidBlock otherwise).
+func (h Header) Check(k messages.Key, length int) error {
+	if h.Key != k || h.Length != int64(length) {
+		return fmt.Errorf("%w: %v: stored copy holds %v of %d bytes", messages.ErrInvalidBlock, k, h.Key, h.Length)
+	}
+	return nil
+}
+
+// Storable reports whether key fits the format.
+func Storable(k messages.Key) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if len(k.Namespace) > MaxNamespace {
+		return fmt.Errorf("%w: namespace of %d bytes (stored blocks take ≤ %d)", messages.ErrBadKey, len(k.Namespace), MaxNamespace)
+	}
+	return nil
+}
+
+// NSDir names a namespace's directory (or key segment): the namespace
+// itself when it is lowercase hex (what Layout.Namespace makes), else "x" +
+// its hex encoding. Either way only [0-9a-fx] reach the name.
+func NSDir(ns messages.Namespace) string {
+	if IsLowerHex(string(ns)) && ns != "" {
+		return string(ns)
+	}
+	return "x" + hex.EncodeToString([]byte(ns))
+}
+
+// ParseNSDir inverts NSDir.
+func ParseNSDir(name string) (messages.Namespace, bool) {
+	if rest, ok := strings.CutPrefix(name, "x"); ok {
+		b, err := hex.DecodeString(rest)
+		return messages.Namespace(b), err == nil && len(b) <= MaxNamespace
+	}
+	return messages.Namespace(name), IsLowerHex(name) && name != "" && len(name) <= MaxNamespace
+}
+
+// IsLowerHex reports whether s is made of [0-9a-f] only.
+func IsLowerHex(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// RelPath is k's object name relative to a root or prefix, "/"-separated:
+// <namespace dir>/<2-hex shard>/<hex hash>-<group>.blk.
+func RelPath(k messages.Key) string {
+	h := hex.EncodeToString([]byte(k.Hash))
+	return path.Join(NSDir(k.Namespace), ShardOf(h), h+"-"+strconv.FormatUint(uint64(k.Group), 10)+Ext)
+}
+
+// ShardOf is the shard directory of a hex hash (or a file name starting
+// with one): its first two characters.
+func ShardOf(hexHash string) string {
+	if len(hexHash) < 2 {
+		return "00"
+	}
+	return hexHash[:2]
+}
+
+// ParseFileName recovers the hash and group from a block object's base name.
+func ParseFileName(name string) (hash string, group uint32, ok bool) {
+	base, found := strings.CutSuffix(name, Ext)
+	if !found {
+		return "", 0, false
+	}
+	h, g, found := strings.Cut(base, "-")
+	if !found || !IsLowerHex(h) {
+		return "", 0, false
+	}
+	raw, err := hex.DecodeString(h)
+	if err != nil || len(raw) == 0 || len(raw) > messages.MaxHashBytes {
+		return "", 0, false
+	}
+	n, err := strconv.ParseUint(g, 10, 32)
+	if err != nil {
+		return "", 0, false
+	}
+	return string(raw), uint32(n), true
+}

@@ -1,0 +1,212 @@
+// Package objtest runs a real S3-compatible server for tests and
+// benchmarks: versitygw (Apache-2.0) with its posix backend in a directory,
+// listening on 127.0.0.1 only. It owns the server process: Launch starts it
+// and returns once it answers a real S3 request, Kill and Restart stop and
+// start it on the same port and directory (an endpoint that dies and comes
+// back), Stop ends it.
+package objtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/kvtier/kvtier/tiers/obj"
+)
+
+// Install is how to get the server binary.
+const Install = "go install github.com/versity/versitygw/cmd/versitygw@v1.8.0"
+
+// Credentials of the server's root account.
+const (
+	AccessKey = "kvtier-test"
+	SecretKey = "kvtier-test-secret"
+)
+
+// readyTimeout bounds the wait for a started server to answer.
+const readyTimeout = 20 * time.Second
+
+// Binary finds versitygw: on PATH, else in $(go env GOPATH)/bin.
+func Binary() (string, error) {
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p, nil
+	}
+	gopath := os.Getenv("GOPATH")
+	if gopath == "" {
+		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+			gopath = strings.TrimSpace(string(out))
+		}
+	}
+	for _, dir := range filepath.SplitList(gopath) {
+		p := filepath.Join(dir, "bin", "versitygw")
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("versitygw not found on PATH or in $(go env GOPATH)/bin (%s)", Install)
+}
+
+// Server is a running (or killed) versitygw.
+type Server struct {
+	Endpoint string // 127.0.0.1:port
+	Dir      string // the posix backend's root: one directory per bucket
+
+	bin  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	out  *bytes.Buffer
+}
+
+// Launch starts versitygw over dir on a free loopback port and waits until
+// it answers.
+func Launch(ctx context.Context, bin, dir string) (*Server, error) {
+	var last error
+	for range 3 { // NB: the port is free when picked; another process may take it first
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Endpoint: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, bin: bin}
+		if last = s.start(ctx); last == nil {
+			return s, nil
+		}
+	}
+	return nil, last
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("objtest: pick a port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs the process and waits for readiness.
+func (s *Server) start(ctx context.Context) error {
+	cmd := exec.Command(s.bin, "--port", s.Endpoint, "--access", AccessKey, "--secret", SecretKey,
+		"--quiet", "posix", s.Dir)
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: out}, &lockedWriter{w: out}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("objtest: start %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done, s.out = cmd, done, out
+	s.mu.Unlock()
+	if err := s.waitReady(ctx, done); err != nil {
+		s.Kill()
+		return fmt.Errorf("%w; server output: %s", err, out.String())
+	}
+	return nil
+}
+
+// waitReady retries a real S3 request (ListBuckets) with a growing pause
+// until it succeeds, the process exits, or readyTimeout passes.
+func (s *Server) waitReady(ctx context.Context, exited <-chan struct{}) error {
+	c, err := s.Client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	wait := 2 * time.Millisecond
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.Raw().ListBuckets(rctx)
+		rcancel()
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-exited:
+			t.Stop()
+			return fmt.Errorf("objtest: versitygw exited before answering: %w", err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("objtest: versitygw at %s not ready: %w (last: %v)", s.Endpoint, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// Client is a minio-go client of the server for bucket (close it).
+func (s *Server) Client(bucket ...string) (*obj.Minio, error) {
+	ep := obj.Endpoint{Endpoint: s.Endpoint, AccessKey: AccessKey, SecretKey: SecretKey}
+	if len(bucket) > 0 {
+		ep.Bucket = bucket[0]
+	}
+	return obj.NewMinio(ep)
+}
+
+// MakeBucket creates a bucket.
+func (s *Server) MakeBucket(ctx context.Context, name string) error {
+	c, err := s.Client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Raw().MakeBucket(ctx, name, minio.MakeBucketOptions{}); err != nil {
+		return fmt.Errorf("objtest: make bucket %s: %w", name, err)
+	}
+	return nil
+}
+
+// Kill ends the process at once (SIGKILL) and waits for it.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port and directory.
+func (s *Server) Restart(ctx context.Context) error {
+	s.Kill()
+	return s.start(ctx)
+}
+
+// Stop ends the process.
+func (s *Server) Stop() { s.Kill() }
+
+// Output is what the server printed.
+func (s *Server) Output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out == nil {
+		return ""
+	}
+	return s.out.String()
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
