@@ -175,3 +175,7 @@ func (n *Node) registerEventsMetrics() {
 		counter("events_encode_errors_total", "Event batches dropped because they failed to encode.", &c.EncodeErrors),
 	)
 }
+
+// EventsHashFormat is how the node's events write block hashes ("int" or
+// "bytes"; "" is the default, int).
+func (n *Node) EventsHashFormat() string { return n.cfg.Events.HashFormat }

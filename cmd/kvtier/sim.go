@@ -42,6 +42,7 @@ type simOptions struct {
 	noProgress bool
 	connect    string
 	tiers      tierFlags              // secondary tiers of the embedded node (sim_tiers.go)
+	events     eventFlags             // KV events of the embedded node (sim_events.go)
 	set        func(name string) bool // whether a flag was given
 }
 
@@ -94,6 +95,7 @@ fresh daemon: a warm one starts with blocks cached.`,
 	f.BoolVar(&o.settle, "settle", def.Settle, "poll Stats after each store job until it is committed (the node already answers a job's last report after its commit)")
 	f.BoolVar(&o.json, "json", false, "print the summary as one JSON object on the last line")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar even on a terminal")
+	o.events.register(f)
 	f.StringVar(&o.connect, "connect", "", "drive the kvtierd whose engine endpoint is ADDR (ipc:///path or tcp://127.0.0.1:PORT) instead of an embedded node")
 	o.set = func(name string) bool { return f.Changed(name) }
 	addTierFlags(f, &o.tiers)
@@ -111,7 +113,7 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mgr, closeNode, err := openManager(ctx, o)
+	mgr, node, closeNode, err := openManager(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -127,6 +129,9 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if runErr == nil {
+		runErr = o.events.finish(closeCtx, node)
+	}
 	closeErr := closeNode(closeCtx)
 	if runErr != nil {
 		return runErr
@@ -150,32 +155,35 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 
 // openManager opens an embedded node, or with --connect dials a daemon and
 // checks that the geometry flags given agree with its pool.
-func openManager(ctx context.Context, o simOptions) (kvtier.Manager, func(context.Context) error, error) {
+func openManager(ctx context.Context, o simOptions) (kvtier.Manager, *kvtier.Node, func(context.Context) error, error) {
 	if o.connect == "" {
 		node, err := kvtier.Open(ctx, nodeConfig(o))
 		if err != nil {
-			return nil, nil, fmt.Errorf("open node: %w", err)
+			return nil, nil, nil, fmt.Errorf("open node: %w", err)
 		}
-		return node.Manager(), node.Close, nil
+		return node.Manager(), node, node.Close, nil
+	}
+	if o.events.embeddedOnly() {
+		return nil, nil, nil, fmt.Errorf("--events-* and --inventory configure an embedded node; with --connect use the daemon's --events-endpoint")
 	}
 	for _, name := range []string{"policy", "pool-path", "fs-root", "obj-endpoint"} {
 		if o.set != nil && o.set(name) {
-			return nil, nil, fmt.Errorf("--%s configures an embedded node; with --connect the daemon's config applies", name)
+			return nil, nil, nil, fmt.Errorf("--%s configures an embedded node; with --connect the daemon's config applies", name)
 		}
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	c, err := client.Dial(dialCtx, o.connect, client.Options{Name: "kvtier sim"})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	h := c.Hello()
 	if o.set != nil && ((o.set("cpu-blocks") && o.cpuBlocks != h.Slots) || (o.set("block-bytes") && o.blockBytes != h.BlockBytes)) {
 		_ = c.Close(ctx)
-		return nil, nil, fmt.Errorf("the daemon's pool is %d slots of %d bytes; --cpu-blocks %d --block-bytes %d disagree",
+		return nil, nil, nil, fmt.Errorf("the daemon's pool is %d slots of %d bytes; --cpu-blocks %d --block-bytes %d disagree",
 			h.Slots, h.BlockBytes, o.cpuBlocks, o.blockBytes)
 	}
-	return c, c.Close, nil
+	return c, nil, c.Close, nil
 }
 
 // loadWorkload reads the trace, or generates the synthetic workload.
@@ -200,6 +208,7 @@ func nodeConfig(o simOptions) kvtier.Config {
 		JobWorkers: max(o.workers, 1),
 	}
 	o.tiers.apply(&cfg)
+	o.events.apply(&cfg)
 	return cfg
 }
 

@@ -1,0 +1,93 @@
+package kvevents
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// freeAddr is a loopback TCP address nobody listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return "tcp://" + addr
+}
+
+// TestSimCLIEventsMatchItsInventory is the issue's must-hold with real
+// processes only: `kvtier sim` with events on writes its node's inventory
+// and holds the node; a late `kvtier events tail --replay-from 0 --json`
+// rebuilds stored-minus-removed per medium; the two sets are equal.
+func TestSimCLIEventsMatchItsInventory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "kvtier")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
+	require.NoError(t, err, "go build kvtier:\n%s", out)
+
+	pub, rep := freeAddr(t), freeAddr(t)
+	invPath := filepath.Join(t.TempDir(), "inventory.json")
+	sim := exec.CommandContext(ctx, bin, "sim", "--no-progress", "--requests", "400", "--cpu-blocks", "600",
+		"--block-bytes", "16384", "--events-endpoint", pub, "--events-replay", rep,
+		"--inventory", invPath, "--events-hold")
+	sim.WaitDelay = 10 * time.Second
+	stderr, err := sim.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, sim.Start())
+	exited := make(chan error, 1)
+	held := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "holding the node") {
+				close(held)
+			}
+		}
+		exited <- sim.Wait()
+	}()
+	t.Cleanup(func() { _ = sim.Process.Kill() })
+	select {
+	case <-held:
+	case err := <-exited:
+		t.Fatalf("sim exited before holding its node: %v", err)
+	case <-ctx.Done():
+		t.Fatal("sim never held its node")
+	}
+
+	got := tailJSON(ctx, t, pub, rep)
+	require.NoError(t, sim.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "sim exits 0 on SIGTERM: the run was clean")
+	case <-ctx.Done():
+		t.Fatal("sim did not stop on SIGTERM")
+	}
+
+	data, err := os.ReadFile(invPath)
+	require.NoError(t, err)
+	var want map[string][]uint64
+	require.NoError(t, json.Unmarshal(data, &want))
+	require.NotEmpty(t, want["CPU"])
+	for medium, hashes := range want {
+		sort.Slice(hashes, func(i, j int) bool { return hashes[i] < hashes[j] })
+		require.Equal(t, hashes, got.sorted(medium), "medium %s", medium)
+	}
+	for medium := range got {
+		if len(got[medium]) > 0 {
+			require.Contains(t, want, medium, "events announce blocks in a medium the node does not hold")
+		}
+	}
+}
