@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,9 +38,50 @@ func buildDaemon(t *testing.T) string {
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "kvtierd")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtierd")
+	cmd.WaitDelay = waitDelay // the compiler's children may hold the output pipe
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build kvtierd:\n%s", out)
 	return bin
+}
+
+// Bounds on the waits of these tests: none may hang until the test
+// binary's timeout, where one stuck test costs the whole run.
+const (
+	// waitDelay is exec.Cmd.WaitDelay for every command: once the process
+	// is gone (or killed at its context's end), Wait gives up on pipes a
+	// grandchild still holds after this long.
+	waitDelay = 5 * time.Second
+	// exitBound is how long a killed process may take to be reaped
+	// (WaitDelay included) before the test fails with a goroutine dump.
+	exitBound = 30 * time.Second
+)
+
+// awaitClosed waits for ch to close within d. Past d the test fails with
+// every goroutine's stack (what a hang would have shown, minutes earlier)
+// and awaitClosed returns false; it never waits longer.
+func awaitClosed(t testing.TB, ch <-chan struct{}, d time.Duration, what string) bool {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-timer.C:
+		t.Errorf("%s: still waiting after %v; goroutines:\n%s", what, d, allStacks())
+		return false
+	}
+}
+
+// allStacks is every goroutine's stack.
+func allStacks() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // poolPath is a unique pool file under /dev/shm (or the test's temp dir
@@ -132,7 +174,7 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 	t.Helper()
 	d := &daemon{cmd: exec.Command(bin, args...), stderr: newLineLog(), exited: make(chan struct{})}
 	d.cmd.Stderr = d.stderr
-	d.cmd.WaitDelay = 5 * time.Second
+	d.cmd.WaitDelay = waitDelay
 	require.NoError(t, d.cmd.Start())
 	go func() {
 		d.err = d.cmd.Wait()
@@ -143,7 +185,7 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 		case <-d.exited:
 		default:
 			_ = d.cmd.Process.Kill()
-			<-d.exited
+			awaitClosed(t, d.exited, exitBound, "kvtierd killed at cleanup")
 		}
 		if t.Failed() {
 			t.Logf("kvtierd stderr:\n%s", d.stderr)

@@ -18,7 +18,9 @@ func buildCLI(t *testing.T) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "kvtier")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier")
+	cmd.WaitDelay = waitDelay // the compiler's children may hold the output pipe
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build kvtier:\n%s", out)
 	return bin
 }
@@ -43,6 +45,7 @@ func runSim(t *testing.T, bin string, args ...string) simSummary {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, bin, append([]string{"sim", "--json"}, args...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = waitDelay
 	require.NoError(t, cmd.Run(), "kvtier sim %v: %s", args, stderr.String())
 	lines := bytes.Split(bytes.TrimSpace(stdout.Bytes()), []byte("\n"))
 	var s simSummary

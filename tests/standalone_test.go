@@ -4,6 +4,7 @@ package tests
 // `kvtier sim --connect` and raw ZeroMQ peers as engines.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -41,6 +42,7 @@ func standalone(t *testing.T, ctx context.Context, extra ...string) (d *daemon, 
 func runSimJSON(t *testing.T, ctx context.Context, bin string, args ...string) map[string]any {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"sim", "--json", "--no-progress"}, args...)...)
+	cmd.WaitDelay = waitDelay
 	out, err := cmd.Output()
 	var stderr string
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -108,11 +110,15 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 	// Slow copies in real time keep store and load jobs in flight.
 	sim := exec.Command(cli, "sim", "--connect", engine, "--seed", "3", "--no-progress",
 		"--realtime", "--step-time", "5ms", "--copy-time", "20ms", "--requests", "100000")
+	sim.WaitDelay = waitDelay
 	require.NoError(t, sim.Start())
 	exited := make(chan struct{})
 	var waitErr error
 	go func() { waitErr = sim.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = sim.Process.Kill(); <-exited })
+	t.Cleanup(func() {
+		_ = sim.Process.Kill()
+		awaitClosed(t, exited, exitBound, "engine killed at cleanup")
+	})
 
 	// Readiness: wait (bounded by ctx) until the engine holds something of
 	// every kind a crash can leak.
@@ -133,7 +139,7 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 		}
 	}
 	require.NoError(t, sim.Process.Signal(syscall.SIGKILL))
-	<-exited
+	require.True(t, awaitClosed(t, exited, exitBound, "engine killed"))
 	t.Logf("killed the engine holding %d write-pending, %d pinned, %d leased slots, %d jobs",
 		held.WritePending, held.Pinned, held.Leased, held.JobsInFlight)
 
@@ -159,35 +165,88 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 }
 
 // rawPeer is a bare DEALER socket: it sends whatever bytes a test makes.
+//
+// zmq4's Recv has no timeout (DESIGN.md §8), so one goroutine owns Recv and
+// hands each message over a channel; roundTrip waits on it with a deadline.
+// The goroutine ends when the socket closes (Recv then fails), and cleanup
+// waits for that, bounded.
 type rawPeer struct {
-	t    *testing.T
-	sock zmq4.Socket
+	sock    zmq4.Socket
+	replies chan zmq4.Msg
+	closed  chan struct{} // closed at cleanup, before the socket
+	done    chan struct{} // closed when the reading goroutine ended
 }
+
+// replyBound is how long a raw peer waits for a reply the daemon owes it.
+const replyBound = 10 * time.Second
 
 func dialRaw(t *testing.T, engine string) *rawPeer {
 	t.Helper()
 	sock := zmq4.NewDealer(context.Background())
-	require.NoError(t, sock.Dial(engine))
-	t.Cleanup(func() { _ = sock.Close() })
-	return &rawPeer{t: t, sock: sock}
+	dialed := make(chan error, 1)
+	go func() { dialed <- sock.Dial(engine) }()
+	select {
+	case err := <-dialed:
+		require.NoError(t, err)
+	case <-time.After(replyBound):
+		// NB: zmq4's handshake reads with no deadline. Close does not
+		// end it; fail loudly rather than hang (the goroutine is reported
+		// by goleak if it outlives the daemon).
+		_ = sock.Close()
+		t.Fatalf("dial %s: no ZMTP handshake within %v; goroutines:\n%s", engine, replyBound, allStacks())
+	}
+	p := &rawPeer{sock: sock, replies: make(chan zmq4.Msg), closed: make(chan struct{}), done: make(chan struct{})}
+	go p.read()
+	t.Cleanup(func() {
+		close(p.closed)
+		_ = sock.Close()
+		awaitClosed(t, p.done, replyBound, "raw peer's reader after Close")
+	})
+	return p
 }
 
-// roundTrip sends frames and decodes the reply map.
-func (p *rawPeer) roundTrip(frames ...[]byte) map[string]any {
-	p.t.Helper()
-	require.NoError(p.t, p.sock.Send(zmq4.NewMsgFrom(frames...)))
-	msg, err := p.sock.Recv()
-	require.NoError(p.t, err)
-	require.Len(p.t, msg.Frames, 1)
+// read hands every message received to roundTrip until the socket closes.
+func (p *rawPeer) read() {
+	defer close(p.done)
+	for {
+		msg, err := p.sock.Recv()
+		if err != nil {
+			return
+		}
+		select {
+		case p.replies <- msg:
+		case <-p.closed:
+			return
+		}
+	}
+}
+
+// roundTrip sends frames and decodes the reply map, failing t if none comes.
+func (p *rawPeer) roundTrip(t *testing.T, frames ...[]byte) map[string]any {
+	t.Helper()
+	require.NoError(t, p.sock.Send(zmq4.NewMsgFrom(frames...)))
+	var msg zmq4.Msg
+	select {
+	case msg = <-p.replies:
+	case <-p.done:
+		t.Fatalf("raw peer: socket closed while waiting for a reply")
+	case <-time.After(replyBound):
+		t.Fatalf("raw peer: no reply within %v; goroutines:\n%s", replyBound, allStacks())
+	}
+	require.Len(t, msg.Frames, 1)
 	var reply map[string]any
-	require.NoError(p.t, msgpack.Unmarshal(msg.Frames[0], &reply))
+	require.NoError(t, msgpack.Unmarshal(msg.Frames[0], &reply))
 	return reply
 }
 
+// pack encodes v with map keys in sorted order, so a frame's bytes do not
+// depend on Go's map iteration order.
 func pack(t *testing.T, v any) []byte {
-	b, err := msgpack.Marshal(v)
-	require.NoError(t, err)
-	return b
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true)
+	require.NoError(t, enc.Encode(v))
+	return buf.Bytes()
 }
 
 func errCode(reply map[string]any) string {
@@ -204,7 +263,7 @@ func TestMalformedFramesGetErrorReplies(t *testing.T) {
 	d, engine, metricsAddr := standalone(t, ctx, "--pool-bytes", "4MiB", "--block-bytes", "64KiB")
 	good := dialTest(t, ctx, engine)
 	p := dialRaw(t, engine)
-	hello := p.roundTrip(pack(t, map[string]any{"v": 1, "op": "hello", "id": 1}))
+	hello := p.roundTrip(t, pack(t, map[string]any{"v": 1, "op": "hello", "id": 1}))
 	require.Empty(t, errCode(hello))
 
 	key := []any{"ns", []byte("hash0001"), 0}
@@ -239,7 +298,7 @@ func TestMalformedFramesGetErrorReplies(t *testing.T) {
 		{"unknown job", [][]byte{pack(t, map[string]any{"v": 1, "op": "job_done", "id": 13, "job": 424242, "worker": 0, "ok": true})}, "UNKNOWN_JOB", 13},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reply := p.roundTrip(tc.frames...)
+			reply := p.roundTrip(t, tc.frames...)
 			require.Equal(t, tc.code, errCode(reply), "reply %v", reply)
 			require.EqualValues(t, tc.id, reply["id"])
 			require.NoError(t, good.Ping(ctx), "the daemon keeps serving")
@@ -247,7 +306,7 @@ func TestMalformedFramesGetErrorReplies(t *testing.T) {
 	}
 	// A peer that never said hello has no session.
 	stranger := dialRaw(t, engine)
-	require.Equal(t, "NO_SESSION", errCode(stranger.roundTrip(pack(t, map[string]any{"v": 1, "op": "stats", "id": 1}))))
+	require.Equal(t, "NO_SESSION", errCode(stranger.roundTrip(t, pack(t, map[string]any{"v": 1, "op": "stats", "id": 1}))))
 
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	_, body, err := get(ctx, client, "http://"+metricsAddr+"/metrics")

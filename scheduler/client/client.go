@@ -47,15 +47,21 @@ type Client struct {
 	mu      sync.Mutex // guards pending
 	pending map[uint64]chan []byte
 
-	sendMu    sync.Mutex // serialises sends and the heartbeat timer
+	sendMu    sync.Mutex // guards closed and the heartbeat timer; never held across a send
 	heartbeat *time.Timer
 	closed    bool
 
 	done     chan struct{}
-	readDone chan struct{}
+	readDone chan struct{} // closed when readLoop ends: the socket closed or the connection was lost
+	readErr  error         // why readLoop ended; written before readDone closes
 	closeErr error
 	once     sync.Once
 }
+
+// readLoopStop bounds how long Close waits for the read loop once the socket
+// is closed (zmq4's Recv returns at once when its socket closes; the bound
+// turns a regression into an error instead of a hang).
+const readLoopStop = 5 * time.Second
 
 // Dial connects to the endpoint at addr (ipc:///path or tcp://host:port),
 // says Hello within ctx, and maps the pool.
@@ -63,9 +69,10 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 10 * time.Second
 	}
-	sock := zmq4.NewDealer(context.Background(), zmq4.WithDialerMaxRetries(0))
+	// NB: zmq4's send timeout (default 5 min) bounds a send the daemon does
+	// not read; a call's own deadline still ends its wait for the reply.
+	sock := zmq4.NewDealer(context.Background(), zmq4.WithDialerMaxRetries(0), zmq4.WithTimeout(opts.CallTimeout))
 	if err := dialWithin(ctx, sock, addr); err != nil {
-		sock.Close()
 		return nil, err
 	}
 	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{},
@@ -73,30 +80,46 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	go c.readLoop()
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name})
 	if err != nil {
-		c.shutdown()
+		_ = c.shutdown()
 		return nil, fmt.Errorf("kvtier client: hello %s: %w", addr, err)
 	}
 	c.hello = rp.Hello
 	if c.hello.Protocol != wire.Version {
-		c.shutdown()
+		_ = c.shutdown()
 		return nil, fmt.Errorf("%w: daemon speaks protocol %d, client %d", messages.ErrProtocolVersion, c.hello.Protocol, wire.Version)
 	}
-	if c.pool, err = MapPool(c.hello.PoolPath, c.hello.Slots, c.hello.BlockBytes); err != nil {
-		c.shutdown()
-		return nil, err
-	}
+	// The session's grace period runs from the Hello: heartbeat from now on,
+	// not after mapping the pool (MAP_POPULATE of a large pool on a loaded
+	// machine can take longer than a short grace period).
 	c.sendMu.Lock()
 	c.heartbeat = time.AfterFunc(c.hello.Heartbeat, c.ping)
 	c.sendMu.Unlock()
+	if c.pool, err = MapPool(c.hello.PoolPath, c.hello.Slots, c.hello.BlockBytes); err != nil {
+		_ = c.shutdown()
+		return nil, err
+	}
 	return c, nil
 }
 
 // dialWithin connects, retrying a refused or absent socket (the daemon may
-// still be starting) until ctx ends.
+// still be starting) until ctx ends. The ZMTP handshake is bounded by ctx
+// too (transport.go). On error the socket is closed.
 func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
+	zaddr := zmqAddr(addr)
 	backoff := 10 * time.Millisecond
 	for {
-		err := sock.Dial(addr)
+		dialed := make(chan error, 1)
+		go func() { dialed <- sock.Dial(zaddr) }()
+		var err error
+		select {
+		case err = <-dialed:
+		case <-ctx.Done():
+			// Closing the socket closes the connection whose handshake
+			// is in flight, so the dial goroutine ends now.
+			_ = sock.Close()
+			<-dialed
+			return fmt.Errorf("kvtier client: dial %s: %w", addr, ctx.Err())
+		}
 		if err == nil {
 			return nil
 		}
@@ -104,6 +127,7 @@ func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			_ = sock.Close()
 			return fmt.Errorf("kvtier client: dial %s: %w (last error: %v)", addr, ctx.Err(), err)
 		case <-t.C:
 		}
@@ -114,12 +138,15 @@ func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
 // Hello is what the daemon said when the session began.
 func (c *Client) Hello() wire.Hello { return c.hello }
 
-// readLoop hands each reply to its caller until the socket closes.
+// readLoop hands each reply to its caller until the socket closes or the
+// connection is lost (zmq4 reports a connection's read error through Recv;
+// this client has one connection and never redials).
 func (c *Client) readLoop() {
 	defer close(c.readDone)
 	for {
 		msg, err := c.sock.Recv()
 		if err != nil {
+			c.readErr = err
 			return
 		}
 		if len(msg.Frames) != 1 {
@@ -142,24 +169,29 @@ func (c *Client) readLoop() {
 // ping keeps the session alive while the engine is idle; any call resets it.
 func (c *Client) ping() {
 	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
 	if c.closed {
+		c.sendMu.Unlock()
 		return
 	}
+	c.heartbeat.Reset(c.hello.Heartbeat)
+	c.sendMu.Unlock()
 	// The reply (id 0) matches no caller and is dropped by readLoop.
 	_ = c.sock.Send(zmq4.NewMsg(wire.EncodeRequest(&wire.Request{Op: wire.OpPing})))
-	c.heartbeat.Reset(c.hello.Heartbeat)
 }
 
+// send sends one frame. The lock is not held across the send: a send the
+// daemon does not read blocks (up to the socket's send timeout), and Close
+// must not wait behind it — closing the socket is what ends it.
 func (c *Client) send(frame []byte) error {
 	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
 	if c.closed {
+		c.sendMu.Unlock()
 		return messages.ErrClosed
 	}
 	if c.heartbeat != nil {
 		c.heartbeat.Reset(c.hello.Heartbeat)
 	}
+	c.sendMu.Unlock()
 	return c.sock.Send(zmq4.NewMsg(frame))
 }
 
@@ -188,19 +220,32 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 	}
 	select {
 	case frame := <-ch:
-		rp, err := wire.DecodeReply(frame, q.Op)
-		if err != nil {
-			return nil, err
-		}
-		if rp.Err != nil {
-			return nil, fmt.Errorf("%s: %w", q.Op, rp.Err)
-		}
-		return rp, nil
+		return c.decode(q, frame)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("kvtier client %s: %w", q.Op, ctx.Err())
 	case <-c.done:
 		return nil, fmt.Errorf("kvtier client %s: %w", q.Op, messages.ErrClosed)
+	case <-c.readDone:
+		// No reply can arrive any more (a reply read just before the loop
+		// ended is already in ch): fail now rather than at the deadline.
+		select {
+		case frame := <-ch:
+			return c.decode(q, frame)
+		default:
+		}
+		return nil, fmt.Errorf("kvtier client %s: connection to the daemon lost (%v): %w", q.Op, c.readErr, messages.ErrClosed)
 	}
+}
+
+func (c *Client) decode(q *wire.Request, frame []byte) (*wire.Reply, error) {
+	rp, err := wire.DecodeReply(frame, q.Op)
+	if err != nil {
+		return nil, err
+	}
+	if rp.Err != nil {
+		return nil, fmt.Errorf("%s: %w", q.Op, rp.Err)
+	}
+	return rp, nil
 }
 
 // Close says Bye (so the daemon releases the session now rather than after
@@ -214,6 +259,8 @@ func (c *Client) Close(ctx context.Context) error {
 	return c.closeErr
 }
 
+// shutdown closes the socket, waits (bounded) for the read loop, and unmaps
+// the pool. It never waits on a send: closing the socket ends any.
 func (c *Client) shutdown() error {
 	c.sendMu.Lock()
 	c.closed = true
@@ -226,7 +273,13 @@ func (c *Client) shutdown() error {
 	if errors.Is(err, net.ErrClosed) {
 		err = nil // zmq4: the daemon closed the connection first
 	}
-	<-c.readDone
+	t := time.NewTimer(readLoopStop)
+	defer t.Stop()
+	select {
+	case <-c.readDone:
+	case <-t.C:
+		err = errors.Join(err, fmt.Errorf("%w: kvtier client: read loop still running %v after the socket closed", messages.ErrInternal, readLoopStop))
+	}
 	if c.pool != nil {
 		err = errors.Join(err, c.pool.Close())
 	}

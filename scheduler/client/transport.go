@@ -1,0 +1,72 @@
+package client
+
+import (
+	"context"
+	"net"
+	"strings"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// The client dials through its own zmq4 transports (registered once, under
+// schemes of their own), which dial exactly as zmq4's ipc and tcp do but tie
+// every connection to the socket that made it: when the socket closes, the
+// connection closes.
+//
+// NB: zmq4 v0.17.0 needs this for Dial and Close to be bounded (DESIGN.md
+// §8). Its handshake (greeting, READY) reads with no deadline and ignores
+// the socket's context, so a daemon that accepts but never greets — one
+// whose single accept goroutine is busy, or stopped — holds Dial forever;
+// and Socket.Close closes only the connections it finished adding, so a
+// handshake in flight, or a reader goroutine on a connection zmq4 already
+// dropped from its list, would outlive Close. zmq4 passes the socket's
+// context to Transport.Dial, so closing on that context reaches all of them.
+
+// schemes maps an engine address's transport to the client's own.
+var schemes = map[string]string{"ipc": "kvtier+ipc", "tcp": "kvtier+tcp"}
+
+func init() {
+	for zmq, ours := range schemes {
+		network := map[string]string{"ipc": "unix", "tcp": "tcp"}[zmq]
+		if err := zmq4.RegisterTransport(ours, closingTransport{transport.New(network)}); err != nil {
+			panic(err) // registered once per process, at init: cannot collide
+		}
+	}
+}
+
+// zmqAddr rewrites ipc:// and tcp:// to the client's transports; any other
+// address is left for zmq4 to accept or refuse.
+func zmqAddr(addr string) string {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if ours, known := schemes[scheme]; ok && known {
+		return ours + "://" + rest
+	}
+	return addr
+}
+
+// closingTransport is a zmq4 transport whose connections close when the
+// dialing socket's context ends.
+type closingTransport struct{ transport.Transport }
+
+// Dial implements transport.Transport.
+func (t closingTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	conn, err := t.Transport.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	return &closingConn{Conn: conn, stop: stop}, nil
+}
+
+// closingConn is a connection that also closes when its socket does.
+type closingConn struct {
+	net.Conn
+	stop func() bool
+}
+
+// Close implements net.Conn.
+func (c *closingConn) Close() error {
+	c.stop()
+	return c.Conn.Close()
+}
