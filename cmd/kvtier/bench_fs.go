@@ -38,5 +38,6 @@ func newBenchFSCmd() *cobra.Command {
 	f.IntVar(&o.Workers, "workers", o.Workers, "fs tier I/O goroutines")
 	f.IntVar(&o.Window, "window", o.Window, "operations in flight against the tier")
 	f.BoolVar(&o.Fsync, "fsync", o.Fsync, "fsync every block (tier) and after every block (raw)")
+	f.BoolVar(&o.ColdCache, "cold-cache", o.ColdCache, "drop the page cache before each read phase (root only): reads measure the device, not memory and CRC32C")
 	return cmd
 }

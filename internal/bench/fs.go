@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -29,6 +30,7 @@ type FSOptions struct {
 	Workers    int           // the tier's I/O goroutines
 	Window     int           // operations in flight against the tier
 	Fsync      bool          // fsync every block (and the raw file once per block)
+	ColdCache  bool          // drop the page cache before each read phase (needs root): reads hit the device, not memory
 	Timeout    time.Duration // whole-run bound
 }
 
@@ -47,14 +49,20 @@ type FSResult struct {
 	FSReadGBps   float64 `json:"fs_read_GBps"`
 	RawWriteGBps float64 `json:"raw_write_GBps"`
 	RawReadGBps  float64 `json:"raw_read_GBps"`
-	WriteRatio   float64 `json:"write_ratio"` // fs ÷ raw
-	ReadRatio    float64 `json:"read_ratio"`  // fs ÷ raw
-	Blocks       int     `json:"blocks"`
-	BlockBytes   int     `json:"block_bytes"`
-	Workers      int     `json:"workers"`
-	Window       int     `json:"window"`
-	Fsync        bool    `json:"fsync"`
-	Dir          string  `json:"dir"`
+	// RawFilesWriteGBps is the tier's layout without the tier: one file per
+	// block (create, write, close, rename), Workers writers, no header and no
+	// checksum. It separates the filesystem's per-file cost from the tier's.
+	RawFilesWriteGBps float64 `json:"raw_files_write_GBps"`
+	FilesWriteRatio   float64 `json:"files_write_ratio"` // fs ÷ raw files
+	WriteRatio        float64 `json:"write_ratio"`       // fs ÷ raw
+	ReadRatio         float64 `json:"read_ratio"`        // fs ÷ raw
+	Blocks            int     `json:"blocks"`
+	BlockBytes        int     `json:"block_bytes"`
+	Workers           int     `json:"workers"`
+	Window            int     `json:"window"`
+	Fsync             bool    `json:"fsync"`
+	ColdCache         bool    `json:"cold_cache"`
+	Dir               string  `json:"dir"`
 }
 
 // RunFS measures raw sequential file I/O, then the fs tier, on the same
@@ -70,7 +78,7 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 		return FSResult{}, err
 	}
 	defer os.RemoveAll(dir)
-	res := FSResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Fsync: o.Fsync, Dir: o.Dir}
+	res := FSResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Fsync: o.Fsync, ColdCache: o.ColdCache, Dir: o.Dir}
 	src := make([][]byte, 64)
 	for i := range src {
 		src[i] = make([]byte, o.BlockBytes)
@@ -88,12 +96,19 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 	}
 	res.RawWriteGBps, res.RawReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
 	unix.Sync()
+	wf, err := rawFiles(filepath.Join(dir, "files"), src, o)
+	if err != nil {
+		return res, err
+	}
+	res.RawFilesWriteGBps = total / wf.Seconds() / 1e9
+	unix.Sync()
 	w, r, err = tierIO(ctx, filepath.Join(dir, "tier"), src, o)
 	if err != nil {
 		return res, err
 	}
 	res.FSWriteGBps, res.FSReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
 	res.WriteRatio, res.ReadRatio = res.FSWriteGBps/res.RawWriteGBps, res.FSReadGBps/res.RawReadGBps
+	res.FilesWriteRatio = res.FSWriteGBps / res.RawFilesWriteGBps
 	return res, nil
 }
 
@@ -120,6 +135,9 @@ func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, e
 		return 0, 0, err
 	}
 	write = time.Since(start)
+	if err := o.coldCache(); err != nil {
+		return 0, 0, err
+	}
 	f, err = os.Open(path)
 	if err != nil {
 		return 0, 0, err
@@ -133,6 +151,57 @@ func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, e
 		}
 	}
 	return write, time.Since(start), nil
+}
+
+// rawFiles writes every block as its own file (temp name, then rename),
+// with Workers writers: the fs tier's layout, minus the tier.
+func rawFiles(dir string, src [][]byte, o FSOptions) (time.Duration, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	workers := max(o.Workers, 1)
+	errs := make(chan error, workers)
+	start := time.Now()
+	for w := range workers {
+		go func() {
+			for i := w; i < o.Blocks; i += workers {
+				p := filepath.Join(dir, strconv.Itoa(i))
+				if err := writeRename(p, src[i%len(src)], o.Fsync); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return time.Since(start), first
+}
+
+func writeRename(p string, b []byte, fsync bool) error {
+	f, err := os.Create(p + ".tmp")
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if fsync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
 }
 
 var fsBenchNS = messages.Layout{Model: "bench-fs", DType: "fp16", BlockTokens: 16, TPSize: 1}.Namespace()
@@ -186,6 +255,9 @@ func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions) (write,
 	for i := range dests {
 		dests[i] = make([]byte, o.BlockBytes)
 	}
+	if err := o.coldCache(); err != nil {
+		return 0, 0, err
+	}
 	read, err = pipeline(ctx, o, results, func(i, slot int) {
 		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
 	})
@@ -228,4 +300,18 @@ func pipeline(ctx context.Context, o FSOptions, results <-chan any, issue func(i
 		}
 	}
 	return time.Since(start), nil
+}
+
+// coldCache, with ColdCache set, writes dirty pages back and drops the page
+// cache, so the read phase that follows measures the device. Without it a
+// read phase measures memory copies (and, for the tier, CRC32C speed).
+func (o FSOptions) coldCache() error {
+	if !o.ColdCache {
+		return nil
+	}
+	unix.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		return fmt.Errorf("drop page cache (needs root; run without --cold-cache): %w", err)
+	}
+	return nil
 }

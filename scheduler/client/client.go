@@ -216,6 +216,11 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 		c.mu.Unlock()
 	}()
 	if err := c.send(wire.EncodeRequest(q)); err != nil {
+		select {
+		case <-c.readDone:
+			return nil, c.lost(q.Op)
+		default:
+		}
 		return nil, fmt.Errorf("kvtier client %s: send: %w", q.Op, err)
 	}
 	select {
@@ -233,8 +238,18 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 			return c.decode(q, frame)
 		default:
 		}
-		return nil, fmt.Errorf("kvtier client %s: connection to the daemon lost (%v): %w", q.Op, c.readErr, messages.ErrClosed)
+		return nil, c.lost(q.Op)
 	}
+}
+
+// lost is the error of a call once readLoop has ended.
+func (c *Client) lost(op wire.Op) error {
+	select {
+	case <-c.done:
+		return fmt.Errorf("kvtier client %s: %w", op, messages.ErrClosed)
+	default:
+	}
+	return fmt.Errorf("kvtier client %s: connection to the daemon lost (%v): %w", op, c.readErr, messages.ErrClosed)
 }
 
 func (c *Client) decode(q *wire.Request, frame []byte) (*wire.Reply, error) {
