@@ -3,6 +3,7 @@ package kvtier
 import (
 	"context"
 	"fmt"
+	"github.com/asynkron/protoactor-go/actor"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -18,6 +19,12 @@ var _ Manager = (*embedded)(nil)
 
 // call sends the message build makes to the bridge and waits for its answer.
 func call[T any](ctx context.Context, n *Node, build func(messages.Reply[T]) any) (T, error) {
+	return callActor(ctx, n, n.bridge, "kvtier call", build)
+}
+
+// callActor sends the message build makes to pid and waits for its answer
+// with the caller's deadline (or the node's call timeout when ctx has none).
+func callActor[T any](ctx context.Context, n *Node, pid *actor.PID, what string, build func(messages.Reply[T]) any) (T, error) {
 	var zero T
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -25,12 +32,12 @@ func call[T any](ctx context.Context, n *Node, build func(messages.Reply[T]) any
 		defer cancel()
 	}
 	reply := messages.NewReply[T]()
-	n.system.Root.Send(n.bridge, build(reply))
+	n.system.Root.Send(pid, build(reply))
 	select {
 	case r := <-reply:
 		return r.Value, r.Err
 	case <-ctx.Done():
-		return zero, fmt.Errorf("kvtier call: %w", ctx.Err())
+		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 }
 

@@ -120,18 +120,5 @@ func (n *Node) TieringStats(ctx context.Context) (messages.TieringStats, error) 
 }
 
 func askTiering[T any](ctx context.Context, n *Node, build func(messages.Reply[T]) any) (T, error) {
-	var zero T
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
-		defer cancel()
-	}
-	reply := messages.NewReply[T]()
-	n.system.Root.Send(n.tiers.tiering, build(reply))
-	select {
-	case r := <-reply:
-		return r.Value, r.Err
-	case <-ctx.Done():
-		return zero, fmt.Errorf("kvtier tiering: %w", ctx.Err())
-	}
+	return callActor(ctx, n, n.tiers.tiering, "kvtier tiering", build)
 }
