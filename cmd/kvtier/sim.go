@@ -127,11 +127,11 @@ func runSim(ctx context.Context, o simOptions, out io.Writer) error {
 		_ = bar.Finish()
 		fmt.Fprintln(os.Stderr)
 	}
+	if runErr == nil {
+		runErr = o.events.finish(node) // may hold the node until a signal
+	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if runErr == nil {
-		runErr = o.events.finish(closeCtx, node)
-	}
 	closeErr := closeNode(closeCtx)
 	if runErr != nil {
 		return runErr

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -40,11 +41,14 @@ func (e *eventFlags) embeddedOnly() bool {
 }
 
 // finish runs after the simulation, before the node closes: it flushes the
-// open event batch, writes the inventory, and holds the node if asked.
-func (e *eventFlags) finish(ctx context.Context, node *kvtier.Node) error {
+// open event batch, writes the inventory (each bounded on its own), and
+// holds the node if asked.
+func (e *eventFlags) finish(node *kvtier.Node) error {
 	if node == nil || !e.embeddedOnly() {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	next, err := node.FlushEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("flush events: %w", err)

@@ -49,9 +49,11 @@ func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	require.NoError(t, sim.Start())
 	exited := make(chan error, 1)
 	held := make(chan struct{})
+	var lines []string // the sim's stderr, for failure messages; written only before exited is sent
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			lines = append(lines, sc.Text())
 			if strings.Contains(sc.Text(), "holding the node") {
 				close(held)
 			}
@@ -62,7 +64,7 @@ func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	select {
 	case <-held:
 	case err := <-exited:
-		t.Fatalf("sim exited before holding its node: %v", err)
+		t.Fatalf("sim exited before holding its node: %v\n%s", err, strings.Join(lines, "\n"))
 	case <-ctx.Done():
 		t.Fatal("sim never held its node")
 	}
@@ -71,7 +73,7 @@ func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	require.NoError(t, sim.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-exited:
-		require.NoError(t, err, "sim exits 0 on SIGTERM: the run was clean")
+		require.NoError(t, err, "sim exits 0 on SIGTERM: the run was clean; stderr:\n%s", strings.Join(lines, "\n"))
 	case <-ctx.Done():
 		t.Fatal("sim did not stop on SIGTERM")
 	}
