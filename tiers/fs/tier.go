@@ -141,6 +141,7 @@ type (
 	}
 	removeDone struct {
 		keys []messages.Key
+		then func() // run in Receive once the files are gone (nil: nothing)
 	}
 )
 
@@ -160,12 +161,15 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.TierDelete:
 		if a.t.index.StartDelete(m.Key) {
 			a.t.stats.Deleted++
-			a.remove(ctx, []messages.Key{m.Key})
+			a.remove(ctx, []messages.Key{m.Key}, nil)
 		}
 	case *removeDone:
 		a.inFlight--
 		for _, k := range m.keys {
 			a.t.index.EndDelete(k)
+		}
+		if m.then != nil {
+			m.then()
 		}
 	case *messages.TierStatsQuery:
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
@@ -222,16 +226,22 @@ func (a *Actor) readDone(ctx actor.Context, m *readDone) {
 	case errors.Is(m.err, messages.ErrInvalidBlock), errors.Is(m.err, messages.ErrNotFound):
 		// NB: a missing file the index listed is as bad as a corrupt one:
 		// forget it (and remove whatever is there) so it is never offered.
+		// The reader hears of the failure once the bad copy is gone.
 		a.t.stats.ReadFailures++
 		if a.t.index.StartDelete(m.req.Key) {
 			a.t.stats.Invalid++
 			a.log.Warn().Err(m.err).Msg("fs tier: invalid block removed")
-			a.remove(ctx, []messages.Key{m.req.Key})
+			a.remove(ctx, []messages.Key{m.req.Key}, func() { a.answerRead(ctx, m) })
+			return
 		}
 	default:
 		a.t.stats.ReadFailures++
 		a.log.Warn().Err(m.err).Stringer("key", m.req.Key).Msg("fs tier: read failed")
 	}
+	a.answerRead(ctx, m)
+}
+
+func (a *Actor) answerRead(ctx actor.Context, m *readDone) {
 	if m.sender != nil {
 		ctx.Send(m.sender, &messages.TierReadResult{Corr: m.req.Corr, Key: m.req.Key, Checksum: m.sum, Err: m.err})
 	}
@@ -307,16 +317,21 @@ func (a *Actor) writeDone(ctx actor.Context, m *writeDone) {
 }
 
 // remove deletes the files of keys already marked deleting in the index.
-func (a *Actor) remove(ctx actor.Context, keys []messages.Key) {
+// remove deletes keys' files on a worker; then, if set, runs in Receive
+// once they are gone (or at once when the I/O queue is full).
+func (a *Actor) remove(ctx actor.Context, keys []messages.Key, then func()) {
 	self, root, store := ctx.Self(), ctx.ActorSystem().Root, a.t.store
 	if !a.submit(func() {
 		for _, k := range keys {
 			_ = store.Remove(k)
 		}
-		root.Send(self, &removeDone{keys: keys})
+		root.Send(self, &removeDone{keys: keys, then: then})
 	}) {
 		for _, k := range keys {
 			a.t.index.EndDelete(k)
+		}
+		if then != nil {
+			then()
 		}
 	}
 }
