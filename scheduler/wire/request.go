@@ -168,6 +168,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 	var version uint64
 	var seen field
 	var hasV, hasOp bool
+	var late error // a field error found before "id" was read: reported after the scan, with the id
 	d.offsets = make(map[field]int, n)
 	for range n {
 		name, err := d.r.str(32)
@@ -182,20 +183,26 @@ func (d *requestDecoder) decode() (*Request, error) {
 			continue
 		}
 		f, ok := fieldNames[name]
-		if !ok {
-			return nil, d.fail(CodeBadRequest, "unknown field %q", name)
+		switch {
+		case !ok && late == nil:
+			late = fmt.Errorf("unknown field %q", name)
+		case ok && seen&f != 0 && late == nil:
+			late = fmt.Errorf("field %q repeated", name)
+		case ok:
+			seen |= f
+			d.offsets[f] = d.r.off
 		}
-		if seen&f != 0 {
-			return nil, d.fail(CodeBadRequest, "field %q repeated", name)
-		}
-		seen |= f
-		d.offsets[f] = d.r.off
+		// NB: skip the value either way, so that an "id" after a bad field is
+		// still read and the error reply names the request.
 		if err := d.r.skip(0); err != nil {
 			return nil, d.fail(CodeBadRequest, "field %q: %v", name, err)
 		}
 	}
 	if d.r.left() != 0 {
 		return nil, d.fail(CodeBadRequest, "%d bytes after the request map", d.r.left())
+	}
+	if late != nil {
+		return nil, d.fail(CodeBadRequest, "%v", late)
 	}
 	switch {
 	case !hasV:

@@ -76,6 +76,9 @@ func TestDecodeErrorsCarryTheirCodeAndID(t *testing.T) {
 		{"field of another op", pack(map[string]any{"v": 1, "op": "ping", "id": 5, "clear": true}), CodeBadRequest, true, messages.ErrBadRequest},
 		{"tokens not int32s", pack(map[string]any{"v": 1, "op": "request_finished", "id": 5, "req": map[string]any{"id": "r", "tokens": []byte{1, 2, 3}}}), CodeBadRequest, true, messages.ErrBadRequest},
 		{"empty request id", pack(map[string]any{"v": 1, "op": "request_finished", "id": 5, "req": map[string]any{"id": ""}}), CodeBadRequest, true, messages.ErrBadRequest},
+		// Field order is fixed by hand: map {"v":1, "zzz":1, "op":"ping", "id":7}.
+		{"unknown field before id", []byte{0x84, 0xa1, 'v', 0x01, 0xa3, 'z', 'z', 'z', 0x01, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g', 0xa2, 'i', 'd', 0x07}, CodeBadRequest, true, messages.ErrBadRequest},
+		{"repeated field before id", []byte{0x85, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa8, 'j', 'o', 'b', '_', 'd', 'o', 'n', 'e', 0xa3, 'j', 'o', 'b', 0x01, 0xa3, 'j', 'o', 'b', 0x02, 0xa2, 'i', 'd', 0x07}, CodeBadRequest, true, messages.ErrBadRequest},
 		{"array length beyond the frame", []byte{0x83, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x05, 0xa4, 'k', 'e', 'y', 's', 0xdd, 0x7f, 0xff, 0xff, 0xff}, CodeBadRequest, true, messages.ErrBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
