@@ -34,6 +34,7 @@ func TestEventsCountersAreScraped(t *testing.T) {
 	require.Equal(t, 3, n)
 	require.Equal(t, 1.0, gathered(t, node, "kvtier_events_total"), "one BlockStored event for the two blocks")
 	require.Zero(t, gathered(t, node, "kvtier_events_placeholders_total"))
+	require.Zero(t, gathered(t, node, "kvtier_events_dropped_total"))
 }
 
 // gathered reads one unlabelled counter from the node's registry.

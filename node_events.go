@@ -173,6 +173,7 @@ func (n *Node) registerEventsMetrics() {
 		counter("events_placeholders_total", "Stored blocks announced without full provenance.", &c.Placeholders),
 		counter("events_unknown_removals_total", "Removals of blocks never announced stored (not published).", &c.UnknownRemovals),
 		counter("events_encode_errors_total", "Event batches dropped because they failed to encode.", &c.EncodeErrors),
+		counter("events_dropped_total", "Event batches dropped because the publisher's queue was full.", &n.events.pub.Dropped),
 	)
 }
 
