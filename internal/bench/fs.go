@@ -4,20 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/fs"
 )
@@ -220,51 +216,8 @@ func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions) (write,
 	if err != nil {
 		return 0, 0, err
 	}
-	system := actors.NewSystem(zerolog.Nop())
-	defer system.Shutdown()
-	pid, err := system.Root.SpawnNamed(tier.Props(), "fs")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer func() {
-		err = errors.Join(err, actors.StopAndWait(ctx, system, pid), tier.Close(ctx))
-	}()
-	sums := make([]uint32, len(src))
-	for i, b := range src {
-		sums[i] = crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))
-	}
-	results := make(chan any, o.Window)
-	collector, err := system.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
-		switch m := c.Message().(type) {
-		case *messages.TierWriteResult, *messages.TierReadResult:
-			results <- m
-		}
-	}), "collector")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer system.Root.Stop(collector)
-	write, err = pipeline(ctx, o, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierWrite{Corr: uint64(slot), Key: fsBenchKey(i),
-			Src: src[i%len(src)], Checksum: sums[i%len(src)]}, collector)
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("tier write: %w", err)
-	}
-	dests := make([][]byte, o.Window)
-	for i := range dests {
-		dests[i] = make([]byte, o.BlockBytes)
-	}
-	if err := o.coldCache(); err != nil {
-		return 0, 0, err
-	}
-	read, err = pipeline(ctx, o, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("tier read: %w", err)
-	}
-	return write, read, nil
+	return driveTier(ctx, tierDrive{name: "fs", props: tier.Props(), close: tier.Close, blockBytes: o.BlockBytes,
+		blocks: o.Blocks, window: o.Window, beforeRead: o.coldCache}, src)
 }
 
 // pipeline issues Blocks operations keeping Window in flight; every answer

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/http"
 	"os"
@@ -14,14 +12,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/rs/zerolog"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
-	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 )
@@ -228,47 +223,6 @@ func tierObjIO(ctx context.Context, ep obj.Endpoint, prefix string, src [][]byte
 	if err != nil {
 		return 0, 0, err
 	}
-	system := actors.NewSystem(zerolog.Nop())
-	defer system.Shutdown()
-	pid, err := system.Root.SpawnNamed(tier.Props(), "obj")
-	if err != nil {
-		return 0, 0, errors.Join(err, tier.Close(ctx))
-	}
-	defer func() {
-		err = errors.Join(err, actors.StopAndWait(ctx, system, pid), tier.Close(ctx))
-	}()
-	sums := make([]uint32, len(src))
-	for i, b := range src {
-		sums[i] = crc32.Checksum(b, blockfmt.Castagnoli)
-	}
-	results := make(chan any, o.Window)
-	collector, err := system.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
-		switch m := c.Message().(type) {
-		case *messages.TierWriteResult, *messages.TierReadResult:
-			results <- m
-		}
-	}), "collector")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer system.Root.Stop(collector)
-	po := FSOptions{Blocks: o.Blocks, Window: o.Window}
-	put, err = pipeline(ctx, po, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierWrite{Corr: uint64(slot), Key: fsBenchKey(i),
-			Src: src[i%len(src)], Checksum: sums[i%len(src)]}, collector)
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("put: %w", err)
-	}
-	dests := make([][]byte, o.Window)
-	for i := range dests {
-		dests[i] = make([]byte, o.BlockBytes)
-	}
-	get, err = pipeline(ctx, po, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("get: %w", err)
-	}
-	return put, get, nil
+	return driveTier(ctx, tierDrive{name: "obj", props: tier.Props(), close: tier.Close, blockBytes: o.BlockBytes,
+		blocks: o.Blocks, window: o.Window}, src)
 }
