@@ -1,9 +1,8 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -12,28 +11,17 @@ import (
 
 func newBenchObjCmd() *cobra.Command {
 	o := bench.DefaultObjOptions()
-	var asJSON bool
-	cmd := &cobra.Command{
+	cmd := benchCommand(&cobra.Command{
 		Use:   "obj",
 		Short: "obj tier block PUT/GET throughput vs plain minio-go PutObject/GetObject of the same bytes, same server, same run",
 		Long: `Without --endpoint it starts versitygw (found on PATH or in $(go env GOPATH)/bin)
 on 127.0.0.1 with a posix backend in a temporary directory under --dir.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := bench.RunObj(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(os.Stdout).Encode(r)
-			}
-			fmt.Printf("%d blocks of %d bytes against %s (%d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Server, r.Workers, r.Window)
-			fmt.Printf("put: obj tier %.2f GB/s, raw minio-go %.2f GB/s → %.2f×\n", r.ObjPutGBps, r.RawPutGBps, r.PutRatio)
-			fmt.Printf("get: obj tier %.2f GB/s, raw minio-go %.2f GB/s → %.2f×\n", r.ObjGetGBps, r.RawGetGBps, r.GetRatio)
-			return nil
-		},
-	}
+	}, func(ctx context.Context) (bench.ObjResult, error) { return bench.RunObj(ctx, o) }, func(r bench.ObjResult) {
+		fmt.Printf("%d blocks of %d bytes against %s (%d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Server, r.Workers, r.Window)
+		fmt.Printf("put: obj tier %.2f GB/s, raw minio-go %.2f GB/s → %.2f×\n", r.ObjPutGBps, r.RawPutGBps, r.PutRatio)
+		fmt.Printf("get: obj tier %.2f GB/s, raw minio-go %.2f GB/s → %.2f×\n", r.ObjGetGBps, r.RawGetGBps, r.GetRatio)
+	})
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
 	f.StringVar(&o.Endpoint, "endpoint", "", "S3-compatible endpoint HOST:PORT (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY); empty: start versitygw")
 	f.StringVar(&o.Bucket, "bucket", o.Bucket, "bucket (created if absent)")
 	f.StringVar(&o.Dir, "dir", o.Dir, "where a started versitygw keeps its objects")
