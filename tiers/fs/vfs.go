@@ -3,7 +3,8 @@ package fs
 import (
 	"io"
 	"os"
-	"sync"
+
+	"github.com/kvtier/kvtier/supervision"
 )
 
 // File is an open block file: written once in sequence, or read at offsets.
@@ -76,38 +77,17 @@ type Rule func(op Op, path string) error
 // they were added; the first error wins). With no rules it is the inner FS.
 type Faulty struct {
 	inner FS
-	mu    sync.Mutex
-	rules map[int]Rule
-	next  int
+	rules supervision.Rules[Rule]
 }
 
 // NewFaulty wraps inner.
-func NewFaulty(inner FS) *Faulty { return &Faulty{inner: inner, rules: map[int]Rule{}} }
+func NewFaulty(inner FS) *Faulty { return &Faulty{inner: inner} }
 
 // Inject adds a rule; the returned func removes it.
-func (f *Faulty) Inject(r Rule) (remove func()) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id := f.next
-	f.next++
-	f.rules[id] = r
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		delete(f.rules, id)
-	}
-}
+func (f *Faulty) Inject(r Rule) (remove func()) { return f.rules.Inject(r) }
 
 func (f *Faulty) check(op Op, path string) error {
-	f.mu.Lock()
-	rules := make([]Rule, 0, len(f.rules))
-	for i := range f.next {
-		if r, ok := f.rules[i]; ok {
-			rules = append(rules, r)
-		}
-	}
-	f.mu.Unlock()
-	for _, r := range rules {
+	for _, r := range f.rules.Active() {
 		if err := r(op, path); err != nil {
 			return &os.PathError{Op: opName(op), Path: path, Err: err}
 		}

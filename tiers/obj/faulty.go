@@ -3,7 +3,8 @@ package obj
 import (
 	"context"
 	"io"
-	"sync"
+
+	"github.com/kvtier/kvtier/supervision"
 )
 
 // Op names a Client call, for fault rules.
@@ -25,38 +26,17 @@ type Rule func(ctx context.Context, op Op, name string) error
 // Faulty wraps a Client and fails or stalls calls by rule (chaos tests).
 type Faulty struct {
 	inner Client
-	mu    sync.Mutex
-	rules map[int]Rule
-	next  int
+	rules supervision.Rules[Rule]
 }
 
 // NewFaulty wraps inner.
-func NewFaulty(inner Client) *Faulty { return &Faulty{inner: inner, rules: map[int]Rule{}} }
+func NewFaulty(inner Client) *Faulty { return &Faulty{inner: inner} }
 
 // Inject adds a rule; the returned func removes it.
-func (f *Faulty) Inject(r Rule) (remove func()) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id := f.next
-	f.next++
-	f.rules[id] = r
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		delete(f.rules, id)
-	}
-}
+func (f *Faulty) Inject(r Rule) (remove func()) { return f.rules.Inject(r) }
 
 func (f *Faulty) check(ctx context.Context, op Op, name string) error {
-	f.mu.Lock()
-	rules := make([]Rule, 0, len(f.rules))
-	for i := range f.next {
-		if r, ok := f.rules[i]; ok {
-			rules = append(rules, r)
-		}
-	}
-	f.mu.Unlock()
-	for _, r := range rules {
+	for _, r := range f.rules.Active() {
 		if err := r(ctx, op, name); err != nil {
 			return err
 		}
