@@ -1,0 +1,164 @@
+// Package rdma is kvtier's data plane: it moves block bytes between the CPU
+// pools of two nodes once the control plane (peer/) has agreed which slots
+// go where. It owns the registration of the local pool with a transport,
+// the transport's own connections and its completions. It never decides
+// what to move, never touches the CPU tier's metadata, and never reads a
+// slot it was not handed for one transfer.
+//
+// The Transport interface is shaped after NIXL (rdma/nixl maps onto it one
+// call to one call): the pool is registered once, each node's opaque
+// metadata travels in the peer handshake, and a fetch is one WRITE of a
+// list of local slots into a list of remote slots, named by a one-time
+// token the consumer chose and announced over the authenticated control
+// plane. Completions are callbacks that the owning actor turns into
+// messages: nothing here blocks a mailbox, and nothing polls while no
+// transfer is in flight.
+//
+// Implementations: rdma/tcp (pure Go, the default) and rdma/nixl (cgo,
+// build tag nixl).
+package rdma
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+)
+
+// Region is the local memory a transport registers once: the CPU pool, as
+// Slots consecutive slots of SlotBytes each.
+type Region struct {
+	Base      []byte // the whole pool mapping; len(Base) >= Slots*SlotBytes
+	SlotBytes int    // bytes per slot (the block size)
+	Slots     int    // number of slots
+}
+
+// Slot returns slot i's bytes.
+func (r Region) Slot(i int) []byte {
+	off := i * r.SlotBytes
+	return r.Base[off : off+r.SlotBytes : off+r.SlotBytes]
+}
+
+// Valid reports whether every slot index is inside the region.
+func (r Region) Valid(slots []int) bool {
+	for _, s := range slots {
+		if s < 0 || s >= r.Slots {
+			return false
+		}
+	}
+	return true
+}
+
+// Token names one transfer. The consumer draws it at random (NewToken),
+// registers it with Expect, and sends it to the producer inside the
+// authenticated Fetch frame; the data plane accepts bytes only for a token
+// that is expected from that peer, once.
+type Token [16]byte
+
+// NewToken draws a random token.
+func NewToken() Token {
+	var t Token
+	if _, err := rand.Read(t[:]); err != nil {
+		panic("rdma: no randomness: " + err.Error()) // crypto/rand never fails on Linux
+	}
+	return t
+}
+
+func (t Token) String() string { return hex.EncodeToString(t[:4]) }
+
+// Completion reports the end of one Expect or Write. It is delivered
+// exactly once per call, through the call's done callback.
+type Completion struct {
+	Token Token
+	Peer  string // the remote node id
+	Bytes int64  // bytes moved
+	Err   error  // nil: every byte is in place (Expect) / handed off (Write)
+}
+
+// Transport moves slot bytes between two registered pools.
+//
+// Contract, for every implementation (rdma/rdmatest checks it):
+//   - Register is called once, before any other call but Kind.
+//   - Expect's done is called exactly once, with Err nil only when every
+//     byte of every dst slot has been written; after done returns the
+//     transport never writes those slots again (so the caller may free or
+//     reuse them). Cancel makes done come with ErrCanceled, once it is safe.
+//   - Write's done is called exactly once, when the src slots may be reused
+//     (the bytes were copied out or the write failed).
+//   - Bytes for a token are accepted only from the peer the token was
+//     expected from, only into the slots it was expected with, and only
+//     once; anything else is refused with ErrProtocol and counted, and the
+//     expectation is left intact for the real producer.
+//   - Disconnect(peer) fails that peer's pending Expects and Writes
+//     (ErrPeerGone); Close fails everything (ErrClosed) and returns once no
+//     goroutine of the transport remains.
+//   - No call blocks on the network; done callbacks run on transport
+//     goroutines and must not block (send a message and return).
+type Transport interface {
+	// Kind names the transport: "tcp" or "nixl".
+	Kind() string
+	// Register registers the local pool. Called once.
+	Register(r Region) error
+	// Metadata is this node's opaque data-plane metadata, carried in the
+	// peer handshake (an address for tcp, an agent blob for nixl).
+	Metadata() []byte
+	// Connect makes peer reachable for Write, from the metadata it sent in
+	// its handshake. A second Connect for the same peer replaces the first
+	// (a new session epoch); pending work of the old one fails.
+	Connect(peer string, meta []byte) error
+	// Disconnect forgets peer: its pending Expects and Writes fail with
+	// ErrPeerGone.
+	Disconnect(peer string)
+	// Expect (consumer side) accepts one transfer from peer under tok into
+	// the local dst slots; done reports its end.
+	Expect(peer string, tok Token, dst []int, done func(Completion)) error
+	// Cancel (consumer side) abandons an Expect; its done comes with
+	// ErrCanceled once the transport no longer touches the slots. Unknown
+	// or finished tokens are ignored.
+	Cancel(tok Token)
+	// Write (producer side) copies the local src slots into peer's dst
+	// slots under tok (len(src) == len(dst)); done reports its end.
+	Write(peer string, tok Token, src, dst []int, done func(Completion)) error
+	// Stats is a snapshot of the transport's counters.
+	Stats() Stats
+	// Close fails everything pending and releases the registration.
+	Close() error
+}
+
+// Stats are a transport's counters.
+type Stats struct {
+	Kind           string `json:"kind"`
+	BytesSent      uint64 `json:"bytes_sent"`
+	BytesReceived  uint64 `json:"bytes_received"`
+	WritesOK       uint64 `json:"writes_ok"`
+	WritesFailed   uint64 `json:"writes_failed"`
+	ExpectsOK      uint64 `json:"expects_ok"`
+	ExpectsFailed  uint64 `json:"expects_failed"`
+	Refused        uint64 `json:"refused"`         // transfers refused: unknown token, wrong peer or slots, bad frame
+	PendingExpects int    `json:"pending_expects"` // expectations not yet complete
+	PendingWrites  int    `json:"pending_writes"`  // writes not yet complete
+}
+
+// Errors every transport returns (wrapped with context).
+var (
+	// ErrUnavailable: the transport cannot run here (library missing or
+	// incompatible, no device). The node refuses to start with it.
+	ErrUnavailable = errors.New("rdma: transport unavailable")
+	// ErrPeerUnknown: no Connect for that peer.
+	ErrPeerUnknown = errors.New("rdma: peer not connected")
+	// ErrPeerGone: the peer was disconnected or its connection broke.
+	ErrPeerGone = errors.New("rdma: peer gone")
+	// ErrCanceled: the expectation was canceled by its owner.
+	ErrCanceled = errors.New("rdma: transfer canceled")
+	// ErrProtocol: the remote side broke the data-plane protocol (unknown
+	// token, wrong slots, short or malformed frame).
+	ErrProtocol = errors.New("rdma: protocol violation")
+	// ErrBadSlot: a slot index outside the registered region (local or, as
+	// advertised, remote).
+	ErrBadSlot = errors.New("rdma: slot out of range")
+	// ErrDuplicateToken: Expect with a token already pending.
+	ErrDuplicateToken = errors.New("rdma: duplicate token")
+	// ErrClosed: the transport is closed.
+	ErrClosed = errors.New("rdma: transport closed")
+	// ErrNotRegistered: a call before Register.
+	ErrNotRegistered = errors.New("rdma: pool not registered")
+)
