@@ -68,10 +68,18 @@ type Config struct {
 	SecondaryLookupDeadline time.Duration `yaml:"secondary_lookup_deadline"`
 	CascadeQueue            int           `yaml:"cascade_queue"`
 
+	// Peers turns on the P2P tier (peers_config.go).
+	Peers PeersConfig `yaml:"peers"`
+
 	// Clock drives leases and deadlines; nil is the wall clock.
 	Clock supervision.Clock `yaml:"-"`
 	// Logger receives the node's structured logs; nil discards them.
 	Logger *zerolog.Logger `yaml:"-"`
+
+	// Faults, for chaos tests only (internal/chaos), perturbs the messages
+	// of every actor of the node as its rules decide (supervision/inject.go);
+	// nil, always in production: no fault injection.
+	Faults *supervision.Injector `yaml:"-"`
 }
 
 // Defaults: a laptop-sized pool.
@@ -157,6 +165,9 @@ func (c Config) Validate() error {
 		return bad("namespace of %d bytes (max 64)", len(c.Namespace))
 	}
 	if err := validateTiers(c); err != nil {
+		return err
+	}
+	if err := c.Peers.validate(); err != nil {
 		return err
 	}
 	return c.Events.validate()

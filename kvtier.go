@@ -20,6 +20,7 @@ import (
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler"
+	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
 )
 
@@ -38,6 +39,7 @@ type Node struct {
 	cpu      *actor.PID
 	events   eventsState // KV events (node_events.go)
 	tiers    tiersState  // secondary tiers (node_tiers.go)
+	peers    peersState  // peers: P2P tier, control and data planes (node_peers.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -70,8 +72,15 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		pool.Close()
 		return nil, err
 	}
+	if err := n.openPeers(); err != nil {
+		_ = n.closeEndpoint()
+		_ = n.closeEvents(ctx)
+		pool.Close()
+		return nil, err
+	}
 	if err := n.start(ctx, state); err != nil {
 		_ = n.closeTiers(ctx)
+		_ = n.closePeers()
 		_ = n.closeEndpoint()
 		_ = n.closeEvents(ctx)
 		pool.Close()
@@ -93,10 +102,12 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 		return err
 	}
 	n.system = actors.NewSystem(log)
+	supervision.AttachFaults(n.system, n.cfg.Faults) // chaos tests only; nil: nothing
 	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
 	n.cpu = cpuPID
 	hub := n.eventsChildren()
 	tierKids := n.tierChildren(cpuPID)
+	peerKids := n.peerChildren(cpuPID)
 	counters, jobSeq := &scheduler.Counters{}, &atomic.Uint64{}
 	children := []actors.Child{
 		{Name: "cpu", Props: cpu.Props(state, n.pool, n.cfg.Clock.Now, log.With().Str("actor", "cpu").Logger(), n.cpuOptions()...)},
@@ -110,6 +121,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	}
 	children = append(children, n.endpointChildren()...)
 	children = append(children, tierKids...)
+	children = append(children, peerKids...)
 	children = append(hub, children...)
 	spawned := make(chan map[string]*actor.PID, 1)
 	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), "kvtier")
@@ -172,6 +184,9 @@ func (n *Node) Close(ctx context.Context) error {
 		} else if err := n.closeTiers(ctx); err != nil {
 			// NB: likewise a tier I/O worker may still copy into a slot.
 			errs = append(errs, fmt.Errorf("stop tier I/O (pool left mapped): %w", err))
+		} else if err := n.closePeers(); err != nil {
+			// NB: and a transfer may still be writing into a slot.
+			errs = append(errs, fmt.Errorf("stop data plane (pool left mapped): %w", err))
 		} else {
 			errs = append(errs, n.pool.Close())
 		}
@@ -189,5 +204,6 @@ func (n *Node) stopActors(ctx context.Context) error {
 		err = actors.StopAndWait(ctx, n.system, n.guardian)
 	}
 	n.system.Shutdown()
+	supervision.DetachFaults(n.system)
 	return err
 }

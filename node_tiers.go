@@ -61,7 +61,8 @@ func (n *Node) openTiers() error {
 // tierChildren are the tier actors and the tiering actor, spawned after the
 // CPU tier and before the bridge.
 func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
-	if len(n.tiers.opened) == 0 {
+	peers := n.peerTier()
+	if len(n.tiers.opened) == 0 && peers == nil {
 		return nil
 	}
 	var children []actors.Child
@@ -70,6 +71,10 @@ func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
 		name := "tier-" + t.name
 		children = append(children, actors.Child{Name: name, Props: t.props})
 		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: actor.NewPID(n.system.Address(), "kvtier/"+name)})
+	}
+	if peers != nil {
+		// Last: a local copy (fs, obj) is preferred to a peer's.
+		ts = append(ts, *peers)
 	}
 	n.tiers.tiering = actor.NewPID(n.system.Address(), "kvtier/tiering")
 	children = append(children, actors.Child{Name: "tiering", Props: tiering.Props(tiering.Config{

@@ -8,8 +8,9 @@ type ReqContext struct {
 	RequestID string // engine request id; holder of this request's leases
 
 	// Transfer parameters.
-	Workers    int      // worker reports each job of this request expects; 0 = node default
-	TierFilter []string // tiers this request may load from (vLLM kv_load_tiers); empty = all
+	Workers     int      // worker reports each job of this request expects; 0 = node default
+	TierFilter  []string // tiers this request may load from (vLLM kv_load_tiers); empty = all
+	PeerSources []string // peers (node ids) this request may fetch from (vLLM remote_kv_source); empty = every ready peer
 
 	// Provenance for KV events (vLLM BlockStored fields).
 	ParentBlockHash []byte   // hash of the block before the first key of the call; nil at the start of a prompt

@@ -33,6 +33,7 @@ var (
 type TierLookup struct {
 	Corr uint64 // echoed in TierLookupResult
 	Keys []Key
+	Req  *ReqContext // the request that started the lookup (its peer sources); may be nil
 }
 
 // TierLookupResult answers TierLookup.
@@ -57,6 +58,9 @@ type TierReadResult struct {
 	Key      Key
 	Checksum uint32
 	Err      error // ErrNotFound, ErrInvalidBlock (removed), ErrTierUnavailable, or an I/O error
+	// Prov is the provenance stored with the block (with Err nil), nil when
+	// the block was stored without one (an older format, or none known).
+	Prov *Provenance
 }
 
 // TierWrite asks a tier to store Src as Key's block. The tier verifies Src
@@ -66,6 +70,9 @@ type TierWrite struct {
 	Key      Key
 	Src      []byte // a pinned slot; read only by the tier's workers
 	Checksum uint32 // CRC32C of Src, as committed in the CPU tier
+	// Prov is stored with the block (in its header) and announced with it;
+	// nil when unknown. Read only by the tier (and its workers).
+	Prov *Provenance
 }
 
 // TierWriteResult answers TierWrite.

@@ -91,6 +91,8 @@ type Completion struct {
 //   - Disconnect(peer) fails that peer's pending Expects and Writes
 //     (ErrPeerGone); Close fails everything (ErrClosed) and returns once no
 //     goroutine of the transport remains.
+//   - An error returned by Expect or Write means the call did nothing and
+//     its done is never called.
 //   - No call blocks on the network; done callbacks run on transport
 //     goroutines and must not block (send a message and return).
 type Transport interface {

@@ -114,6 +114,10 @@ func (p *Pool) Slot(i int) []byte {
 	return p.mem[off : off+p.blockBytes : off+p.blockBytes]
 }
 
+// Memory is the whole mapped region (Slots × BlockBytes), for a data-plane
+// transport that registers the pool once.
+func (p *Pool) Memory() []byte { return p.mem }
+
 // BlockBytes is the size of one slot.
 func (p *Pool) BlockBytes() int { return p.blockBytes }
 

@@ -16,8 +16,13 @@ import (
 // Tier is one configured secondary tier.
 type Tier struct {
 	Name string     // in stats, metrics and TierFilter
-	Kind string     // tiers.KindFS or tiers.KindObj
+	Kind string     // tiers.KindFS, tiers.KindObj or p2p.Kind
 	PID  *actor.PID // its actor
+	// Batched tiers get a promotion as one TierReadBatch (the P2P tier: one
+	// fetch round per peer); the others one TierRead per key.
+	Batched bool
+	// NoCascade: never a cascade target (peers hold their own blocks).
+	NoCascade bool
 }
 
 // Config is what the tiering actor needs from the node.
@@ -178,6 +183,7 @@ const (
 	replyLookup replyKind = iota + 1
 	replyReserve
 	replyRead
+	replyReadBatch
 	replyCommit
 	replyPin
 	replyWrite
@@ -243,6 +249,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onReserve(ctx, m)
 	case *messages.TierReadResult:
 		a.onRead(ctx, m)
+	case *messages.TierReadBatchResult:
+		a.onReadBatch(ctx, m)
 	case *messages.PinResult:
 		a.onPin(ctx, m)
 	case *messages.TierWriteResult:
@@ -429,7 +437,7 @@ func (a *Actor) startBatch(ctx actor.Context, req *messages.ReqContext, keys []m
 		}
 		a.request(ctx, t.PID, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
 			b.corrs[i] = corr
-			return &messages.TierLookup{Corr: corr, Keys: keys}
+			return &messages.TierLookup{Corr: corr, Keys: keys, Req: req}
 		})
 	}
 }
@@ -556,6 +564,10 @@ func (a *Actor) onReserve(ctx actor.Context, m *messages.ReserveResult) {
 		return
 	}
 	tier := a.cfg.Tiers[prom.tier]
+	if tier.Batched {
+		a.readBatch(ctx, prom)
+		return
+	}
 	for i, k := range prom.keys {
 		a.promoting[k] = prom
 		prom.outstanding++
@@ -566,16 +578,50 @@ func (a *Actor) onReserve(ctx actor.Context, m *messages.ReserveResult) {
 	}
 }
 
+// readBatch asks a batched tier for the whole promotion at once.
+func (a *Actor) readBatch(ctx actor.Context, prom *promotion) {
+	dests := make([][]byte, len(prom.keys))
+	for i, k := range prom.keys {
+		a.promoting[k] = prom
+		dests[i] = a.cfg.Slot(prom.slots[i])
+	}
+	prom.outstanding = len(prom.keys)
+	keys, slots := prom.keys, prom.slots
+	a.request(ctx, a.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
+		return &messages.TierReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
+	})
+}
+
+// onReadBatch applies a batched tier's answer key by key, as onRead does.
+func (a *Actor) onReadBatch(ctx actor.Context, m *messages.TierReadBatchResult) {
+	p, ok := a.take(m.Corr, replyReadBatch)
+	if !ok {
+		return
+	}
+	prom := p.prom
+	for i, k := range prom.keys {
+		res := &messages.TierReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
+		if i < len(m.Errs) && i < len(m.Checksums) {
+			res.Err, res.Checksum = m.Errs[i], m.Checksums[i]
+		}
+		a.readDone(ctx, prom, i, res)
+	}
+}
+
 func (a *Actor) onRead(ctx actor.Context, m *messages.TierReadResult) {
 	p, ok := a.take(m.Corr, replyRead)
 	if !ok {
 		return
 	}
-	prom := p.prom
+	a.readDone(ctx, p.prom, p.idx, m)
+}
+
+// readDone records one key's read of a promotion; the last one commits it.
+func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *messages.TierReadResult) {
 	prom.outstanding--
 	tier := a.cfg.Tiers[prom.tier]
 	if m.Err == nil {
-		prom.sums[p.idx], prom.ok[p.idx] = m.Checksum, true
+		prom.sums[idx], prom.ok[idx] = m.Checksum, true
 	} else {
 		// No livelock: a failed copy is a miss for this tier until the
 		// negative entry expires, and a bad copy is deleted.
@@ -672,6 +718,9 @@ func (a *Actor) cascade(ctx actor.Context, m *messages.Cascade) {
 		return
 	}
 	for t, tier := range a.cfg.Tiers {
+		if tier.NoCascade {
+			continue
+		}
 		room := max(a.cfg.CascadeQueue-a.queued[t]-len(a.waiting[t]), 0)
 		n := min(room, len(m.Keys))
 		if n < len(m.Keys) {

@@ -1,0 +1,209 @@
+package kvtier
+
+// The node's peers (P2P tier): the data-plane transport registered on the
+// pool and the control plane's ROUTER are opened before the actors start
+// (a bad address fails Open); the control plane ("peers") and the P2P tier
+// ("p2p", the last tier of the tiering actor) are spawned under the
+// guardian; the transport is closed after the actors stopped and before the
+// pool is unmapped (a transfer may still be writing into a slot).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer"
+	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/rdma/nixl"
+	"github.com/kvtier/kvtier/rdma/tcp"
+	"github.com/kvtier/kvtier/tiers/p2p"
+	"github.com/kvtier/kvtier/tiers/tiering"
+)
+
+// peersState is the node's peer plumbing.
+type peersState struct {
+	transport rdma.Transport
+	listener  *peer.Listener
+	counters  *peer.Counters
+	cfg       peer.Config
+	plane     *actor.PID // nil without peers
+	tier      *actor.PID
+}
+
+// openPeers opens the transport and the control plane's socket.
+func (n *Node) openPeers() error {
+	pc := n.cfg.Peers
+	if !pc.Enabled() {
+		return nil
+	}
+	secret, err := pc.secret()
+	if err != nil {
+		return err
+	}
+	t, err := n.newTransport(pc)
+	if err != nil {
+		return err
+	}
+	region := rdma.Region{Base: n.pool.Memory(), SlotBytes: n.pool.BlockBytes(), Slots: n.pool.Slots()}
+	if err := t.Register(region); err != nil {
+		_ = t.Close()
+		return fmt.Errorf("kvtier: peers: register the pool with the %s data plane: %w", t.Kind(), err)
+	}
+	static := make([]peer.Addr, len(pc.Static))
+	for i, s := range pc.Static {
+		static[i] = peer.Addr{Node: s.NodeID, Addr: s.Addr}
+	}
+	cfg := peer.Config{Node: pc.NodeID, Listen: pc.Listen, Secret: secret, Peers: static, Allow: pc.Allow,
+		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: n.pool.Slots(),
+		Transport: t, Region: region, JobSeq: &atomic.Uint64{},
+		LeaseTTL: pc.LeaseTTL, LookupTimeout: pc.LookupTimeout, FetchTimeout: pc.FetchTimeout,
+		HeartbeatInterval: pc.HeartbeatInterval, Clock: n.cfg.Clock,
+		Log: n.cfg.Logger.With().Str("actor", "peers").Logger()}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		_ = t.Close()
+		return err
+	}
+	ctr := peer.NewCounters()
+	ln, err := peer.Listen(cfg, ctr)
+	if err != nil {
+		_ = t.Close()
+		return err
+	}
+	n.peers = peersState{transport: t, listener: ln, counters: ctr, cfg: cfg}
+	n.cfg.Logger.Info().Str("node_id", pc.NodeID).Str("control", ln.Addr()).Str("transport", t.Kind()).
+		Int("static_peers", len(static)).Msg("kvtier peers: data plane backend " + t.Kind())
+	return nil
+}
+
+func (n *Node) newTransport(pc PeersConfig) (rdma.Transport, error) {
+	if pc.TransportImpl != nil {
+		return pc.TransportImpl, nil
+	}
+	log := n.cfg.Logger.With().Str("component", "data-plane").Logger()
+	switch pc.Transport {
+	case "", "tcp":
+		listen := pc.DataListen
+		if listen == "" {
+			listen = defaultDataListen(pc.Listen)
+		}
+		return tcp.New(tcp.Config{Node: pc.NodeID, Listen: listen, Advertise: pc.DataAdvertise, Log: log})
+	case "nixl":
+		lib := pc.NixlLibrary
+		if lib == "" {
+			lib = os.Getenv("KVTIER_NIXL_LIB")
+		}
+		t, err := nixl.New(nixl.Config{Name: pc.NodeID, Library: lib})
+		if err != nil {
+			return nil, fmt.Errorf("kvtier: peers: nixl data plane: %w", err)
+		}
+		return t, nil
+	}
+	return nil, fmt.Errorf("%w: peers: transport %q", messages.ErrBadConfig, pc.Transport)
+}
+
+// defaultDataListen binds the data plane on the control plane's host, any
+// port.
+func defaultDataListen(control string) string {
+	host := strings.TrimPrefix(control, "tcp://")
+	if i := strings.LastIndex(host, ":"); i >= 0 {
+		host = host[:i]
+	}
+	if host == "" || host == "*" {
+		host = "0.0.0.0"
+	}
+	return host + ":0"
+}
+
+// peerTier is the P2P tier as the tiering actor sees it, or nil.
+func (n *Node) peerTier() *tiering.Tier {
+	if n.peers.listener == nil {
+		return nil
+	}
+	name := n.cfg.Peers.TierName
+	if name == "" {
+		name = p2p.DefaultName
+	}
+	n.peers.tier = actor.NewPID(n.system.Address(), "kvtier/p2p")
+	return &tiering.Tier{Name: name, Kind: p2p.Kind, PID: n.peers.tier, Batched: true, NoCascade: true}
+}
+
+// peerChildren are the P2P tier and the control plane, spawned after the
+// CPU tier (peerTier must have run).
+func (n *Node) peerChildren(cpuPID *actor.PID) []actors.Child {
+	if n.peers.listener == nil {
+		return nil
+	}
+	cfg := n.peers.cfg
+	cfg.CPU, cfg.Tier = cpuPID, n.peers.tier
+	n.peers.plane = actor.NewPID(n.system.Address(), "kvtier/peers")
+	return []actors.Child{
+		{Name: "p2p", Props: p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
+			Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
+		{Name: "peers", Props: peer.Props(cfg, n.peers.listener, n.peers.counters)},
+	}
+}
+
+func (p *peersState) tierName(pc PeersConfig) string {
+	if pc.TierName != "" {
+		return pc.TierName
+	}
+	return p2p.DefaultName
+}
+
+// closePeers closes the data plane (after the actors stopped) and the
+// control socket (the plane closes it when it stops; idempotent).
+func (n *Node) closePeers() error {
+	var errs []error
+	if n.peers.listener != nil {
+		n.peers.listener.Close()
+	}
+	if n.peers.transport != nil {
+		errs = append(errs, n.peers.transport.Close())
+	}
+	n.peers.transport, n.peers.listener = nil, nil
+	return errors.Join(errs...)
+}
+
+// ErrNoPeers: the node has no peers configured.
+var ErrNoPeers = fmt.Errorf("%w: no peers configured", messages.ErrBadConfig)
+
+// PeerAddr is the control plane's bound address ("" without peers).
+func (n *Node) PeerAddr() string {
+	if n.peers.listener == nil {
+		return ""
+	}
+	return n.peers.listener.Addr()
+}
+
+// PeerStats returns every known peer's counters (ErrNoPeers without peers).
+func (n *Node) PeerStats(ctx context.Context) ([]messages.PeerStats, error) {
+	if n.peers.plane == nil {
+		return nil, ErrNoPeers
+	}
+	return callActor(ctx, n, n.peers.plane, "kvtier peers", func(r messages.Reply[[]messages.PeerStats]) any {
+		return &messages.GetPeerStats{Reply: r}
+	})
+}
+
+// PeerCounters are the control plane's counters (nil without peers): per
+// peer, frames dropped and handshakes refused by reason.
+func (n *Node) PeerCounters() *peer.Counters { return n.peers.counters }
+
+// WaitPeers returns once this node has a ready session to every one of
+// nodes (it can fetch from them), or ctx ends.
+func (n *Node) WaitPeers(ctx context.Context, nodes ...string) error {
+	if n.peers.tier == nil {
+		return ErrNoPeers
+	}
+	_, err := callActor(ctx, n, n.peers.tier, "kvtier p2p tier", func(r messages.Reply[struct{}]) any {
+		return &messages.AwaitPeers{Nodes: nodes, Reply: r}
+	})
+	return err
+}

@@ -1,0 +1,141 @@
+package peer
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Addr is one statically configured peer.
+type Addr struct {
+	Node string // its node id (its DEALER identity, and what it proves in the handshake)
+	Addr string // its control-plane ROUTER address, tcp://host:port
+}
+
+// Config is what the plane and its sessions need from the node.
+type Config struct {
+	Node       string   // this node's id
+	Listen     string   // ROUTER address to bind, tcp://host:port (port 0: any)
+	Secret     []byte   // shared secret of the HMAC handshake; required
+	Peers      []Addr   // peers to dial
+	Allow      []string // node ids allowed to open sessions; empty: any node that proves the secret
+	Namespaces []string // namespaces shared with peers; empty: any
+	BlockBytes int      // this node's pool geometry
+	Slots      int
+
+	Transport rdma.Transport // the data plane, registered on the pool
+	Region    rdma.Region    // the registered pool, for checksum verification of fetched blocks
+	CPU       *actor.PID     // the CPU tier
+	Tier      *actor.PID     // the P2P tier, told of sessions becoming ready or going away
+	JobSeq    *atomic.Uint64 // numbers producer-side pin jobs (OriginPeer) across sessions
+
+	LeaseTTL          time.Duration // producer lease of a round's hits, until Fetch or Abort
+	LookupTimeout     time.Duration // consumer: a Lookup round must be answered by then
+	FetchTimeout      time.Duration // consumer: a Fetch round must complete by then
+	HandshakeTimeout  time.Duration // consumer: Hello → Ready
+	RetryMin          time.Duration // first redial backoff
+	RetryMax          time.Duration // backoff cap
+	HeartbeatInterval time.Duration // Ping period while a session is ready; negative disables
+	MaxMalformed      int           // malformed frames from one peer before its inbound session is dropped
+	MaxSessions       int           // sessions (configured and inbound) before Hellos are refused
+	SendQueue         int           // frames queued per socket writer before sends are dropped
+
+	Clock supervision.Clock
+	Log   zerolog.Logger
+}
+
+// Defaults for Config's zero fields.
+const (
+	DefaultLeaseTTL          = 30 * time.Second
+	DefaultLookupTimeout     = time.Second
+	DefaultFetchTimeout      = 10 * time.Second
+	DefaultHandshakeTimeout  = 2 * time.Second
+	DefaultRetryMin          = 100 * time.Millisecond
+	DefaultRetryMax          = 5 * time.Second
+	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultMaxMalformed      = 16
+	DefaultMaxSessions       = 1024
+	DefaultSendQueue         = 1024
+)
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	set(&c.LeaseTTL, DefaultLeaseTTL)
+	set(&c.LookupTimeout, DefaultLookupTimeout)
+	set(&c.FetchTimeout, DefaultFetchTimeout)
+	set(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	set(&c.RetryMin, DefaultRetryMin)
+	set(&c.RetryMax, DefaultRetryMax)
+	set(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	if c.MaxMalformed <= 0 {
+		c.MaxMalformed = DefaultMaxMalformed
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.SendQueue <= 0 {
+		c.SendQueue = DefaultSendQueue
+	}
+	if c.Clock == nil {
+		c.Clock = supervision.RealClock{}
+	}
+	if c.JobSeq == nil {
+		c.JobSeq = &atomic.Uint64{}
+	}
+	return c
+}
+
+// Validate reports a config the plane cannot run with.
+func (c Config) Validate() error {
+	switch {
+	case c.Node == "" || len(c.Node) > 128:
+		return fmt.Errorf("%w: peer node id %q: want 1..128 bytes", messages.ErrBadConfig, c.Node)
+	case len(c.Secret) < 16:
+		return fmt.Errorf("%w: peer secret: want at least 16 bytes", messages.ErrBadConfig)
+	case c.Transport == nil:
+		return fmt.Errorf("%w: peer transport missing", messages.ErrBadConfig)
+	case c.BlockBytes <= 0 || c.Slots <= 0:
+		return fmt.Errorf("%w: peer pool geometry %d×%d", messages.ErrBadConfig, c.Slots, c.BlockBytes)
+	}
+	seen := map[string]bool{c.Node: true}
+	for _, p := range c.Peers {
+		if p.Node == "" || p.Addr == "" {
+			return fmt.Errorf("%w: peer %q at %q: node id and address required", messages.ErrBadConfig, p.Node, p.Addr)
+		}
+		if seen[p.Node] {
+			return fmt.Errorf("%w: peer %q listed twice (or is this node)", messages.ErrBadConfig, p.Node)
+		}
+		seen[p.Node] = true
+	}
+	return nil
+}
+
+// allowed reports whether node may open a session with us.
+func (c *Config) allowed(node string) bool {
+	if len(c.Allow) == 0 {
+		return true
+	}
+	for _, a := range c.Allow {
+		if a == node {
+			return true
+		}
+	}
+	for _, p := range c.Peers {
+		if p.Node == node {
+			return true
+		}
+	}
+	return false
+}

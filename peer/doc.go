@@ -1,0 +1,19 @@
+// Package peer is kvtier's control plane to other kvtier nodes: one ZeroMQ
+// ROUTER socket this node binds (Plane), one DEALER per remote peer it dials
+// (a link), and one session actor per remote peer (Session) that runs the
+// handshake, the rounds in both directions and the leases a peer's rounds
+// hold in our CPU tier.
+//
+// It owns: the sockets (never touched outside the plane and links), the
+// per-peer protocol state (epochs, rounds, tokens), the authentication of
+// peers, and the per-peer counters. It never touches the CPU tier's
+// metadata (it asks the CPU actor), never decides which peer to ask (the
+// P2P tier does), and never moves block bytes itself (the rdma.Transport
+// does, and reports completions as messages).
+//
+// Frames are decoded on the socket reader goroutines and delivered as
+// messages to the session the moment they arrive: a peer's lookup is
+// answered from the CPU tier's mailbox, never at an engine step boundary
+// (DESIGN.md §4 rule 4). The wire format is peer/wire, documented in
+// docs/PROTOCOL.md ("Peer protocol").
+package peer

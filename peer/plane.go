@@ -1,0 +1,167 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Listener is the bound ROUTER socket of the control plane, opened before
+// the actors start so that a bad address fails Open, and handed to Plane.
+type Listener struct {
+	io   *sockIO
+	addr string
+}
+
+// Listen binds the control plane's ROUTER at cfg.Listen.
+func Listen(cfg Config, ctr *Counters) (*Listener, error) {
+	if !strings.HasPrefix(cfg.Listen, "tcp://") {
+		return nil, fmt.Errorf("%w: peer listen %q: want tcp://host:port", messages.ErrBadConfig, cfg.Listen)
+	}
+	sock := zmq4.NewRouter(context.Background(), zmq4.WithID(zmq4.SocketIdentity(cfg.Node)),
+		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
+	if err := sock.Listen(cfg.Listen); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("peer listen %s: %w", cfg.Listen, err)
+	}
+	addr := "tcp://" + sock.Addr().String()
+	if a, ok := sock.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		addr = fmt.Sprintf("tcp://127.0.0.1:%d", a.Port)
+	}
+	return &Listener{io: newSockIO(sock, cfg.WithDefaults().SendQueue, ctr.drop), addr: addr}, nil
+}
+
+// Addr is the bound address (a port of 0 resolved).
+func (l *Listener) Addr() string { return l.addr }
+
+// Close closes the socket; the plane does it when it stops. Idempotent.
+func (l *Listener) Close() { l.io.close() }
+
+// routerIn is a frame that arrived on the ROUTER, decoded off the mailbox.
+type routerIn struct {
+	from  string     // the sender's identity (its node id, to be proven)
+	frame wire.Frame // nil when err is set and nothing decoded
+	err   error
+}
+
+// Plane is the control-plane actor.
+//
+// Invariants:
+//   - it alone owns the ROUTER socket's lifetime; sends go through the
+//     socket's writer queue (sessions enqueue directly: never blocking);
+//   - at most one session actor per remote node id, a child of the plane,
+//     so its supervisor restarts it and stops it with the plane;
+//   - a frame from an identity with no session starts one only when it is
+//     a Hello from an allowed node, within MaxSessions.
+type Plane struct {
+	cfg      Config
+	ctr      *Counters
+	ln       *Listener
+	sessions map[string]*actor.PID
+	static   map[string]string // configured peers: node → address
+}
+
+// Props returns the plane's props; it takes ownership of ln.
+func Props(cfg Config, ln *Listener, ctr *Counters) *actor.Props {
+	cfg = cfg.WithDefaults()
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Plane{cfg: cfg, ctr: ctr, ln: ln, sessions: map[string]*actor.PID{}, static: map[string]string{}}
+	}, actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// Receive handles the plane's messages.
+func (p *Plane) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		p.start(ctx)
+	case *routerIn:
+		p.route(ctx, m)
+	case *messages.GetPeerStats:
+		m.Reply.Answer(p.ctr.Peers(), nil)
+	case *actor.Stopped:
+		p.ln.Close()
+	}
+}
+
+// start runs the socket goroutines and a session per configured peer.
+func (p *Plane) start(ctx actor.Context) {
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	p.ln.io.startWriter()
+	p.ln.io.startReader(func(m zmq4.Msg) { root.Send(self, decodeRouter(m)) }, nil)
+	for _, a := range p.cfg.Peers {
+		p.static[a.Node] = a.Addr
+		p.spawn(ctx, a.Node, a.Addr)
+	}
+}
+
+// decodeRouter turns a ROUTER message into a routerIn (on the reader
+// goroutine: decoding never runs in a mailbox).
+func decodeRouter(m zmq4.Msg) *routerIn {
+	if len(m.Frames) != 2 {
+		var from string
+		if len(m.Frames) > 0 {
+			from = string(m.Frames[0])
+		}
+		return &routerIn{from: from, err: fmt.Errorf("%w: %d message parts, want 1", wire.ErrMalformed, len(m.Frames)-1)}
+	}
+	f, err := wire.Decode(m.Frames[1])
+	return &routerIn{from: string(m.Frames[0]), frame: f, err: err}
+}
+
+func (p *Plane) route(ctx actor.Context, m *routerIn) {
+	pid := p.sessions[m.from]
+	if pid == nil {
+		if _, hello := m.frame.(*wire.Hello); !hello || !validNode(m.from) {
+			p.ctr.drop("no_session")
+			return
+		}
+		if !p.cfg.allowed(m.from) {
+			// Refused by the session would cost an actor per stranger: answer here.
+			p.ctr.refuse(wire.RefuseNotAllow)
+			p.refuse(m.from, m.frame.(*wire.Hello).Epoch, wire.RefuseNotAllow)
+			return
+		}
+		if len(p.sessions) >= p.cfg.MaxSessions {
+			p.ctr.refuse(wire.RefuseBusy)
+			p.refuse(m.from, m.frame.(*wire.Hello).Epoch, wire.RefuseBusy)
+			return
+		}
+		if pid = p.spawn(ctx, m.from, ""); pid == nil {
+			return
+		}
+	}
+	ctx.Send(pid, &inboundFrame{frame: m.frame, err: m.err})
+}
+
+func (p *Plane) refuse(to string, epoch uint64, reason string) {
+	b, err := wire.Encode(&wire.Refuse{Epoch: epoch, Reason: reason})
+	if err == nil {
+		p.ln.io.send(zmq4.NewMsgFrom([]byte(to), b))
+	}
+}
+
+func (p *Plane) spawn(ctx actor.Context, node, addr string) *actor.PID {
+	io := p.ln.io
+	sendIn := func(b []byte) bool { return io.send(zmq4.NewMsgFrom([]byte(node), b)) }
+	pid, err := ctx.SpawnNamed(sessionProps(&p.cfg, p.ctr, node, addr, sendIn), "peer-"+node)
+	if err != nil {
+		// Only a name clash with a stopping session; the peer retries its Hello.
+		p.cfg.Log.Warn().Err(err).Str("peer", node).Msg("peer: session not spawned")
+		return nil
+	}
+	p.sessions[node] = pid
+	return pid
+}
+
+// validNode reports whether an identity can be a node id at all.
+func validNode(id string) bool {
+	return id != "" && len(id) <= wire.MaxNodeIDBytes
+}

@@ -1,0 +1,1151 @@
+package peer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Session is the actor for one remote peer. It runs both directions:
+//
+//   - outbound (we consume): our DEALER link, the handshake we start
+//     (Hello → Welcome → Auth → Ready), and the rounds the P2P tier asks
+//     for (Lookup → LookupResp → Fetch → data plane → verified);
+//   - inbound (we produce): the handshake the peer starts on our ROUTER,
+//     and its rounds, served from the CPU tier the moment they arrive:
+//     hits are leased to the round, pinned for the Fetch, written by the
+//     transport, then unpinned.
+//
+// Invariants:
+//   - a round number is used once in the session's life (across epochs);
+//     a frame of another epoch, or for an unknown or finished round, is
+//     dropped and counted: late and duplicate frames are harmless;
+//   - every PeerLookup and PeerFetch is answered exactly once; a fetch is
+//     answered only after the transport's Expect completed, so the P2P tier
+//     frees or commits slots nobody writes any more;
+//   - every lease, pin and write a peer's round holds in the CPU tier is
+//     released exactly once: at its Fetch's end, its Abort, the inbound
+//     session's end, or (leases only) their TTL;
+//   - timers are armed only while something can expire (a handshake, a
+//     redial, a round, a heartbeat of a ready session); each timer message
+//     carries the generation it was armed for and is ignored when stale.
+type Session struct {
+	cfg    *Config
+	ctr    *Counters
+	pc     *peerCounters
+	node   string // the remote peer
+	addr   string // its ROUTER; "" when it only dials us
+	sendIn func([]byte) bool
+	log    zerolog.Logger
+
+	out     outbound
+	in      *inbound // nil until a Hello
+	rounds  map[uint64]*outRound
+	round   uint64 // last round number used
+	corr    uint64
+	pending map[uint64]cpuCall
+	bad     int // malformed inbound frames
+}
+
+// outbound is our side of the session we dial.
+type outbound struct {
+	phase   outPhase
+	gen     uint64 // link / timer generation
+	link    *link
+	epoch   uint64
+	hello   *wire.Hello
+	timer   supervision.Timer // redial or handshake deadline
+	backoff time.Duration
+	meta    []byte // data-plane metadata we Connected for the peer
+	pingSeq uint64
+	pongSeq uint64
+	missed  int
+	hb      supervision.Timer
+}
+
+type outPhase uint8
+
+const (
+	outIdle outPhase = iota // waiting to (re)dial
+	outDialing
+	outHello // Hello sent, waiting for Welcome
+	outAuth  // Auth sent, waiting for Ready
+	outReady
+)
+
+// outRound is one round we started.
+type outRound struct {
+	n      uint64
+	epoch  uint64
+	phase  roundPhase
+	keys   []messages.Key // asked (namespaces we share)
+	index  []int          // position of each asked key in the PeerLookup
+	total  int            // keys in the PeerLookup
+	corr   uint64         // the P2P tier's PeerLookup / PeerFetch
+	asker  *actor.PID
+	start  time.Time
+	timer  supervision.Timer
+	tseq   uint64
+	fetch  *outFetch
+	reason error // why a fetch in flight is failing (cancel requested)
+	done   bool  // the producer's TransferDone{OK} came
+	ok     []bool
+}
+
+type outFetch struct {
+	keys  []messages.Key
+	slots []int
+	sums  []uint32
+	token rdma.Token
+	start time.Time
+}
+
+type roundPhase uint8
+
+const (
+	roundLooking roundPhase = iota
+	roundLeased
+	roundFetching
+	roundVerifying
+	roundVerified // bytes verified; waiting for the producer's TransferDone
+)
+
+// inbound is the session the peer dialed into our ROUTER.
+type inbound struct {
+	epoch    uint64
+	hello    *wire.Hello
+	welcome  *wire.Welcome
+	ready    bool
+	shared   map[string]bool // namespaces both sides serve; nil = any
+	maxRound uint64
+	rounds   map[uint64]*inRound
+}
+
+// inRound is one of the peer's rounds we serve.
+type inRound struct {
+	n      uint64
+	holder messages.Holder
+	hits   map[messages.Key]bool
+	phase  roundPhase // looking, leased, fetching (pinning or writing)
+	job    messages.JobRef
+	keys   []messages.Key // fetched keys
+	dest   []int
+	token  rdma.Token
+	abort  bool // an Abort came while writing: AbortAck when done
+}
+
+// cpuCall is what a CPU-tier answer belongs to.
+type cpuCall struct {
+	epoch uint64
+	round uint64
+	job   messages.JobRef // the pin job, for LeaseToPin
+}
+
+// Messages a session sends itself.
+type (
+	inboundFrame struct {
+		frame wire.Frame
+		err   error
+	}
+	outTimer   struct{ gen uint64 }
+	hbTimer    struct{ gen uint64 }
+	roundTimer struct{ round, seq uint64 }
+	// arrived: the transport's Expect completed. It carries its asker so
+	// that even a restarted session answers the P2P tier.
+	arrived struct {
+		round uint64
+		corr  uint64
+		asker *actor.PID
+		c     rdma.Completion
+	}
+	verified struct {
+		round uint64
+		ok    []bool
+	}
+	// written: the transport's Write completed; it carries what to unpin
+	// so that any incarnation of the session releases it.
+	written struct {
+		epoch  uint64
+		round  uint64
+		job    messages.JobRef
+		holder messages.Holder
+		keys   []messages.Key
+		c      rdma.Completion
+	}
+)
+
+func sessionProps(cfg *Config, ctr *Counters, node, addr string, sendIn func([]byte) bool) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Session{cfg: cfg, ctr: ctr, pc: ctr.peer(node), node: node, addr: addr, sendIn: sendIn,
+			log: cfg.Log.With().Str("peer", node).Logger(), rounds: map[uint64]*outRound{}, pending: map[uint64]cpuCall{}}
+	}, actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// Receive handles the session's messages.
+func (s *Session) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if s.addr != "" {
+			s.dial(ctx)
+		}
+	case *linkUp:
+		s.onLinkUp(m)
+	case *linkDown:
+		if m.gen == s.out.gen && s.out.phase != outIdle {
+			s.resetOut(ctx, "link_lost")
+		}
+	case *outTimer:
+		s.onOutTimer(ctx, m)
+	case *hbTimer:
+		s.onHeartbeat(ctx, m)
+	case *outboundFrame:
+		s.onOutboundFrame(ctx, m)
+	case *inboundFrame:
+		s.onInboundFrame(ctx, m)
+	case *messages.PeerLookup:
+		s.lookup(ctx, m)
+	case *messages.PeerFetch:
+		s.fetch(ctx, m)
+	case *messages.PeerRelease:
+		s.release(m)
+	case *roundTimer:
+		s.onRoundTimer(ctx, m)
+	case *arrived:
+		s.onArrived(ctx, m)
+	case *verified:
+		s.onVerified(ctx, m)
+	case *messages.LookupResult:
+		s.onLeased(m)
+	case *messages.PinResult:
+		s.onPinned(ctx, m)
+	case *written:
+		s.onWritten(ctx, m)
+	case *messages.Ack:
+		// Unpin / release answers: nothing to do.
+	case *actor.Restarting, *actor.Stopping:
+		s.cleanup(ctx)
+	}
+}
+
+// --- outbound: handshake --------------------------------------------------
+
+// dial opens a fresh link under a new epoch and starts the handshake clock.
+func (s *Session) dial(ctx actor.Context) {
+	s.out.gen++
+	gen := s.out.gen
+	s.out.epoch = wire.NewEpoch()
+	s.out.hello = &wire.Hello{Version: wire.Version, Node: s.cfg.Node, Epoch: s.out.epoch, Nonce: wire.NewNonce(),
+		Namespaces: s.cfg.Namespaces, BlockBytes: s.cfg.BlockBytes, Slots: s.cfg.Slots,
+		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	s.out.link = openLink(s.cfg, s.ctr, s.addr, gen, func(m any) { root.Send(self, m) })
+	s.out.phase = outDialing
+	s.armOut(ctx, s.cfg.HandshakeTimeout)
+}
+
+func (s *Session) armOut(ctx actor.Context, d time.Duration) {
+	if s.out.timer != nil {
+		s.out.timer.Stop()
+	}
+	self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
+	s.out.timer = s.cfg.Clock.AfterFunc(d, func() { root.Send(self, &outTimer{gen: gen}) })
+}
+
+func (s *Session) onLinkUp(m *linkUp) {
+	if m.gen != s.out.gen || s.out.phase != outDialing {
+		return
+	}
+	s.out.phase = outHello
+	s.sendOut(s.out.hello)
+}
+
+func (s *Session) onOutTimer(ctx actor.Context, m *outTimer) {
+	if m.gen != s.out.gen {
+		return
+	}
+	switch s.out.phase {
+	case outIdle:
+		s.dial(ctx)
+	case outDialing, outHello, outAuth:
+		s.resetOut(ctx, "handshake_timeout")
+	}
+}
+
+func (s *Session) onWelcome(ctx actor.Context, w *wire.Welcome) {
+	if s.out.phase != outHello {
+		s.ctr.drop("unexpected_welcome")
+		return
+	}
+	want := wire.ServerMAC(s.cfg.Secret, s.out.hello, w)
+	switch {
+	case !wire.CheckMAC(want, w.MAC):
+		s.refusedOut(ctx, wire.RefuseAuth, "peer failed to prove the shared secret")
+	case w.Node != s.node:
+		s.refusedOut(ctx, wire.RefuseAuth, fmt.Sprintf("answered as %q", w.Node))
+	default:
+		if reason, msg := compatible(s.cfg, w.Namespaces, w.BlockBytes, w.Transport); reason != "" {
+			s.refusedOut(ctx, reason, msg)
+			return
+		}
+		s.out.phase = outAuth
+		s.sendOut(&wire.Auth{Epoch: s.out.epoch, MAC: wire.ClientMAC(s.cfg.Secret, s.out.hello, w)})
+		s.connect(w.DataMeta)
+	}
+}
+
+func (s *Session) onReady(ctx actor.Context) {
+	if s.out.phase != outAuth {
+		s.ctr.drop("unexpected_ready")
+		return
+	}
+	s.out.phase = outReady
+	s.out.backoff = 0
+	s.out.timer.Stop()
+	s.pc.ready.Store(true)
+	s.armHeartbeat(ctx)
+	ctx.Send(s.cfg.Tier, &messages.PeerUp{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch})
+	s.log.Info().Uint64("epoch", s.out.epoch).Msg("peer: session ready")
+}
+
+// refusedOut ends our handshake: counted, logged, retried after backoff.
+func (s *Session) refusedOut(ctx actor.Context, reason, msg string) {
+	s.ctr.refuse(reason)
+	s.log.Warn().Str("reason", reason).Str("detail", msg).Msg("peer: handshake refused")
+	s.resetOut(ctx, "refused_"+reason)
+}
+
+// connect hands the peer's data-plane metadata to the transport, once per
+// distinct value (both directions of a session carry the same).
+func (s *Session) connect(meta []byte) {
+	if s.out.meta != nil && bytes.Equal(s.out.meta, meta) {
+		return
+	}
+	if err := s.cfg.Transport.Connect(s.node, meta); err != nil {
+		s.log.Warn().Err(err).Msg("peer: data plane connect failed")
+		return
+	}
+	s.out.meta = append([]byte(nil), meta...)
+}
+
+// resetOut ends the outbound session: rounds fail (a fetch in flight once
+// its transfer is canceled), the link closes, a redial is scheduled.
+func (s *Session) resetOut(ctx actor.Context, reason string) {
+	if s.out.phase == outReady {
+		s.pc.ready.Store(false)
+		s.pc.resets.Add(1)
+		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: reason})
+		s.log.Warn().Str("reason", reason).Msg("peer: session lost")
+	}
+	if s.out.hb != nil {
+		s.out.hb.Stop()
+	}
+	for _, r := range s.rounds {
+		s.failRound(ctx, r, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, reason))
+	}
+	if s.out.link != nil {
+		l := s.out.link
+		s.out.link = nil
+		go l.close() // NB: waits for zmq4's goroutines; never in the mailbox
+	}
+	s.out.gen++
+	s.out.phase = outIdle
+	if s.addr == "" {
+		return
+	}
+	s.out.backoff = min(max(2*s.out.backoff, s.cfg.RetryMin), s.cfg.RetryMax)
+	s.armOut(ctx, s.out.backoff)
+}
+
+func (s *Session) armHeartbeat(ctx actor.Context) {
+	if s.cfg.HeartbeatInterval <= 0 {
+		return
+	}
+	self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
+	s.out.hb = s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &hbTimer{gen: gen}) })
+}
+
+func (s *Session) onHeartbeat(ctx actor.Context, m *hbTimer) {
+	if m.gen != s.out.gen || s.out.phase != outReady {
+		return
+	}
+	if s.out.pongSeq < s.out.pingSeq {
+		if s.out.missed++; s.out.missed >= 2 {
+			s.resetOut(ctx, "heartbeat")
+			return
+		}
+	}
+	s.out.pingSeq++
+	s.sendOut(&wire.Ping{Epoch: s.out.epoch, Seq: s.out.pingSeq})
+	s.armHeartbeat(ctx)
+}
+
+// --- outbound: frames -------------------------------------------------------
+
+func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
+	if m.gen != s.out.gen {
+		return // a link we already replaced
+	}
+	if m.err != nil {
+		s.ctr.drop(wire.Reason(m.err))
+		return
+	}
+	if e, ok := frameEpoch(m.frame); !ok || e != s.out.epoch {
+		s.ctr.drop("stale_epoch")
+		return
+	}
+	switch f := m.frame.(type) {
+	case *wire.Welcome:
+		s.onWelcome(ctx, f)
+	case *wire.Ready:
+		s.onReady(ctx)
+	case *wire.Refuse:
+		s.refusedOut(ctx, "by_peer_"+f.Reason, f.Msg)
+	case *wire.LookupResp:
+		s.onLookupResp(ctx, f)
+	case *wire.TransferDone:
+		s.onTransferDone(ctx, f)
+	case *wire.AbortAck:
+		// Nothing held: the round was forgotten when we sent the Abort.
+	case *wire.Pong:
+		if f.Seq > s.out.pongSeq {
+			s.out.pongSeq, s.out.missed = f.Seq, 0
+		}
+	case *wire.Bye:
+		s.resetOut(ctx, "bye")
+	default:
+		s.ctr.drop("unexpected_frame")
+	}
+}
+
+func (s *Session) sendOut(f wire.Frame) {
+	if s.out.link == nil {
+		return
+	}
+	b, err := wire.Encode(f)
+	if err != nil {
+		s.log.Error().Err(err).Msg("peer: encode") // a bug: our own frames are in bounds
+		return
+	}
+	s.out.link.send(b)
+}
+
+// --- outbound: rounds -------------------------------------------------------
+
+// lookup starts a Lookup round for the keys in namespaces we share.
+func (s *Session) lookup(ctx actor.Context, m *messages.PeerLookup) {
+	if s.out.phase != outReady {
+		ctx.Respond(&messages.PeerLookupResult{Corr: m.Corr, Node: s.node, Hits: make([]bool, len(m.Keys)),
+			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
+		return
+	}
+	r := &outRound{epoch: s.out.epoch, phase: roundLooking, total: len(m.Keys), corr: m.Corr, asker: ctx.Sender(), start: s.cfg.Clock.Now()}
+	wk := make([]wire.Key, 0, len(m.Keys))
+	for i, k := range m.Keys {
+		if !sharedNamespace(s.cfg.Namespaces, string(k.Namespace)) {
+			continue
+		}
+		r.keys, r.index = append(r.keys, k), append(r.index, i)
+		wk = append(wk, wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group})
+		if len(wk) == wire.MaxKeys {
+			break // the rest count as misses: the next lookup asks again
+		}
+	}
+	s.round++
+	r.n = s.round
+	s.rounds[r.n] = r
+	s.pc.lookups.Add(uint64(len(r.keys)))
+	if len(r.keys) == 0 {
+		s.answerLookup(ctx, r, nil, nil, nil)
+		return
+	}
+	s.armRound(ctx, r, s.cfg.LookupTimeout)
+	s.sendOut(&wire.Lookup{Epoch: s.out.epoch, Round: r.n, Keys: wk})
+}
+
+func (s *Session) armRound(ctx actor.Context, r *outRound, d time.Duration) {
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.tseq++
+	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &roundTimer{round: r.n, seq: r.tseq}
+	r.timer = s.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
+}
+
+func (s *Session) onLookupResp(ctx actor.Context, f *wire.LookupResp) {
+	r := s.rounds[f.Round]
+	if r == nil || r.phase != roundLooking {
+		s.ctr.drop("stale_round")
+		return
+	}
+	if len(f.Hits) != len(r.keys) || len(f.Checksums) != len(r.keys) {
+		s.ctr.drop("malformed")
+		s.failRound(ctx, r, fmt.Errorf("%w: lookup answer of %d keys for %d", messages.ErrPeerRefused, len(f.Hits), len(r.keys)))
+		return
+	}
+	s.answerLookup(ctx, r, f.Hits, f.Checksums, nil)
+}
+
+// answerLookup answers the round's PeerLookup; a round with hits stays
+// leased (until a fetch, a release or the lease TTL), others end.
+func (s *Session) answerLookup(ctx actor.Context, r *outRound, hits []bool, sums []uint32, err error) {
+	res := &messages.PeerLookupResult{Corr: r.corr, Node: s.node, Round: r.n, Hits: make([]bool, r.total),
+		Checksums: make([]uint32, r.total), Err: err, RTT: s.cfg.Clock.Now().Sub(r.start)}
+	n := 0
+	for i, hit := range hits {
+		if hit {
+			res.Hits[r.index[i]], res.Checksums[r.index[i]] = true, sums[i]
+			n++
+		}
+	}
+	s.pc.hits.Add(uint64(n))
+	s.send(ctx, r.asker, res)
+	if n == 0 {
+		s.endRound(r)
+		return
+	}
+	r.phase = roundLeased
+	// The producer's lease ends at LeaseTTL: so does our memory of it.
+	s.armRound(ctx, r, s.cfg.LeaseTTL)
+}
+
+func (s *Session) send(ctx actor.Context, to *actor.PID, msg any) {
+	if to != nil {
+		ctx.Send(to, msg)
+	}
+}
+
+func (s *Session) endRound(r *outRound) {
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	delete(s.rounds, r.n)
+}
+
+// fetch starts the data-plane transfer of leased hits into reserved slots.
+func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
+	fail := func(err error) {
+		ctx.Respond(&messages.PeerFetchResult{Corr: m.Corr, Node: s.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
+	}
+	r := s.rounds[m.Round]
+	switch {
+	case r == nil || r.phase != roundLeased:
+		fail(fmt.Errorf("%w: round %d not leased", messages.ErrLeaseLost, m.Round))
+		return
+	case s.out.phase != outReady || r.epoch != s.out.epoch:
+		s.endRound(r)
+		fail(messages.ErrPeerUnavailable)
+		return
+	case len(m.Keys) != len(m.Slots) || len(m.Keys) != len(m.Checksums) || len(m.Keys) > wire.MaxKeys:
+		fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums", messages.ErrBadRequest, len(m.Keys), len(m.Slots), len(m.Checksums)))
+		return
+	}
+	tok := rdma.NewToken()
+	self, root, round, corr, asker := ctx.Self(), ctx.ActorSystem().Root, r.n, m.Corr, ctx.Sender()
+	err := s.cfg.Transport.Expect(s.node, tok, m.Slots, func(c rdma.Completion) {
+		root.Send(self, &arrived{round: round, corr: corr, asker: asker, c: c})
+	})
+	if err != nil {
+		s.endRound(r)
+		fail(fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, err))
+		return
+	}
+	r.phase, r.corr, r.asker = roundFetching, m.Corr, asker
+	r.fetch = &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: tok, start: s.cfg.Clock.Now()}
+	wk := make([]wire.Key, len(m.Keys))
+	for i, k := range m.Keys {
+		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+	}
+	s.armRound(ctx, r, s.cfg.FetchTimeout)
+	s.sendOut(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: tok[:]})
+}
+
+// onTransferDone: the producer's end of the fetch. The consumer answers
+// once the bytes are verified AND the producer said done: by then the
+// producer has released the round's pins and leases (its release was sent
+// to its CPU tier before the TransferDone), so a settled consumer implies a
+// settled producer.
+func (s *Session) onTransferDone(ctx actor.Context, f *wire.TransferDone) {
+	r := s.rounds[f.Round]
+	if r == nil || r.phase < roundFetching {
+		s.ctr.drop("stale_round")
+		return
+	}
+	if !f.OK {
+		if r.reason == nil {
+			r.reason = fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason)
+			if r.phase == roundFetching {
+				s.cfg.Transport.Cancel(r.fetch.token)
+			}
+		}
+		if r.phase == roundVerified {
+			s.finishFetch(ctx, r, nil, r.reason)
+		}
+		return
+	}
+	r.done = true
+	if r.phase == roundVerified {
+		s.finishFetch(ctx, r, r.ok, r.reason)
+	}
+}
+
+// onArrived: the transport no longer touches the round's slots.
+func (s *Session) onArrived(ctx actor.Context, m *arrived) {
+	r := s.rounds[m.round]
+	if r == nil || r.phase != roundFetching {
+		// A previous incarnation's fetch: answer so its slots get freed.
+		s.send(ctx, m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: s.node, Round: m.round, Err: messages.ErrPeerUnavailable})
+		return
+	}
+	if m.c.Err != nil || r.reason != nil {
+		err := r.reason
+		if err == nil {
+			err = fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, m.c.Err)
+		}
+		s.finishFetch(ctx, r, nil, err)
+		return
+	}
+	r.phase = roundVerifying
+	self, root, region, f, n := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region, r.fetch, r.n
+	go func() { root.Send(self, &verified{round: n, ok: verify(region, f.slots, f.sums)}) }()
+}
+
+// verify checks each fetched slot against the producer's committed CRC32C
+// (on a goroutine: never in a mailbox).
+func verify(region rdma.Region, slots []int, sums []uint32) []bool {
+	ok := make([]bool, len(slots))
+	for i, slot := range slots {
+		ok[i] = crc32.Checksum(region.Slot(slot), castagnoli) == sums[i]
+	}
+	return ok
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func (s *Session) onVerified(ctx actor.Context, m *verified) {
+	r := s.rounds[m.round]
+	if r == nil || r.phase != roundVerifying {
+		return
+	}
+	if r.done || r.reason != nil {
+		s.finishFetch(ctx, r, m.ok, r.reason)
+		return
+	}
+	r.phase, r.ok = roundVerified, m.ok
+}
+
+// finishFetch answers the PeerFetch and ends the round.
+func (s *Session) finishFetch(ctx actor.Context, r *outRound, ok []bool, err error) {
+	f := r.fetch
+	res := &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, OK: make([]bool, len(f.keys)), Err: err,
+		Duration: s.cfg.Clock.Now().Sub(f.start)}
+	good := 0
+	for i := range ok {
+		if ok[i] {
+			res.OK[i] = true
+			good++
+		}
+	}
+	if bad := len(ok) - good; bad > 0 {
+		s.pc.corrupt.Add(uint64(bad))
+		s.log.Warn().Int("blocks", bad).Uint64("round", r.n).Msg("peer: fetched blocks failed their checksum; dropped")
+	}
+	res.Bytes = int64(good) * int64(s.cfg.BlockBytes)
+	if err != nil {
+		s.pc.failures.Add(1)
+	} else {
+		s.pc.fetched.Add(uint64(good))
+		s.pc.fetchBytes.Add(uint64(res.Bytes))
+		s.pc.fetches.Add(1)
+		s.pc.fetchNanos.Add(uint64(res.Duration))
+	}
+	s.send(ctx, r.asker, res)
+	s.endRound(r)
+}
+
+// release: the P2P tier will not fetch a leased round; free the producer's
+// leases now.
+func (s *Session) release(m *messages.PeerRelease) {
+	r := s.rounds[m.Round]
+	if r == nil || r.phase != roundLeased {
+		return
+	}
+	if r.epoch == s.out.epoch && s.out.phase == outReady {
+		s.sendOut(&wire.Abort{Epoch: r.epoch, Round: r.n})
+	}
+	s.endRound(r)
+}
+
+func (s *Session) onRoundTimer(ctx actor.Context, m *roundTimer) {
+	r := s.rounds[m.round]
+	if r == nil || r.tseq != m.seq {
+		return
+	}
+	switch r.phase {
+	case roundLeased:
+		s.endRound(r) // the producer's lease expired too
+	case roundVerified:
+		// The bytes are here and verified; only the producer's report is
+		// missing (lost, or the producer died after writing).
+		s.ctr.drop("transfer_done_missing")
+		s.finishFetch(ctx, r, r.ok, nil)
+	case roundLooking, roundFetching:
+		s.pc.failures.Add(1)
+		if r.phase == roundFetching && r.epoch == s.out.epoch {
+			s.sendOut(&wire.Abort{Epoch: r.epoch, Round: r.n})
+		}
+		s.failRound(ctx, r, messages.ErrPeerTimeout)
+		// A peer that cannot answer in time is not trusted with the next
+		// round: a fresh epoch starts clean.
+		s.resetOut(ctx, "round_timeout")
+	}
+}
+
+// failRound fails a round: a lookup is answered at once; a fetch in flight
+// once its transfer is canceled (onArrived answers).
+func (s *Session) failRound(ctx actor.Context, r *outRound, err error) {
+	switch r.phase {
+	case roundLooking:
+		s.answerLookup(ctx, r, nil, nil, err)
+	case roundLeased:
+		s.endRound(r)
+	case roundFetching:
+		if r.reason == nil {
+			r.reason = err
+			s.cfg.Transport.Cancel(r.fetch.token)
+		}
+	case roundVerifying:
+		r.reason = err // verification finishes; the round still fails
+	case roundVerified:
+		s.finishFetch(ctx, r, nil, err)
+	}
+}
+
+// --- inbound: handshake -----------------------------------------------------
+
+func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
+	if h, ok := m.frame.(*wire.Hello); ok {
+		s.onHello(ctx, h, m.err)
+		return
+	}
+	if m.err != nil {
+		s.ctr.drop(wire.Reason(m.err))
+		if s.bad++; s.bad >= s.cfg.MaxMalformed && s.in != nil {
+			s.log.Warn().Int("malformed", s.bad).Msg("peer: too many malformed frames; inbound session dropped")
+			s.dropIn(ctx, "malformed")
+		}
+		return
+	}
+	if s.in == nil {
+		s.ctr.drop("no_session")
+		return
+	}
+	if e, ok := frameEpoch(m.frame); !ok || e != s.in.epoch {
+		s.ctr.drop("stale_epoch")
+		return
+	}
+	if a, ok := m.frame.(*wire.Auth); ok {
+		s.onAuth(ctx, a)
+		return
+	}
+	if !s.in.ready {
+		s.ctr.drop("not_ready")
+		return
+	}
+	switch f := m.frame.(type) {
+	case *wire.Lookup:
+		s.serveLookup(ctx, f)
+	case *wire.Fetch:
+		s.serveFetch(ctx, f)
+	case *wire.Abort:
+		s.serveAbort(ctx, f)
+	case *wire.Ping:
+		s.sendInbound(&wire.Pong{Epoch: f.Epoch, Seq: f.Seq})
+	case *wire.Bye:
+		s.dropIn(ctx, "bye")
+	default:
+		s.ctr.drop("unexpected_frame")
+	}
+}
+
+func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
+	refuse := func(reason, msg string) {
+		s.ctr.refuse(reason)
+		s.log.Warn().Str("reason", reason).Str("detail", msg).Msg("peer: refused a handshake")
+		s.sendInbound(&wire.Refuse{Epoch: h.Epoch, Reason: reason, Msg: msg})
+	}
+	switch {
+	case errors.Is(decodeErr, wire.ErrVersion):
+		refuse(wire.RefuseVersion, fmt.Sprintf("version %d; this node speaks %d", h.Version, wire.Version))
+		return
+	case decodeErr != nil:
+		s.ctr.drop(wire.Reason(decodeErr))
+		return
+	case h.Node != s.node:
+		refuse(wire.RefuseAuth, "node id differs from the connection's identity")
+		return
+	case !s.cfg.allowed(h.Node):
+		refuse(wire.RefuseNotAllow, "not on the allow-list")
+		return
+	}
+	if reason, msg := compatible(s.cfg, h.Namespaces, h.BlockBytes, h.Transport); reason != "" {
+		refuse(reason, msg)
+		return
+	}
+	if s.in != nil {
+		s.dropIn(ctx, "new_epoch") // the peer redialed: its old rounds are dead
+	}
+	w := &wire.Welcome{Version: wire.Version, Node: s.cfg.Node, Epoch: h.Epoch, Nonce: wire.NewNonce(),
+		Namespaces: s.cfg.Namespaces, BlockBytes: s.cfg.BlockBytes, Slots: s.cfg.Slots,
+		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()}
+	w.MAC = wire.ServerMAC(s.cfg.Secret, h, w)
+	s.in = &inbound{epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(s.cfg.Namespaces, h.Namespaces),
+		rounds: map[uint64]*inRound{}}
+	s.sendInbound(w)
+}
+
+func (s *Session) onAuth(ctx actor.Context, a *wire.Auth) {
+	if s.in.ready {
+		s.ctr.drop("unexpected_auth")
+		return
+	}
+	if !wire.CheckMAC(wire.ClientMAC(s.cfg.Secret, s.in.hello, s.in.welcome), a.MAC) {
+		s.ctr.refuse(wire.RefuseAuth)
+		s.log.Warn().Msg("peer: refused a handshake: wrong secret")
+		s.sendInbound(&wire.Refuse{Epoch: s.in.epoch, Reason: wire.RefuseAuth, Msg: "wrong secret"})
+		s.in = nil
+		return
+	}
+	s.in.ready = true
+	s.bad = 0
+	s.pc.serving.Store(true)
+	s.connect(s.in.hello.DataMeta)
+	s.sendInbound(&wire.Ready{Epoch: s.in.epoch})
+}
+
+// dropIn ends the inbound session: leases of its rounds are released now,
+// pins of writes in flight when the transport is done with them.
+func (s *Session) dropIn(ctx actor.Context, reason string) {
+	if s.in == nil {
+		return
+	}
+	for _, r := range s.in.rounds {
+		if r.phase != roundFetching {
+			ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
+		}
+	}
+	s.log.Info().Str("reason", reason).Uint64("epoch", s.in.epoch).Msg("peer: inbound session ended")
+	s.in = nil
+	s.pc.serving.Store(false)
+}
+
+func (s *Session) sendInbound(f wire.Frame) {
+	b, err := wire.Encode(f)
+	if err != nil {
+		s.log.Error().Err(err).Msg("peer: encode")
+		return
+	}
+	s.sendIn(b)
+}
+
+// --- inbound: rounds (we are the producer) ----------------------------------
+
+func (s *Session) serveLookup(ctx actor.Context, f *wire.Lookup) {
+	if f.Round <= s.in.maxRound {
+		s.ctr.drop("replayed_round")
+		return
+	}
+	s.in.maxRound = f.Round
+	keys := make([]messages.Key, 0, len(f.Keys))
+	foreign := 0
+	for _, k := range f.Keys {
+		if s.in.shared != nil && !s.in.shared[k.Namespace] {
+			foreign++
+			// NB: kept in place (a key no namespace of ours can hit) so the
+			// answer stays positional.
+		}
+		keys = append(keys, messages.Key{Namespace: messages.Namespace(k.Namespace), Hash: string(k.Hash), Group: k.Group})
+	}
+	if foreign > 0 {
+		s.ctr.drop("foreign_namespace_keys")
+		for i, k := range f.Keys {
+			if !s.in.shared[k.Namespace] {
+				keys[i].Namespace = "" // never stored: always a miss
+			}
+		}
+	}
+	r := &inRound{n: f.Round, phase: roundLooking,
+		holder: messages.Holder{Origin: messages.OriginPeer, ID: fmt.Sprintf("peer:%s:%x:%d", s.node, s.in.epoch, f.Round)}}
+	s.in.rounds[r.n] = r
+	s.corr++
+	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n}
+	ctx.Request(s.cfg.CPU, &messages.LookupAndLease{Corr: s.corr, Holder: r.holder, Keys: keys, TTL: s.cfg.LeaseTTL, WantChecksums: true})
+	r.keys = keys
+}
+
+// onLeased answers the peer's Lookup from the CPU tier's answer.
+func (s *Session) onLeased(m *messages.LookupResult) {
+	call, ok := s.pending[m.Corr]
+	delete(s.pending, m.Corr)
+	if !ok {
+		return
+	}
+	r := s.inRound(call)
+	if r == nil {
+		// The session ended meanwhile: nothing will fetch these leases.
+		return
+	}
+	hits, sums := make([]bool, len(r.keys)), make([]uint32, len(r.keys))
+	r.hits = map[messages.Key]bool{}
+	for i, st := range m.Status {
+		if st == messages.Hit && i < len(m.Checksums) {
+			hits[i], sums[i] = true, m.Checksums[i]
+			r.hits[r.keys[i]] = true
+		}
+	}
+	r.keys, r.phase = nil, roundLeased
+	if len(r.hits) == 0 {
+		delete(s.in.rounds, r.n)
+	}
+	s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: hits, Checksums: sums})
+}
+
+// inRound is the inbound round a CPU answer belongs to, if it still exists.
+func (s *Session) inRound(c cpuCall) *inRound {
+	if s.in == nil || s.in.epoch != c.epoch {
+		return nil
+	}
+	return s.in.rounds[c.round]
+}
+
+func (s *Session) serveFetch(ctx actor.Context, f *wire.Fetch) {
+	r := s.in.rounds[f.Round]
+	if r == nil || r.phase != roundLeased {
+		s.ctr.drop("unknown_round")
+		s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: f.Round, Reason: "unknown_round"})
+		return
+	}
+	keys := make([]messages.Key, len(f.Keys))
+	seen := make(map[int]bool, len(f.Dest))
+	bad := ""
+	for i, k := range f.Keys {
+		keys[i] = messages.Key{Namespace: messages.Namespace(k.Namespace), Hash: string(k.Hash), Group: k.Group}
+		switch {
+		case !r.hits[keys[i]]:
+			bad = "not_leased"
+		case f.Dest[i] < 0 || f.Dest[i] >= s.in.hello.Slots || seen[f.Dest[i]]:
+			bad = "bad_slot"
+		}
+		seen[f.Dest[i]] = true
+	}
+	if bad != "" {
+		s.ctr.drop(bad)
+		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
+		delete(s.in.rounds, r.n)
+		s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: r.n, Reason: bad})
+		return
+	}
+	r.phase, r.keys, r.dest = roundFetching, keys, f.Dest
+	copy(r.token[:], f.Token)
+	r.job = messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}
+	s.corr++
+	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, job: r.job}
+	ctx.Request(s.cfg.CPU, &messages.LeaseToPin{Corr: s.corr, Holder: r.holder, Job: r.job, Keys: keys})
+}
+
+// onPinned starts the data-plane write of the pinned slots.
+func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
+	call, ok := s.pending[m.Corr]
+	delete(s.pending, m.Corr)
+	if !ok {
+		return
+	}
+	r := s.inRound(call)
+	if r == nil {
+		if m.Err == nil {
+			// The session ended while pinning: nothing will be written.
+			ctx.Request(s.cfg.CPU, &messages.ReleaseJob{Job: call.job})
+		}
+		return
+	}
+	epoch := s.in.epoch
+	if m.Err != nil {
+		s.endInRound(ctx, r, false, "lease_lost")
+		return
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	done := &written{epoch: epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}
+	err := s.cfg.Transport.Write(s.node, r.token, m.Slots, r.dest, func(c rdma.Completion) {
+		w := *done
+		w.c = c
+		root.Send(self, &w)
+	})
+	if err != nil {
+		s.log.Warn().Err(err).Msg("peer: data plane write refused")
+		done.c.Err = err
+		s.onWritten(ctx, done)
+	}
+}
+
+// onWritten: the transport is done with the round's pinned slots.
+func (s *Session) onWritten(ctx actor.Context, m *written) {
+	ctx.Request(s.cfg.CPU, &messages.UnpinKeys{Job: m.job, Keys: m.keys})
+	ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: m.holder})
+	if m.c.Err == nil {
+		s.pc.served.Add(uint64(len(m.keys)))
+	}
+	if s.in == nil || s.in.epoch != m.epoch {
+		return
+	}
+	r := s.in.rounds[m.round]
+	if r == nil {
+		return
+	}
+	delete(s.in.rounds, r.n)
+	reason := ""
+	if m.c.Err != nil {
+		reason = "transfer_failed"
+	}
+	s.sendInbound(&wire.TransferDone{Epoch: m.epoch, Round: r.n, OK: m.c.Err == nil, Reason: reason})
+	if r.abort {
+		s.sendInbound(&wire.AbortAck{Epoch: m.epoch, Round: r.n})
+	}
+}
+
+// endInRound ends a round that holds no pins: leases released, answered.
+func (s *Session) endInRound(ctx actor.Context, r *inRound, ok bool, reason string) {
+	ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
+	delete(s.in.rounds, r.n)
+	s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: r.n, OK: ok, Reason: reason})
+}
+
+func (s *Session) serveAbort(ctx actor.Context, f *wire.Abort) {
+	r := s.in.rounds[f.Round]
+	switch {
+	case r == nil:
+	case r.phase == roundFetching:
+		r.abort = true // the write ends on its own (the consumer canceled); acked then
+		return
+	default:
+		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
+		delete(s.in.rounds, r.n)
+	}
+	s.sendInbound(&wire.AbortAck{Epoch: f.Epoch, Round: f.Round})
+}
+
+// --- both -------------------------------------------------------------------
+
+// cleanup runs when the session stops or restarts: askers are answered,
+// producer holds released, the link closed.
+func (s *Session) cleanup(ctx actor.Context) {
+	for _, r := range s.rounds {
+		switch r.phase {
+		case roundLooking:
+			s.answerLookup(ctx, r, nil, nil, messages.ErrPeerUnavailable)
+		case roundFetching:
+			// onArrived of the next incarnation (or nobody, when stopping)
+			// answers once the transport lets go of the slots.
+			s.cfg.Transport.Cancel(r.fetch.token)
+		}
+	}
+	if s.out.phase == outReady {
+		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "session_stopped"})
+	}
+	s.pc.ready.Store(false)
+	s.dropIn(ctx, "session_stopped")
+	if s.out.timer != nil {
+		s.out.timer.Stop()
+	}
+	if s.out.hb != nil {
+		s.out.hb.Stop()
+	}
+	if s.out.link != nil {
+		s.out.link.close()
+		s.out.link = nil
+	}
+}
+
+// compatible checks the other side's half of a handshake against ours.
+func compatible(cfg *Config, namespaces []string, blockBytes int, transport string) (reason, msg string) {
+	switch {
+	case blockBytes != cfg.BlockBytes:
+		return wire.RefuseGeometry, fmt.Sprintf("block bytes %d, ours %d", blockBytes, cfg.BlockBytes)
+	case transport != cfg.Transport.Kind():
+		return wire.RefuseTransport, fmt.Sprintf("transport %q, ours %q", transport, cfg.Transport.Kind())
+	case len(namespaces) > 0 && len(cfg.Namespaces) > 0 && len(sharedSet(cfg.Namespaces, namespaces)) == 0:
+		return wire.RefuseNamespace, "no namespace in common"
+	}
+	return "", ""
+}
+
+// sharedSet is the namespaces both sides serve; nil when either serves any.
+func sharedSet(ours, theirs []string) map[string]bool {
+	if len(ours) == 0 && len(theirs) == 0 {
+		return nil
+	}
+	if len(ours) == 0 {
+		ours, theirs = theirs, ours
+	}
+	set := map[string]bool{}
+	for _, a := range ours {
+		if len(theirs) == 0 || contains(theirs, a) {
+			set[a] = true
+		}
+	}
+	return set
+}
+
+func sharedNamespace(ours []string, ns string) bool {
+	return len(ours) == 0 || contains(ours, ns)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// frameEpoch is the epoch a frame carries (Hello has none to check).
+func frameEpoch(f wire.Frame) (uint64, bool) {
+	switch f := f.(type) {
+	case *wire.Welcome:
+		return f.Epoch, true
+	case *wire.Auth:
+		return f.Epoch, true
+	case *wire.Ready:
+		return f.Epoch, true
+	case *wire.Refuse:
+		return f.Epoch, true
+	case *wire.Lookup:
+		return f.Epoch, true
+	case *wire.LookupResp:
+		return f.Epoch, true
+	case *wire.Fetch:
+		return f.Epoch, true
+	case *wire.TransferDone:
+		return f.Epoch, true
+	case *wire.Abort:
+		return f.Epoch, true
+	case *wire.AbortAck:
+		return f.Epoch, true
+	case *wire.Ping:
+		return f.Epoch, true
+	case *wire.Pong:
+		return f.Epoch, true
+	case *wire.Bye:
+		return f.Epoch, true
+	}
+	return 0, false
+}

@@ -1,0 +1,219 @@
+package kvtier
+
+// A hostile or broken peer against a real producer node: a raw ZeroMQ
+// DEALER speaking the peer protocol by hand. Every bad handshake is refused
+// with its reason and counted; bad frames are dropped and counted; bad
+// rounds are refused without leaking a lease; and the node keeps serving a
+// well-behaved consumer throughout.
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/wire"
+)
+
+type rawPeer struct {
+	t     *testing.T
+	ctx   context.Context
+	id    string
+	sock  zmq4.Socket
+	in    chan wire.Frame
+	epoch uint64
+}
+
+func dialRaw(t *testing.T, ctx context.Context, addr, id string) *rawPeer {
+	t.Helper()
+	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(id)))
+	require.NoError(t, sock.Dial(addr))
+	r := &rawPeer{t: t, ctx: ctx, id: id, sock: sock, in: make(chan wire.Frame, 64)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := sock.Recv()
+			if err != nil {
+				if ctx.Err() != nil || err == context.Canceled {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				default:
+				}
+				continue
+			}
+			f, err := wire.Decode(m.Frames[0])
+			if err == nil {
+				r.in <- f
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		sock.Close()
+		<-done
+	})
+	return r
+}
+
+func (r *rawPeer) sendBytes(b []byte) {
+	r.t.Helper()
+	require.NoError(r.t, r.sock.Send(zmq4.NewMsg(b)))
+}
+
+func (r *rawPeer) send(f wire.Frame) {
+	r.t.Helper()
+	b, err := wire.Encode(f)
+	require.NoError(r.t, err)
+	r.sendBytes(b)
+}
+
+func (r *rawPeer) recv() wire.Frame {
+	r.t.Helper()
+	select {
+	case f := <-r.in:
+		return f
+	case <-r.ctx.Done():
+		r.t.Fatal("no frame from the node before the test deadline")
+		return nil
+	}
+}
+
+func (r *rawPeer) hello() *wire.Hello {
+	r.epoch = wire.NewEpoch()
+	return &wire.Hello{Version: wire.Version, Node: r.id, Epoch: r.epoch, Nonce: wire.NewNonce(),
+		BlockBytes: testBlock, Slots: 16, Transport: "tcp", DataMeta: []byte{0}}
+}
+
+// handshake completes a session with secret and returns the node's last
+// frame (Ready, or the Refuse).
+func (r *rawPeer) handshake(secret string, h *wire.Hello) wire.Frame {
+	r.t.Helper()
+	r.send(h)
+	f := r.recv()
+	w, ok := f.(*wire.Welcome)
+	if !ok {
+		return f
+	}
+	require.True(r.t, wire.CheckMAC(wire.ServerMAC([]byte(testSecret), h, w), w.MAC), "the node proves the secret")
+	r.send(&wire.Auth{Epoch: h.Epoch, MAC: wire.ClientMAC([]byte(secret), h, w)})
+	return r.recv()
+}
+
+func requireRefused(t *testing.T, f wire.Frame, reason string) {
+	t.Helper()
+	ref, ok := f.(*wire.Refuse)
+	require.True(t, ok, "want Refuse{%s}, got %T %+v", reason, f, f)
+	require.Equal(t, reason, ref.Reason)
+}
+
+func TestPeersRefuseBadHandshakes(t *testing.T) {
+	prod, cons := openPair(t, 32, func(c *Config) { c.Peers.Allow = []string{"cons", "mallory", "old", "ns", "cons-spoof"} })
+	addr := prod.node.PeerAddr()
+
+	m := dialRaw(t, prod.ctx, addr, "mallory")
+	requireRefused(t, m.handshake("wrong-secret-0123456789", m.hello()), wire.RefuseAuth)
+
+	s := dialRaw(t, prod.ctx, addr, "stranger")
+	requireRefused(t, s.handshake(testSecret, s.hello()), wire.RefuseNotAllow)
+
+	o := dialRaw(t, prod.ctx, addr, "old")
+	b, err := wire.Encode(o.hello())
+	require.NoError(t, err)
+	v1 := []byte{0xa1, 'v', wire.Version}
+	require.True(t, bytes.Contains(b, v1), "the version field is encoded as documented")
+	o.sendBytes(bytes.Replace(b, v1, []byte{0xa1, 'v', wire.Version + 1}, 1)) // a newer node
+	requireRefused(t, o.recv(), wire.RefuseVersion)
+
+	g := dialRaw(t, prod.ctx, addr, "ns")
+	h := g.hello()
+	h.BlockBytes = testBlock * 2
+	requireRefused(t, g.handshake(testSecret, h), wire.RefuseGeometry)
+
+	spoof := dialRaw(t, prod.ctx, addr, "cons-spoof")
+	h = spoof.hello()
+	h.Node = "cons" // claims another identity than its connection's
+	requireRefused(t, spoof.handshake(testSecret, h), wire.RefuseAuth)
+
+	refused := prod.node.PeerCounters().Refused()
+	require.Equal(t, uint64(2), refused[wire.RefuseAuth])
+	require.Equal(t, uint64(1), refused[wire.RefuseNotAllow])
+	require.Equal(t, uint64(1), refused[wire.RefuseVersion])
+	require.Equal(t, uint64(1), refused[wire.RefuseGeometry])
+
+	requireStillServes(t, prod, cons, 0)
+}
+
+// requireStillServes stores blocks on prod and fetches them on cons.
+func requireStillServes(t *testing.T, prod, cons *harness, from int) {
+	t.Helper()
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(from, 4)...)
+	ks := keys(ids(from, 4)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+	req := &messages.ReqContext{RequestID: "r"}
+	cons.lookup(req, ks, true)
+	cons.idle()
+	require.Equal(t, statuses(4, messages.Hit), cons.lookup(req, ks, true))
+	cons.loadAndVerify(req, ids(from, 4)...)
+	prod.quiet()
+}
+
+func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	ks := keys(ids(0, 4)...)
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+
+	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
+	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok, "a peer with the secret gets a session")
+
+	// Garbage: dropped and counted, no answer, the session survives.
+	p.sendBytes([]byte{0xc1, 0x00, 0xff})
+	p.sendBytes([]byte("not msgpack at all"))
+
+	wk := make([]wire.Key, len(ks))
+	for i, k := range ks {
+		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+	}
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 5, Keys: wk})
+	resp, ok := p.recv().(*wire.LookupResp)
+	require.True(t, ok)
+	require.Equal(t, []bool{true, true, true, true}, resp.Hits, "the session still serves after garbage")
+	require.Equal(t, 4, prod.stats().Leased, "the round's hits are leased to it")
+
+	// A replayed (or late duplicate) round is dropped: no second answer.
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 5, Keys: wk})
+	// A frame of another epoch is dropped.
+	p.send(&wire.Lookup{Epoch: p.epoch + 1, Round: 6, Keys: wk})
+	// A Fetch into slots outside the advertised pool is refused; the round's
+	// leases are released.
+	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 99}, Token: make([]byte, wire.TokenBytes)})
+	done, ok := p.recv().(*wire.TransferDone)
+	require.True(t, ok, "the next answer is the refused fetch: the replay and the stale epoch got none")
+	require.False(t, done.OK)
+	require.Equal(t, "bad_slot", done.Reason)
+	// A second Fetch of the finished round is refused too.
+	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 3}, Token: make([]byte, wire.TokenBytes)})
+	done, ok = p.recv().(*wire.TransferDone)
+	require.True(t, ok)
+	require.Equal(t, "unknown_round", done.Reason)
+
+	prod.quiet()
+	dropped := prod.node.PeerCounters().Dropped()
+	require.GreaterOrEqual(t, dropped["malformed"]+dropped["unknown_op"]+dropped["too_large"], uint64(2), "%v", dropped)
+	require.Equal(t, uint64(1), dropped["replayed_round"], "%v", dropped)
+	require.Equal(t, uint64(1), dropped["stale_epoch"], "%v", dropped)
+	require.Equal(t, uint64(1), dropped["bad_slot"], "%v", dropped)
+
+	requireStillServes(t, prod, cons, 10)
+}

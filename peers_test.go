@@ -1,0 +1,69 @@
+package kvtier
+
+// Peers through whole nodes in one process: real ZeroMQ sockets and the
+// real tcp data plane on loopback between two nodes' pools. A block stored
+// on one node is found by the other (RETRY, then HIT once promoted) and
+// every byte is verified; producer leases and pins end with the round.
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+const testSecret = "0123456789abcdef-test-secret"
+
+func withPeers(node string, static ...PeerAddr) func(*Config) {
+	return func(c *Config) {
+		c.Peers = PeersConfig{NodeID: node, Listen: "tcp://127.0.0.1:0", Secret: testSecret, Static: static}
+	}
+}
+
+// openPair opens a producer and a consumer that dials it.
+func openPair(t *testing.T, slots int, tweak ...func(*Config)) (prod, cons *harness) {
+	t.Helper()
+	prod = open(t, slots, append([]func(*Config){withPeers("prod")}, tweak...)...)
+	cons = open(t, slots, append([]func(*Config){withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()})}, tweak...)...)
+	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
+	return prod, cons
+}
+
+func TestPeersFetchStoredBlocksAndVerify(t *testing.T) {
+	prod, cons := openPair(t, 64)
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 16)...)
+	ks := keys(ids(0, 16)...)
+	require.Equal(t, statuses(16, messages.Hit), prod.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, &messages.ReqContext{RequestID: "probe"}))
+
+	req := &messages.ReqContext{RequestID: "r"}
+	first := cons.lookup(req, ks, true)
+	require.Equal(t, messages.Retry, first[0], "a CPU miss held by a peer is RETRY first")
+	cons.idle()
+	require.Equal(t, statuses(16, messages.Hit), cons.lookup(req, ks, true), "fetched from the peer: the whole prefix hits")
+	cons.loadAndVerify(req, ids(0, 16)...)
+	cons.quiet()
+	prod.quiet() // the round's leases and pins at the producer are gone
+
+	ts := cons.tiering()
+	require.Equal(t, uint64(16), ts.Promoted["peers"])
+	ps, err := cons.node.PeerStats(cons.ctx)
+	require.NoError(t, err)
+	require.Len(t, ps, 1)
+	require.Equal(t, uint64(16), ps[0].Fetched)
+	require.Equal(t, uint64(16*testBlock), ps[0].FetchBytes)
+	has, err := cons.m.HasPendingWork(cons.ctx)
+	require.NoError(t, err)
+	require.False(t, has, "peer fetches are never engine work")
+}
+
+func TestPeersMissEverywhereIsAMiss(t *testing.T) {
+	_, cons := openPair(t, 16)
+	req := &messages.ReqContext{RequestID: "r"}
+	ks := keys(100, 101)
+	require.Equal(t, messages.Retry, cons.lookup(req, ks, true)[0])
+	cons.idle()
+	require.Equal(t, statuses(2, messages.Miss), cons.lookup(req, ks, true), "no peer holds them: MISS, not RETRY forever")
+	cons.quiet()
+}

@@ -1,0 +1,482 @@
+// Package p2p is the tier face of kvtier's peers: it answers the tiering
+// actor's secondary-tier contract (tiers/contract.go) by asking the peer
+// sessions (peer/) concurrently, taking the first peer that holds each key,
+// and fetching a whole promotion from each peer in one round
+// (messages.TierReadBatch).
+//
+// It owns which peer a key is fetched from and how long an unused lookup
+// lease is held. It never touches sockets, the data plane or slot memory
+// (the sessions and the transport do), and never the CPU tier's state.
+package p2p
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Kind names the peer tier in the config and in TierFilter.
+const Kind = "p2p"
+
+// Config is what the P2P tier needs.
+type Config struct {
+	Name string // its name in stats and TierFilter ("peers" by default)
+	// HoldTimeout is how long hits of a lookup stay leased at their
+	// producer waiting for the promotion's fetch; then the round is
+	// released (an Abort), not left to the producer's lease TTL.
+	HoldTimeout time.Duration
+	// LookupTimeout bounds the wait for every peer's answer to one lookup
+	// (the sessions answer within their own round deadline; this is the
+	// tier's own guard).
+	LookupTimeout time.Duration
+	Clock         supervision.Clock
+	Log           zerolog.Logger
+}
+
+// Defaults for Config's zero fields.
+const (
+	DefaultName          = "peers"
+	DefaultHoldTimeout   = 5 * time.Second
+	DefaultLookupTimeout = 2 * time.Second
+)
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.HoldTimeout <= 0 {
+		c.HoldTimeout = DefaultHoldTimeout
+	}
+	if c.LookupTimeout <= 0 {
+		c.LookupTimeout = DefaultLookupTimeout
+	}
+	if c.Clock == nil {
+		c.Clock = supervision.RealClock{}
+	}
+	return c
+}
+
+// Tier is the P2P tier actor.
+//
+// Invariants:
+//   - every TierLookup and TierReadBatch is answered exactly once; a read
+//     batch only after every session answered its fetch (so nothing
+//     writes the slots any more);
+//   - a key is held (leased at one producer, for one round) at most once;
+//     every round with held keys is fetched, or released when its hold
+//     timer fires or when no key of it is wanted: no producer lease is
+//     left to its TTL by this side;
+//   - peers are asked only while their session is ready (PeerUp..PeerDown).
+type Tier struct {
+	cfg     Config
+	peers   []peerRef // ready sessions, in the order they came up
+	corr    uint64
+	lookups map[uint64]asked  // PeerLookup corr → its TierLookup and the session asked
+	fetches map[uint64]*fetch // PeerFetch corr → its part of a read batch
+	held    map[messages.Key]*hit
+	rounds  map[roundID]*heldRound
+	seq     uint64 // hold timer generations
+	waiters []*messages.AwaitPeers
+	stats   messages.SecondaryStats
+}
+
+type peerRef struct {
+	node string
+	pid  *actor.PID
+}
+
+// asked is one PeerLookup in flight.
+type asked struct {
+	l   *lookup
+	pid *actor.PID
+}
+
+type roundID struct {
+	node  string
+	round uint64
+}
+
+// lookup is one TierLookup waiting for its peers.
+type lookup struct {
+	corr    uint64 // the tiering actor's
+	asker   *actor.PID
+	keys    []messages.Key
+	found   []bool
+	waiting int
+	done    bool
+	timer   supervision.Timer
+}
+
+// hit is a key leased at one producer for one round.
+type hit struct {
+	round    roundID
+	pid      *actor.PID
+	checksum uint32
+}
+
+// heldRound counts the keys a round still holds for us.
+type heldRound struct {
+	pid   *actor.PID
+	keys  []messages.Key // keys held for us (some may have moved on)
+	seq   uint64
+	timer supervision.Timer
+}
+
+// read is one TierReadBatch, fetched in one round per producer.
+type read struct {
+	corr    uint64
+	asker   *actor.PID
+	res     *messages.TierReadBatchResult
+	waiting int
+}
+
+// fetch is one producer's part of a read.
+type fetch struct {
+	read  *read
+	index []int // positions in the batch
+	sums  []uint32
+}
+
+// Timer messages to self.
+type (
+	lookupDeadline struct{ corr uint64 }
+	holdExpired    struct {
+		round roundID
+		seq   uint64
+	}
+)
+
+// Props returns the tier's props.
+func Props(cfg Config) *actor.Props {
+	cfg = cfg.WithDefaults()
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
+			held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{},
+			stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
+	}, actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// Receive handles the tier's messages.
+func (t *Tier) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.PeerUp:
+		t.up(m)
+		t.wake()
+	case *messages.AwaitPeers:
+		t.waiters = append(t.waiters, m)
+		t.wake()
+	case *messages.PeerDown:
+		t.down(m)
+	case *messages.TierLookup:
+		t.lookup(ctx, m)
+	case *messages.PeerLookupResult:
+		t.onLookup(ctx, m)
+	case *lookupDeadline:
+		if l := t.pendingLookup(m.corr); l != nil {
+			t.answerLookup(ctx, l)
+		}
+	case *holdExpired:
+		if h := t.rounds[m.round]; h != nil && h.seq == m.seq {
+			t.releaseRound(ctx, m.round)
+		}
+	case *messages.TierReadBatch:
+		t.read(ctx, m)
+	case *messages.PeerFetchResult:
+		t.onFetch(ctx, m)
+	case *messages.TierRead:
+		// Only batched reads are served: a promotion from peers is a round.
+		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
+	case *messages.TierWrite:
+		// Peers are never a cascade target: they hold their own engines' blocks.
+		ctx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
+	case *messages.TierDelete:
+		// A bad copy came from a peer's pool; nothing of ours to delete.
+	case *messages.TierStatsQuery:
+		st := t.stats
+		st.Healthy = len(t.peers) > 0
+		st.InFlight = len(t.lookups) + len(t.fetches)
+		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: st})
+	}
+}
+
+func (t *Tier) up(m *messages.PeerUp) {
+	for i, p := range t.peers {
+		if p.node == m.Node {
+			t.peers[i].pid = m.Session
+			return
+		}
+	}
+	t.peers = append(t.peers, peerRef{node: m.Node, pid: m.Session})
+}
+
+// wake answers the AwaitPeers whose nodes are all ready.
+func (t *Tier) wake() {
+	kept := t.waiters[:0]
+	for _, w := range t.waiters {
+		if t.allUp(w.Nodes) {
+			w.Reply.Answer(struct{}{}, nil)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	t.waiters = kept
+}
+
+func (t *Tier) allUp(nodes []string) bool {
+	for _, n := range nodes {
+		up := false
+		for _, p := range t.peers {
+			up = up || p.node == n
+		}
+		if !up {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *Tier) down(m *messages.PeerDown) {
+	for i, p := range t.peers {
+		if p.node == m.Node {
+			t.peers = append(t.peers[:i], t.peers[i+1:]...)
+			break
+		}
+	}
+	t.cfg.Log.Info().Str("peer", m.Node).Str("reason", m.Reason).Msg("p2p: peer left")
+}
+
+// --- lookup -----------------------------------------------------------------
+
+// lookup asks every ready peer at once; a key is found at the first peer
+// whose answer has it.
+func (t *Tier) lookup(ctx actor.Context, m *messages.TierLookup) {
+	t.stats.Lookups += uint64(len(m.Keys))
+	l := &lookup{corr: m.Corr, asker: ctx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
+	peers := t.eligible(m.Req)
+	if len(peers) == 0 || len(m.Keys) == 0 {
+		ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: l.found})
+		return
+	}
+	l.waiting = len(peers)
+	for _, p := range peers {
+		t.corr++
+		t.lookups[t.corr] = asked{l: l, pid: p.pid}
+		ctx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+	}
+	self, root, corr := ctx.Self(), ctx.ActorSystem().Root, t.corr
+	l.timer = t.cfg.Clock.AfterFunc(t.cfg.LookupTimeout, func() { root.Send(self, &lookupDeadline{corr: corr}) })
+}
+
+// eligible are the ready peers req may fetch from (its PeerSources, or all).
+func (t *Tier) eligible(req *messages.ReqContext) []peerRef {
+	if req == nil || len(req.PeerSources) == 0 {
+		return t.peers
+	}
+	var out []peerRef
+	for _, p := range t.peers {
+		for _, s := range req.PeerSources {
+			if s == p.node {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func (t *Tier) pendingLookup(corr uint64) *lookup {
+	a, ok := t.lookups[corr]
+	if !ok || a.l.done {
+		return nil
+	}
+	return a.l
+}
+
+func (t *Tier) onLookup(ctx actor.Context, m *messages.PeerLookupResult) {
+	a, ok := t.lookups[m.Corr]
+	if !ok {
+		return
+	}
+	delete(t.lookups, m.Corr)
+	l := a.l
+	rid := roundID{node: m.Node, round: m.Round}
+	var used []messages.Key
+	if !l.done && m.Err == nil {
+		for i, h := range m.Hits {
+			if !h || i >= len(l.keys) || l.found[i] || t.held[l.keys[i]] != nil {
+				continue
+			}
+			l.found[i] = true
+			t.held[l.keys[i]] = &hit{round: rid, pid: a.pid, checksum: m.Checksums[i]}
+			used = append(used, l.keys[i])
+		}
+	}
+	if len(used) > 0 {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		t.seq++
+		h := &heldRound{pid: a.pid, keys: used, seq: t.seq}
+		msg := &holdExpired{round: rid, seq: t.seq}
+		h.timer = t.cfg.Clock.AfterFunc(t.cfg.HoldTimeout, func() { root.Send(self, msg) })
+		t.rounds[rid] = h
+	} else if m.Err == nil && anyHit(m.Hits) {
+		// Hits nobody wants (another peer was first, or too late): free them now.
+		ctx.Send(a.pid, &messages.PeerRelease{Round: m.Round})
+	}
+	if l.done {
+		return
+	}
+	l.waiting--
+	if l.waiting == 0 || allTrue(l.found) {
+		t.answerLookup(ctx, l)
+	}
+}
+
+func (t *Tier) answerLookup(ctx actor.Context, l *lookup) {
+	l.done = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	n := 0
+	for _, f := range l.found {
+		if f {
+			n++
+		}
+	}
+	t.stats.Found += uint64(n)
+	t.send(ctx, l.asker, &messages.TierLookupResult{Corr: l.corr, Found: l.found})
+	// NB: entries of peers yet to answer stay until their answer (every
+	// session answers every round, within its round deadline); onLookup
+	// then releases their hits.
+}
+
+func (t *Tier) send(ctx actor.Context, to *actor.PID, msg any) {
+	if to != nil {
+		ctx.Send(to, msg)
+	}
+}
+
+// releaseRound gives a held round back to its producer.
+func (t *Tier) releaseRound(ctx actor.Context, rid roundID) {
+	h := t.rounds[rid]
+	if h == nil {
+		return
+	}
+	t.forget(rid, h)
+	ctx.Send(h.pid, &messages.PeerRelease{Round: rid.round})
+}
+
+// forget drops a held round and its keys: O(the round's keys).
+func (t *Tier) forget(rid roundID, h *heldRound) {
+	h.timer.Stop()
+	delete(t.rounds, rid)
+	for _, k := range h.keys {
+		if x := t.held[k]; x != nil && x.round == rid {
+			delete(t.held, k)
+		}
+	}
+}
+
+// --- read ---------------------------------------------------------------------
+
+// read fetches a promotion: one PeerFetch per producer round.
+func (t *Tier) read(ctx actor.Context, m *messages.TierReadBatch) {
+	n := len(m.Keys)
+	r := &read{corr: m.Corr, asker: ctx.Sender(), res: &messages.TierReadBatchResult{Corr: m.Corr,
+		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n)}}
+	type part struct {
+		pid   *actor.PID
+		f     *fetch
+		keys  []messages.Key
+		slots []int
+	}
+	parts := map[roundID]*part{}
+	var order []roundID
+	for i, k := range m.Keys {
+		h := t.held[k]
+		if h == nil || i >= len(m.Slots) {
+			r.res.Errs[i] = fmt.Errorf("%w: %s", messages.ErrLeaseLost, k)
+			continue
+		}
+		p := parts[h.round]
+		if p == nil {
+			p = &part{pid: h.pid, f: &fetch{read: r}}
+			parts[h.round] = p
+			order = append(order, h.round)
+		}
+		p.keys, p.slots = append(p.keys, k), append(p.slots, m.Slots[i])
+		p.f.index, p.f.sums = append(p.f.index, i), append(p.f.sums, h.checksum)
+		r.res.Source[i] = h.round.node
+	}
+	for _, rid := range order {
+		p := parts[rid]
+		// The round is consumed by this fetch: its other keys are released by
+		// the producer when the fetch ends.
+		if h := t.rounds[rid]; h != nil {
+			t.forget(rid, h)
+		}
+		t.corr++
+		t.fetches[t.corr] = p.f
+		r.waiting++
+		ctx.Request(p.pid, &messages.PeerFetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
+	}
+	if r.waiting == 0 {
+		t.answerRead(ctx, r)
+	}
+}
+
+func (t *Tier) onFetch(ctx actor.Context, m *messages.PeerFetchResult) {
+	f := t.fetches[m.Corr]
+	if f == nil {
+		return
+	}
+	delete(t.fetches, m.Corr)
+	r := f.read
+	for j, i := range f.index {
+		switch {
+		case m.Err != nil:
+			r.res.Errs[i] = fmt.Errorf("%w (peer %s)", m.Err, m.Node)
+		case j >= len(m.OK) || !m.OK[j]:
+			r.res.Errs[i] = fmt.Errorf("%w: checksum mismatch from peer %s", messages.ErrInvalidBlock, m.Node)
+		default:
+			r.res.Checksums[i] = f.sums[j]
+		}
+	}
+	r.waiting--
+	if r.waiting == 0 {
+		t.answerRead(ctx, r)
+	}
+}
+
+func (t *Tier) answerRead(ctx actor.Context, r *read) {
+	for _, err := range r.res.Errs {
+		if err == nil {
+			t.stats.Reads++
+		} else {
+			t.stats.ReadFailures++
+		}
+	}
+	t.send(ctx, r.asker, r.res)
+}
+
+func anyHit(hits []bool) bool {
+	for _, h := range hits {
+		if h {
+			return true
+		}
+	}
+	return false
+}
+
+func allTrue(bs []bool) bool {
+	for _, b := range bs {
+		if !b {
+			return false
+		}
+	}
+	return true
+}
