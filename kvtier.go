@@ -91,6 +91,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	n.registerEndpointMetrics()
 	n.registerEventsMetrics()
 	n.registerTierMetrics()
+	n.registerPeerMetrics()
 	cfg.Logger.Info().Str("pool", pool.Path()).Int("slots", slots).Int("block_bytes", cfg.BlockBytes).
 		Str("policy", cfg.Policy).Msg("kvtier node open")
 	return n, nil

@@ -94,6 +94,12 @@ type options struct {
 	eventsEndpoint  string
 	eventsReplay    string
 	eventsTopic     string
+	nodeID          string
+	peerListen      string
+	peerDataListen  string
+	peerSecretFile  string
+	peerTransport   string
+	peers           peerFlags
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
 }
@@ -118,6 +124,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")
 	fs.StringVar(&o.eventsReplay, "events-replay", "", "KV events replay ROUTER `address` to bind, e.g. tcp://*:5558 (default from config, else off)")
 	fs.StringVar(&o.eventsTopic, "events-topic", "", "KV events topic (default from config, else kv@<node_id>@<model>)")
+	fs.StringVar(&o.nodeID, "node-id", "", "this node's id among its peers (default from config)")
+	fs.StringVar(&o.peerListen, "peer-listen", "", "peer control-plane `address` to bind, e.g. tcp://0.0.0.0:7600 (default from config, else peers off)")
+	fs.StringVar(&o.peerDataListen, "peer-data-listen", "", "tcp data-plane `address` to bind, e.g. 0.0.0.0:7601 (default: the peer-listen host, any port)")
+	fs.StringVar(&o.peerSecretFile, "peer-secret-file", "", "`file` holding the peers' shared HMAC secret (default from config)")
+	fs.StringVar(&o.peerTransport, "peer-transport", "", "data plane: tcp or nixl (default from config, else tcp)")
+	fs.Var(&o.peers, "peer", "a peer to dial, `node-id=tcp://host:port` (repeatable; adds to the config's)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -205,10 +217,45 @@ func buildConfig(o options) (kvtier.Config, error) {
 	if o.set["events-topic"] {
 		cfg.Events.Topic = o.eventsTopic
 	}
+	overlayPeers(&cfg.Peers, o)
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// overlayPeers applies the peer flags given.
+func overlayPeers(p *kvtier.PeersConfig, o options) {
+	if o.set["node-id"] {
+		p.NodeID = o.nodeID
+	}
+	if o.set["peer-listen"] {
+		p.Listen = o.peerListen
+	}
+	if o.set["peer-data-listen"] {
+		p.DataListen = o.peerDataListen
+	}
+	if o.set["peer-secret-file"] {
+		p.SecretFile, p.Secret = o.peerSecretFile, ""
+	}
+	if o.set["peer-transport"] {
+		p.Transport = o.peerTransport
+	}
+	p.Static = append(p.Static, o.peers...)
+}
+
+// peerFlags collects repeated --peer node-id=address flags.
+type peerFlags []kvtier.PeerAddr
+
+func (f *peerFlags) String() string { return fmt.Sprint(*f) }
+
+func (f *peerFlags) Set(v string) error {
+	id, addr, ok := strings.Cut(v, "=")
+	if !ok || id == "" || addr == "" {
+		return fmt.Errorf("want node-id=tcp://host:port, got %q", v)
+	}
+	*f = append(*f, kvtier.PeerAddr{NodeID: id, Addr: addr})
+	return nil
 }
 
 // run is the daemon; it returns the exit status.
@@ -273,6 +320,7 @@ func run(args []string, stderr *os.File) int {
 		Str("engine_listen", node.EngineAddr()).
 		Str("events_endpoint", node.EventsEndpoint()).
 		Str("events_replay", node.EventsReplayEndpoint()).
+		Str("peer_listen", node.PeerAddr()).
 		Msg("kvtierd listening")
 
 	status := exitOK

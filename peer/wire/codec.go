@@ -241,7 +241,7 @@ func (d *decoder) decode() (Frame, error) {
 		f, known := fieldByName[string(name)]
 		switch {
 		case !known && d.ready:
-			_ = d.r.skip(0); continue
+			return nil, malformed(d.opName, "", "unknown field %q", name)
 		case !known:
 			if d.unknown == "" {
 				d.unknown = string(name)

@@ -1,0 +1,84 @@
+package kvtier
+
+// Prometheus metrics of the peers, read from the control plane's atomic
+// counters (peer.Counters) at scrape time: no actor is asked.
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type peerCollector struct {
+	node  *Node
+	descs map[string]*prometheus.Desc
+}
+
+var peerMetricHelp = map[string]string{
+	"peer_ready":                    "1 while this node can fetch from the peer (its outbound session is ready).",
+	"peer_serving":                  "1 while this node serves the peer (its inbound session is ready).",
+	"peer_lookup_keys_total":        "Keys this node asked the peer for.",
+	"peer_lookup_hits_total":        "Keys the peer held when asked.",
+	"peer_fetched_blocks_total":     "Blocks fetched from the peer and verified.",
+	"peer_fetched_bytes_total":      "Bytes fetched from the peer and verified.",
+	"peer_fetch_seconds_total":      "Time spent in completed fetch rounds from the peer (divide by peer_fetches_total for the mean).",
+	"peer_fetches_total":            "Fetch rounds from the peer that completed.",
+	"peer_round_failures_total":     "Rounds with the peer that failed: timeout, refused, session lost.",
+	"peer_corrupt_blocks_total":     "Blocks from the peer that failed their checksum (dropped, never committed).",
+	"peer_served_blocks_total":      "Blocks this node wrote into the peer's pool.",
+	"peer_frames_dropped_total":     "Control-plane frames dropped, by reason (malformed, stale epoch, replayed round, bad slot, ...).",
+	"peer_handshakes_refused_total": "Peer handshakes refused, by reason (auth, not_allowed, version, namespace, geometry, ...).",
+}
+
+// registerPeerMetrics adds the peers' metrics to the registry.
+func (n *Node) registerPeerMetrics() {
+	if n.peers.counters == nil {
+		return
+	}
+	c := &peerCollector{node: n, descs: map[string]*prometheus.Desc{}}
+	for name, help := range peerMetricHelp {
+		label := "peer"
+		switch name {
+		case "peer_frames_dropped_total", "peer_handshakes_refused_total":
+			label = "reason"
+		}
+		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, []string{label}, nil)
+	}
+	n.registry.MustRegister(c)
+}
+
+func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
+	ctr := c.node.peers.counters
+	metric := func(name string, kind prometheus.ValueType, v float64, label string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], kind, v, label)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	for _, p := range ctr.Peers() {
+		metric("peer_ready", prometheus.GaugeValue, b(p.Ready), p.Node)
+		metric("peer_serving", prometheus.GaugeValue, b(p.Serving), p.Node)
+		metric("peer_lookup_keys_total", prometheus.CounterValue, float64(p.Lookups), p.Node)
+		metric("peer_lookup_hits_total", prometheus.CounterValue, float64(p.Hits), p.Node)
+		metric("peer_fetched_blocks_total", prometheus.CounterValue, float64(p.Fetched), p.Node)
+		metric("peer_fetched_bytes_total", prometheus.CounterValue, float64(p.FetchBytes), p.Node)
+		metric("peer_fetch_seconds_total", prometheus.CounterValue, float64(p.FetchNanos)/1e9, p.Node)
+		metric("peer_fetches_total", prometheus.CounterValue, float64(p.Fetches), p.Node)
+		metric("peer_round_failures_total", prometheus.CounterValue, float64(p.Failures), p.Node)
+		metric("peer_corrupt_blocks_total", prometheus.CounterValue, float64(p.Corrupt), p.Node)
+		metric("peer_served_blocks_total", prometheus.CounterValue, float64(p.Served), p.Node)
+	}
+	for reason, v := range ctr.Dropped() {
+		metric("peer_frames_dropped_total", prometheus.CounterValue, float64(v), reason)
+	}
+	for reason, v := range ctr.Refused() {
+		metric("peer_handshakes_refused_total", prometheus.CounterValue, float64(v), reason)
+	}
+}
