@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -206,4 +207,16 @@ func (n *Node) WaitPeers(ctx context.Context, nodes ...string) error {
 		return &messages.AwaitPeers{Nodes: nodes, Reply: r}
 	})
 	return err
+}
+
+// shutdownPeers stops serving and using peers: new rounds are refused,
+// rounds in flight finish until deadline and are aborted then, every
+// session says Bye. Without peers it returns at once.
+func (n *Node) shutdownPeers(ctx context.Context, deadline time.Time) (messages.PeerShutdownResult, error) {
+	if n.peers.plane == nil {
+		return messages.PeerShutdownResult{}, nil
+	}
+	return callActor(ctx, n, n.peers.plane, "kvtier peers shutdown", func(r messages.Reply[messages.PeerShutdownResult]) any {
+		return &messages.PeerShutdown{Deadline: deadline, Reply: r}
+	})
 }

@@ -7,6 +7,7 @@ package kvtier
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -66,4 +67,25 @@ func TestPeersMissEverywhereIsAMiss(t *testing.T) {
 	cons.idle()
 	require.Equal(t, statuses(2, messages.Miss), cons.lookup(req, ks, true), "no peer holds them: MISS, not RETRY forever")
 	cons.quiet()
+}
+
+func TestPeersShutdownRefusesNewRoundsAndSaysBye(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	ks := keys(ids(0, 4)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+
+	res, err := prod.node.shutdownPeers(prod.ctx, time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Sessions, "the consumer's session was drained")
+	require.Zero(t, res.Aborted, "nothing was in flight")
+
+	req := &messages.ReqContext{RequestID: "r"}
+	cons.lookup(req, ks, true)
+	cons.idle()
+	require.Equal(t, messages.Miss, cons.lookup(req, ks, true)[0], "a stopping producer serves nothing: MISS, and the consumer recomputes")
+	cons.quiet()
+	prod.quiet()
 }

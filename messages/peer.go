@@ -136,3 +136,19 @@ type AwaitPeers struct {
 	Nodes []string
 	Reply Reply[struct{}]
 }
+
+// PeerShutdown asks the control plane to stop serving and using peers:
+// new rounds are refused (lookups answered as misses), rounds in flight
+// may finish until Deadline and are aborted then, every session says Bye
+// and releases what peers' rounds hold in the CPU tier. Answered once every
+// session is done (at the latest shortly after Deadline).
+type PeerShutdown struct {
+	Deadline time.Time
+	Reply    Reply[PeerShutdownResult]
+}
+
+// PeerShutdownResult says how the peer shutdown went.
+type PeerShutdownResult struct {
+	Sessions int // sessions drained
+	Aborted  int // rounds still in flight at the deadline, aborted
+}

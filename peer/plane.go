@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/go-zeromq/zmq4"
@@ -67,7 +68,28 @@ type Plane struct {
 	ln       *Listener
 	sessions map[string]*actor.PID
 	static   map[string]string // configured peers: node → address
+	shutdown *shutdown         // non-nil once PeerShutdown came
 }
+
+// shutdown is a PeerShutdown in progress.
+type shutdown struct {
+	req     *messages.PeerShutdown
+	waiting map[string]bool
+	res     messages.PeerShutdownResult
+	timer   supervision.Timer
+}
+
+// Plane-internal messages.
+type (
+	// drain asks a session to finish its rounds by deadline, then say Bye.
+	drain struct{ deadline time.Time }
+	// drained is a session's answer to drain.
+	drained struct {
+		node    string
+		aborted int
+	}
+	shutdownDeadline struct{}
+)
 
 // Props returns the plane's props; it takes ownership of ln.
 func Props(cfg Config, ln *Listener, ctr *Counters) *actor.Props {
@@ -86,6 +108,14 @@ func (p *Plane) Receive(ctx actor.Context) {
 		p.route(ctx, m)
 	case *messages.GetPeerStats:
 		m.Reply.Answer(p.ctr.Peers(), nil)
+	case *messages.PeerShutdown:
+		p.beginShutdown(ctx, m)
+	case *drained:
+		p.onDrained(m)
+	case *shutdownDeadline:
+		if p.shutdown != nil {
+			p.finishShutdown()
+		}
 	case *actor.Stopped:
 		p.ln.Close()
 	}
@@ -118,6 +148,13 @@ func decodeRouter(m zmq4.Msg) *routerIn {
 
 func (p *Plane) route(ctx actor.Context, m *routerIn) {
 	pid := p.sessions[m.from]
+	if pid == nil && p.shutdown != nil {
+		if h, ok := m.frame.(*wire.Hello); ok {
+			p.ctr.refuse(wire.RefuseShutdown)
+			p.refuse(m.from, h.Epoch, wire.RefuseShutdown)
+		}
+		return
+	}
 	if pid == nil {
 		if _, hello := m.frame.(*wire.Hello); !hello || !validNode(m.from) {
 			p.ctr.drop("no_session")
@@ -164,4 +201,49 @@ func (p *Plane) spawn(ctx actor.Context, node, addr string) *actor.PID {
 // validNode reports whether an identity can be a node id at all.
 func validNode(id string) bool {
 	return id != "" && len(id) <= wire.MaxNodeIDBytes
+}
+
+// beginShutdown drains every session; new sessions are refused from now on.
+func (p *Plane) beginShutdown(ctx actor.Context, m *messages.PeerShutdown) {
+	if p.shutdown != nil {
+		m.Reply.Answer(messages.PeerShutdownResult{}, fmt.Errorf("%w: peer shutdown already in progress", messages.ErrClosed))
+		return
+	}
+	sd := &shutdown{req: m, waiting: map[string]bool{}}
+	p.shutdown = sd
+	for node, pid := range p.sessions {
+		sd.waiting[node] = true
+		ctx.Request(pid, &drain{deadline: m.Deadline})
+	}
+	if len(sd.waiting) == 0 {
+		p.finishShutdown()
+		return
+	}
+	// The plane's own guard: sessions answer at their deadline, this catches
+	// one that cannot (stopped).
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	sd.timer = p.cfg.Clock.AfterFunc(time.Until(m.Deadline)+100*time.Millisecond, func() { root.Send(self, &shutdownDeadline{}) })
+}
+
+func (p *Plane) onDrained(m *drained) {
+	sd := p.shutdown
+	if sd == nil || !sd.waiting[m.node] {
+		return
+	}
+	delete(sd.waiting, m.node)
+	sd.res.Sessions++
+	sd.res.Aborted += m.aborted
+	if len(sd.waiting) == 0 {
+		p.finishShutdown()
+	}
+}
+
+func (p *Plane) finishShutdown() {
+	sd := p.shutdown
+	if sd.timer != nil {
+		sd.timer.Stop()
+	}
+	sd.res.Aborted += len(sd.waiting) // sessions that never answered
+	sd.req.Reply.Answer(sd.res, nil)
+	sd.waiting = map[string]bool{}
 }

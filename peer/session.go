@@ -49,13 +49,26 @@ type Session struct {
 	log    zerolog.Logger
 
 	out     outbound
-	in      *inbound // nil until a Hello
+	in      *inbound // the ready inbound session, nil until one completes its handshake
+	hs      *inbound // an inbound handshake in progress (it replaces in only once authenticated)
 	rounds  map[uint64]*outRound
 	round   uint64 // last round number used
 	corr    uint64
 	pending map[uint64]cpuCall
 	bad     int // malformed inbound frames
+	drain   *draining
 }
+
+// draining is a PeerShutdown reaching this session: no new rounds; the
+// ones in flight finish until the deadline, then are aborted.
+type draining struct {
+	plane   *actor.PID
+	timer   supervision.Timer
+	aborted int
+	done    bool
+}
+
+type drainDeadline struct{}
 
 // outbound is our side of the session we dial.
 type outbound struct {
@@ -232,8 +245,16 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.onWritten(ctx, m)
 	case *messages.Ack:
 		// Unpin / release answers: nothing to do.
+	case *drain:
+		s.beginDrain(ctx, m)
+	case *drainDeadline:
+		s.forceDrain(ctx)
 	case *actor.Restarting, *actor.Stopping:
 		s.cleanup(ctx)
+		return
+	}
+	if s.drain != nil && !s.drain.done {
+		s.checkDrained(ctx)
 	}
 }
 
@@ -359,7 +380,7 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	}
 	s.out.gen++
 	s.out.phase = outIdle
-	if s.addr == "" {
+	if s.addr == "" || s.drain != nil {
 		return
 	}
 	s.out.backoff = min(max(2*s.out.backoff, s.cfg.RetryMin), s.cfg.RetryMax)
@@ -443,7 +464,7 @@ func (s *Session) sendOut(f wire.Frame) {
 
 // lookup starts a Lookup round for the keys in namespaces we share.
 func (s *Session) lookup(ctx actor.Context, m *messages.PeerLookup) {
-	if s.out.phase != outReady {
+	if s.out.phase != outReady || s.drain != nil {
 		ctx.Respond(&messages.PeerLookupResult{Corr: m.Corr, Node: s.node, Hits: make([]bool, len(m.Keys)),
 			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
 		return
@@ -541,7 +562,7 @@ func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
 	case r == nil || r.phase != roundLeased:
 		fail(fmt.Errorf("%w: round %d not leased", messages.ErrLeaseLost, m.Round))
 		return
-	case s.out.phase != outReady || r.epoch != s.out.epoch:
+	case s.out.phase != outReady || r.epoch != s.out.epoch || s.drain != nil:
 		s.endRound(r)
 		fail(messages.ErrPeerUnavailable)
 		return
@@ -745,20 +766,16 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 		}
 		return
 	}
+	if a, ok := m.frame.(*wire.Auth); ok {
+		s.onAuth(ctx, a)
+		return
+	}
 	if s.in == nil {
 		s.ctr.drop("no_session")
 		return
 	}
 	if e, ok := frameEpoch(m.frame); !ok || e != s.in.epoch {
 		s.ctr.drop("stale_epoch")
-		return
-	}
-	if a, ok := m.frame.(*wire.Auth); ok {
-		s.onAuth(ctx, a)
-		return
-	}
-	if !s.in.ready {
-		s.ctr.drop("not_ready")
 		return
 	}
 	switch f := m.frame.(type) {
@@ -784,6 +801,9 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 		s.sendInbound(&wire.Refuse{Epoch: h.Epoch, Reason: reason, Msg: msg})
 	}
 	switch {
+	case s.drain != nil && decodeErr == nil:
+		refuse(wire.RefuseShutdown, "the node is stopping")
+		return
 	case errors.Is(decodeErr, wire.ErrVersion):
 		refuse(wire.RefuseVersion, fmt.Sprintf("version %d; this node speaks %d", h.Version, wire.Version))
 		return
@@ -801,35 +821,40 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 		refuse(reason, msg)
 		return
 	}
-	if s.in != nil {
-		s.dropIn(ctx, "new_epoch") // the peer redialed: its old rounds are dead
-	}
 	w := &wire.Welcome{Version: wire.Version, Node: s.cfg.Node, Epoch: h.Epoch, Nonce: wire.NewNonce(),
 		Namespaces: s.cfg.Namespaces, BlockBytes: s.cfg.BlockBytes, Slots: s.cfg.Slots,
 		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()}
 	w.MAC = wire.ServerMAC(s.cfg.Secret, h, w)
-	s.in = &inbound{epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(s.cfg.Namespaces, h.Namespaces),
+	// NB: the current session (if any) keeps serving until this handshake
+	// proves the secret: a Hello alone, which anyone can send under the
+	// peer's identity, never ends it.
+	s.hs = &inbound{epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(s.cfg.Namespaces, h.Namespaces),
 		rounds: map[uint64]*inRound{}}
 	s.sendInbound(w)
 }
 
 func (s *Session) onAuth(ctx actor.Context, a *wire.Auth) {
-	if s.in.ready {
+	hs := s.hs
+	if hs == nil || a.Epoch != hs.epoch {
 		s.ctr.drop("unexpected_auth")
 		return
 	}
-	if !wire.CheckMAC(wire.ClientMAC(s.cfg.Secret, s.in.hello, s.in.welcome), a.MAC) {
+	s.hs = nil
+	if !wire.CheckMAC(wire.ClientMAC(s.cfg.Secret, hs.hello, hs.welcome), a.MAC) {
 		s.ctr.refuse(wire.RefuseAuth)
 		s.log.Warn().Msg("peer: refused a handshake: wrong secret")
-		s.sendInbound(&wire.Refuse{Epoch: s.in.epoch, Reason: wire.RefuseAuth, Msg: "wrong secret"})
-		s.in = nil
+		s.sendInbound(&wire.Refuse{Epoch: hs.epoch, Reason: wire.RefuseAuth, Msg: "wrong secret"})
 		return
 	}
-	s.in.ready = true
+	if s.in != nil {
+		s.dropIn(ctx, "new_epoch") // the peer redialed: its old rounds are dead
+	}
+	hs.ready = true
+	s.in = hs
 	s.bad = 0
 	s.pc.serving.Store(true)
-	s.connect(s.in.hello.DataMeta)
-	s.sendInbound(&wire.Ready{Epoch: s.in.epoch})
+	s.connect(hs.hello.DataMeta)
+	s.sendInbound(&wire.Ready{Epoch: hs.epoch})
 }
 
 // dropIn ends the inbound session: leases of its rounds are released now,
@@ -865,6 +890,11 @@ func (s *Session) serveLookup(ctx actor.Context, f *wire.Lookup) {
 		return
 	}
 	s.in.maxRound = f.Round
+	if s.drain != nil {
+		// Shutting down: every key is a miss, at once (no lease taken).
+		s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: f.Round, Hits: make([]bool, len(f.Keys)), Checksums: make([]uint32, len(f.Keys))})
+		return
+	}
 	keys := make([]messages.Key, 0, len(f.Keys))
 	foreign := 0
 	for _, k := range f.Keys {
@@ -1148,4 +1178,76 @@ func frameEpoch(f wire.Frame) (uint64, bool) {
 		return f.Epoch, true
 	}
 	return 0, false
+}
+
+// --- drain (PeerShutdown) ---------------------------------------------------
+
+func (s *Session) beginDrain(ctx actor.Context, m *drain) {
+	if s.drain != nil {
+		return
+	}
+	s.drain = &draining{plane: ctx.Sender()}
+	for _, r := range s.rounds {
+		if r.phase == roundLeased {
+			s.release(&messages.PeerRelease{Round: r.n}) // no fetch will follow
+		}
+	}
+	if s.out.phase != outReady && s.out.timer != nil {
+		s.out.timer.Stop() // no redial, no handshake to finish
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	s.drain.timer = s.cfg.Clock.AfterFunc(time.Until(m.deadline), func() { root.Send(self, &drainDeadline{}) })
+}
+
+// inFlight counts the rounds still running in either direction.
+func (s *Session) inFlight() int {
+	n := 0
+	for _, r := range s.rounds {
+		if r.phase != roundLeased {
+			n++
+		}
+	}
+	if s.in != nil {
+		n += len(s.in.rounds)
+	}
+	return n
+}
+
+func (s *Session) checkDrained(ctx actor.Context) {
+	if s.inFlight() == 0 {
+		s.finishDrain(ctx)
+	}
+}
+
+// forceDrain aborts what is still running at the deadline.
+func (s *Session) forceDrain(ctx actor.Context) {
+	if s.drain == nil || s.drain.done {
+		return
+	}
+	s.drain.aborted = s.inFlight()
+	for _, r := range s.rounds {
+		s.failRound(ctx, r, fmt.Errorf("%w: shutting down", messages.ErrPeerUnavailable))
+	}
+	s.finishDrain(ctx)
+}
+
+// finishDrain says Bye both ways, releases producer holds (pins of writes
+// still running are released when the transport lets go) and answers.
+func (s *Session) finishDrain(ctx actor.Context) {
+	s.drain.done = true
+	s.drain.timer.Stop()
+	if s.out.phase == outReady {
+		s.sendOut(&wire.Bye{Epoch: s.out.epoch, Reason: "shutdown"})
+		s.pc.ready.Store(false)
+		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "shutdown"})
+		s.out.phase = outIdle
+	}
+	if s.out.hb != nil {
+		s.out.hb.Stop()
+	}
+	if s.in != nil && s.in.ready {
+		s.sendInbound(&wire.Bye{Epoch: s.in.epoch, Reason: "shutdown"})
+	}
+	s.dropIn(ctx, "shutdown")
+	ctx.Send(s.drain.plane, &drained{node: s.node, aborted: s.drain.aborted})
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // Bounds of the codec beyond those in frames.go (docs/PROTOCOL.md, "Peer
@@ -247,7 +248,7 @@ func (d *decoder) decode() (Frame, error) {
 				d.unknown = string(name)
 			}
 			if err := d.r.skip(0); err != nil {
-				return nil, fieldErr(d.opName, string(name), err)
+				return nil, fieldErr(d.opName, strconv.Quote(string(name)), err)
 			}
 			continue
 		case d.seen&f.bit() != 0:
