@@ -1,0 +1,249 @@
+package tcp
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/kvtier/kvtier/rdma"
+)
+
+// writeOp is one accepted Write, owned by the peer's queue or by exactly
+// one worker: whoever owns it calls done.
+type writeOp struct {
+	tok      rdma.Token
+	src, dst []int
+	done     func(rdma.Completion)
+}
+
+// pconn is an outbound connection. Only the worker holding it touches
+// prefaced.
+type pconn struct {
+	net.Conn
+	prefaced bool // the preface went out; later transfers start with their header
+}
+
+// Write sends the local src slots into peer's dst slots under tok. It
+// refuses, without calling done, a peer that is not Connect'ed
+// (ErrPeerUnknown) and slot lists that are empty, of different lengths,
+// outside the local pool or outside the pool the peer advertised, or a
+// peer whose slot size differs (ErrBadSlot). Otherwise done is called
+// exactly once, after the consumer's ack (the src slots are then no
+// longer read) or after the failure, at most WriteTimeout after a worker
+// picked the Write up.
+func (t *Transport) Write(peerID string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
+	if done == nil {
+		return fmt.Errorf("rdma/tcp: write %s to %s: nil done", tok, peerID)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.openLocked(); err != nil {
+		return writeErr(tok, peerID, err)
+	}
+	p := t.peers[peerID]
+	if p == nil {
+		return writeErr(tok, peerID, rdma.ErrPeerUnknown)
+	}
+	if err := t.checkWrite(p, src, dst); err != nil {
+		return writeErr(tok, peerID, err)
+	}
+	t.pendingWrites++
+	t.dispatchLocked(p, &writeOp{tok: tok, src: slices.Clone(src), dst: slices.Clone(dst), done: done})
+	return nil
+}
+
+// checkWrite checks the slot lists against both pools.
+func (t *Transport) checkWrite(p *peer, src, dst []int) error {
+	remote := rdma.Region{Slots: p.meta.Slots}
+	switch {
+	case len(src) == 0 || len(src) != len(dst):
+		return fmt.Errorf("%d src slots for %d dst slots: %w", len(src), len(dst), rdma.ErrBadSlot)
+	case !t.region.Valid(src):
+		return fmt.Errorf("src slots not all within local 0..%d: %w", t.region.Slots-1, rdma.ErrBadSlot)
+	case !remote.Valid(dst):
+		return fmt.Errorf("dst slots not all within the peer's 0..%d: %w", p.meta.Slots-1, rdma.ErrBadSlot)
+	case p.meta.SlotBytes != t.region.SlotBytes:
+		return fmt.Errorf("slot bytes %d, the peer's %d: %w", t.region.SlotBytes, p.meta.SlotBytes, rdma.ErrBadSlot)
+	}
+	return nil
+}
+
+// dispatchLocked hands op to a worker on an idle connection, to a new
+// worker that dials, or to the queue once MaxConnsPerPeer workers run.
+// Connections (idle + busy) never exceed MaxConnsPerPeer.
+// REQUIRES t.mu, !t.closed, p connected.
+func (t *Transport) dispatchLocked(p *peer, op *writeOp) {
+	switch {
+	case len(p.idle) > 0:
+		c := p.idle[len(p.idle)-1] // the most recently used: its liveness is the freshest
+		p.idle = p.idle[:len(p.idle)-1]
+		p.busy[c] = struct{}{}
+		p.workers++
+		t.spawnLocked(func() { t.work(p, c, op) })
+	case p.workers < t.cfg.MaxConnsPerPeer:
+		p.workers++
+		t.spawnLocked(func() { t.work(p, nil, op) })
+	default:
+		p.queue = append(p.queue, op)
+	}
+}
+
+// work runs op, then whatever the peer's queue holds, on one connection
+// (redialing after a failure), and parks the connection idle when the
+// queue is empty. An idle connection has no goroutine. The connection is
+// parked before done runs, so that a Write issued from done reuses it.
+func (t *Transport) work(p *peer, c *pconn, op *writeOp) {
+	for op != nil {
+		deadline := time.Now().Add(t.cfg.WriteTimeout)
+		var err error
+		var n int64
+		c, err = t.ready(p, c, deadline)
+		if err == nil {
+			n, err = t.send(p, c, op, deadline)
+		}
+		if err != nil && c != nil {
+			t.discard(p, c)
+			c = nil
+		}
+		var next *writeOp
+		next, c = t.next(p, c)
+		t.finish(p, op, n, err)
+		op = next
+	}
+}
+
+// ready returns a connection to send on: c if it is fresh or still
+// alive, else a new one dialed before deadline.
+func (t *Transport) ready(p *peer, c *pconn, deadline time.Time) (*pconn, error) {
+	if c != nil {
+		if !c.prefaced || alive(c.Conn) {
+			return c, nil
+		}
+		t.log.Debug().Str("peer", p.id).Msg("idle data-plane connection closed by the peer; redialing")
+		t.discard(p, c)
+	}
+	d := net.Dialer{Deadline: deadline}
+	conn, err := d.DialContext(p.ctx, "tcp", p.meta.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w: %w", p.meta.Addr, rdma.ErrPeerGone, err)
+	}
+	nc := &pconn{Conn: conn}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.gone != nil {
+		conn.Close()
+		return nil, p.gone
+	}
+	p.busy[nc] = struct{}{}
+	return nc, nil
+}
+
+// send writes one transfer — preface if the connection is new, header,
+// then the payload straight from the pool slots in one writev (no copy)
+// — and waits for the consumer's ack, all before deadline. It returns
+// the payload bytes that left.
+func (t *Transport) send(p *peer, c *pconn, op *writeOp, deadline time.Time) (int64, error) {
+	c.SetDeadline(deadline)
+	defer c.SetDeadline(time.Time{}) // an idle connection has no timer armed
+	hdr := make([]byte, 0, prefaceFixed+len(t.cfg.Node)+headerFixed+4*len(op.dst))
+	if !c.prefaced {
+		hdr = appendPreface(hdr, t.cfg.Node)
+	}
+	hdr = appendHeader(hdr, op.tok, t.region.SlotBytes, op.dst)
+	bufs := make(net.Buffers, 1, 1+len(op.src))
+	bufs[0] = hdr
+	for _, s := range op.src {
+		bufs = append(bufs, t.region.Slot(s))
+	}
+	n, werr := bufs.WriteTo(c.Conn)
+	c.prefaced = true
+	sent := max(0, n-int64(len(hdr)))
+	t.bytesSent.Add(uint64(sent))
+	// Read the ack even after a failed write: a consumer that refused the
+	// header closes without reading the payload, and its ack says why.
+	code, rerr := readAck(c.Conn)
+	if werr != nil && (rerr != nil || code == ackOK) {
+		return sent, fmt.Errorf("send: %w: %w", rdma.ErrPeerGone, werr)
+	}
+	return sent, ackErr(code, rerr, p.id)
+}
+
+func readAck(r io.Reader) (byte, error) {
+	var b [1]byte
+	_, err := io.ReadFull(r, b[:])
+	return b[0], err
+}
+
+// ackErr maps the consumer's ack (or the failure to read it) to the
+// Write's result.
+func ackErr(code byte, err error, peerID string) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("waiting for ack: %w: %w", rdma.ErrPeerGone, err)
+	case code == ackOK:
+		return nil
+	case code == ackRefused:
+		return fmt.Errorf("refused by %s: %w", peerID, rdma.ErrProtocol)
+	}
+	return fmt.Errorf("bad ack %#x from %s: %w", code, peerID, rdma.ErrProtocol)
+}
+
+// finish completes op. When the peer was dropped meanwhile, the drop's
+// cause (ErrPeerGone, ErrClosed) is the reason, not the socket error it
+// provoked.
+func (t *Transport) finish(p *peer, op *writeOp, n int64, err error) {
+	t.mu.Lock()
+	t.pendingWrites--
+	gone := p.gone
+	t.mu.Unlock()
+	c := rdma.Completion{Token: op.tok, Peer: p.id}
+	switch {
+	case err == nil:
+		t.writesOK.Add(1)
+		c.Bytes = n
+	case gone != nil:
+		c.Err = writeErr(op.tok, p.id, fmt.Errorf("%w (%v)", gone, err))
+	default:
+		c.Err = writeErr(op.tok, p.id, err)
+	}
+	if c.Err != nil {
+		t.writesFailed.Add(1)
+		t.log.Debug().Err(c.Err).Msg("data plane write failed")
+	}
+	op.done(c)
+}
+
+// next hands the worker the peer's next queued Write, or parks c idle
+// and ends the worker.
+func (t *Transport) next(p *peer, c *pconn) (*writeOp, *pconn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.gone == nil && len(p.queue) > 0 {
+		op := p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		return op, c
+	}
+	p.workers--
+	if c != nil {
+		delete(p.busy, c)
+		if p.gone == nil {
+			p.idle = append(p.idle, c)
+		} // else the drop closed it
+	}
+	return nil, nil
+}
+
+// discard forgets and closes a connection that failed.
+func (t *Transport) discard(p *peer, c *pconn) {
+	t.mu.Lock()
+	delete(p.busy, c)
+	t.mu.Unlock()
+	c.Close()
+}
+
+func writeErr(tok rdma.Token, peerID string, cause error) error {
+	return fmt.Errorf("rdma/tcp: write %s to %s: %w", tok, peerID, cause)
+}
