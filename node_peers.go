@@ -220,3 +220,15 @@ func (n *Node) shutdownPeers(ctx context.Context, deadline time.Time) (messages.
 		return &messages.PeerShutdown{Deadline: deadline, Reply: r}
 	})
 }
+
+// ProbePeer asks peer node which of keys it holds right now, through this
+// node's session with it; nothing is promoted and the peer's leases are
+// released at once. For operators and benchmarks.
+func (n *Node) ProbePeer(ctx context.Context, node string, keys []messages.Key) ([]bool, error) {
+	if n.peers.tier == nil {
+		return nil, ErrNoPeers
+	}
+	return callActor(ctx, n, n.peers.tier, "kvtier p2p probe", func(r messages.Reply[[]bool]) any {
+		return &messages.ProbePeer{Node: node, Keys: keys, Reply: r}
+	})
+}

@@ -152,3 +152,12 @@ type PeerShutdownResult struct {
 	Sessions int // sessions drained
 	Aborted  int // rounds still in flight at the deadline, aborted
 }
+
+// ProbePeer asks one peer, through its session, which of Keys it holds
+// now (a Lookup round whose leases are released at once). An operator and
+// benchmark probe of what a peer would answer; it promotes nothing.
+type ProbePeer struct {
+	Node  string
+	Keys  []Key
+	Reply Reply[[]bool]
+}

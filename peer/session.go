@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -112,15 +114,19 @@ type outRound struct {
 	fetch  *outFetch
 	reason error // why a fetch in flight is failing (cancel requested)
 	done   bool  // the producer's TransferDone{OK} came
-	ok     []bool
 }
 
 type outFetch struct {
-	keys  []messages.Key
-	slots []int
-	sums  []uint32
-	token rdma.Token
-	start time.Time
+	keys      []messages.Key
+	slots     []int
+	sums      []uint32
+	token     rdma.Token
+	start     time.Time
+	chunks    int
+	waiting   int    // chunks whose transfer has not completed
+	verifying int    // chunks being verified
+	arrived   []bool // per chunk
+	ok        []bool // per key, once its chunk is verified
 }
 
 type roundPhase uint8
@@ -129,7 +135,6 @@ const (
 	roundLooking roundPhase = iota
 	roundLeased
 	roundFetching
-	roundVerifying
 	roundVerified // bytes verified; waiting for the producer's TransferDone
 )
 
@@ -177,12 +182,15 @@ type (
 	// that even a restarted session answers the P2P tier.
 	arrived struct {
 		round uint64
+		chunk int
+		last  bool // the fetch's last chunk to complete
 		corr  uint64
 		asker *actor.PID
 		c     rdma.Completion
 	}
 	verified struct {
 		round uint64
+		chunk int
 		ok    []bool
 	}
 	// written: the transport's Write completed; it carries what to unpin
@@ -571,17 +579,16 @@ func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
 		return
 	}
 	tok := rdma.NewToken()
-	self, root, round, corr, asker := ctx.Self(), ctx.ActorSystem().Root, r.n, m.Corr, ctx.Sender()
-	err := s.cfg.Transport.Expect(s.node, tok, m.Slots, func(c rdma.Completion) {
-		root.Send(self, &arrived{round: round, corr: corr, asker: asker, c: c})
-	})
-	if err != nil {
+	n := chunkCount(len(m.Keys), s.cfg.BlockBytes)
+	f := &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: tok, start: s.cfg.Clock.Now(),
+		chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}
+	if err := s.expectChunks(ctx, r.n, m.Corr, f); err != nil {
 		s.endRound(r)
 		fail(fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, err))
 		return
 	}
-	r.phase, r.corr, r.asker = roundFetching, m.Corr, asker
-	r.fetch = &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: tok, start: s.cfg.Clock.Now()}
+	r.phase, r.corr, r.asker = roundFetching, m.Corr, ctx.Sender()
+	r.fetch = f
 	wk := make([]wire.Key, len(m.Keys))
 	for i, k := range m.Keys {
 		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
@@ -602,51 +609,123 @@ func (s *Session) onTransferDone(ctx actor.Context, f *wire.TransferDone) {
 		return
 	}
 	if !f.OK {
-		if r.reason == nil {
-			r.reason = fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason)
-			if r.phase == roundFetching {
-				s.cfg.Transport.Cancel(r.fetch.token)
-			}
-		}
-		if r.phase == roundVerified {
-			s.finishFetch(ctx, r, nil, r.reason)
-		}
+		s.abortFetch(ctx, r, fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason))
 		return
 	}
 	r.done = true
-	if r.phase == roundVerified {
-		s.finishFetch(ctx, r, r.ok, r.reason)
+	s.checkFetch(ctx, r)
+}
+
+// expectChunks announces every chunk of f to the transport. On a refusal
+// the chunks already announced are canceled (they still complete, once).
+func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetch) error {
+	self, root, asker := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender()
+	last := newLastOf(f.chunks)
+	for i := range f.chunks {
+		lo, hi := chunkRange(i, len(f.keys), s.cfg.BlockBytes)
+		err := s.cfg.Transport.Expect(s.node, chunkToken(f.token, i), f.slots[lo:hi], func(c rdma.Completion) {
+			isLast, _ := last.done(nil)
+			root.Send(self, &arrived{round: round, chunk: i, last: isLast, corr: corr, asker: asker, c: c})
+		})
+		if err != nil {
+			for j := range i {
+				s.cfg.Transport.Cancel(chunkToken(f.token, j))
+			}
+			last.skip(f.chunks-i, nil) // never announced: not waited for
+			if i > 0 {
+				// The canceled chunks' completions still come; the round
+				// stays until the last one so the slots are not freed early.
+				r := s.rounds[round]
+				r.reason = fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, err)
+				return nil
+			}
+			return err
+		}
+		f.waiting++
+	}
+	return nil
+}
+
+// abortFetch fails a fetch in flight: chunks not yet in are canceled; the
+// round is answered once none is outstanding.
+func (s *Session) abortFetch(ctx actor.Context, r *outRound, err error) {
+	if r.reason == nil {
+		r.reason = err
+	}
+	if r.fetch != nil {
+		for i, in := range r.fetch.arrived {
+			if !in {
+				s.cfg.Transport.Cancel(chunkToken(r.fetch.token, i))
+			}
+		}
+	}
+	s.checkFetch(ctx, r)
+}
+
+// checkFetch finishes a fetch once no chunk is in flight or verifying:
+// failed, or verified and confirmed by the producer's TransferDone (else it
+// waits for it, until the round's deadline).
+func (s *Session) checkFetch(ctx actor.Context, r *outRound) {
+	f := r.fetch
+	if f == nil || f.waiting > 0 || f.verifying > 0 {
+		return
+	}
+	switch {
+	case r.reason != nil:
+		s.finishFetch(ctx, r, nil, r.reason)
+	case r.done:
+		s.finishFetch(ctx, r, f.ok, nil)
+	default:
+		r.phase = roundVerified
 	}
 }
 
 // onArrived: the transport no longer touches the round's slots.
 func (s *Session) onArrived(ctx actor.Context, m *arrived) {
 	r := s.rounds[m.round]
-	if r == nil || r.phase != roundFetching {
-		// A previous incarnation's fetch: answer so its slots get freed.
-		s.send(ctx, m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: s.node, Round: m.round, Err: messages.ErrPeerUnavailable})
-		return
-	}
-	if m.c.Err != nil || r.reason != nil {
-		err := r.reason
-		if err == nil {
-			err = fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, m.c.Err)
+	if r == nil || r.phase != roundFetching || r.fetch.arrived[m.chunk] {
+		// A previous incarnation's fetch: once its last chunk is in, its
+		// slots are free; answer so they get released.
+		if m.last {
+			s.send(ctx, m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: s.node, Round: m.round, Err: messages.ErrPeerUnavailable})
 		}
-		s.finishFetch(ctx, r, nil, err)
 		return
 	}
-	r.phase = roundVerifying
-	self, root, region, f, n := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region, r.fetch, r.n
-	go func() { root.Send(self, &verified{round: n, ok: verify(region, f.slots, f.sums)}) }()
+	f := r.fetch
+	f.arrived[m.chunk] = true
+	f.waiting--
+	if m.c.Err != nil {
+		s.abortFetch(ctx, r, fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, m.c.Err))
+		return
+	}
+	if r.reason != nil {
+		s.checkFetch(ctx, r)
+		return
+	}
+	f.verifying++
+	lo, hi := chunkRange(m.chunk, len(f.keys), s.cfg.BlockBytes)
+	self, root, region, n, chunk := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region, r.n, m.chunk
+	slots, sums := f.slots[lo:hi], f.sums[lo:hi]
+	go func() { root.Send(self, &verified{round: n, chunk: chunk, ok: verify(region, slots, sums)}) }()
 }
 
 // verify checks each fetched slot against the producer's committed CRC32C
-// (on a goroutine: never in a mailbox).
+// (off the mailbox), spread over every CPU: it sits between the last byte
+// arriving and the blocks becoming readable.
 func verify(region rdma.Region, slots []int, sums []uint32) []bool {
 	ok := make([]bool, len(slots))
-	for i, slot := range slots {
-		ok[i] = crc32.Checksum(region.Slot(slot), castagnoli) == sums[i]
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(slots)/8))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(slots); i += workers {
+				ok[i] = crc32.Checksum(region.Slot(slots[i]), castagnoli) == sums[i]
+			}
+		}()
 	}
+	wg.Wait()
 	return ok
 }
 
@@ -654,14 +733,14 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func (s *Session) onVerified(ctx actor.Context, m *verified) {
 	r := s.rounds[m.round]
-	if r == nil || r.phase != roundVerifying {
+	if r == nil || r.fetch == nil || r.phase != roundFetching {
 		return
 	}
-	if r.done || r.reason != nil {
-		s.finishFetch(ctx, r, m.ok, r.reason)
-		return
-	}
-	r.phase, r.ok = roundVerified, m.ok
+	f := r.fetch
+	f.verifying--
+	lo, _ := chunkRange(m.chunk, len(f.keys), s.cfg.BlockBytes)
+	copy(f.ok[lo:], m.ok)
+	s.checkFetch(ctx, r)
 }
 
 // finishFetch answers the PeerFetch and ends the round.
@@ -718,7 +797,7 @@ func (s *Session) onRoundTimer(ctx actor.Context, m *roundTimer) {
 		// The bytes are here and verified; only the producer's report is
 		// missing (lost, or the producer died after writing).
 		s.ctr.drop("transfer_done_missing")
-		s.finishFetch(ctx, r, r.ok, nil)
+		s.finishFetch(ctx, r, r.fetch.ok, nil)
 	case roundLooking, roundFetching:
 		s.pc.failures.Add(1)
 		if r.phase == roundFetching && r.epoch == s.out.epoch {
@@ -740,12 +819,7 @@ func (s *Session) failRound(ctx actor.Context, r *outRound, err error) {
 	case roundLeased:
 		s.endRound(r)
 	case roundFetching:
-		if r.reason == nil {
-			r.reason = err
-			s.cfg.Transport.Cancel(r.fetch.token)
-		}
-	case roundVerifying:
-		r.reason = err // verification finishes; the round still fails
+		s.abortFetch(ctx, r, err)
 	case roundVerified:
 		s.finishFetch(ctx, r, nil, err)
 	}
@@ -1012,17 +1086,35 @@ func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
 		s.endInRound(ctx, r, false, "lease_lost")
 		return
 	}
+	s.writeChunks(ctx, r, &written{epoch: epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}, m.Slots)
+}
+
+// writeChunks writes the pinned slots into the consumer's, chunk by chunk
+// (chunks.go); the last completion, whichever session incarnation gets
+// it, reports the whole write.
+func (s *Session) writeChunks(ctx actor.Context, r *inRound, done *written, src []int) {
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	done := &written{epoch: epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}
-	err := s.cfg.Transport.Write(s.node, r.token, m.Slots, r.dest, func(c rdma.Completion) {
+	n := chunkCount(len(src), s.cfg.BlockBytes)
+	last := newLastOf(n)
+	report := func(err error) {
 		w := *done
-		w.c = c
+		w.c = rdma.Completion{Err: err}
 		root.Send(self, &w)
-	})
-	if err != nil {
-		s.log.Warn().Err(err).Msg("peer: data plane write refused")
-		done.c.Err = err
-		s.onWritten(ctx, done)
+	}
+	for i := range n {
+		lo, hi := chunkRange(i, len(src), s.cfg.BlockBytes)
+		err := s.cfg.Transport.Write(s.node, chunkToken(r.token, i), src[lo:hi], r.dest[lo:hi], func(c rdma.Completion) {
+			if isLast, first := last.done(c.Err); isLast {
+				report(first)
+			}
+		})
+		if err != nil {
+			s.log.Warn().Err(err).Msg("peer: data plane write refused")
+			if isLast, first := last.skip(n-i, err); isLast {
+				report(first)
+			}
+			return
+		}
 	}
 }
 
@@ -1082,9 +1174,21 @@ func (s *Session) cleanup(ctx actor.Context) {
 		case roundLooking:
 			s.answerLookup(ctx, r, nil, nil, messages.ErrPeerUnavailable)
 		case roundFetching:
-			// onArrived of the next incarnation (or nobody, when stopping)
-			// answers once the transport lets go of the slots.
-			s.cfg.Transport.Cancel(r.fetch.token)
+			if r.fetch.waiting == 0 {
+				// Every chunk is in: nothing touches the slots but a
+				// verification, whose answer is moot now.
+				s.send(ctx, r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, Err: messages.ErrPeerUnavailable})
+				continue
+			}
+			// The last chunk's completion answers, in the next incarnation
+			// (or nobody, when stopping), once the transport lets go.
+			for i, in := range r.fetch.arrived {
+				if !in {
+					s.cfg.Transport.Cancel(chunkToken(r.fetch.token, i))
+				}
+			}
+		case roundVerified:
+			s.send(ctx, r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, Err: messages.ErrPeerUnavailable})
 		}
 	}
 	if s.out.phase == outReady {

@@ -16,6 +16,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, fs, obj)"}
 	cmd.AddCommand(newBenchCPUCmd(), newBenchEndpointCmd(), newBenchFSCmd(), newBenchObjCmd())
+	cmd.AddCommand(newBenchP2PCmds()...)
 	return cmd
 }
 

@@ -83,6 +83,7 @@ type Tier struct {
 	rounds  map[roundID]*heldRound
 	seq     uint64 // hold timer generations
 	waiters []*messages.AwaitPeers
+	probes  map[uint64]probeReq // PeerLookup corr → probe
 	stats   messages.SecondaryStats
 }
 
@@ -157,7 +158,7 @@ func Props(cfg Config) *actor.Props {
 	cfg = cfg.WithDefaults()
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
-			held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{},
+			held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
 			stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
 	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
@@ -176,7 +177,13 @@ func (t *Tier) Receive(ctx actor.Context) {
 	case *messages.TierLookup:
 		t.lookup(ctx, m)
 	case *messages.PeerLookupResult:
+		if p, ok := t.probes[m.Corr]; ok {
+			t.onProbe(ctx, m, p)
+			return
+		}
 		t.onLookup(ctx, m)
+	case *messages.ProbePeer:
+		t.probe(ctx, m)
 	case *lookupDeadline:
 		if l := t.pendingLookup(m.corr); l != nil {
 			t.answerLookup(ctx, l)
@@ -479,4 +486,31 @@ func allTrue(bs []bool) bool {
 		}
 	}
 	return true
+}
+
+// probe asks one peer directly (ProbePeer).
+func (t *Tier) probe(ctx actor.Context, m *messages.ProbePeer) {
+	for _, p := range t.peers {
+		if p.node == m.Node {
+			t.corr++
+			t.probes[t.corr] = probeReq{m: m, pid: p.pid}
+			ctx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+			return
+		}
+	}
+	m.Reply.Answer(nil, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, m.Node))
+}
+
+// probeReq is a ProbePeer in flight and the session it asked.
+type probeReq struct {
+	m   *messages.ProbePeer
+	pid *actor.PID
+}
+
+func (t *Tier) onProbe(ctx actor.Context, m *messages.PeerLookupResult, p probeReq) {
+	delete(t.probes, m.Corr)
+	if m.Err == nil && anyHit(m.Hits) {
+		ctx.Send(p.pid, &messages.PeerRelease{Round: m.Round})
+	}
+	p.m.Reply.Answer(m.Hits, m.Err)
 }

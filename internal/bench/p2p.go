@@ -1,0 +1,406 @@
+package bench
+
+// The P2P scenarios (DESIGN.md §9, issue "Peers"): two or more node
+// processes (p2pnode.go) on loopback, driven by this orchestrator.
+//
+//   - matrix: the consumer's lookup delay (first RETRY to all HIT) for a
+//     fetch of ~1,700 fresh blocks, with the source's engine idle or busy
+//     (8 long-prompt requests, 1.4 s model steps, calls at step
+//     boundaries), on a new session (cold) and on a used one (warm); the
+//     busy penalty is busy_warm / idle_warm. Then how long a block the busy
+//     source commits takes to be visible to a peer's lookup.
+//   - throughput: fetch GB/s against a raw TCP copy of the same bytes
+//     between the same two processes.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// P2POptions size the P2P scenarios.
+type P2POptions struct {
+	Binary       string // the kvtier executable run as node processes; default: this one
+	BlockBytes   int
+	PoolBytes    int64
+	FetchBlocks  int // blocks per measured fetch
+	PollUs       int // the consumer engine's step (lookup period) while it waits
+	ColdRounds   int // fresh consumer processes per case
+	WarmRounds   int // fetches per case on a used session
+	Requests     int // busy source: concurrent requests
+	StepMs       int // busy source: model step
+	Chunk        int // busy source: blocks each request stores per step
+	Prompt       int // busy source: prompt blocks per request
+	VisibleSteps int // busy source steps whose stores are watched by a peer
+	Rounds       int // throughput: fetches and raw copies measured
+	Timeout      time.Duration
+}
+
+// DefaultP2POptions is what `kvtier bench p2p-matrix` / `p2p-throughput`
+// run with no flags.
+func DefaultP2POptions() P2POptions {
+	return P2POptions{BlockBytes: 128 << 10, PoolBytes: 1 << 30, FetchBlocks: 1700, PollUs: 1000,
+		ColdRounds: 2, WarmRounds: 5, Requests: 8, StepMs: 1400, Chunk: 16, Prompt: 2048,
+		VisibleSteps: 20, Rounds: 5, Timeout: 10 * time.Minute}
+}
+
+// P2PMatrixResult is the matrix's report.
+type P2PMatrixResult struct {
+	IdleColdS        float64   `json:"idle_cold_s"`
+	IdleWarmS        float64   `json:"idle_warm_s"`
+	BusyColdS        float64   `json:"busy_cold_s"`
+	BusyWarmS        float64   `json:"busy_warm_s"`
+	BusyPenalty      float64   `json:"busy_penalty"`      // busy_warm / idle_warm; target ≤ 1.05
+	ColdPenalty      float64   `json:"busy_cold_penalty"` // busy_cold / idle_cold
+	VisibleP50Ms     float64   `json:"store_to_peer_visible_p50_ms"`
+	VisibleP99Ms     float64   `json:"store_to_peer_visible_p99_ms"` // target < 5
+	VisibleSamples   int       `json:"store_to_peer_visible_samples"`
+	FetchBlocks      int       `json:"fetch_blocks"`
+	BlockBytes       int       `json:"block_bytes"`
+	FetchMB          float64   `json:"fetch_mb"`
+	StepMs           int       `json:"source_step_ms"`
+	Requests         int       `json:"source_requests"`
+	IdleWarmSamplesS []float64 `json:"idle_warm_samples_s"`
+	BusyWarmSamplesS []float64 `json:"busy_warm_samples_s"`
+}
+
+// P2PThroughputResult is the throughput scenario's report.
+type P2PThroughputResult struct {
+	FetchGBps    float64   `json:"fetch_GBps"`
+	RawTCPGBps   float64   `json:"raw_tcp_GBps"`
+	Ratio        float64   `json:"fetch_over_raw"` // target ≥ 0.8
+	Transport    string    `json:"transport"`
+	Blocks       int       `json:"blocks"`
+	BlockBytes   int       `json:"block_bytes"`
+	Rounds       int       `json:"rounds"`
+	FetchSamples []float64 `json:"fetch_GBps_samples"`
+	RawSamples   []float64 `json:"raw_tcp_GBps_samples"`
+}
+
+const p2pSecret = "kvtier-bench-p2p-secret-0123456789"
+
+// child is one node process.
+type child struct {
+	id    string
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *json.Decoder
+	ready nodeReply
+	errc  chan error
+}
+
+func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (*child, error) {
+	bin := o.Binary
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{"bench", "p2p-node", "--id", id, "--pool-bytes", strconv.FormatInt(o.PoolBytes, 10),
+		"--block-bytes", strconv.Itoa(o.BlockBytes), "--secret", p2pSecret}
+	for _, p := range peers {
+		args = append(args, "--peer", p.id+"="+p.ready.PeerAddr)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = os.Stderr
+	cmd.WaitDelay = 5 * time.Second
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{id: id, cmd: cmd, in: in, out: json.NewDecoder(bufio.NewReader(out))}
+	if err := c.out.Decode(&c.ready); err != nil {
+		c.kill()
+		return nil, fmt.Errorf("node %s did not start: %w", id, err)
+	}
+	return c, nil
+}
+
+func (c *child) send(cmd nodeCmd) error {
+	b, err := json.Marshal(cmd)
+	if err != nil {
+		return err
+	}
+	_, err = c.in.Write(append(b, '\n'))
+	return err
+}
+
+func (c *child) recv() (nodeReply, error) {
+	var r nodeReply
+	if err := c.out.Decode(&r); err != nil {
+		return r, fmt.Errorf("node %s: %w", c.id, err)
+	}
+	if !r.OK {
+		return r, fmt.Errorf("node %s: %s", c.id, r.Err)
+	}
+	return r, nil
+}
+
+func (c *child) call(cmd nodeCmd) (nodeReply, error) {
+	if err := c.send(cmd); err != nil {
+		return nodeReply{}, err
+	}
+	return c.recv()
+}
+
+// close asks the node to quit and waits; kill if it does not.
+func (c *child) close() {
+	if c.send(nodeCmd{Op: "quit"}) == nil {
+		_, _ = c.recv()
+	}
+	_ = c.in.Close()
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		c.kill()
+		<-done
+	}
+}
+
+func (c *child) kill() { _ = c.cmd.Process.Kill() }
+
+// keySets hands out fresh, disjoint ranges of block ids.
+type keySets struct{ next int }
+
+func (k *keySets) take() int { k.next += 1 << 20; return k.next }
+
+// RunP2PMatrix runs the 4-case matrix and the store-to-visible probe.
+func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err error) {
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	res = P2PMatrixResult{FetchBlocks: o.FetchBlocks, BlockBytes: o.BlockBytes, StepMs: o.StepMs, Requests: o.Requests,
+		FetchMB: float64(o.FetchBlocks*o.BlockBytes) / 1e6}
+	src, err := startChild(ctx, o, "src")
+	if err != nil {
+		return res, err
+	}
+	defer src.close()
+	sets := &keySets{}
+
+	idleCold, idleWarm, err := measureCase(ctx, o, src, sets, "idle")
+	if err != nil {
+		return res, err
+	}
+	busy := nodeCmd{Op: "busy", On: true, Requests: o.Requests, StepMs: o.StepMs, Chunk: o.Chunk, Prompt: o.Prompt, From: sets.take()}
+	if _, err := src.call(busy); err != nil {
+		return res, err
+	}
+	busyCold, busyWarm, err := measureCase(ctx, o, src, sets, "busy")
+	if err != nil {
+		return res, err
+	}
+	vis, err := measureVisible(ctx, o, src, sets)
+	if err != nil {
+		return res, err
+	}
+	if _, err := src.call(nodeCmd{Op: "busy", On: false}); err != nil {
+		return res, err
+	}
+	res.IdleColdS, res.IdleWarmS = median(idleCold), median(idleWarm)
+	res.BusyColdS, res.BusyWarmS = median(busyCold), median(busyWarm)
+	res.IdleWarmSamplesS, res.BusyWarmSamplesS = idleWarm, busyWarm
+	res.BusyPenalty = res.BusyWarmS / res.IdleWarmS
+	res.ColdPenalty = res.BusyColdS / res.IdleColdS
+	res.VisibleSamples = len(vis)
+	res.VisibleP50Ms, res.VisibleP99Ms = percentileMs(vis, 0.50), percentileMs(vis, 0.99)
+	return res, nil
+}
+
+// measureCase fetches fresh sets from src: the first fetch of each of
+// ColdRounds new consumer processes (cold), then WarmRounds more on the
+// last one (warm). Delays in seconds.
+func measureCase(ctx context.Context, o P2POptions, src *child, sets *keySets, name string) (cold, warm []float64, err error) {
+	var cons *child
+	defer func() {
+		if cons != nil {
+			cons.close()
+		}
+	}()
+	for i := 0; i < o.ColdRounds; i++ {
+		if cons != nil {
+			cons.close()
+		}
+		if cons, err = startChild(ctx, o, fmt.Sprintf("cons-%s-%d", name, i), src); err != nil {
+			return nil, nil, err
+		}
+		if _, err = cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+			return nil, nil, err
+		}
+		d, err := fetchOnce(o, src, cons, sets)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s cold fetch: %w", name, err)
+		}
+		cold = append(cold, d)
+	}
+	for i := 0; i < o.WarmRounds; i++ {
+		d, err := fetchOnce(o, src, cons, sets)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s warm fetch: %w", name, err)
+		}
+		warm = append(warm, d)
+	}
+	return cold, warm, nil
+}
+
+// fetchOnce stores a fresh set on src and has cons fetch it; seconds.
+func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
+	from := sets.take()
+	if _, err := src.call(nodeCmd{Op: "store", From: from, Count: o.FetchBlocks}); err != nil {
+		return 0, err
+	}
+	r, err := cons.call(nodeCmd{Op: "fetch", From: from, Count: o.FetchBlocks, PollUs: o.PollUs})
+	if err != nil {
+		return 0, err
+	}
+	if r.Verified != o.FetchBlocks {
+		return 0, fmt.Errorf("verified %d of %d blocks", r.Verified, o.FetchBlocks)
+	}
+	return float64(r.DelayNs) / 1e9, nil
+}
+
+// measureVisible restarts the busy engine on fresh keys while a peer
+// watches each step's stores; milliseconds from commit to visible.
+func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) ([]float64, error) {
+	if _, err := src.call(nodeCmd{Op: "busy", On: false}); err != nil {
+		return nil, err
+	}
+	cons, err := startChild(ctx, o, "cons-visible", src)
+	if err != nil {
+		return nil, err
+	}
+	defer cons.close()
+	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+		return nil, err
+	}
+	busy := nodeCmd{Op: "busy", On: true, Requests: o.Requests, StepMs: o.StepMs, Chunk: o.Chunk, Prompt: o.Prompt, From: sets.take()}
+	probe := busy
+	probe.Op, probe.Node, probe.Steps = "probe_steps", src.id, o.VisibleSteps
+	if err := cons.send(probe); err != nil {
+		return nil, err
+	}
+	if _, err := src.call(busy); err != nil {
+		return nil, err
+	}
+	seen, err := cons.recv()
+	if err != nil {
+		return nil, err
+	}
+	commits, err := src.call(nodeCmd{Op: "commit_times"})
+	if err != nil {
+		return nil, err
+	}
+	if len(commits.Times) < len(seen.Times) {
+		return nil, errors.New("fewer commits than visible blocks")
+	}
+	out := make([]float64, len(seen.Times))
+	for i, t := range seen.Times {
+		out[i] = float64(t-commits.Times[i]) / 1e6
+	}
+	return out, nil
+}
+
+// RunP2PThroughput compares fetch throughput with a raw TCP copy of the
+// same bytes between the same two processes, alternating rounds.
+func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResult, err error) {
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	res = P2PThroughputResult{Transport: "tcp", Blocks: o.FetchBlocks, BlockBytes: o.BlockBytes, Rounds: o.Rounds}
+	src, err := startChild(ctx, o, "src")
+	if err != nil {
+		return res, err
+	}
+	defer src.close()
+	cons, err := startChild(ctx, o, "cons", src)
+	if err != nil {
+		return res, err
+	}
+	defer cons.close()
+	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+		return res, err
+	}
+	sets := &keySets{}
+	bytes := float64(o.FetchBlocks * o.BlockBytes)
+	if _, err := fetchOnce(o, src, cons, sets); err != nil { // warm-up: connections, page faults
+		return res, err
+	}
+	for i := 0; i < o.Rounds; i++ {
+		before, err := fetchStats(cons, src.id)
+		if err != nil {
+			return res, err
+		}
+		if _, err := fetchOnce(o, src, cons, sets); err != nil {
+			return res, err
+		}
+		after, err := fetchStats(cons, src.id)
+		if err != nil {
+			return res, err
+		}
+		ns := float64(after.FetchNanos - before.FetchNanos)
+		res.FetchSamples = append(res.FetchSamples, float64(after.FetchBytes-before.FetchBytes)/ns)
+		if err := cons.send(nodeCmd{Op: "raw_recv", Bytes: int64(bytes)}); err != nil {
+			return res, err
+		}
+		if _, err := src.call(nodeCmd{Op: "raw_send", Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
+			return res, err
+		}
+		r, err := cons.recv()
+		if err != nil {
+			return res, err
+		}
+		res.RawSamples = append(res.RawSamples, bytes/float64(r.Nanos))
+	}
+	res.FetchGBps, res.RawTCPGBps = median(res.FetchSamples), median(res.RawSamples)
+	res.Ratio = res.FetchGBps / res.RawTCPGBps
+	return res, nil
+}
+
+func fetchStats(c *child, peer string) (s struct{ FetchBytes, FetchNanos uint64 }, err error) {
+	r, err := c.call(nodeCmd{Op: "stats"})
+	if err != nil {
+		return s, err
+	}
+	for _, p := range r.PeerStats {
+		if p.Node == peer {
+			s.FetchBytes, s.FetchNanos = p.FetchBytes, p.FetchNanos
+			return s, nil
+		}
+	}
+	return s, fmt.Errorf("no stats for peer %s", peer)
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func percentileMs(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}

@@ -1,0 +1,453 @@
+package bench
+
+// The node process of the P2P scenarios: `kvtier bench p2p-node` runs one
+// embedded kvtier node with peers on and an in-process simulated engine,
+// and obeys JSON commands, one per line on stdin, answering one JSON line
+// each on stdout. The orchestrator (p2p.go) runs two or more of these as
+// separate processes, so every figure crosses real process boundaries,
+// real ZeroMQ sockets and the real tcp data plane.
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// NodeOptions configure one node process.
+type NodeOptions struct {
+	ID         string
+	PoolBytes  int64
+	BlockBytes int
+	Secret     string
+	Peers      []kvtier.PeerAddr
+}
+
+// nodeCmd is one command line.
+type nodeCmd struct {
+	Op       string `json:"op"`
+	Node     string `json:"node,omitempty"`
+	From     int    `json:"from,omitempty"`
+	Count    int    `json:"count,omitempty"`
+	PollUs   int    `json:"poll_us,omitempty"`
+	On       bool   `json:"on,omitempty"`
+	Requests int    `json:"requests,omitempty"`
+	StepMs   int    `json:"step_ms,omitempty"`
+	Chunk    int    `json:"chunk,omitempty"`
+	Prompt   int    `json:"prompt,omitempty"`
+	Steps    int    `json:"steps,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	Bytes    int64  `json:"bytes,omitempty"`
+}
+
+// nodeReply is one answer line (fields by command).
+type nodeReply struct {
+	OK        bool                 `json:"ok"`
+	Err       string               `json:"err,omitempty"`
+	PeerAddr  string               `json:"peer_addr,omitempty"`
+	RawAddr   string               `json:"raw_addr,omitempty"`
+	DelayNs   int64                `json:"delay_ns,omitempty"`
+	Verified  int                  `json:"verified,omitempty"`
+	Nanos     int64                `json:"ns,omitempty"`
+	Times     []int64              `json:"times,omitempty"`
+	PeerStats []messages.PeerStats `json:"peer_stats,omitempty"`
+	Steps     int                  `json:"steps,omitempty"`
+}
+
+// p2pKey is block id i of the P2P scenarios; fillP2P its content.
+func p2pKey(i int) messages.Key { return benchKey(i) }
+
+func fillP2P(b []byte, id int) {
+	x := uint64(id)*0x9E3779B97F4A7C15 + 1
+	for i := 0; i+8 <= len(b); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(b[i:], x)
+	}
+}
+
+// RunNode runs a node process until stdin closes or "quit".
+func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
+	cfg := kvtier.Config{PoolBytes: o.PoolBytes, BlockBytes: o.BlockBytes,
+		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers}}
+	node, err := kvtier.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	// Fault the pool's pages in before anything is measured, as the raw
+	// TCP baseline does for its buffer: first-touch page faults are a
+	// start-up cost of any pool, not of the path being compared.
+	mem := node.Pool().Memory()
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 0
+	}
+	d := &driver{node: node, m: node.Manager(), o: o}
+	defer func() {
+		d.stopBusy()
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = node.Close(cctx)
+	}()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
+	d.raw = raw
+	enc := json.NewEncoder(out)
+	if err := enc.Encode(nodeReply{OK: true, PeerAddr: node.PeerAddr(), RawAddr: raw.Addr().String()}); err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var c nodeCmd
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			return fmt.Errorf("bad command %q: %w", sc.Text(), err)
+		}
+		if c.Op == "quit" {
+			return enc.Encode(nodeReply{OK: true})
+		}
+		r, err := d.do(ctx, c)
+		if err != nil {
+			r = nodeReply{Err: err.Error()}
+		} else {
+			r.OK = true
+		}
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
+}
+
+// driver is the node process's simulated engine.
+type driver struct {
+	node *kvtier.Node
+	m    kvtier.Manager
+	o    NodeOptions
+	raw  net.Listener
+
+	busyStop chan struct{}
+	busyDone chan struct{}
+	mu       sync.Mutex
+	commits  []int64 // busy loop: commit time (unix ns) of each step's stores, per request
+	reqSeq   int
+}
+
+func (d *driver) do(ctx context.Context, c nodeCmd) (nodeReply, error) {
+	switch c.Op {
+	case "wait_peer":
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return nodeReply{}, d.node.WaitPeers(wctx, c.Node)
+	case "store":
+		return nodeReply{}, d.store(ctx, "store", c.From, c.Count)
+	case "fetch":
+		return d.fetch(ctx, c)
+	case "busy":
+		if c.On {
+			d.startBusy(c)
+		} else {
+			d.stopBusy()
+		}
+		return nodeReply{}, nil
+	case "commit_times":
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return nodeReply{Times: append([]int64(nil), d.commits...)}, nil
+	case "probe_steps":
+		return d.probeSteps(ctx, c)
+	case "raw_recv":
+		return d.rawRecv(c.Bytes)
+	case "raw_send":
+		return d.rawSend(c)
+	case "stats":
+		ps, err := d.node.PeerStats(ctx)
+		return nodeReply{PeerStats: ps}, err
+	}
+	return nodeReply{}, fmt.Errorf("unknown op %q", c.Op)
+}
+
+// store writes blocks [from, from+n) through a store job and waits until
+// they are readable.
+func (d *driver) store(ctx context.Context, reqID string, from, n int) error {
+	req := &messages.ReqContext{RequestID: reqID}
+	ks := keyRange(from, n)
+	plan, err := d.m.PrepareStore(ctx, req, ks)
+	if err != nil {
+		return err
+	}
+	for i, k := range plan.ToStore {
+		fillP2P(d.m.Pool().Slot(plan.Slots[i]), int(binary.BigEndian.Uint64([]byte(k.Hash))))
+	}
+	for w := 0; w < plan.Workers; w++ {
+		if err := d.m.JobDone(ctx, plan.Job, w, true); err != nil {
+			return err
+		}
+	}
+	return d.m.RequestFinished(ctx, req)
+}
+
+// fetch is a consumer engine asking for blocks it does not hold: it looks
+// them up every poll period (its steps) from the first RETRY until all are
+// HITs, then loads and verifies every byte.
+func (d *driver) fetch(ctx context.Context, c nodeCmd) (nodeReply, error) {
+	d.reqSeq++
+	req := &messages.ReqContext{RequestID: fmt.Sprintf("fetch-%d", d.reqSeq)}
+	ks := keyRange(c.From, c.Count)
+	poll := time.Duration(max(c.PollUs, 1)) * time.Microsecond
+	var first time.Time
+	for {
+		st, err := d.m.Lookup(ctx, req, ks, true)
+		if err != nil {
+			return nodeReply{}, err
+		}
+		now := time.Now()
+		if allHit(st) {
+			if first.IsZero() {
+				return nodeReply{}, errors.New("blocks were already local: not a fetch")
+			}
+			res := nodeReply{DelayNs: now.Sub(first).Nanoseconds()}
+			res.Verified, err = d.loadVerify(ctx, req, ks)
+			return res, err
+		}
+		if first.IsZero() {
+			first = now
+		}
+		if st[0] == messages.Miss {
+			return nodeReply{}, fmt.Errorf("fetch of %d blocks: MISS after %v", len(ks), now.Sub(first))
+		}
+		select {
+		case <-ctx.Done():
+			return nodeReply{}, ctx.Err()
+		case <-time.After(poll): // NB: the engine's step period, not synchronisation
+		}
+	}
+}
+
+func allHit(st []messages.LookupStatus) bool {
+	for _, s := range st {
+		if s != messages.Hit {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *driver) loadVerify(ctx context.Context, req *messages.ReqContext, ks []messages.Key) (int, error) {
+	job, err := d.m.PrepareLoad(ctx, req, ks)
+	if err != nil {
+		return 0, err
+	}
+	want := make([]byte, d.o.BlockBytes)
+	for i, k := range ks {
+		fillP2P(want, int(binary.BigEndian.Uint64([]byte(k.Hash))))
+		if string(want) != string(d.m.Pool().Slot(job.Slots[i])) {
+			return i, fmt.Errorf("block %d: wrong bytes", i)
+		}
+	}
+	if err := d.m.CompleteLoad(ctx, req, ks); err != nil {
+		return 0, err
+	}
+	return len(ks), d.m.RequestFinished(ctx, req)
+}
+
+// busyKey is block j of request r's prompt in generation g of the busy
+// engine: fresh keys, far from the measured fetch sets.
+func busyKey(c nodeCmd, g, r, j int) int {
+	return c.From + (g*c.Requests+r)*c.Prompt + j
+}
+
+// startBusy runs a busy engine: c.Requests long-prompt requests, one model
+// step every c.StepMs; at each step boundary, exactly as an engine issues
+// them, it reports the previous step's copies (JobDone: the stores commit),
+// then looks up each request's prompt so far and prepares the store of its
+// next c.Chunk blocks, then runs the model step (sleeps) while the
+// "workers" copy the blocks. A request whose prompt is stored finishes and
+// a new one takes its place. Commit times are recorded per (step, request).
+func (d *driver) startBusy(c nodeCmd) {
+	d.stopBusy()
+	stop, done := make(chan struct{}), make(chan struct{})
+	d.busyStop, d.busyDone = stop, done
+	d.mu.Lock()
+	d.commits = nil
+	d.mu.Unlock()
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			<-stop
+			cancel()
+		}()
+		_ = d.busyLoop(ctx, c)
+	}()
+}
+
+func (d *driver) stopBusy() {
+	if d.busyStop != nil {
+		close(d.busyStop)
+		<-d.busyDone
+		d.busyStop, d.busyDone = nil, nil
+	}
+}
+
+func (d *driver) busyLoop(ctx context.Context, c nodeCmd) error {
+	perReq := c.Prompt / c.Chunk
+	plans := make([]messages.StorePlan, c.Requests)
+	reqs := make([]*messages.ReqContext, c.Requests)
+	for s := 0; ; s++ {
+		g, chunk := s/perReq, s%perReq
+		// Boundary, part 1: the previous step's copies are done.
+		if s > 0 {
+			for r := range plans {
+				for w := 0; w < plans[r].Workers; w++ {
+					if err := d.m.JobDone(ctx, plans[r].Job, w, true); err != nil {
+						return err
+					}
+				}
+				d.mu.Lock()
+				d.commits = append(d.commits, time.Now().UnixNano())
+				d.mu.Unlock()
+			}
+		}
+		// Part 2: a finished generation of requests leaves; lookups and
+		// stores of this step.
+		for r := range reqs {
+			if chunk == 0 {
+				if reqs[r] != nil {
+					_ = d.m.RequestFinished(ctx, reqs[r])
+				}
+				reqs[r] = &messages.ReqContext{RequestID: fmt.Sprintf("busy-%d-%d", g, r)}
+			}
+			prompt := make([]messages.Key, (chunk+1)*c.Chunk)
+			for j := range prompt {
+				prompt[j] = p2pKey(busyKey(c, g, r, j))
+			}
+			if _, err := d.m.Lookup(ctx, reqs[r], prompt, true); err != nil {
+				return err
+			}
+			plan, err := d.m.PrepareStore(ctx, reqs[r], prompt[chunk*c.Chunk:])
+			if err != nil {
+				return err
+			}
+			plans[r] = plan
+		}
+		// The model step; the workers copy the new blocks meanwhile.
+		for r := range plans {
+			for i, k := range plans[r].ToStore {
+				fillP2P(d.m.Pool().Slot(plans[r].Slots[i]), int(binary.BigEndian.Uint64([]byte(k.Hash))))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			for r := range plans {
+				for w := 0; w < plans[r].Workers; w++ {
+					_ = d.m.JobDone(context.Background(), plans[r].Job, w, false)
+				}
+			}
+			return ctx.Err()
+		case <-time.After(time.Duration(c.StepMs) * time.Millisecond): // NB: the model step
+		}
+	}
+}
+
+// probeSteps watches, as a peer, the busy source's stores become visible:
+// for each of c.Steps steps it probes that step's blocks through the peer
+// session until each request's chunk is a HIT, and records when (unix ns,
+// per (step, request), matching the source's commit times).
+func (d *driver) probeSteps(ctx context.Context, c nodeCmd) (nodeReply, error) {
+	perReq := c.Prompt / c.Chunk
+	times := make([]int64, 0, c.Steps*c.Requests)
+	deadline := time.Now().Add(time.Duration(c.Steps+5) * time.Duration(c.StepMs) * time.Millisecond * 2)
+	for s := 0; s < c.Steps; s++ {
+		g, chunk := s/perReq, s%perReq
+		ks := make([]messages.Key, 0, c.Requests*c.Chunk)
+		for r := 0; r < c.Requests; r++ {
+			for j := 0; j < c.Chunk; j++ {
+				ks = append(ks, p2pKey(busyKey(c, g, r, chunk*c.Chunk+j)))
+			}
+		}
+		seen := make([]int64, c.Requests)
+		left := c.Requests
+		for left > 0 {
+			if time.Now().After(deadline) {
+				return nodeReply{Times: times}, fmt.Errorf("step %d never became visible", s)
+			}
+			hits, err := d.node.ProbePeer(ctx, c.Node, ks)
+			if err != nil {
+				return nodeReply{}, err
+			}
+			now := time.Now().UnixNano()
+			for r := 0; r < c.Requests; r++ {
+				if seen[r] == 0 && allTrue(hits[r*c.Chunk:(r+1)*c.Chunk]) {
+					seen[r] = now
+					left--
+				}
+			}
+		}
+		times = append(times, seen...)
+	}
+	return nodeReply{Times: times}, nil
+}
+
+func allTrue(bs []bool) bool {
+	for _, b := range bs {
+		if !b {
+			return false
+		}
+	}
+	return true
+}
+
+// rawRecv accepts one connection on the raw listener and reads n bytes
+// into a pre-touched buffer: the same bytes a fetch moves, with nothing but
+// the socket in the way. It reports first byte to last.
+func (d *driver) rawRecv(n int64) (nodeReply, error) {
+	buf := make([]byte, n)
+	for i := 0; i < len(buf); i += 4096 {
+		buf[i] = 1 // fault the pages in before the clock starts
+	}
+	conn, err := d.raw.Accept()
+	if err != nil {
+		return nodeReply{}, err
+	}
+	defer conn.Close()
+	if _, err := io.ReadFull(conn, buf[:1]); err != nil {
+		return nodeReply{}, err
+	}
+	start := time.Now()
+	if _, err := io.ReadFull(conn, buf[1:]); err != nil {
+		return nodeReply{}, err
+	}
+	return nodeReply{Nanos: time.Since(start).Nanoseconds()}, nil
+}
+
+// rawSend writes c.Count blocks to the raw listener at c.Addr, block by
+// block with writev, as the tcp data plane does.
+func (d *driver) rawSend(c nodeCmd) (nodeReply, error) {
+	buf := make([]byte, c.Count*d.o.BlockBytes)
+	bufs := make(net.Buffers, c.Count)
+	for i := range bufs {
+		bufs[i] = buf[i*d.o.BlockBytes : (i+1)*d.o.BlockBytes]
+		fillP2P(bufs[i], c.From+i)
+	}
+	conn, err := net.Dial("tcp", c.Addr)
+	if err != nil {
+		return nodeReply{}, err
+	}
+	defer conn.Close()
+	_, err = bufs.WriteTo(conn)
+	return nodeReply{}, err
+}
