@@ -210,3 +210,58 @@ func TestPeersThreeDaemonsFetchFromWhoeverHasIt(t *testing.T) {
 		d.requireQuiet(t, ctx)
 	}
 }
+
+// metric reads one sample of a daemon's /metrics (0 when absent).
+func (p *peerDaemon) metric(t *testing.T, ctx context.Context, name string) float64 {
+	t.Helper()
+	_, body, err := get(ctx, httpClient, "http://"+p.metrics+"/metrics")
+	require.NoError(t, err)
+	v, _ := metricValue(body, name)
+	return v
+}
+
+// A producer SIGKILLed while a consumer is fetching from it: the
+// consumer's round fails (its session sees the control connection drop),
+// its reserved slots are freed, its engine gets MISS and recomputes, and no
+// block it did not fully receive and verify is ever readable.
+func TestPeersProducerKilledMidFetch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := buildDaemon(t)
+	big := []string{"--pool-bytes", "320MiB", "--block-bytes", "256KiB"}
+	a := startPeerDaemon(t, ctx, bin, "a", big...)
+	b := startPeerDaemon(t, ctx, bin, "b", append(big, "--peer", "a="+a.peer)...)
+	b.waitPeerReady(t, ctx, "a")
+
+	ks := peerKeys(0, 1200) // ~300 MB: a fetch that lasts long enough to be cut
+	a.storeBlocks(t, ctx, ks)
+	req := &messages.ReqContext{RequestID: "r"}
+	st, err := b.eng.Lookup(ctx, req, ks, true)
+	require.NoError(t, err)
+	require.Equal(t, messages.Retry, st[0])
+	// The lookup round answered (hits leased): the fetch starts at once.
+	for b.metric(t, ctx, `kvtier_peer_lookup_hits_total{peer="a"}`) == 0 {
+		require.NoError(t, ctx.Err())
+	}
+	require.NoError(t, a.cmd.Process.Kill())
+	awaitClosed(t, a.exited, exitBound, "killed producer")
+
+	// The consumer settles: every key a MISS (recompute) or a verified HIT.
+	st = b.lookupSettled(t, ctx, req, ks, messages.Retry, messages.HitPending)
+	var hits []messages.Key
+	for i, s := range st {
+		if s == messages.Hit {
+			hits = append(hits, ks[i])
+		}
+	}
+	require.Less(t, len(hits), len(ks), "the producer died before the whole fetch landed")
+	if len(hits) > 0 {
+		b.loadAndVerify(t, ctx, req, hits)
+	} else {
+		require.NoError(t, b.eng.RequestFinished(ctx, req))
+	}
+	b.requireQuiet(t, ctx)
+	require.Positive(t, b.metric(t, ctx, `kvtier_peer_round_failures_total{peer="a"}`), "the round failed")
+	require.Zero(t, b.metric(t, ctx, `kvtier_peer_corrupt_blocks_total{peer="a"}`))
+	require.Zero(t, b.metric(t, ctx, `kvtier_peer_ready{peer="a"}`), "the session is down")
+}
