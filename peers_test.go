@@ -89,3 +89,32 @@ func TestPeersShutdownRefusesNewRoundsAndSaysBye(t *testing.T) {
 	cons.quiet()
 	prod.quiet()
 }
+
+// A request naming its peer sources (vLLM's remote_kv_source) fetches only
+// from them: a source that is not a ready peer means MISS.
+func TestPeersPerRequestSource(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	ks := keys(ids(0, 4)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+
+	other := &messages.ReqContext{RequestID: "other", PeerSources: []string{"elsewhere"}}
+	cons.lookup(other, ks, true)
+	cons.idle()
+	require.Equal(t, messages.Miss, cons.lookup(other, ks, true)[0], "its only source is not a peer of ours")
+	require.NoError(t, cons.m.RequestFinished(cons.ctx, other))
+
+	// NB: the MISS above is cached as absent for NegativeTTL; a later
+	// request naming prod is a new key set here.
+	prod.store(&messages.ReqContext{RequestID: "w2"}, ids(10, 4)...)
+	ks = keys(ids(10, 4)...)
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+	named := &messages.ReqContext{RequestID: "named", PeerSources: []string{"prod"}}
+	cons.lookup(named, ks, true)
+	cons.idle()
+	require.Equal(t, statuses(4, messages.Hit), cons.lookup(named, ks, true))
+	cons.loadAndVerify(named, ids(10, 4)...)
+}

@@ -418,6 +418,8 @@ func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 		c.Workers = int(w)
 	case "tiers":
 		c.TierFilter, err = decodeStrings(r, MaxTiers, MaxTierBytes)
+	case "peers":
+		c.PeerSources, err = decodeStrings(r, MaxTiers, MaxTierBytes)
 	case "parent":
 		if r.isNil() {
 			return nil
@@ -550,6 +552,7 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	}
 	count(c.Workers != 0)
 	count(len(c.TierFilter) > 0)
+	count(len(c.PeerSources) > 0)
 	count(c.ParentBlockHash != nil)
 	count(len(c.TokenIDs) > 0)
 	count(c.BlockSize != 0)
@@ -570,6 +573,10 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	if len(c.TierFilter) > 0 {
 		w.str("tiers")
 		writeStrings(w, c.TierFilter)
+	}
+	if len(c.PeerSources) > 0 {
+		w.str("peers")
+		writeStrings(w, c.PeerSources)
 	}
 	if c.ParentBlockHash != nil {
 		w.str("parent")

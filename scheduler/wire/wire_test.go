@@ -26,7 +26,7 @@ func testKeys(n int) []messages.Key {
 
 // Every op round-trips through EncodeRequest and DecodeRequest.
 func TestRequestRoundTrip(t *testing.T) {
-	ctx := &messages.ReqContext{RequestID: "req-1", Workers: 4, TierFilter: []string{"cpu", "fs"},
+	ctx := &messages.ReqContext{RequestID: "req-1", Workers: 4, TierFilter: []string{"cpu", "fs"}, PeerSources: []string{"node-b"},
 		ParentBlockHash: []byte{1, 2, 3}, TokenIDs: []int32{1, -2, 1 << 30}, BlockSize: 16,
 		LoRAID: -7, LoRAName: "adapter", ExtraKeys: []string{"salt"}}
 	for _, q := range []Request{

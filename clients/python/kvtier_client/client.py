@@ -38,6 +38,7 @@ class Request:
     id: str
     workers: int = 0
     tiers: Sequence[str] = ()
+    peers: Sequence[str] = ()  # node ids it may fetch from (vLLM remote_kv_source)
     parent: Optional[bytes] = None
     tokens: Sequence[int] = ()
     block_size: int = 0
@@ -51,6 +52,8 @@ class Request:
             m["workers"] = self.workers
         if self.tiers:
             m["tiers"] = list(self.tiers)
+        if self.peers:
+            m["peers"] = list(self.peers)
         if self.parent is not None:
             m["parent"] = bytes(self.parent)
         if self.tokens:
