@@ -9,10 +9,13 @@ package tests
 // a corrupt block.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -264,4 +267,35 @@ func TestPeersProducerKilledMidFetch(t *testing.T) {
 	require.Positive(t, b.metric(t, ctx, `kvtier_peer_round_failures_total{peer="a"}`), "the round failed")
 	require.Zero(t, b.metric(t, ctx, `kvtier_peer_corrupt_blocks_total{peer="a"}`))
 	require.Zero(t, b.metric(t, ctx, `kvtier_peer_ready{peer="a"}`), "the session is down")
+}
+
+// The P2P benchmark scenarios run end to end between real node processes
+// (small sizes and fast steps: this checks the scenarios work and every
+// fetched byte verifies, not their figures).
+func TestPeersBenchScenariosRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cli := buildCLI(t)
+	run := func(args ...string) map[string]any {
+		cmd := exec.CommandContext(ctx, cli, append([]string{"bench"}, args...)...)
+		cmd.WaitDelay = waitDelay
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		require.NoError(t, err, "kvtier bench %v:\n%s", args, stderr.String())
+		var res map[string]any
+		require.NoError(t, json.Unmarshal(out, &res))
+		return res
+	}
+	small := []string{"--json", "--blocks", "64", "--block-bytes", "65536", "--pool-bytes", "33554432"}
+	m := run(append([]string{"p2p-matrix", "--step-ms", "150", "--visible-steps", "3", "--cold-rounds", "1",
+		"--warm-rounds", "2", "--prompt", "64", "--chunk", "4", "--requests", "2"}, small...)...)
+	for _, k := range []string{"idle_cold_s", "idle_warm_s", "busy_cold_s", "busy_warm_s", "busy_penalty", "store_to_peer_visible_p99_ms"} {
+		require.Positive(t, m[k], k)
+	}
+	require.EqualValues(t, 6, m["store_to_peer_visible_samples"])
+	tp := run(append([]string{"p2p-throughput", "--rounds", "2"}, small...)...)
+	for _, k := range []string{"fetch_GBps", "raw_tcp_GBps", "fetch_over_raw"} {
+		require.Positive(t, tp[k], k)
+	}
 }
