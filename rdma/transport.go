@@ -92,7 +92,15 @@ type Completion struct {
 //     (ErrPeerGone); Close fails everything (ErrClosed) and returns once no
 //     goroutine of the transport remains.
 //   - An error returned by Expect or Write means the call did nothing and
-//     its done is never called.
+//     its done is never called. Expect and Write need a prior Connect of
+//     the peer (ErrPeerUnknown).
+//   - A producer that breaks off inside a payload leaves the expectation
+//     pending (its slots may hold partial bytes, done has not run): the
+//     owner's Cancel, Disconnect or a complete retry under the same token
+//     ends it. Completion.Bytes is 0 on failure.
+//   - One-sided transports (nixl) cannot stop a remote WRITE once posted:
+//     their Cancel reports ErrCanceled only after a grace period long
+//     enough for the peer's own write deadline (documented per transport).
 //   - No call blocks on the network; done callbacks run on transport
 //     goroutines and must not block (send a message and return).
 type Transport interface {
@@ -122,7 +130,8 @@ type Transport interface {
 	Write(peer string, tok Token, src, dst []int, done func(Completion)) error
 	// Stats is a snapshot of the transport's counters.
 	Stats() Stats
-	// Close fails everything pending and releases the registration.
+	// Close fails everything pending, releases the registration and waits
+	// for the transport's goroutines; idempotent; never call it from done.
 	Close() error
 }
 

@@ -67,7 +67,7 @@ const (
 	DefaultWriteTimeout   = 10 * time.Second
 	DefaultLateWriteGrace = 15 * time.Second
 	DefaultPollMin        = 20 * time.Microsecond
-	DefaultPollMax        = time.Millisecond
+	DefaultPollMax        = 250 * time.Microsecond
 	DefaultSpinRounds     = 64
 )
 

@@ -368,3 +368,56 @@ func TestCloseFailsEverythingAndIsIdempotent(t *testing.T) {
 	p.b.Cancel(tok)     // no panic, no block
 	p.b.Disconnect("A") // likewise
 }
+
+func TestDescribeAndMetadataSize(t *testing.T) {
+	cfg := needLibrary(t)
+	p := newPair(t, cfg, 1700, 128<<10)
+	info, ok := Describe(p.a)
+	if !ok || info.Backend != "UCX" || !strings.HasPrefix(info.Agent, "A-") || info.Library == "" {
+		t.Fatalf("Describe: %+v %v", info, ok)
+	}
+	if _, ok := Describe(nil); ok {
+		t.Fatal("Describe(nil) ok")
+	}
+	t.Logf("library %s, version %q, agent %s, metadata %d bytes", info.Library, info.Version, info.Agent, len(p.a.Metadata()))
+}
+
+// TestIdleMakesNoProgressCalls: with nothing in flight the actor blocks on
+// its mailbox and NIXL runs no thread of its own (no progress thread), so
+// an idle connected pair uses no CPU. NIXL's default agent (progress
+// thread on) burns about a third of a core here doing nothing.
+func TestIdleMakesNoProgressCalls(t *testing.T) {
+	cfg := needLibrary(t)
+	p := newPair(t, cfg, 8, 4<<10)
+	tok := rdma.NewToken()
+	exp, wr := make(chan rdma.Completion, 1), make(chan rdma.Completion, 1)
+	must(t, p.b.Expect("A", tok, []int{1}, doneTo(exp)))
+	must(t, p.a.Write("B", tok, []int{0}, []int{1}, doneTo(wr)))
+	waitDone(t, wr, "write")
+	waitDone(t, exp, "expect")
+	time.Sleep(50 * time.Millisecond) // let the last round end
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before := cpu()
+	time.Sleep(time.Second)
+	if used := cpu() - before; used > 100*time.Millisecond {
+		t.Fatalf("an idle pair used %v of CPU in 1s", used)
+	} else {
+		t.Logf("an idle connected pair used %v of CPU in 1s", used)
+	}
+}
+
+// TestProbe reports what scripts/nixl.sh runs against, or why it skips.
+func TestProbe(t *testing.T) {
+	cfg := needLibrary(t)
+	info, err := Probe(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("NIXL in use: library %s (%s), backend %s, UCX_TLS=%s", info.Library, info.Version, info.Backend, os.Getenv("UCX_TLS"))
+}

@@ -1,12 +1,13 @@
 // Package rdmatest is the conformance suite every rdma.Transport passes:
 // the contract written on rdma.Transport, checked byte for byte. It owns
-// nothing at run time; a transport's own tests call Run with a factory.
+// nothing at run time; a transport's own tests call Run (or RunWith) with
+// a factory.
 //
 // Usage, from a transport package's tests:
 //
 //	func TestConformance(t *testing.T) {
 //		var n atomic.Int64
-//		rdmatest.Run(t, func(t *testing.T, ra, rb rdma.Region) (a, b rdma.Transport, aID, bID string) {
+//		rdmatest.RunWith(t, rdmatest.Options{TwoSided: true}, func(t *testing.T, ra, rb rdma.Region) (a, b rdma.Transport, aID, bID string) {
 //			i := n.Add(1)
 //			aID, bID = fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
 //			a, b = newTransport(t, aID), newTransport(t, bID)
@@ -22,9 +23,23 @@
 // factory must register a on ra and b on rb, connect them both ways, and
 // return node ids that are unique across calls: some cases build a second
 // pair and connect it crosswise to the first to play a wrong peer. The
-// suite closes every transport it gets (once) and, after closing, checks
-// that every done callback ran exactly once and that no goroutine is
-// left (goleak; Options.IgnoreGoroutines for a library's own).
+// suite closes every transport it gets (once each, before the case's
+// checks; a factory that also registers Close as a cleanup needs Close
+// to be idempotent) and, after closing, checks that every done callback
+// of an accepted call ran exactly once, that no refused call's done ran,
+// and that no goroutine is left (goleak; Options.IgnoreGoroutines for a
+// library's own). A case fails, never hangs, when a completion does not
+// come within Options.Timeout.
+//
+// The cases: exact bytes (random data, shuffled non-contiguous slot
+// lists, one slot and the whole pool, both directions, every byte
+// compared, untargeted slots untouched), sequential and concurrent
+// transfers, src reusable after done, wrong token / wrong peer / wrong
+// slots refused with the real expectation intact, duplicate token, Cancel
+// before data, done never run on the caller's goroutine, unknown peer,
+// out-of-range slots (local, and remote where the transport knows the
+// peer's pool), Disconnect and reconnect failing the old epoch, Close
+// failing everything and leaving no goroutine.
 //
 // What a case may assume beyond the contract is an Option: a two-sided
 // transport (tcp: the consumer reads every transfer) sets TwoSided, and
@@ -57,8 +72,7 @@ import (
 // Node ids must be unique across calls. The suite closes both.
 type NewPair func(t *testing.T, ra, rb rdma.Region) (a, b rdma.Transport, aID, bID string)
 
-// Options tune the suite to a transport; the zero value suits tcp apart
-// from NoStrayBytes.
+// Options tune the suite to a transport; zero fields take defaults.
 type Options struct {
 	SlotBytes int           // bytes per slot; default 3001 (odd, so offset bugs show)
 	Slots     int           // slots per region; default 64 (at least 32)

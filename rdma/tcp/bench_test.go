@@ -158,3 +158,30 @@ func (x *rawCopy) copy(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkTransferLatency is one small transfer (one 4 KiB block,
+// Expect + Write, both completions awaited) per op: the transport's fixed
+// cost per transfer, next to a raw ping-pong of the same block and a
+// one-byte reply on a plain socket.
+func BenchmarkTransferLatency(b *testing.B) {
+	const block = 4 << 10
+	a, c, src, dst := benchPair(b, 1, block)
+	b.Run("transport", func(b *testing.B) {
+		for range b.N {
+			benchTransfer(b, a, c, src, dst)
+		}
+	})
+	b.Run("raw", func(b *testing.B) {
+		raw := newRawCopy(b, a.region, c.region, src, dst)
+		ack := make([]byte, 1)
+		for range b.N {
+			raw.copy(b)
+			if _, err := raw.r.Write(ack); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(raw.w, ack); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

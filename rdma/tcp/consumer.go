@@ -259,7 +259,7 @@ func (t *Transport) claim(p *peer, tok rdma.Token, dst []int, c net.Conn) (*expe
 	if exp == nil || exp.p != p || exp.conn != nil {
 		return nil, fmt.Errorf("token %s no longer claimable: %w", tok, rdma.ErrProtocol)
 	}
-	if i := slices.Compare(dst, exp.dst); i != 0 {
+	if !slices.Equal(dst, exp.dst) {
 		return nil, fmt.Errorf("token %s: dst slots differ from the expected ones: %w", tok, rdma.ErrProtocol)
 	}
 	exp.conn = c
@@ -328,12 +328,12 @@ func (t *Transport) refuse(c net.Conn, p *peer, err error) {
 	t.ack(c, ackRefused)
 }
 
-// ack writes a one-byte ack, bounded by WriteTimeout; the deadline is
-// cleared again so that an idle connection has no timer armed.
+// ack writes a one-byte ack. NB: no deadline: only acks are ever written
+// on an inbound connection and the producer reads each before it sends
+// the next transfer, so the send buffer cannot fill; Disconnect and Close
+// unblock it regardless.
 func (t *Transport) ack(c net.Conn, code byte) bool {
-	c.SetWriteDeadline(time.Now().Add(t.cfg.WriteTimeout))
 	_, err := c.Write([]byte{code})
-	c.SetWriteDeadline(time.Time{})
 	return err == nil
 }
 

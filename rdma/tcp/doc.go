@@ -25,9 +25,10 @@
 // per Write, from dial to ack) and on a fresh inbound connection until
 // its preface (WriteTimeout); they are cleared afterwards. An idle
 // transport is one goroutine blocked in Accept and one blocked in Read
-// per inbound connection: no wakeups. Before reusing an idle connection,
-// the worker peeks at it without blocking (MSG_PEEK|MSG_DONTWAIT, Linux)
-// and redials if the consumer has closed it.
+// per inbound connection: no wakeups. Before reusing a connection idle for
+// more than a second, the worker peeks at it without blocking
+// (MSG_PEEK|MSG_DONTWAIT, Linux) and redials if the consumer has closed
+// it; a close that slips past the probe is covered by the retry below.
 //
 // No call blocks on the network. Expect and Write validate and return;
 // an error from them means done is never called, nil means done is
@@ -66,6 +67,12 @@
 //     peer (ErrPeerGone, the old epoch) and Close (ErrClosed) end pending
 //     Expects the same way, fail queued and in-flight Writes to that peer,
 //     and close its connections in both directions.
+//   - A Write whose reused connection breaks before its ack (the
+//     consumer closed it while idle and the close crossed the transfer)
+//     is retried once on a new connection, within the same WriteTimeout.
+//     Tokens being one-time makes this safe: a consumer that took every
+//     byte refuses the retry; one that took part of them kept the
+//     expectation pending. A new connection that breaks is not retried.
 //   - The consumer calls done(nil), then acks. The producer calls done
 //     after the ack (so the src slots are no longer read), or after the
 //     failure, at most WriteTimeout after a worker picked the Write up

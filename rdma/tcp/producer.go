@@ -1,9 +1,11 @@
 package tcp
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"time"
 
@@ -22,8 +24,15 @@ type writeOp struct {
 // prefaced.
 type pconn struct {
 	net.Conn
-	prefaced bool // the preface went out; later transfers start with their header
+	prefaced bool      // the preface went out; later transfers start with their header
+	parked   time.Time // when it last went idle
 }
+
+// defaultProbeAfter is how long a connection must have been idle before
+// it is probed (alive) ahead of reuse. Back-to-back transfers skip the
+// probe's syscall; a close that slips past (or through) it is covered by
+// the retry in attempt.
+const defaultProbeAfter = time.Second
 
 // Write sends the local src slots into peer's dst slots under tok. It
 // refuses, without calling done, a peer that is not Connect'ed
@@ -96,17 +105,9 @@ func (t *Transport) dispatchLocked(p *peer, op *writeOp) {
 // parked before done runs, so that a Write issued from done reuses it.
 func (t *Transport) work(p *peer, c *pconn, op *writeOp) {
 	for op != nil {
-		deadline := time.Now().Add(t.cfg.WriteTimeout)
-		var err error
 		var n int64
-		c, err = t.ready(p, c, deadline)
-		if err == nil {
-			n, err = t.send(p, c, op, deadline)
-		}
-		if err != nil && c != nil {
-			t.discard(p, c)
-			c = nil
-		}
+		var err error
+		c, n, err = t.attempt(p, c, op)
 		var next *writeOp
 		next, c = t.next(p, c)
 		t.finish(p, op, n, err)
@@ -114,11 +115,41 @@ func (t *Transport) work(p *peer, c *pconn, op *writeOp) {
 	}
 }
 
+// attempt sends op within one WriteTimeout. A reused connection that
+// breaks (the consumer closed it while idle, and the close crossed our
+// transfer) is retried once on a fresh one: safe, because a token is
+// accepted once — a consumer that did take the bytes refuses the retry,
+// and one that got part of them has kept the expectation pending. On
+// failure the connection is discarded and nil returned.
+func (t *Transport) attempt(p *peer, c *pconn, op *writeOp) (*pconn, int64, error) {
+	deadline := time.Now().Add(t.cfg.WriteTimeout)
+	c, n, reused, err := t.sendOn(p, c, op, deadline)
+	if err != nil && reused && errors.Is(err, rdma.ErrPeerGone) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.log.Debug().Err(err).Str("peer", p.id).Msg("reused data-plane connection broke; retrying on a new one")
+		c, n, _, err = t.sendOn(p, nil, op, deadline)
+	}
+	return c, n, err
+}
+
+// sendOn sends op on c (or on a new connection when c is nil or dead);
+// reused reports whether the connection had carried a transfer before.
+func (t *Transport) sendOn(p *peer, c *pconn, op *writeOp, deadline time.Time) (_ *pconn, n int64, reused bool, err error) {
+	if c, err = t.ready(p, c, deadline); err != nil {
+		return nil, 0, false, err
+	}
+	reused = c.prefaced
+	if n, err = t.send(p, c, op, deadline); err != nil {
+		t.discard(p, c)
+		return nil, n, reused, err
+	}
+	return c, n, reused, nil
+}
+
 // ready returns a connection to send on: c if it is fresh or still
 // alive, else a new one dialed before deadline.
 func (t *Transport) ready(p *peer, c *pconn, deadline time.Time) (*pconn, error) {
 	if c != nil {
-		if !c.prefaced || alive(c.Conn) {
+		if !c.prefaced || time.Since(c.parked) < t.probeAfter || alive(c.Conn) {
 			return c, nil
 		}
 		t.log.Debug().Str("peer", p.id).Msg("idle data-plane connection closed by the peer; redialing")
@@ -230,6 +261,7 @@ func (t *Transport) next(p *peer, c *pconn) (*writeOp, *pconn) {
 	if c != nil {
 		delete(p.busy, c)
 		if p.gone == nil {
+			c.parked = time.Now()
 			p.idle = append(p.idle, c)
 		} // else the drop closed it
 	}

@@ -314,9 +314,11 @@ func TestProducerMaxConnsPerPeer(t *testing.T) {
 
 // TestProducerRedialsDeadIdleConn: the consumer closed an idle
 // connection (as after a refusal or its Disconnect); the next Write
-// notices before sending and dials a fresh one.
+// probes it before sending and dials a fresh one: nothing is sent on the
+// dead one.
 func TestProducerRedialsDeadIdleConn(t *testing.T) {
 	tr, _ := producerRig(t, Config{}, rigSlots, rigSlotBytes)
+	tr.probeAfter = 0 // probe every reuse
 	f := newFakeConsumer(t, tr, rigSlots, rigSlotBytes)
 	d := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0})
 	c := f.accept()
@@ -339,6 +341,9 @@ func TestProducerRedialsDeadIdleConn(t *testing.T) {
 	send(t, c2, []byte{ackOK})
 	if got := d.wait(t); got.Err != nil {
 		t.Fatalf("Write after the consumer closed the idle connection: %v", got.Err)
+	}
+	if s := tr.Stats(); s.BytesSent != 2*rigSlotBytes {
+		t.Fatalf("%d payload bytes sent for two 1-slot transfers: the dead connection was written", s.BytesSent)
 	}
 }
 
@@ -428,4 +433,35 @@ func TestProducerChecksRemoteGeometry(t *testing.T) {
 		err := tr.Write("c", rdma.NewToken(), []int{4}, []int{4}, func(rdma.Completion) { t.Error("done called for a refused Write") })
 		wantErr(t, "remote geometry", err, rdma.ErrBadSlot)
 	}
+}
+
+// TestProducerRetriesBrokenReusedConn: the consumer closes an idle
+// connection just as the next transfer arrives on it (the close crossed
+// the transfer, so the liveness probe could not see it); the Write is
+// retried once on a fresh connection and succeeds. A fresh connection
+// that breaks is not retried (TestProducerConsumerDiesMidWrite).
+func TestProducerRetriesBrokenReusedConn(t *testing.T) {
+	tr, r := producerRig(t, Config{}, rigSlots, rigSlotBytes)
+	f := newFakeConsumer(t, tr, rigSlots, rigSlotBytes)
+	d := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0})
+	c1 := f.accept()
+	readTransfer(t, c1, true, tr.cfg.Node, rigSlots)
+	send(t, c1, []byte{ackOK})
+	if got := d.wait(t); got.Err != nil {
+		t.Fatal(got.Err)
+	}
+	tok := rdma.NewToken()
+	d = tr.mustWrite(t, tok, []int{2}, []int{3})
+	readTransfer(t, c1, false, tr.cfg.Node, rigSlots) // arrives on the idle connection...
+	c1.Close()                                        // ...which the consumer closes without an ack
+	c2 := f.accept()
+	h, payload := readTransfer(t, c2, true, tr.cfg.Node, rigSlots)
+	if h.Token != tok || !bytes.Equal(payload, r.Slot(2)) {
+		t.Fatalf("retry carried %+v", h)
+	}
+	send(t, c2, []byte{ackOK})
+	if got := d.wait(t); got.Err != nil {
+		t.Fatalf("Write on a reused connection that broke: %v", got.Err)
+	}
+	f.none()
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -27,6 +28,8 @@ type Transport struct {
 	writesOK, writesFailed   atomic.Uint64
 	expectsOK, expectsFailed atomic.Uint64
 	refused                  atomic.Uint64
+
+	probeAfter time.Duration // idle time after which reuse probes the connection; tests lower it
 
 	// hooks are set by tests only, before Register.
 	hooks struct {
@@ -65,12 +68,13 @@ func New(cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	return &Transport{
-		cfg:     cfg,
-		log:     cfg.Log.With().Str("component", "rdma/tcp").Str("node", cfg.Node).Logger(),
-		quit:    make(chan struct{}),
-		peers:   map[string]*peer{},
-		expects: map[rdma.Token]*expect{},
-		inbound: map[net.Conn]*peer{},
+		cfg:        cfg,
+		log:        cfg.Log.With().Str("component", "rdma/tcp").Str("node", cfg.Node).Logger(),
+		quit:       make(chan struct{}),
+		probeAfter: defaultProbeAfter,
+		peers:      map[string]*peer{},
+		expects:    map[rdma.Token]*expect{},
+		inbound:    map[net.Conn]*peer{},
 	}, nil
 }
 
@@ -199,12 +203,14 @@ func (t *Transport) Stats() rdma.Stats {
 
 // Close fails everything pending with ErrClosed, closes the listener and
 // every connection, and returns once every goroutine of the transport has
-// ended (so it must not be called from a done callback). Idempotent.
+// ended (so it must not be called from a done callback). Idempotent: a
+// second Close also returns only once everything has ended.
 func (t *Transport) Close() error {
 	var ob outbox
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
+		t.wg.Wait() // a concurrent Close may still be draining
 		return nil
 	}
 	t.closed = true

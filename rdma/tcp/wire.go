@@ -23,9 +23,8 @@ const (
 	maxNodeID = 255 // node id bytes, bounded by the preface's 1-byte length
 	maxAddr   = 255 // advertised address bytes, bounded by the 1-byte length
 
-	ackOK       byte = 0x00 // every payload byte is in the consumer's slots
-	ackRefused  byte = 0x01 // the transfer was refused (unknown token, wrong peer or slots)
-	ackCanceled byte = 0x02 // the consumer canceled the expectation
+	ackOK      byte = 0x00 // every payload byte is in the consumer's slots
+	ackRefused byte = 0x01 // the transfer was refused (unknown token, wrong peer or slots)
 )
 
 // magic opens every data-plane connection ("KVTD").
