@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
@@ -216,4 +217,93 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	require.Equal(t, uint64(1), dropped["bad_slot"], "%v", dropped)
 
 	requireStillServes(t, prod, cons, 10)
+}
+
+// A producer that completes the handshake and then never answers (hung,
+// not dead: its connection stays up): the consumer's lookup round passes
+// its deadline, the engine gets MISS instead of RETRY forever, and the
+// session starts over with a fresh epoch.
+func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	hung := zmq4.NewRouter(context.Background(), zmq4.WithID(zmq4.SocketIdentity("hung")))
+	require.NoError(t, hung.Listen("tcp://127.0.0.1:0"))
+	hellos := make(chan *wire.Hello, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var h *wire.Hello
+		var w *wire.Welcome
+		for {
+			m, err := hung.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if err == context.Canceled {
+					return
+				}
+				continue
+			}
+			f, err := wire.Decode(m.Frames[1])
+			if err != nil {
+				continue
+			}
+			reply := func(f wire.Frame) {
+				b, _ := wire.Encode(f)
+				_ = hung.Send(zmq4.NewMsgFrom(m.Frames[0], b))
+			}
+			switch f := f.(type) {
+			case *wire.Hello:
+				h = f
+				hellos <- f
+				w = &wire.Welcome{Version: wire.Version, Node: "hung", Epoch: f.Epoch, Nonce: wire.NewNonce(),
+					BlockBytes: f.BlockBytes, Slots: 16, Transport: f.Transport, DataMeta: f.DataMeta}
+				w.MAC = wire.ServerMAC([]byte(testSecret), h, w)
+				reply(w)
+			case *wire.Auth:
+				reply(&wire.Ready{Epoch: f.Epoch})
+			default:
+				// Hung: Lookups and everything else go unanswered.
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		hung.Close()
+		<-done
+	})
+	cons := open(t, 16, withPeers("cons", PeerAddr{NodeID: "hung", Addr: "tcp://" + hung.Addr().String()}))
+	require.NoError(t, cons.node.WaitPeers(cons.ctx, "hung"))
+	first := <-hellos
+
+	req := &messages.ReqContext{RequestID: "r"}
+	ks := keys(1, 2)
+	require.Equal(t, messages.Retry, cons.lookup(req, ks, true)[0])
+	// Nothing answers: once the round's deadline passes (the manual clock),
+	// the tiering actor's lookup resolves as absent.
+	for cons.clock.Pending() == 0 {
+		require.NoError(t, ctx.Err())
+	}
+	cons.clock.Advance(2 * time.Second)
+	cons.idle()
+	require.Equal(t, statuses(2, messages.Miss), cons.lookup(req, ks, true), "MISS, not RETRY forever")
+	cons.quiet()
+
+	// The session redials with a new epoch (after its backoff).
+	cons.clock.Advance(time.Second)
+	var again *wire.Hello
+	select {
+	case again = <-hellos:
+	case <-ctx.Done():
+		t.Fatal("no new Hello after the round timed out")
+	}
+	require.NotEqual(t, first.Epoch, again.Epoch, "a fresh epoch")
+	ps, err := cons.node.PeerStats(cons.ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), ps[0].Failures)
 }
