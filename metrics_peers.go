@@ -5,11 +5,14 @@ package kvtier
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtier/kvtier/rdma"
 )
 
 type peerCollector struct {
-	node  *Node
-	descs map[string]*prometheus.Desc
+	node      *Node
+	transport rdma.Transport // captured at registration: Close clears the node's field
+	descs     map[string]*prometheus.Desc
 }
 
 var peerMetricHelp = map[string]string{
@@ -26,6 +29,12 @@ var peerMetricHelp = map[string]string{
 	"peer_served_blocks_total":      "Blocks this node wrote into the peer's pool.",
 	"peer_frames_dropped_total":     "Control-plane frames dropped, by reason (malformed, stale epoch, replayed round, bad slot, ...).",
 	"peer_handshakes_refused_total": "Peer handshakes refused, by reason (auth, not_allowed, version, namespace, geometry, ...).",
+	"rdma_bytes_sent_total":         "Data-plane bytes written into peers' pools.",
+	"rdma_bytes_received_total":     "Data-plane bytes received into this node's pool.",
+	"rdma_writes_total":             "Data-plane writes (producer side), by result.",
+	"rdma_expects_total":            "Data-plane expected transfers (consumer side), by result.",
+	"rdma_refused_total":            "Data-plane transfers refused: unknown token, wrong peer or slots, bad frame.",
+	"rdma_pending":                  "Data-plane transfers in flight, by side.",
 }
 
 // registerPeerMetrics adds the peers' metrics to the registry.
@@ -33,14 +42,20 @@ func (n *Node) registerPeerMetrics() {
 	if n.peers.counters == nil {
 		return
 	}
-	c := &peerCollector{node: n, descs: map[string]*prometheus.Desc{}}
+	c := &peerCollector{node: n, transport: n.peers.transport, descs: map[string]*prometheus.Desc{}}
 	for name, help := range peerMetricHelp {
-		label := "peer"
+		labels := []string{"peer"}
 		switch name {
 		case "peer_frames_dropped_total", "peer_handshakes_refused_total":
-			label = "reason"
+			labels = []string{"reason"}
+		case "rdma_bytes_sent_total", "rdma_bytes_received_total", "rdma_refused_total":
+			labels = []string{"kind"}
+		case "rdma_writes_total", "rdma_expects_total":
+			labels = []string{"kind", "result"}
+		case "rdma_pending":
+			labels = []string{"kind", "side"}
 		}
-		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, []string{label}, nil)
+		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, labels, nil)
 	}
 	n.registry.MustRegister(c)
 }
@@ -53,8 +68,8 @@ func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 	ctr := c.node.peers.counters
-	metric := func(name string, kind prometheus.ValueType, v float64, label string) {
-		ch <- prometheus.MustNewConstMetric(c.descs[name], kind, v, label)
+	metric := func(name string, kind prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], kind, v, labels...)
 	}
 	b := func(v bool) float64 {
 		if v {
@@ -80,5 +95,17 @@ func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for reason, v := range ctr.Refused() {
 		metric("peer_handshakes_refused_total", prometheus.CounterValue, float64(v), reason)
+	}
+	if t := c.transport; t != nil {
+		st, k := t.Stats(), t.Kind()
+		metric("rdma_bytes_sent_total", prometheus.CounterValue, float64(st.BytesSent), k)
+		metric("rdma_bytes_received_total", prometheus.CounterValue, float64(st.BytesReceived), k)
+		metric("rdma_writes_total", prometheus.CounterValue, float64(st.WritesOK), k, "ok")
+		metric("rdma_writes_total", prometheus.CounterValue, float64(st.WritesFailed), k, "failed")
+		metric("rdma_expects_total", prometheus.CounterValue, float64(st.ExpectsOK), k, "ok")
+		metric("rdma_expects_total", prometheus.CounterValue, float64(st.ExpectsFailed), k, "failed")
+		metric("rdma_refused_total", prometheus.CounterValue, float64(st.Refused), k)
+		metric("rdma_pending", prometheus.GaugeValue, float64(st.PendingWrites), k, "write")
+		metric("rdma_pending", prometheus.GaugeValue, float64(st.PendingExpects), k, "expect")
 	}
 }

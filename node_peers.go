@@ -78,8 +78,13 @@ func (n *Node) openPeers() error {
 		return err
 	}
 	n.peers = peersState{transport: t, listener: ln, counters: ctr, cfg: cfg}
-	n.cfg.Logger.Info().Str("node_id", pc.NodeID).Str("control", ln.Addr()).Str("transport", t.Kind()).
-		Int("static_peers", len(static)).Msg("kvtier peers: data plane backend " + t.Kind())
+	ev := n.cfg.Logger.Info().Str("node_id", pc.NodeID).Str("control", ln.Addr()).Str("transport", t.Kind()).
+		Int("static_peers", len(static))
+	if info, ok := nixl.Describe(t); ok {
+		ev = ev.Str("backend", info.Backend).Str("nixl_version", info.Version).Str("library", info.Library).
+			Str("agent", info.Agent).Str("ucx_tls", os.Getenv("UCX_TLS"))
+	}
+	ev.Msg("kvtier peers: data plane backend " + t.Kind())
 	return nil
 }
 
@@ -96,12 +101,11 @@ func (n *Node) newTransport(pc PeersConfig) (rdma.Transport, error) {
 		}
 		return tcp.New(tcp.Config{Node: pc.NodeID, Listen: listen, Advertise: pc.DataAdvertise, Log: log})
 	case "nixl":
-		lib := pc.NixlLibrary
-		if lib == "" {
-			lib = os.Getenv("KVTIER_NIXL_LIB")
-		}
-		t, err := nixl.New(nixl.Config{Name: pc.NodeID, Library: lib})
+		nc := pc.Nixl
+		t, err := nixl.New(nixl.Config{Name: pc.NodeID, Library: nc.Library, PluginDir: nc.PluginDir,
+			Backend: nc.Backend, BackendParams: nc.BackendParams, WriteTimeout: nc.WriteTimeout, LateWriteGrace: nc.LateWriteGrace})
 		if err != nil {
+			// NB: never a silent fall back to tcp: the operator asked for nixl.
 			return nil, fmt.Errorf("kvtier: peers: nixl data plane: %w", err)
 		}
 		return t, nil

@@ -46,8 +46,8 @@ type PeersConfig struct {
 	Namespaces []string `yaml:"namespaces"`
 	// Transport is the data plane: "tcp" (default) or "nixl".
 	Transport string `yaml:"transport"`
-	// NixlLibrary is the path of libnixl_capi.so (default: $KVTIER_NIXL_LIB).
-	NixlLibrary string `yaml:"nixl_library"`
+	// Nixl configures the nixl data plane (transport: nixl; docs/NIXL.md).
+	Nixl NixlConfig `yaml:"nixl"`
 	// TierName names the P2P tier in stats and TierFilter (default "peers").
 	TierName string `yaml:"tier_name"`
 
@@ -59,6 +59,23 @@ type PeersConfig struct {
 
 	// TransportImpl replaces the data plane (tests, fault injection).
 	TransportImpl rdma.Transport `yaml:"-"`
+}
+
+// NixlConfig is the nixl data plane's section (peers.nixl in YAML).
+type NixlConfig struct {
+	// Library is the path of libnixl_capi.so (default: $KVTIER_NIXL_LIB).
+	Library string `yaml:"library"`
+	// PluginDir is NIXL's plugin directory (default: $NIXL_PLUGIN_DIR).
+	PluginDir string `yaml:"plugin_dir"`
+	// Backend is the NIXL backend plugin (default "UCX"); BackendParams are
+	// handed to it unchanged. UCX picks its transports from UCX_TLS.
+	Backend       string            `yaml:"backend"`
+	BackendParams map[string]string `yaml:"backend_params"`
+	// WriteTimeout bounds one write (10s); LateWriteGrace is how long a
+	// canceled fetch keeps its slots in case a posted remote write still
+	// lands (15s; must exceed the peers' WriteTimeout).
+	WriteTimeout   time.Duration `yaml:"write_timeout"`
+	LateWriteGrace time.Duration `yaml:"late_write_grace"`
 }
 
 // PeerAddr is one static peer.

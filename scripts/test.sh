@@ -33,6 +33,12 @@ if ! { go vet ./... && go test -race -count=1 -timeout 20m ./...; }; then
 	exit 1
 fi
 
+section "NIXL data plane (scripts/nixl.sh: installs the wheel if offered, else says why it skips)"
+if ! bash scripts/nixl.sh; then
+	echo "FAILED: nixl tests" >&2
+	exit 1
+fi
+
 section "python3 -m pytest clients/python -q"
 if ! "$PY" -m pytest clients/python -q; then
 	echo "FAILED: python client tests" >&2

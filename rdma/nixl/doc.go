@@ -16,9 +16,10 @@
 // libnixl_capi.so at run time with dlopen (Config.Library, else
 // $KVTIER_NIXL_LIB, else the dynamic loader's search path), so neither the
 // build nor `go vet` needs NIXL or its headers: the few C functions used are
-// declared here, against the C API of NIXL 1.x (checked with 1.5.1). Without
-// the tag (or without cgo) New returns an error wrapping
-// rdma.ErrUnavailable, and the rest of kvtier builds with no C library.
+// declared here, against the C API of NIXL 1.x (tested with 0.10.1, 1.0.0,
+// 1.4.1 and 1.5.1). Without the tag (or without cgo) New returns an error
+// wrapping rdma.ErrUnavailable, and the rest of kvtier builds with no C
+// library.
 //
 // Threads: NIXL's default thread mode has no locking and UCX binds a worker
 // to the thread that first drives it, so every call for one agent is made
