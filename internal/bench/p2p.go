@@ -31,16 +31,17 @@ type P2POptions struct {
 	Binary       string // the kvtier executable run as node processes; default: this one
 	BlockBytes   int
 	PoolBytes    int64
-	FetchBlocks  int // blocks per measured fetch
-	PollUs       int // the consumer engine's step (lookup period) while it waits
-	ColdRounds   int // fresh consumer processes per case
-	WarmRounds   int // fetches per case on a used session
-	Requests     int // busy source: concurrent requests
-	StepMs       int // busy source: model step
-	Chunk        int // busy source: blocks each request stores per step
-	Prompt       int // busy source: prompt blocks per request
-	VisibleSteps int // busy source steps whose stores are watched by a peer
-	Rounds       int // throughput: fetches and raw copies measured
+	FetchBlocks  int    // blocks per measured fetch
+	PollUs       int    // the consumer engine's step (lookup period) while it waits
+	ColdRounds   int    // fresh consumer processes per case
+	WarmRounds   int    // fetches per case on a used session
+	Requests     int    // busy source: concurrent requests
+	StepMs       int    // busy source: model step
+	Chunk        int    // busy source: blocks each request stores per step
+	Prompt       int    // busy source: prompt blocks per request
+	VisibleSteps int    // busy source steps whose stores are watched by a peer
+	Rounds       int    // throughput: fetches and raw copies measured
+	Transport    string // throughput: "tcp", or "nixl" (then tcp is measured too, same run)
 	Timeout      time.Duration
 }
 
@@ -49,7 +50,7 @@ type P2POptions struct {
 func DefaultP2POptions() P2POptions {
 	return P2POptions{BlockBytes: 128 << 10, PoolBytes: 1 << 30, FetchBlocks: 1700, PollUs: 1000,
 		ColdRounds: 2, WarmRounds: 5, Requests: 8, StepMs: 1400, Chunk: 16, Prompt: 2048,
-		VisibleSteps: 20, Rounds: 5, Timeout: 10 * time.Minute}
+		VisibleSteps: 20, Rounds: 5, Transport: "tcp", Timeout: 10 * time.Minute}
 }
 
 // P2PMatrixResult is the matrix's report.
@@ -75,6 +76,7 @@ type P2PMatrixResult struct {
 // P2PThroughputResult is the throughput scenario's report.
 type P2PThroughputResult struct {
 	FetchGBps    float64   `json:"fetch_GBps"`
+	TCPFetchGBps float64   `json:"tcp_fetch_GBps,omitempty"` // with --transport nixl: the tcp transport, same run
 	RawTCPGBps   float64   `json:"raw_tcp_GBps"`
 	Ratio        float64   `json:"fetch_over_raw"` // target ≥ 0.8
 	Transport    string    `json:"transport"`
@@ -106,7 +108,7 @@ func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (
 		}
 	}
 	args := []string{"bench", "p2p-node", "--id", id, "--pool-bytes", strconv.FormatInt(o.PoolBytes, 10),
-		"--block-bytes", strconv.Itoa(o.BlockBytes), "--secret", p2pSecret}
+		"--block-bytes", strconv.Itoa(o.BlockBytes), "--secret", p2pSecret, "--transport", o.Transport}
 	for _, p := range peers {
 		args = append(args, "--peer", p.id+"="+p.ready.PeerAddr)
 	}
@@ -318,58 +320,77 @@ func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets
 }
 
 // RunP2PThroughput compares fetch throughput with a raw TCP copy of the
-// same bytes between the same two processes, alternating rounds.
+// same bytes between the same two processes, alternating rounds. With
+// Transport "nixl" it measures a tcp pair and a nixl pair in the same run.
 func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResult, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	res = P2PThroughputResult{Transport: "tcp", Blocks: o.FetchBlocks, BlockBytes: o.BlockBytes, Rounds: o.Rounds}
-	src, err := startChild(ctx, o, "src")
+	res = P2PThroughputResult{Transport: o.Transport, Blocks: o.FetchBlocks, BlockBytes: o.BlockBytes, Rounds: o.Rounds}
+	if o.Transport == "nixl" {
+		tcp := o
+		tcp.Transport = "tcp"
+		fetch, _, err := throughputPair(ctx, tcp)
+		if err != nil {
+			return res, fmt.Errorf("tcp pair: %w", err)
+		}
+		res.TCPFetchGBps = median(fetch)
+	}
+	res.FetchSamples, res.RawSamples, err = throughputPair(ctx, o)
 	if err != nil {
 		return res, err
-	}
-	defer src.close()
-	cons, err := startChild(ctx, o, "cons", src)
-	if err != nil {
-		return res, err
-	}
-	defer cons.close()
-	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
-		return res, err
-	}
-	sets := &keySets{}
-	bytes := float64(o.FetchBlocks * o.BlockBytes)
-	if _, err := fetchOnce(o, src, cons, sets); err != nil { // warm-up: connections, page faults
-		return res, err
-	}
-	for i := 0; i < o.Rounds; i++ {
-		before, err := fetchStats(cons, src.id)
-		if err != nil {
-			return res, err
-		}
-		if _, err := fetchOnce(o, src, cons, sets); err != nil {
-			return res, err
-		}
-		after, err := fetchStats(cons, src.id)
-		if err != nil {
-			return res, err
-		}
-		ns := float64(after.FetchNanos - before.FetchNanos)
-		res.FetchSamples = append(res.FetchSamples, float64(after.FetchBytes-before.FetchBytes)/ns)
-		if err := cons.send(nodeCmd{Op: "raw_recv", Bytes: int64(bytes)}); err != nil {
-			return res, err
-		}
-		if _, err := src.call(nodeCmd{Op: "raw_send", Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
-			return res, err
-		}
-		r, err := cons.recv()
-		if err != nil {
-			return res, err
-		}
-		res.RawSamples = append(res.RawSamples, bytes/float64(r.Nanos))
 	}
 	res.FetchGBps, res.RawTCPGBps = median(res.FetchSamples), median(res.RawSamples)
 	res.Ratio = res.FetchGBps / res.RawTCPGBps
 	return res, nil
+}
+
+// throughputPair runs o.Rounds fetches and raw copies between two fresh
+// node processes; GB/s samples.
+func throughputPair(ctx context.Context, o P2POptions) (fetch, raw []float64, err error) {
+	src, err := startChild(ctx, o, "src")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer src.close()
+	cons, err := startChild(ctx, o, "cons", src)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cons.close()
+	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+		return nil, nil, err
+	}
+	sets := &keySets{}
+	bytes := float64(o.FetchBlocks * o.BlockBytes)
+	if _, err := fetchOnce(o, src, cons, sets); err != nil { // warm-up: connections
+		return nil, nil, err
+	}
+	for i := 0; i < o.Rounds; i++ {
+		before, err := fetchStats(cons, src.id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := fetchOnce(o, src, cons, sets); err != nil {
+			return nil, nil, err
+		}
+		after, err := fetchStats(cons, src.id)
+		if err != nil {
+			return nil, nil, err
+		}
+		fetch = append(fetch, float64(after.FetchBytes-before.FetchBytes)/float64(after.FetchNanos-before.FetchNanos))
+		if err := cons.send(nodeCmd{Op: "raw_recv", Bytes: int64(bytes)}); err != nil {
+			return nil, nil, err
+		}
+		if _, err := src.call(nodeCmd{Op: "raw_send", Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
+			return nil, nil, err
+		}
+		r, err := cons.recv()
+		if err != nil {
+			return nil, nil, err
+		}
+		raw = append(raw, bytes/float64(r.Nanos))
+	}
+	return fetch, raw, nil
 }
 
 func fetchStats(c *child, peer string) (s struct{ FetchBytes, FetchNanos uint64 }, err error) {

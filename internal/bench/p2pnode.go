@@ -29,6 +29,7 @@ type NodeOptions struct {
 	PoolBytes  int64
 	BlockBytes int
 	Secret     string
+	Transport  string // "tcp" (default) or "nixl"
 	Peers      []kvtier.PeerAddr
 }
 
@@ -79,7 +80,7 @@ func fillP2P(b []byte, id int) {
 // RunNode runs a node process until stdin closes or "quit".
 func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
 	cfg := kvtier.Config{PoolBytes: o.PoolBytes, BlockBytes: o.BlockBytes,
-		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers}}
+		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers, Transport: o.Transport}}
 	node, err := kvtier.Open(ctx, cfg)
 	if err != nil {
 		return err
