@@ -118,3 +118,51 @@ func TestPeersPerRequestSource(t *testing.T) {
 	require.Equal(t, statuses(4, messages.Hit), cons.lookup(named, ks, true))
 	cons.loadAndVerify(named, ids(10, 4)...)
 }
+
+// A block fetched from a peer is announced by the consumer with the
+// provenance its producer stored it with (token ids, block size, parent):
+// never a placeholder.
+func TestPeersFetchedBlocksCarryProvenance(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	const blockTokens = 4
+	tokens := make([]int32, 3*blockTokens)
+	for i := range tokens {
+		tokens[i] = int32(1000 + i)
+	}
+	parent := []byte("parent-hash-0000")
+	w := &messages.ReqContext{RequestID: "w", TokenIDs: tokens, BlockSize: blockTokens, ParentBlockHash: parent, LoRAID: 7, LoRAName: "lora-7"}
+	prod.store(w, ids(0, 3)...)
+	ks := keys(ids(0, 3)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(3, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+	_, err := cons.m.TakeEvents(cons.ctx) // nothing of interest before the fetch
+	require.NoError(t, err)
+
+	req := &messages.ReqContext{RequestID: "r"}
+	cons.lookup(req, ks, true)
+	cons.idle()
+	require.Equal(t, statuses(3, messages.Hit), cons.lookup(req, ks, true))
+	evs, err := cons.m.TakeEvents(cons.ctx)
+	require.NoError(t, err)
+	var stored *messages.Event
+	for i := range evs {
+		if evs[i].Kind == messages.BlockStored && evs[i].Medium == messages.MediumCPU {
+			stored = &evs[i]
+		}
+	}
+	require.NotNil(t, stored, "the fetched blocks are announced stored: %+v", evs)
+	require.Len(t, stored.Prov, 3)
+	for i, p := range stored.Prov {
+		require.NotNil(t, p, "block %d has its producer's provenance", i)
+		require.True(t, p.Full(), "block %d: full token ids", i)
+		require.Equal(t, tokens[i*blockTokens:(i+1)*blockTokens], p.TokenIDs)
+		require.Equal(t, 7, p.LoRAID)
+		if i == 0 {
+			require.Equal(t, parent, p.ParentHash)
+		} else {
+			require.Equal(t, []byte(ks[i-1].Hash), p.ParentHash)
+		}
+	}
+	cons.loadAndVerify(req, ids(0, 3)...)
+}

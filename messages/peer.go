@@ -39,9 +39,10 @@ type TierReadBatch struct {
 // once nothing of the batch can touch Dests any more.
 type TierReadBatchResult struct {
 	Corr      uint64
-	Checksums []uint32 // verified CRC32C per key (valid where Errs[i] == nil)
-	Errs      []error  // per key: nil = read and verified
-	Source    []string // per key: where it came from (peer node id), for stats and logs
+	Checksums []uint32      // verified CRC32C per key (valid where Errs[i] == nil)
+	Errs      []error       // per key: nil = read and verified
+	Source    []string      // per key: where it came from (peer node id), for stats and logs
+	Prov      []*Provenance // per key: the provenance the source sent (nil: unknown); may be empty
 }
 
 // PeerUp tells the P2P tier that a session with Node can serve rounds.
@@ -73,9 +74,10 @@ type PeerLookupResult struct {
 	Corr      uint64
 	Node      string
 	Round     uint64
-	Hits      []bool   // per key
-	Checksums []uint32 // per key, committed CRC32C at the producer (hits only)
-	Err       error    // ErrPeerUnavailable, ErrPeerTimeout, ErrPeerRefused: Hits all false
+	Hits      []bool        // per key
+	Checksums []uint32      // per key, committed CRC32C at the producer (hits only)
+	Prov      []*Provenance // per key, what the producer knows of a hit's origin (nil: unknown); may be empty
+	Err       error         // ErrPeerUnavailable, ErrPeerTimeout, ErrPeerRefused: Hits all false
 	RTT       time.Duration
 }
 

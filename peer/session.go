@@ -112,8 +112,9 @@ type outRound struct {
 	timer  supervision.Timer
 	tseq   uint64
 	fetch  *outFetch
-	reason error // why a fetch in flight is failing (cancel requested)
-	done   bool  // the producer's TransferDone{OK} came
+	reason error              // why a fetch in flight is failing (cancel requested)
+	done   bool               // the producer's TransferDone{OK} came
+	prov   []*wire.Provenance // the LookupResp's, per asked key
 }
 
 type outFetch struct {
@@ -521,6 +522,12 @@ func (s *Session) onLookupResp(ctx actor.Context, f *wire.LookupResp) {
 		s.failRound(ctx, r, fmt.Errorf("%w: lookup answer of %d keys for %d", messages.ErrPeerRefused, len(f.Hits), len(r.keys)))
 		return
 	}
+	if len(f.Prov) != 0 && len(f.Prov) != len(r.keys) {
+		s.ctr.drop("malformed")
+		s.failRound(ctx, r, fmt.Errorf("%w: %d provenances for %d keys", messages.ErrPeerRefused, len(f.Prov), len(r.keys)))
+		return
+	}
+	r.prov = f.Prov
 	s.answerLookup(ctx, r, f.Hits, f.Checksums, nil)
 }
 
@@ -534,6 +541,12 @@ func (s *Session) answerLookup(ctx actor.Context, r *outRound, hits []bool, sums
 		if hit {
 			res.Hits[r.index[i]], res.Checksums[r.index[i]] = true, sums[i]
 			n++
+			if i < len(r.prov) && r.prov[i] != nil {
+				if res.Prov == nil {
+					res.Prov = make([]*messages.Provenance, r.total)
+				}
+				res.Prov[r.index[i]] = fromWireProv(r.prov[i])
+			}
 		}
 	}
 	s.pc.hits.Add(uint64(n))
@@ -992,7 +1005,7 @@ func (s *Session) serveLookup(ctx actor.Context, f *wire.Lookup) {
 	s.in.rounds[r.n] = r
 	s.corr++
 	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n}
-	ctx.Request(s.cfg.CPU, &messages.LookupAndLease{Corr: s.corr, Holder: r.holder, Keys: keys, TTL: s.cfg.LeaseTTL, WantChecksums: true})
+	ctx.Request(s.cfg.CPU, &messages.LookupAndLease{Corr: s.corr, Holder: r.holder, Keys: keys, TTL: s.cfg.LeaseTTL, WantChecksums: true, WantProv: true})
 	r.keys = keys
 }
 
@@ -1009,18 +1022,36 @@ func (s *Session) onLeased(m *messages.LookupResult) {
 		return
 	}
 	hits, sums := make([]bool, len(r.keys)), make([]uint32, len(r.keys))
+	var prov []*wire.Provenance
 	r.hits = map[messages.Key]bool{}
 	for i, st := range m.Status {
 		if st == messages.Hit && i < len(m.Checksums) {
 			hits[i], sums[i] = true, m.Checksums[i]
 			r.hits[r.keys[i]] = true
+			if i < len(m.Prov) && m.Prov[i] != nil {
+				if prov == nil {
+					prov = make([]*wire.Provenance, len(r.keys))
+				}
+				prov[i] = toWireProv(m.Prov[i])
+			}
 		}
 	}
 	r.keys, r.phase = nil, roundLeased
 	if len(r.hits) == 0 {
 		delete(s.in.rounds, r.n)
 	}
-	s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: hits, Checksums: sums})
+	resp := &wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: hits, Checksums: sums, Prov: prov}
+	b, err := wire.Encode(resp)
+	if err != nil && prov != nil {
+		// NB: provenance is a courtesy; an answer too big with it goes without.
+		resp.Prov = nil
+		b, err = wire.Encode(resp)
+	}
+	if err != nil {
+		s.log.Error().Err(err).Msg("peer: encode lookup answer")
+		return
+	}
+	s.sendIn(b)
 }
 
 // inRound is the inbound round a CPU answer belongs to, if it still exists.
@@ -1354,4 +1385,33 @@ func (s *Session) finishDrain(ctx actor.Context) {
 	}
 	s.dropIn(ctx, "shutdown")
 	ctx.Send(s.drain.plane, &drained{node: s.node, aborted: s.drain.aborted})
+}
+
+// toWireProv and fromWireProv carry a block's provenance across the peer
+// wire (bounds: messages.Provenance's, enforced by peer/wire).
+func toWireProv(p *messages.Provenance) *wire.Provenance {
+	if !fitsWire(p) {
+		return nil // announced as a placeholder by the consumer, never a broken frame
+	}
+	return &wire.Provenance{ParentHash: p.ParentHash, TokenIDs: p.TokenIDs, BlockSize: p.BlockSize,
+		LoRAID: p.LoRAID, LoRAName: p.LoRAName, ExtraKeys: p.ExtraKeys}
+}
+
+func fromWireProv(p *wire.Provenance) *messages.Provenance {
+	return &messages.Provenance{ParentHash: p.ParentHash, TokenIDs: p.TokenIDs, BlockSize: p.BlockSize,
+		LoRAID: p.LoRAID, LoRAName: p.LoRAName, ExtraKeys: p.ExtraKeys}
+}
+
+// fitsWire reports whether p is within the peer wire's bounds.
+func fitsWire(p *messages.Provenance) bool {
+	if p.Validate() != nil || len(p.TokenIDs) > wire.MaxTokenIDs || p.BlockSize > wire.MaxTokenIDs ||
+		len(p.LoRAName) > wire.MaxStringBytes || len(p.ExtraKeys) > wire.MaxExtraKeys {
+		return false
+	}
+	for _, k := range p.ExtraKeys {
+		if len(k) > wire.MaxStringBytes {
+			return false
+		}
+	}
+	return true
 }

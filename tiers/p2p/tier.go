@@ -119,6 +119,7 @@ type hit struct {
 	round    roundID
 	pid      *actor.PID
 	checksum uint32
+	prov     *messages.Provenance // what the producer sent of the block's origin
 }
 
 // heldRound counts the keys a round still holds for us.
@@ -319,7 +320,11 @@ func (t *Tier) onLookup(ctx actor.Context, m *messages.PeerLookupResult) {
 				continue
 			}
 			l.found[i] = true
-			t.held[l.keys[i]] = &hit{round: rid, pid: a.pid, checksum: m.Checksums[i]}
+			h := &hit{round: rid, pid: a.pid, checksum: m.Checksums[i]}
+			if i < len(m.Prov) {
+				h.prov = m.Prov[i]
+			}
+			t.held[l.keys[i]] = h
 			used = append(used, l.keys[i])
 		}
 	}
@@ -394,7 +399,7 @@ func (t *Tier) forget(rid roundID, h *heldRound) {
 func (t *Tier) read(ctx actor.Context, m *messages.TierReadBatch) {
 	n := len(m.Keys)
 	r := &read{corr: m.Corr, asker: ctx.Sender(), res: &messages.TierReadBatchResult{Corr: m.Corr,
-		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n)}}
+		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n), Prov: make([]*messages.Provenance, n)}}
 	type part struct {
 		pid   *actor.PID
 		f     *fetch
@@ -418,6 +423,7 @@ func (t *Tier) read(ctx actor.Context, m *messages.TierReadBatch) {
 		p.keys, p.slots = append(p.keys, k), append(p.slots, m.Slots[i])
 		p.f.index, p.f.sums = append(p.f.index, i), append(p.f.sums, h.checksum)
 		r.res.Source[i] = h.round.node
+		r.res.Prov[i] = h.prov
 	}
 	for _, rid := range order {
 		p := parts[rid]
