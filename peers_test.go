@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/rdma/faulty"
+	"github.com/kvtier/kvtier/rdma/tcp"
 )
 
 const testSecret = "0123456789abcdef-test-secret"
@@ -165,4 +167,51 @@ func TestPeersFetchedBlocksCarryProvenance(t *testing.T) {
 		}
 	}
 	cons.loadAndVerify(req, ids(0, 3)...)
+}
+
+// Bit flips on the data plane are caught by the checksums: the corrupt
+// block never becomes readable (MISS, recompute), the rest of the round
+// commits, and the corruption is counted.
+func TestPeersBitFlipOnTheDataPlaneIsNeverCommitted(t *testing.T) {
+	prod := open(t, 32, withPeers("prod"))
+	inner, err := tcp.New(tcp.Config{Node: "cons"})
+	require.NoError(t, err)
+	flip := faulty.Wrap(inner, func(kind string, _ int) faulty.Fault {
+		if kind == "expect" {
+			return faulty.Flip
+		}
+		return faulty.None
+	})
+	cons := open(t, 32, withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}),
+		func(c *Config) { c.Peers.TransportImpl = flip })
+	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
+
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 8)...)
+	ks := keys(ids(0, 8)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(8, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+
+	req := &messages.ReqContext{RequestID: "r"}
+	cons.lookup(req, ks, false)
+	cons.idle()
+	st := cons.lookup(req, ks, false)
+	require.Equal(t, uint64(1), flip.Flips.Load())
+	var hit []int
+	misses := 0
+	for i, s := range st {
+		switch s {
+		case messages.Hit:
+			hit = append(hit, i)
+		case messages.Miss:
+			misses++
+		}
+	}
+	require.Equal(t, 1, misses, "exactly the flipped block is not readable: %v", st)
+	cons.loadAndVerify(req, hit...)
+	cons.quiet()
+	ps, err := cons.node.PeerStats(cons.ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), ps[0].Corrupt)
+	require.Equal(t, uint64(7), ps[0].Fetched)
 }

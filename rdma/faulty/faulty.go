@@ -1,0 +1,117 @@
+// Package faulty wraps an rdma.Transport with the data-plane faults that
+// cannot be produced on demand for real: bits flipped in a payload after it
+// landed, a write that stalls, a write that fails. It is the narrowest seam
+// for chaos tests (supervision's rules decide when) and costs nothing when
+// no fault is configured. It never changes what the wrapped transport
+// does; it only corrupts, delays or fails around it.
+package faulty
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvtier/kvtier/rdma"
+)
+
+// Fault is what to do to one call.
+type Fault uint8
+
+const (
+	None  Fault = iota
+	Flip        // Expect: flip one bit of one landed slot before reporting success
+	Stall       // Write: never report until Release or Close (the peer sees a hung producer)
+	Fail        // Write: report failure instead of the transfer
+)
+
+// Decide picks the fault for one call: kind is "expect" or "write"; n is
+// the number of slots. nil decides None.
+type Decide func(kind string, n int) Fault
+
+// ErrInjected is the error of an injected write failure.
+var ErrInjected = errors.New("faulty: injected data-plane failure")
+
+// Transport is an rdma.Transport with injected faults.
+type Transport struct {
+	rdma.Transport
+	decide Decide
+
+	region  atomic.Pointer[rdma.Region]
+	mu      sync.Mutex
+	stalled []func() // completions held back, released by Release or Close
+
+	Flips, Stalls, Fails atomic.Uint64 // faults injected, by kind
+}
+
+// Wrap wraps t; decide may be nil (no faults) and replaced with SetDecide.
+func Wrap(t rdma.Transport, decide Decide) *Transport {
+	return &Transport{Transport: t, decide: decide}
+}
+
+// Register records the region (to flip bits in) and registers it below.
+func (f *Transport) Register(r rdma.Region) error {
+	f.region.Store(&r)
+	return f.Transport.Register(r)
+}
+
+func (f *Transport) fault(kind string, n int) Fault {
+	if f.decide == nil {
+		return None
+	}
+	return f.decide(kind, n)
+}
+
+// Expect flips a bit in one landed slot when decided, before done.
+func (f *Transport) Expect(peer string, tok rdma.Token, dst []int, done func(rdma.Completion)) error {
+	if f.fault("expect", len(dst)) != Flip {
+		return f.Transport.Expect(peer, tok, dst, done)
+	}
+	slot := dst[len(dst)/2]
+	return f.Transport.Expect(peer, tok, dst, func(c rdma.Completion) {
+		if c.Err == nil {
+			if r := f.region.Load(); r != nil {
+				b := r.Slot(slot)
+				b[len(b)/3] ^= 0x10
+				f.Flips.Add(1)
+			}
+		}
+		done(c)
+	})
+}
+
+// Write stalls or fails when decided. A stalled write really happens; only
+// its completion is held back (the producer keeps its pins: a hung write).
+func (f *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
+	switch f.fault("write", len(src)) {
+	case Fail:
+		f.Fails.Add(1)
+		go done(rdma.Completion{Token: tok, Peer: peer, Err: ErrInjected})
+		return nil
+	case Stall:
+		f.Stalls.Add(1)
+		return f.Transport.Write(peer, tok, src, dst, func(c rdma.Completion) {
+			f.mu.Lock()
+			f.stalled = append(f.stalled, func() { done(c) })
+			f.mu.Unlock()
+		})
+	}
+	return f.Transport.Write(peer, tok, src, dst, done)
+}
+
+// Release lets every stalled completion through.
+func (f *Transport) Release() {
+	f.mu.Lock()
+	held := f.stalled
+	f.stalled = nil
+	f.mu.Unlock()
+	for _, d := range held {
+		d()
+	}
+}
+
+// Close releases what is stalled, then closes the transport below.
+func (f *Transport) Close() error {
+	err := f.Transport.Close()
+	f.Release()
+	return err
+}
