@@ -310,3 +310,26 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), ps[0].Failures)
 }
+
+// A session that keeps sending malformed frames loses its inbound session
+// (its next round is not served) and must handshake again; the node keeps
+// serving everyone else.
+func TestPeersMalformedFloodDropsTheSession(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "flood")
+	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok)
+	for range 16 {
+		p.sendBytes([]byte{0x81, 0xa1, 'v'}) // truncated map
+	}
+	wk := []wire.Key{{Namespace: string(testNS), Hash: []byte("12345678")}}
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
+	// A fresh handshake works and is served: the flood cost only its session.
+	_, ok = p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok, "the lookup of the dropped session got no answer; the next frame is the new Welcome/Ready")
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
+	_, ok = p.recv().(*wire.LookupResp)
+	require.True(t, ok)
+	require.GreaterOrEqual(t, prod.node.PeerCounters().Dropped()["no_session"], uint64(1))
+	requireStillServes(t, prod, cons, 0)
+}
