@@ -114,7 +114,10 @@ func requireRefused(t *testing.T, f wire.Frame, reason string) {
 }
 
 func TestPeersRefuseBadHandshakes(t *testing.T) {
-	prod, cons := openPair(t, 32, func(c *Config) { c.Peers.Allow = []string{"cons", "mallory", "old", "ns", "cons-spoof"} })
+	prod, cons := openPair(t, 32, func(c *Config) {
+		c.Peers.Allow = []string{"cons", "mallory", "old", "ns", "cons-spoof", "tenant-b"}
+		c.Peers.Namespaces = []string{string(testNS)}
+	})
 	addr := prod.node.PeerAddr()
 
 	m := dialRaw(t, prod.ctx, addr, "mallory")
@@ -141,11 +144,17 @@ func TestPeersRefuseBadHandshakes(t *testing.T) {
 	h.Node = "cons" // claims another identity than its connection's
 	requireRefused(t, spoof.handshake(testSecret, h), wire.RefuseAuth)
 
+	tb := dialRaw(t, prod.ctx, addr, "tenant-b")
+	h = tb.hello()
+	h.Namespaces = []string{"another-tenant"}
+	requireRefused(t, tb.handshake(testSecret, h), wire.RefuseNamespace)
+
 	refused := prod.node.PeerCounters().Refused()
 	require.Equal(t, uint64(2), refused[wire.RefuseAuth])
 	require.Equal(t, uint64(1), refused[wire.RefuseNotAllow])
 	require.Equal(t, uint64(1), refused[wire.RefuseVersion])
 	require.Equal(t, uint64(1), refused[wire.RefuseGeometry])
+	require.Equal(t, uint64(1), refused[wire.RefuseNamespace])
 
 	requireStillServes(t, prod, cons, 0)
 }
