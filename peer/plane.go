@@ -112,6 +112,11 @@ func (p *Plane) Receive(ctx actor.Context) {
 		p.beginShutdown(ctx, m)
 	case *drained:
 		p.onDrained(m)
+	case *sessionIdle:
+		if p.sessions[m.node].Equal(m.pid) && p.shutdown == nil {
+			delete(p.sessions, m.node)
+			ctx.Stop(m.pid)
+		}
 	case *shutdownDeadline:
 		if p.shutdown != nil {
 			p.finishShutdown()

@@ -59,6 +59,8 @@ type Session struct {
 	pending map[uint64]cpuCall
 	bad     int // malformed inbound frames
 	drain   *draining
+	idleSeq uint64
+	stopped bool // cleanup ran: arm nothing more
 }
 
 // draining is a PeerShutdown reaching this session: no new rounds; the
@@ -71,6 +73,17 @@ type draining struct {
 }
 
 type drainDeadline struct{}
+
+// idleCheck: an inbound-only session (a peer we do not dial) that has no
+// authenticated session by then asks the plane to stop it, so strangers'
+// Hellos cannot pin actors forever.
+type idleCheck struct{ seq uint64 }
+
+// sessionIdle tells the plane a session has nothing left to do.
+type sessionIdle struct {
+	node string
+	pid  *actor.PID
+}
 
 // outbound is our side of the session we dial.
 type outbound struct {
@@ -165,9 +178,10 @@ type inRound struct {
 
 // cpuCall is what a CPU-tier answer belongs to.
 type cpuCall struct {
-	epoch uint64
-	round uint64
-	job   messages.JobRef // the pin job, for LeaseToPin
+	epoch  uint64
+	round  uint64
+	holder messages.Holder // the round's lease holder
+	job    messages.JobRef // the pin job, for LeaseToPin
 }
 
 // Messages a session sends itself.
@@ -247,7 +261,7 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *verified:
 		s.onVerified(ctx, m)
 	case *messages.LookupResult:
-		s.onLeased(m)
+		s.onLeased(ctx, m)
 	case *messages.PinResult:
 		s.onPinned(ctx, m)
 	case *written:
@@ -258,6 +272,10 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.beginDrain(ctx, m)
 	case *drainDeadline:
 		s.forceDrain(ctx)
+	case *idleCheck:
+		if m.seq == s.idleSeq && s.addr == "" && s.in == nil && len(s.rounds) == 0 {
+			ctx.Send(ctx.Parent(), &sessionIdle{node: s.node, pid: ctx.Self()})
+		}
 	case *actor.Restarting, *actor.Stopping:
 		s.cleanup(ctx)
 		return
@@ -918,6 +936,18 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	s.hs = &inbound{epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(s.cfg.Namespaces, h.Namespaces),
 		rounds: map[uint64]*inRound{}}
 	s.sendInbound(w)
+	s.armIdleCheck(ctx)
+}
+
+// armIdleCheck arms the check that stops an inbound-only session left
+// without an authenticated peer.
+func (s *Session) armIdleCheck(ctx actor.Context) {
+	if s.addr != "" || s.stopped {
+		return
+	}
+	s.idleSeq++
+	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &idleCheck{seq: s.idleSeq}
+	s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { root.Send(self, msg) })
 }
 
 func (s *Session) onAuth(ctx actor.Context, a *wire.Auth) {
@@ -958,6 +988,7 @@ func (s *Session) dropIn(ctx actor.Context, reason string) {
 	s.log.Info().Str("reason", reason).Uint64("epoch", s.in.epoch).Msg("peer: inbound session ended")
 	s.in = nil
 	s.pc.serving.Store(false)
+	s.armIdleCheck(ctx)
 }
 
 func (s *Session) sendInbound(f wire.Frame) {
@@ -1004,13 +1035,13 @@ func (s *Session) serveLookup(ctx actor.Context, f *wire.Lookup) {
 		holder: messages.Holder{Origin: messages.OriginPeer, ID: fmt.Sprintf("peer:%s:%x:%d", s.node, s.in.epoch, f.Round)}}
 	s.in.rounds[r.n] = r
 	s.corr++
-	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n}
+	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, holder: r.holder}
 	ctx.Request(s.cfg.CPU, &messages.LookupAndLease{Corr: s.corr, Holder: r.holder, Keys: keys, TTL: s.cfg.LeaseTTL, WantChecksums: true, WantProv: true})
 	r.keys = keys
 }
 
 // onLeased answers the peer's Lookup from the CPU tier's answer.
-func (s *Session) onLeased(m *messages.LookupResult) {
+func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
 	if !ok {
@@ -1019,6 +1050,7 @@ func (s *Session) onLeased(m *messages.LookupResult) {
 	r := s.inRound(call)
 	if r == nil {
 		// The session ended meanwhile: nothing will fetch these leases.
+		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
 		return
 	}
 	hits, sums := make([]bool, len(r.keys)), make([]uint32, len(r.keys))
@@ -1093,7 +1125,7 @@ func (s *Session) serveFetch(ctx actor.Context, f *wire.Fetch) {
 	copy(r.token[:], f.Token)
 	r.job = messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}
 	s.corr++
-	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, job: r.job}
+	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, holder: r.holder, job: r.job}
 	ctx.Request(s.cfg.CPU, &messages.LeaseToPin{Corr: s.corr, Holder: r.holder, Job: r.job, Keys: keys})
 }
 
@@ -1106,10 +1138,11 @@ func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
 	}
 	r := s.inRound(call)
 	if r == nil {
+		// The session ended while pinning: nothing will be written.
 		if m.Err == nil {
-			// The session ended while pinning: nothing will be written.
 			ctx.Request(s.cfg.CPU, &messages.ReleaseJob{Job: call.job})
 		}
+		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
 		return
 	}
 	epoch := s.in.epoch
@@ -1200,6 +1233,7 @@ func (s *Session) serveAbort(ctx actor.Context, f *wire.Abort) {
 // cleanup runs when the session stops or restarts: askers are answered,
 // producer holds released, the link closed.
 func (s *Session) cleanup(ctx actor.Context) {
+	s.stopped = true
 	for _, r := range s.rounds {
 		switch r.phase {
 		case roundLooking:
