@@ -2,28 +2,36 @@ package kvtier
 
 // The node's KV events (docs/PROTOCOL.md, "KV events"): the publisher's
 // sockets open before the actors start, the hub actor is spawned first
-// under the guardian, the CPU tier forwards its events to it, and Close
-// flushes the hub after the bridge drained, then closes the sockets.
+// under the guardian, the CPU tier forwards its events to it, the
+// secondary tiers find it registered for the node's actor system
+// (events/announce), and Close flushes the hub after the bridge drained,
+// then closes the sockets.
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
+	"maps"
+	"slices"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/cpu"
 )
 
 // eventsState is the node's events wiring; zero when events are off.
 type eventsState struct {
-	pub      *events.Publisher
-	hub      *actor.PID // wired before spawn, checked after
-	counters events.Counters
+	pub        *events.Publisher
+	hub        *actor.PID // wired before spawn, checked after
+	counters   events.Counters
+	unregister func() // the hub's announce registration; nil without
 }
 
 // openEvents binds the events sockets when configured.
@@ -49,6 +57,7 @@ func (n *Node) eventsChildren() []actors.Child {
 	}
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
 	n.events.hub = actor.NewPID(n.system.Address(), "kvtier/events")
+	n.events.unregister = announce.Register(n.system, n.events.hub)
 	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
 		Format: format, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
@@ -104,9 +113,13 @@ func (n *Node) closeEvents(ctx context.Context) error {
 	if n.events.pub == nil {
 		return nil
 	}
+	if n.events.unregister != nil {
+		n.events.unregister()
+	}
 	c := &n.events.counters
 	n.cfg.Logger.Info().Uint64("batches", c.Batches.Load()).Uint64("events", c.Events.Load()).
 		Uint64("placeholders", c.Placeholders.Load()).Uint64("unknown_removals", c.UnknownRemovals.Load()).
+		Uint64("held_for_parent", c.HeldForParent.Load()).
 		Msg("events hub stopped")
 	return n.events.pub.Close(ctx)
 }
@@ -131,27 +144,49 @@ func (n *Node) EventsReplayEndpoint() string {
 // EventsCounters are the hub's counters (zero when events are off).
 func (n *Node) EventsCounters() *events.Counters { return &n.events.counters }
 
-// Inventory lists, per medium (messages.MediumCPU, ...), the blocks the
-// node's tiers hold readable now: what the node's KV events announce as
-// stored and not removed. Each tier answers from its own mailbox, so the
-// list is exact for that tier at that moment.
+// Inventory lists, per medium (messages.MediumCPU, messages.MediumStorage),
+// the blocks the node's tiers hold readable now: what the node's KV events
+// announce as stored and not removed. Each tier answers from its own
+// mailbox, so each tier's list is exact at that moment; a medium's list is
+// the union of its tiers'. An fs tier answers once it has announced the
+// blocks it found at start; an obj tier lists the blocks it vouches for
+// (tiers/obj).
 func (n *Node) Inventory(ctx context.Context) (map[string][]messages.Key, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
 		defer cancel()
 	}
-	r, err := actors.Ask(ctx, n.system, n.cpu, &messages.TierInventory{Corr: 1})
-	if err != nil {
-		return nil, fmt.Errorf("kvtier: inventory: %w", err)
+	pids := []*actor.PID{n.cpu}
+	for _, t := range n.tiers.opened {
+		if t.kind == tiers.KindFS || t.kind == tiers.KindObj {
+			pids = append(pids, actor.NewPID(n.system.Address(), "kvtier/tier-"+t.name))
+		}
 	}
-	res, ok := r.(*messages.InventoryResult)
-	if !ok {
-		return nil, fmt.Errorf("kvtier: inventory: unexpected answer %T", r)
+	sets := map[string]map[messages.Key]struct{}{}
+	for _, pid := range pids {
+		r, err := actors.Ask(ctx, n.system, pid, &messages.TierInventory{Corr: 1})
+		if err != nil {
+			return nil, fmt.Errorf("kvtier: inventory of %s: %w", pid.Id, err)
+		}
+		res, ok := r.(*messages.InventoryResult)
+		if !ok {
+			return nil, errors.New("kvtier: inventory: unexpected answer from " + pid.Id)
+		}
+		set := sets[res.Medium]
+		if set == nil {
+			set = map[messages.Key]struct{}{}
+			sets[res.Medium] = set
+		}
+		for _, k := range res.Keys {
+			set[k] = struct{}{}
+		}
 	}
 	out := map[string][]messages.Key{}
-	if len(res.Keys) > 0 {
-		out[res.Medium] = res.Keys
+	for medium, set := range sets {
+		if len(set) > 0 {
+			out[medium] = slices.Collect(maps.Keys(set))
+		}
 	}
 	return out, nil
 }
@@ -172,6 +207,7 @@ func (n *Node) registerEventsMetrics() {
 		counter("events_total", "KV events published.", &c.Events),
 		counter("events_placeholders_total", "Stored blocks announced without full provenance.", &c.Placeholders),
 		counter("events_unknown_removals_total", "Removals of blocks never announced stored (not published).", &c.UnknownRemovals),
+		counter("events_held_for_parent_total", "Stored blocks whose announcement waited for their parent's write in the same medium.", &c.HeldForParent),
 		counter("events_encode_errors_total", "Event batches dropped because they failed to encode.", &c.EncodeErrors),
 		counter("events_dropped_total", "Event batches dropped because the publisher's queue was full.", &n.events.pub.Dropped),
 	)

@@ -5,14 +5,18 @@
 // It owns three things and nothing else:
 //   - the translation of tier events (messages.Event) into wire events, with
 //     the per-medium inventory that decides when a block is new to a medium
-//     and when its last copy there went away (Translator, pure logic);
+//     and when its last copy there went away, and the writes in flight that
+//     hold a block back until its parent is announced (Translator, pure
+//     logic);
 //   - the hub actor that batches wire events, numbers batches and hands them
 //     to the publisher without ever blocking its mailbox (Hub);
 //   - the ZeroMQ sockets: a PUB socket and a replay ROUTER socket, each
 //     owned by goroutines that block on their inputs, with a bounded replay
 //     buffer and a bounded shutdown flush (Publisher);
 //
-// plus a decoder of the wire format (Decode) for `kvtier events tail`.
+// plus a decoder of the wire format (Decode) for `kvtier events tail`, and
+// (events/announce) the registry through which tiers opened before the hub
+// exists find it.
 //
 // It must not touch tier state: tiers announce events by sending them to
 // the hub; the hub never asks a tier anything.

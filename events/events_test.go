@@ -269,3 +269,25 @@ func TestHubBatchesAndNumbersFromZero(t *testing.T) {
 	}
 	assert.Equal(t, uint64(2), h.cfg.Counters.Batches.Load())
 }
+
+// The publisher blocks on its inputs: it wakes once per batch or replay
+// request and never on its own. A polling loop (a 100 ms ticker) would wake
+// several times during the observation window below; the window is not a
+// synchronisation, it is the measurement.
+func TestPublisherHasNoIdleWakeups(t *testing.T) {
+	p := listen(t, 16)
+	for i := range uint64(3) {
+		p.Publish(Entry{Seq: i, Payload: []byte{byte(i)}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := 0
+	require.NoError(t, Replay(ctx, p.ReplayEndpoint(), 0, func(uint64, []byte) error { n++; return nil }))
+	require.Equal(t, 3, n, "the replay sees every batch published before it")
+	woke := p.Wakeups.Load()
+	require.True(t, woke >= 1 && woke <= 4, "3 batches and 1 replay request: %d wakeups", woke)
+	idle := time.NewTimer(500 * time.Millisecond)
+	defer idle.Stop()
+	<-idle.C
+	assert.Equal(t, woke, p.Wakeups.Load(), "no wakeup while idle")
+}

@@ -12,9 +12,11 @@ import (
 	"github.com/kvtier/kvtier/supervision"
 )
 
-// Hub is the events actor: tiers send it their events (*messages.Event);
-// it translates them, gathers what arrives back to back into one batch,
-// numbers the batch and hands its encoded payload to the sink.
+// Hub is the events actor: tiers send it their events (*messages.Event),
+// and notes of the writes they start and abort (so a block whose parent is
+// still being written waits for it: Translator); it translates them,
+// gathers what arrives back to back into one batch, numbers the batch and
+// hands its encoded payload to the sink.
 //
 // Invariants:
 //   - hub state (translator, next sequence number, the open batch) outlives
@@ -64,6 +66,7 @@ type Counters struct {
 	Events          atomic.Uint64 // wire events in them
 	Placeholders    atomic.Uint64 // stored blocks without full provenance
 	UnknownRemovals atomic.Uint64 // removals of blocks never announced stored
+	HeldForParent   atomic.Uint64 // stored blocks held back until their parent (being written) was announced
 	EncodeErrors    atomic.Uint64 // batches that failed to encode (dropped)
 }
 
@@ -134,6 +137,7 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	before := tr.Placeholders
 	wire := tr.Apply(e)
 	h.cfg.Counters.UnknownRemovals.Store(tr.UnknownRemovals)
+	h.cfg.Counters.HeldForParent.Store(tr.Held)
 	if n := tr.Placeholders - before; n > 0 {
 		h.cfg.Counters.Placeholders.Add(n)
 		if !h.st.warned {

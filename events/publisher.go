@@ -62,6 +62,7 @@ type Publisher struct {
 	Replays      atomic.Uint64 // replay requests served
 	BadRequests  atomic.Uint64 // malformed replay requests dropped
 	ReplayFrames atomic.Uint64 // batches sent by replays
+	Wakeups      atomic.Uint64 // times loop woke: a batch, a replay request or Close; nothing else wakes it
 }
 
 // PublisherConfig configures the sockets.
@@ -184,14 +185,17 @@ func (p *Publisher) loop() {
 	for {
 		select {
 		case e := <-p.out:
+			p.Wakeups.Add(1)
 			p.send(e)
 			last = time.Now()
 		case a := <-p.asks:
+			p.Wakeups.Add(1)
 			// A batch handed to Publish before the request must be in the
 			// answer: drain the queue first (select picks cases at random).
 			last = p.sendQueued(last)
 			a.reply <- p.buf.from(a.from)
 		case <-p.stop:
+			p.Wakeups.Add(1)
 			p.drain(last)
 			return
 		}

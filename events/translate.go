@@ -1,23 +1,35 @@
 package events
 
 import (
+	"fmt"
+	"maps"
+
 	"github.com/kvtier/kvtier/messages"
 )
 
 // Translator turns tier events into wire events and keeps, per medium, the
-// copies of every block the tiers announced. It is plain data, owned by the
-// hub actor (or a test): no goroutines, no clock, no I/O.
+// copies of every block the tiers announced, the writes in flight and the
+// blocks held back for their parent. It is plain data, owned by the hub
+// actor (or a test): no goroutines, no clock, no I/O.
 //
 // Invariants:
 //   - copies[m][k] = the number of tiers (Ownership values) of medium m
-//     holding k, and owners[m][o] holds exactly the keys tier o of m holds;
-//     a key is absent from copies[m] rather than at 0.
+//     holding k announced, and owners[m][o] holds exactly the keys tier o of
+//     m holds announced; a key is absent from copies[m] rather than at 0.
 //   - a BlockStored for k in m is emitted only when copies[m][k] goes 0 → 1,
 //     a BlockRemoved only when it goes 1 → 0: the wire's stored-minus-removed
 //     per medium is exactly the keys of copies[m].
-//   - stored runs keep chain order: a run is keys consecutive in their call,
-//     so its parent_block_hash is its first key's parent and its token ids
-//     are the concatenation of its blocks' tokens.
+//   - parents first: a stored block whose parent p is not announced in m but
+//     is being written there (a BlockWriting note, not yet stored or
+//     aborted) or is itself held, is held (waiting[m][p]) and announced
+//     right after p is — or, when p's writes all end unreadable, announced
+//     as it is (kvtier does not hold p then). Holding never forms a cycle,
+//     so every held block is released once its ancestors' writes end.
+//   - a held copy that is removed before it was announced is dropped
+//     silently: the wire never saw it.
+//   - stored runs keep chain order: each block of a run is the child of the
+//     one before it, so its parent_block_hash is its first block's parent
+//     and its token ids are the concatenation of its blocks' tokens.
 type Translator struct {
 	format HashFormat
 	media  map[string]*medium
@@ -25,11 +37,105 @@ type Translator struct {
 	Placeholders    uint64 // blocks announced without full provenance
 	UnknownRemovals uint64 // removals of keys the translator never saw stored
 	Duplicates      uint64 // stores of a copy already held (ignored)
+	Held            uint64 // stored blocks held back until their parent was announced
+}
+
+// copyOf names one tier's copy of a block.
+type copyOf struct {
+	owner string
+	key   messages.Key
 }
 
 type medium struct {
-	copies map[messages.Key]int
-	owners map[string]map[messages.Key]struct{}
+	copies  map[messages.Key]int
+	owners  map[string]map[messages.Key]struct{}
+	writes  map[copyOf]struct{}           // (tier, key) writes in flight
+	writers map[messages.Key]int          // key → tiers writing it
+	waiting map[messages.Key][]*block     // parent → held blocks waiting for it
+	heldOn  map[messages.Key]messages.Key // held key → the parent it waits for
+	held    map[messages.Key]int          // held key → copies of it held
+}
+
+// block is one stored copy on its way to the wire.
+type block struct {
+	key      messages.Key
+	owner    string
+	locality string
+	src      source
+}
+
+// source is where a block's provenance comes from: a Provenance, or a
+// context and the block's place in its call.
+type source struct {
+	prov  *messages.Provenance
+	ctx   *messages.ReqContext
+	place messages.Placement
+	known bool // place (or prov) is known: the parent hash is meaningful
+}
+
+func sourceOf(e *messages.Event, i int) source {
+	if i < len(e.Prov) && e.Prov[i] != nil {
+		return source{prov: e.Prov[i], known: true}
+	}
+	if len(e.Place) == len(e.Keys) && e.Place[i].Index >= 0 {
+		return source{ctx: e.Ctx, place: e.Place[i], known: true}
+	}
+	return source{ctx: e.Ctx}
+}
+
+// parent is the block's parent hash ("" at the start of a prompt) and
+// whether it is known.
+func (s source) parent() (string, bool) {
+	switch {
+	case s.prov != nil:
+		return string(s.prov.ParentHash), true
+	case s.known:
+		return s.place.Parent, true
+	}
+	return "", false
+}
+
+// tokens are the block's token ids, nil unless there are exactly
+// blockSize of them.
+func (s source) tokens() []int32 {
+	if s.prov != nil {
+		if s.prov.Full() {
+			return s.prov.TokenIDs
+		}
+		return nil
+	}
+	if !s.known {
+		return nil
+	}
+	t, _ := messages.BlockTokens(s.ctx, s.place)
+	return t
+}
+
+// meta is what every block of one wire event shares.
+type meta struct {
+	blockSize int
+	loraID    int
+	loraName  string
+}
+
+func (s source) meta() meta {
+	switch {
+	case s.prov != nil:
+		return meta{s.prov.BlockSize, s.prov.LoRAID, s.prov.LoRAName}
+	case s.ctx != nil:
+		return meta{s.ctx.BlockSize, s.ctx.LoRAID, s.ctx.LoRAName}
+	}
+	return meta{}
+}
+
+func (s source) extraKeys() []string {
+	switch {
+	case s.prov != nil:
+		return s.prov.ExtraKeys
+	case s.ctx != nil:
+		return s.ctx.ExtraKeys
+	}
+	return nil
 }
 
 // NewTranslator builds an empty translator writing hashes in format.
@@ -40,13 +146,16 @@ func NewTranslator(format HashFormat) *Translator {
 func (t *Translator) medium(name string) *medium {
 	m := t.media[name]
 	if m == nil {
-		m = &medium{copies: map[messages.Key]int{}, owners: map[string]map[messages.Key]struct{}{}}
+		m = &medium{copies: map[messages.Key]int{}, owners: map[string]map[messages.Key]struct{}{},
+			writes: map[copyOf]struct{}{}, writers: map[messages.Key]int{}, waiting: map[messages.Key][]*block{},
+			heldOn: map[messages.Key]messages.Key{}, held: map[messages.Key]int{}}
 		t.media[name] = m
 	}
 	return m
 }
 
-// Inventory returns the keys each medium holds (at least one copy).
+// Inventory returns the keys each medium holds announced (at least one
+// copy).
 func (t *Translator) Inventory() map[string][]messages.Key {
 	out := make(map[string][]messages.Key, len(t.media))
 	for name, m := range t.media {
@@ -62,24 +171,92 @@ func (t *Translator) Inventory() map[string][]messages.Key {
 	return out
 }
 
+// Holding is the number of stored copies held back for their parent now.
+func (t *Translator) Holding() int {
+	n := 0
+	for _, m := range t.media {
+		for _, c := range m.held {
+			n += c
+		}
+	}
+	return n
+}
+
 // Apply records e and returns the wire events it makes (possibly none).
 func (t *Translator) Apply(e *messages.Event) []Event {
 	med := e.Medium
 	if med == "" {
 		med = messages.MediumCPU
 	}
+	m := t.medium(med)
 	switch e.Kind {
 	case messages.BlockStored:
-		return t.stored(e, med)
+		var out []*block
+		for i, k := range e.Keys {
+			out = t.stored(m, &block{key: k, owner: e.Ownership, locality: e.Locality, src: sourceOf(e, i)}, out)
+		}
+		return t.storedEvents(med, out)
 	case messages.BlockRemoved:
-		return t.removed(e, med, e.Keys)
+		return t.removed(m, e, med, e.Keys)
 	case messages.AllBlocksCleared:
-		return t.cleared(e, med)
+		return t.cleared(m, e, med)
+	case messages.BlockWriting:
+		for _, k := range e.Keys {
+			m.startWrite(e.Ownership, k)
+		}
+	case messages.BlockWriteAborted:
+		var out []*block
+		for _, k := range e.Keys {
+			m.endWrite(e.Ownership, k)
+			out = t.settle(m, k, out)
+		}
+		return t.storedEvents(med, out)
 	}
 	return nil
 }
 
-// add records a copy; it reports whether the key is new to the medium.
+func (m *medium) startWrite(owner string, k messages.Key) {
+	c := copyOf{owner, k}
+	if _, dup := m.writes[c]; !dup {
+		m.writes[c] = struct{}{}
+		m.writers[k]++
+	}
+}
+
+func (m *medium) endWrite(owner string, k messages.Key) {
+	c := copyOf{owner, k}
+	if _, ok := m.writes[c]; ok {
+		delete(m.writes, c)
+		if m.writers[k]--; m.writers[k] == 0 {
+			delete(m.writers, k)
+		}
+	}
+}
+
+// blocking reports whether k's children must wait: k is not announced in
+// the medium but is being written or held there.
+func (m *medium) blocking(k messages.Key) bool {
+	return m.copies[k] == 0 && (m.writers[k] > 0 || m.held[k] > 0)
+}
+
+// closesCycle reports whether holding k on parent p would close a cycle of
+// held blocks (only hashes that are not a prefix chain can do that).
+func (m *medium) closesCycle(k, p messages.Key) bool {
+	for range len(m.heldOn) + 1 {
+		if p == k {
+			return true
+		}
+		next, held := m.heldOn[p]
+		if !held {
+			return false
+		}
+		p = next
+	}
+	return true // a loop not through k: never hold onto it
+}
+
+// add records an announced copy; it reports whether the copy is new and
+// whether it is the medium's first.
 func (m *medium) add(owner string, k messages.Key) (added, first bool) {
 	keys := m.owners[owner]
 	if keys == nil {
@@ -94,8 +271,8 @@ func (m *medium) add(owner string, k messages.Key) (added, first bool) {
 	return true, m.copies[k] == 1
 }
 
-// drop removes a copy; it reports whether it was held and whether it was
-// the medium's last.
+// drop removes an announced copy; it reports whether it was held and
+// whether it was the medium's last.
 func (m *medium) drop(owner string, k messages.Key) (held, last bool) {
 	keys := m.owners[owner]
 	if _, ok := keys[k]; !ok {
@@ -109,111 +286,243 @@ func (m *medium) drop(owner string, k messages.Key) (held, last bool) {
 	return true, false
 }
 
-func (t *Translator) stored(e *messages.Event, med string) []Event {
-	m := t.medium(med)
-	var out []Event
-	var run []int // indexes into e.Keys of the current run
-	flush := func() {
-		if len(run) > 0 {
-			out = append(out, t.storedRun(e, med, run))
-			run = run[:0]
+// isHeld reports whether owner's copy of k is held back.
+func (m *medium) isHeld(owner string, k messages.Key) bool {
+	if m.held[k] == 0 {
+		return false
+	}
+	for _, b := range m.waiting[m.heldOn[k]] {
+		if b.key == k && b.owner == owner {
+			return true
 		}
 	}
-	for i, k := range e.Keys {
-		added, first := m.add(e.Ownership, k)
-		if !added {
-			t.Duplicates++
+	return false
+}
+
+// unhold forgets owner's held copy of k (removed before it was announced);
+// it reports whether there was one.
+func (m *medium) unhold(owner string, k messages.Key) bool {
+	if m.held[k] == 0 {
+		return false
+	}
+	p := m.heldOn[k]
+	list := m.waiting[p]
+	for i, b := range list {
+		if b.key == k && b.owner == owner {
+			list = append(list[:i:i], list[i+1:]...)
+			if len(list) == 0 {
+				delete(m.waiting, p)
+			} else {
+				m.waiting[p] = list
+			}
+			m.released(k)
+			return true
 		}
-		if !first {
-			flush()
+	}
+	return false
+}
+
+// released counts one held copy of k gone from waiting.
+func (m *medium) released(k messages.Key) {
+	if m.held[k]--; m.held[k] <= 0 {
+		delete(m.held, k)
+		delete(m.heldOn, k)
+	}
+}
+
+// stored records one stored copy: held back for its parent, or announced
+// (with whatever was waiting for it) onto out.
+func (t *Translator) stored(m *medium, b *block, out []*block) []*block {
+	m.endWrite(b.owner, b.key)
+	if _, have := m.owners[b.owner][b.key]; have || m.isHeld(b.owner, b.key) {
+		t.Duplicates++
+		return t.settle(m, b.key, out)
+	}
+	if ph, ok := b.src.parent(); ok && ph != "" {
+		p := messages.Key{Namespace: b.key.Namespace, Hash: ph, Group: b.key.Group}
+		// NB: a key another copy of which waits on a different parent
+		// (inconsistent provenance) is not held on two: it goes now.
+		if other, held := m.heldOn[b.key]; (!held || other == p) && m.blocking(p) && !m.closesCycle(b.key, p) {
+			m.waiting[p] = append(m.waiting[p], b)
+			m.heldOn[b.key] = p
+			m.held[b.key]++
+			t.Held++
+			return out
+		}
+	}
+	return t.announce(m, b, out)
+}
+
+// announce adds b's copy (onto out when it is the medium's first), then
+// releases what waited for it.
+func (t *Translator) announce(m *medium, b *block, out []*block) []*block {
+	added, first := m.add(b.owner, b.key)
+	if !added {
+		t.Duplicates++
+	}
+	if first {
+		out = append(out, b)
+	}
+	return t.settle(m, b.key, out)
+}
+
+// settle releases, breadth first, the blocks waiting for k once k no
+// longer blocks them (announced, or no longer written nor held).
+func (t *Translator) settle(m *medium, k messages.Key, out []*block) []*block {
+	queue := []messages.Key{k}
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		kids := m.waiting[x]
+		if len(kids) == 0 || m.blocking(x) {
 			continue
 		}
-		if len(run) > 0 && !t.chained(e, run[len(run)-1], i) {
-			flush()
+		delete(m.waiting, x)
+		for _, b := range kids {
+			m.released(b.key)
+			added, first := m.add(b.owner, b.key)
+			if !added {
+				t.Duplicates++
+			}
+			if first {
+				out = append(out, b)
+			}
+			queue = append(queue, b.key)
 		}
-		run = append(run, i)
 	}
-	flush()
 	return out
 }
 
-// chained reports whether key j directly follows key i in their call.
-func (t *Translator) chained(e *messages.Event, i, j int) bool {
-	if len(e.Place) != len(e.Keys) {
-		return false // no provenance: never claim a chain
+// storedEvents groups announced blocks into BlockStored events: a block
+// joins the event before it when it is that event's last block's child in
+// the same group and tier, with the same block size and LoRA, and with
+// tokens exactly when the others have them.
+func (t *Translator) storedEvents(med string, blocks []*block) []Event {
+	var out []Event
+	var r run
+	for _, b := range blocks {
+		if !r.accepts(b) {
+			if r.open() {
+				out = append(out, t.finish(&r))
+			}
+			r = t.start(med, b)
+			continue
+		}
+		r.add(b, t.format)
 	}
-	pi, pj := e.Place[i], e.Place[j]
-	return e.Keys[i].Group == e.Keys[j].Group && pi.Index >= 0 &&
-		pj.Index == pi.Index+1 && pj.Parent == e.Keys[i].Hash
+	if r.open() {
+		out = append(out, t.finish(&r))
+	}
+	return out
 }
 
-// storedRun builds the BlockStored of the keys e.Keys[run...], a chain.
-func (t *Translator) storedRun(e *messages.Event, med string, run []int) Event {
-	first := e.Keys[run[0]]
-	g := first.Group
-	ev := Event{Type: TypeBlockStored, Medium: med, GroupIdx: &g,
-		Locality: e.Locality, Ownership: e.Ownership, BlockHashes: make([]Hash, len(run))}
-	for i, idx := range run {
-		ev.BlockHashes[i] = WireHash(e.Keys[idx].Hash, t.format)
+// run is a BlockStored being built.
+type run struct {
+	ev       Event
+	last     messages.Key
+	meta     meta
+	full     bool
+	toks     []int32              // the tokens so far, clipped: appending never writes into a shared array
+	alias    *messages.ReqContext // toks is alias.TokenIDs[lo:hi] (no copy) while set
+	lo, hi   int
+	extra    [][]string
+	extraSet bool
+}
+
+func (r *run) open() bool { return len(r.ev.BlockHashes) > 0 }
+
+func (t *Translator) start(med string, b *block) run {
+	g := b.key.Group
+	r := run{ev: Event{Type: TypeBlockStored, Medium: med, GroupIdx: &g, Locality: b.locality, Ownership: b.owner},
+		meta: b.src.meta()}
+	r.ev.BlockSize, r.ev.LoRAName = r.meta.blockSize, r.meta.loraName
+	if r.meta.loraID != 0 {
+		id := int64(r.meta.loraID)
+		r.ev.LoRAID = &id
 	}
-	ctx := e.Ctx
-	if ctx != nil {
-		ev.BlockSize = ctx.BlockSize
-		ev.LoRAName = ctx.LoRAName
-		if ctx.LoRAID != 0 {
-			id := int64(ctx.LoRAID)
-			ev.LoRAID = &id
-		}
-		if len(ctx.ExtraKeys) > 0 {
-			ev.ExtraKeys = make([][]string, len(run))
-			for i := range run {
-				ev.ExtraKeys[i] = ctx.ExtraKeys
-			}
+	if ph, ok := b.src.parent(); ok && ph != "" {
+		h := WireHash(ph, t.format)
+		r.ev.Parent = &h
+	}
+	toks := b.src.tokens()
+	r.full = toks != nil && r.meta.blockSize > 0
+	if r.full {
+		r.toks = toks[:len(toks):len(toks)]
+		if b.src.prov == nil {
+			r.alias, r.lo = b.src.ctx, b.src.place.Index*r.meta.blockSize
+			r.hi = r.lo + r.meta.blockSize
 		}
 	}
-	if len(e.Place) == len(e.Keys) {
-		if p := e.Place[run[0]].Parent; p != "" {
-			h := WireHash(p, t.format)
-			ev.Parent = &h
-		}
-		ev.TokenIDs = t.runTokens(e, run)
+	r.add(b, t.format)
+	return r
+}
+
+// accepts reports whether b continues the run's chain.
+func (r *run) accepts(b *block) bool {
+	if !r.open() || b.key.Group != r.last.Group || b.owner != r.ev.Ownership || b.locality != r.ev.Locality {
+		return false
 	}
-	if len(ev.TokenIDs) == 0 || ev.BlockSize <= 0 {
-		ev.TokenIDs = nil
-		t.Placeholders += uint64(len(run))
+	if ph, ok := b.src.parent(); !ok || ph != r.last.Hash {
+		return false
+	}
+	toks := b.src.tokens()
+	return b.src.meta() == r.meta && (toks != nil && r.meta.blockSize > 0) == r.full
+}
+
+// add appends b (the first block, or one accepts took) to the run.
+func (r *run) add(b *block, f HashFormat) {
+	if r.open() && r.full {
+		s := b.src
+		if r.alias != nil && s.prov == nil && s.ctx == r.alias && s.place.Index*r.meta.blockSize == r.hi {
+			r.hi += r.meta.blockSize
+			r.toks = r.alias.TokenIDs[r.lo:r.hi:r.hi]
+		} else {
+			r.alias = nil
+			r.toks = append(r.toks, s.tokens()...)
+		}
+	}
+	r.ev.BlockHashes = append(r.ev.BlockHashes, WireHash(b.key.Hash, f))
+	ks := b.src.extraKeys()
+	r.extra = append(r.extra, ks)
+	r.extraSet = r.extraSet || len(ks) > 0
+	r.last = b.key
+}
+
+func (t *Translator) finish(r *run) Event {
+	ev := r.ev
+	if r.full {
+		ev.TokenIDs = r.toks
+	} else {
+		t.Placeholders += uint64(len(ev.BlockHashes))
+	}
+	if r.extraSet {
+		ev.ExtraKeys = r.extra
 	}
 	return ev
 }
 
-// runTokens is the tokens of the run's blocks: a subslice of the call's
-// token ids (the run is consecutive in the call), or nil when the context
-// does not hold them all.
-func (t *Translator) runTokens(e *messages.Event, run []int) []int32 {
-	firstP, lastP := e.Place[run[0]], e.Place[run[len(run)-1]]
-	lo, ok1 := messages.BlockTokens(e.Ctx, firstP)
-	hi, ok2 := messages.BlockTokens(e.Ctx, lastP)
-	if !ok1 || !ok2 || len(lo) == 0 || len(hi) == 0 {
-		return nil
-	}
-	bs := e.Ctx.BlockSize
-	return e.Ctx.TokenIDs[firstP.Index*bs : (lastP.Index+1)*bs]
-}
-
 // removed drops the owner's copies of keys and announces the keys whose last
-// copy in the medium went away, one BlockRemoved per group.
-func (t *Translator) removed(e *messages.Event, med string, keys []messages.Key) []Event {
-	m := t.medium(med)
+// copy in the medium went away, one BlockRemoved per group. A held copy
+// goes silently (it was never announced).
+func (t *Translator) removed(m *medium, e *messages.Event, med string, keys []messages.Key) []Event {
 	var gone []messages.Key
+	var released []*block
 	for _, k := range keys {
-		held, last := m.drop(e.Ownership, k)
-		if !held {
-			t.UnknownRemovals++
+		// NB: a tier that removes k is not writing it (a write note of k
+		// still open here would only keep k's children waiting).
+		m.endWrite(e.Ownership, k)
+		if !m.unhold(e.Ownership, k) {
+			held, last := m.drop(e.Ownership, k)
+			if !held {
+				t.UnknownRemovals++
+			}
+			if last {
+				gone = append(gone, k)
+			}
 		}
-		if last {
-			gone = append(gone, k)
-		}
+		released = t.settle(m, k, released)
 	}
-	return t.removals(e, med, gone)
+	return append(t.removals(e, med, gone), t.storedEvents(med, released)...)
 }
 
 func (t *Translator) removals(e *messages.Event, med string, gone []messages.Key) []Event {
@@ -233,13 +542,12 @@ func (t *Translator) removals(e *messages.Event, med string, gone []messages.Key
 	return out
 }
 
-// cleared drops every copy the owner held in the medium. When no medium
-// holds anything any more that is AllBlocksCleared (vLLM's event has no
-// medium: it clears everything a router knows of this node); otherwise the
-// keys whose last copy went are announced removed, so the other media's
-// blocks stay known.
-func (t *Translator) cleared(e *messages.Event, med string) []Event {
-	m := t.medium(med)
+// cleared drops every copy the owner held in the medium, announced or held
+// back. When no medium holds anything any more that is AllBlocksCleared
+// (vLLM's event has no medium: it clears everything a router knows of this
+// node); otherwise the keys whose last copy went are announced removed, so
+// the other media's blocks stay known.
+func (t *Translator) cleared(m *medium, e *messages.Event, med string) []Event {
 	held := m.owners[e.Ownership]
 	keys := make([]messages.Key, 0, len(held))
 	for k := range held {
@@ -251,10 +559,65 @@ func (t *Translator) cleared(e *messages.Event, med string) []Event {
 			gone = append(gone, k)
 		}
 	}
-	for _, other := range t.media {
-		if len(other.copies) > 0 {
-			return t.removals(e, med, gone)
+	var unheld []messages.Key
+	for _, list := range m.waiting {
+		for _, b := range list {
+			if b.owner == e.Ownership {
+				unheld = append(unheld, b.key)
+			}
 		}
 	}
-	return []Event{{Type: TypeAllBlocksCleared}}
+	var released []*block
+	for _, k := range unheld {
+		m.unhold(e.Ownership, k)
+		released = t.settle(m, k, released)
+	}
+	after := t.storedEvents(med, released)
+	for _, other := range t.media {
+		if len(other.copies) > 0 {
+			return append(t.removals(e, med, gone), after...)
+		}
+	}
+	return append([]Event{{Type: TypeAllBlocksCleared}}, after...)
+}
+
+// CheckInvariants verifies the bookkeeping above by a full scan (tests).
+func (t *Translator) CheckInvariants() error {
+	for name, m := range t.media {
+		writers := map[messages.Key]int{}
+		for c := range m.writes {
+			writers[c.key]++
+		}
+		if !maps.Equal(writers, m.writers) {
+			return fmt.Errorf("%s: writers %v, writes say %v", name, m.writers, writers)
+		}
+		held := map[messages.Key]int{}
+		for p, list := range m.waiting {
+			if len(list) == 0 {
+				return fmt.Errorf("%s: empty waiting list for %v", name, p)
+			}
+			for _, b := range list {
+				held[b.key]++
+				if m.heldOn[b.key] != p {
+					return fmt.Errorf("%s: %v waits on %v, heldOn says %v", name, b.key, p, m.heldOn[b.key])
+				}
+				if _, announced := m.owners[b.owner][b.key]; announced {
+					return fmt.Errorf("%s: %v both held and announced by %q", name, b.key, b.owner)
+				}
+			}
+		}
+		if !maps.Equal(held, m.held) || len(m.heldOn) != len(m.held) {
+			return fmt.Errorf("%s: held %v, waiting lists say %v", name, m.held, held)
+		}
+		copies := map[messages.Key]int{}
+		for _, keys := range m.owners {
+			for k := range keys {
+				copies[k]++
+			}
+		}
+		if !maps.Equal(copies, m.copies) {
+			return fmt.Errorf("%s: copies %v, owners say %v", name, m.copies, copies)
+		}
+	}
+	return nil
 }

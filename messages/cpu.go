@@ -13,12 +13,26 @@ type LookupAndLease struct {
 	Keys   []Key         // keys in prefix order
 	Prefix bool          // stop at the first key that is not a HIT
 	TTL    time.Duration // lease length
+	// WantChecksums asks for the committed CRC32C of every HIT (a peer
+	// round sends them to the consumer, which verifies the bytes it gets).
+	WantChecksums bool
+	// WantProv asks for each HIT's retained provenance in LookupResult.Prov
+	// (a peer round sends it to the consumer, whose stored events are then
+	// full).
+	WantProv bool
 }
 
 // LookupResult answers LookupAndLease.
 type LookupResult struct {
 	Corr   uint64         // from the request
 	Status []LookupStatus // one per key
+	// Checksums, with WantChecksums: per key, the committed CRC32C of a HIT
+	// (0 otherwise).
+	Checksums []uint32
+	// Prov, with WantProv: per key, the provenance the CPU tier retained for
+	// a HIT, nil for anything else or when unknown. Shared and immutable:
+	// never written through.
+	Prov []*Provenance
 }
 
 // LeaseToPin turns Holder's leases on Keys into read pins owned by Job.
@@ -27,6 +41,9 @@ type LeaseToPin struct {
 	Holder Holder // whose leases are consumed
 	Job    JobRef // who owns the pins
 	Keys   []Key  // keys to pin, all-or-nothing
+	// WantProv asks for each key's retained provenance in PinResult.Prov (a
+	// cascade writes it into the secondary tier's block header).
+	WantProv bool
 }
 
 // PinResult answers LeaseToPin.
@@ -34,6 +51,9 @@ type PinResult struct {
 	Corr  uint64 // from the request
 	Slots []int  // slot per key
 	Err   error  // ErrUnknownKey when a key is not ready; nothing pinned then
+	// Prov is, with WantProv and no Err, one entry per key (nil when
+	// unknown). Shared and immutable.
+	Prov []*Provenance
 }
 
 // TouchKeys marks keys recently used. No reply.
@@ -73,6 +93,11 @@ type CommitSlots struct {
 	Checksums []uint32    // CRC32C per key when OK
 	Ctx       *ReqContext // context of the job, for the stored event
 	Place     []Placement // per key: its place in Ctx's call, for the stored event (nil: unknown)
+	// Prov is nil or one entry per key: a non-nil entry is that key's
+	// provenance, used for its stored event and retained with the block,
+	// instead of Ctx and Place (promotions from a stored header, blocks
+	// fetched from a peer). Shared and immutable from then on.
+	Prov []*Provenance
 }
 
 // ReleaseJob drops Job's pins and frees its unfinished writes.

@@ -9,6 +9,13 @@ const (
 	BlockStored      EventKind = iota + 1 // blocks became readable
 	BlockRemoved                          // blocks went away (evicted, cleared one by one)
 	AllBlocksCleared                      // the whole tier was cleared
+
+	// Notes for the node's event hub only: never published, never in a
+	// tier's TakeTierEvents buffer. They let the hub announce a block's
+	// parent before the block when the parent's write (in the same medium)
+	// is still in flight as the block lands.
+	BlockWriting      // a write of Keys started in the tier (not readable yet)
+	BlockWriteAborted // writes of Keys ended without the blocks becoming readable
 )
 
 func (k EventKind) String() string {
@@ -19,6 +26,10 @@ func (k EventKind) String() string {
 		return "BlockRemoved"
 	case AllBlocksCleared:
 		return "AllBlocksCleared"
+	case BlockWriting:
+		return "BlockWriting"
+	case BlockWriteAborted:
+		return "BlockWriteAborted"
 	}
 	return "Unknown"
 }
@@ -41,6 +52,11 @@ type Event struct {
 	// Place locates each of Keys in the call Ctx describes (stored events
 	// only; one per key; nil when the producer did not know).
 	Place []Placement
+	// Prov is each key's provenance where the producer had it without a
+	// call to place it in (a promotion from a stored header, a peer's
+	// answer): stored events only; nil, or one per key, a nil entry falling
+	// back to Ctx and Place.
+	Prov []*Provenance
 	// Ownership names the tier within its medium that holds the blocks
 	// ("" for the CPU tier; e.g. "fs" or "obj" for STORAGE). Copies are
 	// counted per (Medium, Ownership): a block is removed from a medium

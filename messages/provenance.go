@@ -1,5 +1,14 @@
 package messages
 
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrBadProvenance: a provenance outside the bounds below (a malformed
+// stored header or peer frame).
+var ErrBadProvenance = errors.New("kvtier: provenance out of bounds")
+
 // Placement locates one stored block in the call that produced it (a
 // PrepareStore, later a promotion or a peer fetch), so that its event can be
 // built from that call's ReqContext: the context describes every key of the
@@ -53,4 +62,80 @@ func BlockTokens(ctx *ReqContext, p Placement) ([]int32, bool) {
 		return nil, false
 	}
 	return ctx.TokenIDs[lo:hi], true
+}
+
+// Provenance is one block's origin, as a KV-aware router needs it (vLLM's
+// BlockStored fields): what makes its stored event full. It travels with
+// the block where no request context does: in a secondary tier's stored
+// block header (tiers/blockfmt), in a TierRead answer, in a peer's lookup
+// answer, and into the CPU tier through CommitSlots.Prov.
+//
+// A Provenance is immutable once built and may be shared: its slices may
+// alias a ReqContext's (NewProvenance never copies token ids), so nobody
+// writes through them.
+type Provenance struct {
+	ParentHash []byte   // hash of the block before this one in its prefix chain; nil at the start of a prompt
+	TokenIDs   []int32  // this block's token ids: BlockSize of them when known, else empty
+	BlockSize  int      // tokens per block
+	LoRAID     int      // LoRA adapter id; 0 = none
+	LoRAName   string   // LoRA adapter name; "" = none
+	ExtraKeys  []string // extra hash inputs of the block's request (multimodal hashes, cache salt)
+}
+
+// Bounds of a Provenance that crosses a process boundary (stored block
+// headers, the peer wire): decoders refuse anything larger, encoders leave
+// out a provenance that does not fit (the block is then announced as a
+// placeholder). vLLM's block sizes are far below MaxProvenanceTokens.
+const (
+	MaxProvenanceTokens = 1 << 14 // token ids of one block
+	MaxLoRANameBytes    = 256
+	MaxExtraKeys        = 64
+	MaxExtraKeyBytes    = 1024
+)
+
+// NewProvenance is the provenance of the block at placement p of ctx's call,
+// or nil when it is unknown (no context, or a key the call did not name).
+// Token ids alias ctx.TokenIDs (nil when ctx does not hold the whole block);
+// only the parent hash is copied (a few bytes).
+func NewProvenance(ctx *ReqContext, p Placement) *Provenance {
+	if ctx == nil || p.Index < 0 {
+		return nil
+	}
+	toks, _ := BlockTokens(ctx, p)
+	var parent []byte
+	if p.Parent != "" {
+		parent = []byte(p.Parent)
+	}
+	return &Provenance{ParentHash: parent, TokenIDs: toks, BlockSize: ctx.BlockSize,
+		LoRAID: ctx.LoRAID, LoRAName: ctx.LoRAName, ExtraKeys: ctx.ExtraKeys}
+}
+
+// Full reports whether p can make a full BlockStored: a block size and
+// exactly that many token ids.
+func (p *Provenance) Full() bool {
+	return p != nil && p.BlockSize > 0 && len(p.TokenIDs) == p.BlockSize
+}
+
+// Validate checks p against the bounds above (ErrBadProvenance).
+func (p *Provenance) Validate() error {
+	switch {
+	case p == nil:
+		return nil
+	case len(p.ParentHash) > MaxHashBytes:
+		return fmt.Errorf("%w: parent hash of %d bytes", ErrBadProvenance, len(p.ParentHash))
+	case p.BlockSize < 0 || p.BlockSize > MaxProvenanceTokens:
+		return fmt.Errorf("%w: block size %d", ErrBadProvenance, p.BlockSize)
+	case len(p.TokenIDs) > MaxProvenanceTokens:
+		return fmt.Errorf("%w: %d token ids", ErrBadProvenance, len(p.TokenIDs))
+	case len(p.LoRAName) > MaxLoRANameBytes:
+		return fmt.Errorf("%w: LoRA name of %d bytes", ErrBadProvenance, len(p.LoRAName))
+	case len(p.ExtraKeys) > MaxExtraKeys:
+		return fmt.Errorf("%w: %d extra keys", ErrBadProvenance, len(p.ExtraKeys))
+	}
+	for _, k := range p.ExtraKeys {
+		if len(k) > MaxExtraKeyBytes {
+			return fmt.Errorf("%w: extra key of %d bytes", ErrBadProvenance, len(k))
+		}
+	}
+	return nil
 }

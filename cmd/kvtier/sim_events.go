@@ -40,23 +40,26 @@ func (e *eventFlags) embeddedOnly() bool {
 	return e.endpoint != "" || e.replay != "" || e.inventory != "" || e.hold
 }
 
-// finish runs after the simulation, before the node closes: it flushes the
-// open event batch, writes the inventory (each bounded on its own), and
-// holds the node if asked.
+// finish runs after the simulation, before the node closes: it writes the
+// inventory, flushes the open event batch (bounded together), and holds
+// the node if asked.
 func (e *eventFlags) finish(node *kvtier.Node) error {
 	if node == nil || !e.embeddedOnly() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	next, err := node.FlushEvents(ctx)
-	if err != nil {
-		return fmt.Errorf("flush events: %w", err)
-	}
+	// NB: the inventory first: every event of what it lists was sent to the
+	// hub before the tiers answered (an fs tier answers once it announced
+	// what it found at start), so the flush that follows publishes them.
 	if e.inventory != "" {
 		if err := e.writeInventory(ctx, node); err != nil {
 			return err
 		}
+	}
+	next, err := node.FlushEvents(ctx)
+	if err != nil {
+		return fmt.Errorf("flush events: %w", err)
 	}
 	if e.hold {
 		fmt.Fprintf(os.Stderr, "kvtier sim: holding the node: %d event batches published (seq 0..%d), replay at %s; SIGINT/SIGTERM to stop\n",

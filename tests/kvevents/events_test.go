@@ -47,6 +47,8 @@ type wireEvent struct {
 	BlockSize int64
 	Medium    string
 	Group     *uint64
+	Locality  string
+	Ownership string
 	Fields    map[string]bool // map form: the keys present
 }
 
@@ -170,6 +172,12 @@ func fill(t *testing.T, e *wireEvent, m map[string]any) {
 	if g := m["group_idx"]; g != nil {
 		u := uint64(num(t, g))
 		e.Group = &u
+	}
+	if l, ok := m["locality"].(string); ok {
+		e.Locality = l
+	}
+	if o, ok := m["ownership"].(string); ok {
+		e.Ownership = o
 	}
 }
 

@@ -28,9 +28,10 @@ func freeAddr(t *testing.T) string {
 }
 
 // TestSimCLIEventsMatchItsInventory is the issue's must-hold with real
-// processes only: `kvtier sim` with events on writes its node's inventory
-// and holds the node; a late `kvtier events tail --replay-from 0 --json`
-// rebuilds stored-minus-removed per medium; the two sets are equal.
+// processes only: `kvtier sim` with events on and an fs tier that evicts
+// writes its node's inventory and holds the node; a late `kvtier events
+// tail --replay-from 0 --json` rebuilds stored-minus-removed per medium
+// (CPU and STORAGE); the two sets are equal.
 func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -41,7 +42,7 @@ func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	pub, rep := freeAddr(t), freeAddr(t)
 	invPath := filepath.Join(t.TempDir(), "inventory.json")
 	sim := exec.CommandContext(ctx, bin, "sim", "--no-progress", "--requests", "400", "--cpu-blocks", "600",
-		"--block-bytes", "16384", "--events-endpoint", pub, "--events-replay", rep,
+		"--block-bytes", "16384", "--fs-root", t.TempDir(), "--fs-blocks", "300", "--events-endpoint", pub, "--events-replay", rep,
 		"--inventory", invPath, "--events-hold")
 	sim.WaitDelay = 10 * time.Second
 	stderr, err := sim.StderrPipe()
@@ -83,6 +84,7 @@ func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	var want map[string][]uint64
 	require.NoError(t, json.Unmarshal(data, &want))
 	require.NotEmpty(t, want["CPU"])
+	require.NotEmpty(t, want["STORAGE"])
 	for medium, hashes := range want {
 		sort.Slice(hashes, func(i, j int) bool { return hashes[i] < hashes[j] })
 		require.Equal(t, hashes, got.sorted(medium), "medium %s", medium)

@@ -12,11 +12,12 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
-// Stored block format, version 1: a fixed 160-byte header, then the block.
+// Stored block format. A fixed 160-byte header, then (version 2) a
+// provenance section of ProvLen bytes, then the block.
 //
 //	off  size  field
 //	  0     4  magic "KVTB"
-//	  4     2  format version (1), little endian
+//	  4     2  format version (1 or 2), little endian
 //	  6     1  namespace length (≤ 64)
 //	  7     1  hash length (1..64)
 //	  8     4  group
@@ -24,11 +25,14 @@ import (
 //	 20     4  CRC32C (Castagnoli) of the block
 //	 24    64  namespace, zero padded
 //	 88    64  hash, zero padded
-//	152     4  CRC32C of bytes 0..151
-//	156     4  zero
+//	152     4  CRC32C of bytes 0..151 (version 2: then of bytes 156..159)
+//	156     4  version 1: zero; version 2: provenance section length (≤ MaxProvenance)
+//
+// Version 1 files (no provenance) are still read; writers write version 2.
+// The provenance section (encodeProvenance) carries its own CRC32C.
 const (
 	HeaderSize   = 160
-	Version      = 1
+	Version      = 2
 	MaxNamespace = 64
 	// Ext ends every block object's name.
 	Ext = ".blk"
@@ -41,12 +45,19 @@ var Castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Header is a decoded block header.
 type Header struct {
-	Key    messages.Key
-	Length int64
-	Sum    uint32 // CRC32C of the block
+	Key     messages.Key
+	Length  int64
+	Sum     uint32 // CRC32C of the block
+	ProvLen int    // bytes of the provenance section after the header (0: none)
 }
 
-// Encode writes h into dst.
+// Size is the stored object's size: header, provenance section, block.
+func (h Header) Size() int64 { return HeaderSize + int64(h.ProvLen) + h.Length }
+
+// BlockOffset is where the block starts in the stored object.
+func (h Header) BlockOffset() int64 { return HeaderSize + int64(h.ProvLen) }
+
+// Encode writes h into dst (version 2).
 func Encode(dst *[HeaderSize]byte, h Header) {
 	*dst = [HeaderSize]byte{}
 	copy(dst[0:4], magic[:])
@@ -57,26 +68,44 @@ func Encode(dst *[HeaderSize]byte, h Header) {
 	binary.LittleEndian.PutUint32(dst[20:], h.Sum)
 	copy(dst[24:88], h.Key.Namespace)
 	copy(dst[88:152], h.Key.Hash)
-	binary.LittleEndian.PutUint32(dst[152:], crc32.Checksum(dst[:152], Castagnoli))
+	binary.LittleEndian.PutUint32(dst[156:], uint32(h.ProvLen))
+	binary.LittleEndian.PutUint32(dst[152:], headerSum(dst[:], Version))
+}
+
+// headerSum is the header checksum of a version's header.
+func headerSum(src []byte, version uint16) uint32 {
+	sum := crc32.Checksum(src[:152], Castagnoli)
+	if version >= 2 {
+		sum = crc32.Update(sum, Castagnoli, src[156:160])
+	}
+	return sum
 }
 
 // Decode parses and validates a header (magic, version, header checksum,
-// field lengths). Any failure is ErrInvalidBlock.
+// field lengths, provenance length). Any failure is ErrInvalidBlock.
 func Decode(src []byte) (Header, error) {
 	bad := func(why string) (Header, error) {
 		return Header{}, fmt.Errorf("%w: header: %s", messages.ErrInvalidBlock, why)
 	}
-	switch {
-	case len(src) < HeaderSize:
+	if len(src) < HeaderSize {
 		return bad("short")
-	case [4]byte(src[0:4]) != magic:
+	}
+	if [4]byte(src[0:4]) != magic {
 		return bad("bad magic")
-	case binary.LittleEndian.Uint16(src[4:]) != Version:
-		return bad(fmt.Sprintf("format version %d", binary.LittleEndian.Uint16(src[4:])))
-	case binary.LittleEndian.Uint32(src[152:]) != crc32.Checksum(src[:152], Castagnoli):
+	}
+	version := binary.LittleEndian.Uint16(src[4:])
+	if version != 1 && version != 2 {
+		return bad(fmt.Sprintf("format version %d", version))
+	}
+	if binary.LittleEndian.Uint32(src[152:]) != headerSum(src, version) {
 		return bad("header checksum")
-	case binary.LittleEndian.Uint32(src[156:]) != 0:
+	}
+	provLen := binary.LittleEndian.Uint32(src[156:])
+	if version == 1 && provLen != 0 {
 		return bad("reserved bytes set")
+	}
+	if provLen > MaxProvenance {
+		return bad(fmt.Sprintf("provenance section of %d bytes", provLen))
 	}
 	nsLen, hashLen := int(src[6]), int(src[7])
 	if nsLen > MaxNamespace || hashLen == 0 || hashLen > messages.MaxHashBytes {
@@ -85,9 +114,27 @@ func Decode(src []byte) (Header, error) {
 	return Header{
 		Key: messages.Key{Namespace: messages.Namespace(src[24 : 24+nsLen]),
 			Hash: string(src[88 : 88+hashLen]), Group: binary.LittleEndian.Uint32(src[8:])},
-		Length: int64(binary.LittleEndian.Uint64(src[12:])),
-		Sum:    binary.LittleEndian.Uint32(src[20:]),
+		Length:  int64(binary.LittleEndian.Uint64(src[12:])),
+		Sum:     binary.LittleEndian.Uint32(src[20:]),
+		ProvLen: int(provLen),
 	}, nil
+}
+
+// Prefix is what a writer puts before the block: k's header and, when p
+// fits the bounds (messages.Provenance.Validate), its provenance section.
+// A provenance that does not fit is left out (dropped reports it): the
+// block is stored and served all the same, announced as a placeholder.
+func Prefix(k messages.Key, length int, sum uint32, p *messages.Provenance) (prefix []byte, dropped bool) {
+	n := ProvenanceSize(p)
+	if n < 0 {
+		n, dropped = 0, true
+	}
+	prefix = make([]byte, HeaderSize, HeaderSize+n)
+	Encode((*[HeaderSize]byte)(prefix), Header{Key: k, Length: int64(length), Sum: sum, ProvLen: n})
+	if n > 0 {
+		prefix = appendProvenance(prefix, p)
+	}
+	return prefix, dropped
 }
 
 // Check verifies that a decoded header describes k's block of length
@@ -97,6 +144,14 @@ func (h Header) Check(k messages.Key, length int) error {
 		return fmt.Errorf("%w: %v: stored copy holds %v of %d bytes", messages.ErrInvalidBlock, k, h.Key, h.Length)
 	}
 	return nil
+}
+
+// SizeFits reports whether an object of size bytes can be a stored block of
+// blockBytes (header, a provenance section within its bound, the block):
+// what listings and HEADs can check before the header is read.
+func SizeFits(size int64, blockBytes int) bool {
+	min := int64(HeaderSize + blockBytes)
+	return size >= min && size <= min+MaxProvenance
 }
 
 // Storable reports whether key fits the format.

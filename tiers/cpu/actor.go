@@ -24,7 +24,12 @@ import (
 //   - Events are buffered up to maxEvents; beyond that the oldest are dropped
 //     and counted, so an engine that never drains cannot grow memory.
 //   - With an event sink, every announced event is also sent to it, in
-//     announce order, never dropped (the sink is an actor: a send, no I/O).
+//     announce order, never dropped (the sink is an actor: a send, no I/O),
+//     and so are notes of writes begun (a reservation) and ended unreadable
+//     (a failed commit, a released job), so the hub can hold a block whose
+//     parent is still being written.
+//   - Each ready block retains its provenance (State's slot), answered with
+//     WantProv to lookups and pins.
 type Actor struct {
 	state            *State
 	pool             *Pool
@@ -79,10 +84,21 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *actor.Restarting:
 		a.restarted = true
 	case *messages.LookupAndLease:
-		ctx.Respond(&messages.LookupResult{Corr: m.Corr, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)})
+		res := &messages.LookupResult{Corr: m.Corr, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)}
+		if m.WantChecksums {
+			res.Checksums = a.checksumsOfHits(m.Keys, res.Status)
+		}
+		if m.WantProv {
+			res.Prov = a.state.ProvenanceOf(m.Keys, res.Status)
+		}
+		ctx.Respond(res)
 	case *messages.LeaseToPin:
 		slots, err := a.state.LeaseToPin(m.Holder, m.Job, m.Keys)
-		ctx.Respond(&messages.PinResult{Corr: m.Corr, Slots: slots, Err: err})
+		res := &messages.PinResult{Corr: m.Corr, Slots: slots, Err: err}
+		if m.WantProv && err == nil {
+			res.Prov = a.state.ProvenanceOf(m.Keys, nil)
+		}
+		ctx.Respond(res)
 	case *messages.TouchKeys:
 		a.state.Touch(m.Keys)
 	case *messages.UnpinKeys:
@@ -92,12 +108,12 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.CommitSlots:
 		a.commit(ctx, m)
 	case *messages.ReleaseJob:
-		a.state.ReleaseJob(m.Job)
+		a.aborted(ctx, a.state.ReleaseJob(m.Job))
 		ctx.Respond(&messages.Ack{Corr: m.Corr})
 	case *messages.ReleaseHolder:
 		a.state.ReleaseHolder(m.Holder)
 	case *messages.ReleaseOrigin:
-		a.state.ReleaseOrigin(m.Origin)
+		a.aborted(ctx, a.state.ReleaseOrigin(m.Origin))
 	case *messages.ClearTier:
 		a.clear(ctx, m)
 	case *messages.VerifyBlock:
@@ -122,15 +138,38 @@ func (a *Actor) reserve(ctx actor.Context, m *messages.ReserveSlots) {
 	if len(res.Evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
 	}
+	a.note(ctx, messages.BlockWriting, res.ToStore)
 	ctx.Respond(&messages.ReserveResult{Corr: m.Corr, ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted, Err: err})
 }
 
 func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
-	err := a.state.Commit(m.Job, m.Keys, m.OK, m.Checksums)
-	if err == nil && m.OK && len(m.Keys) > 0 {
-		a.announce(ctx, messages.Event{Kind: messages.BlockStored, Keys: m.Keys, Ctx: m.Ctx, Place: m.Place})
+	src := ProvSource{Ctx: m.Ctx, Place: m.Place}
+	if len(m.Prov) == len(m.Keys) {
+		src.Prov = m.Prov
+	}
+	err := a.state.CommitProv(m.Job, m.Keys, m.OK, m.Checksums, src)
+	switch {
+	case err != nil:
+	case m.OK && len(m.Keys) > 0:
+		a.announce(ctx, messages.Event{Kind: messages.BlockStored, Keys: m.Keys, Ctx: m.Ctx, Place: m.Place, Prov: src.Prov})
+	default:
+		a.aborted(ctx, m.Keys)
 	}
 	ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+}
+
+// aborted tells the event hub that writes of keys ended unreadable.
+func (a *Actor) aborted(ctx actor.Context, keys []messages.Key) {
+	a.note(ctx, messages.BlockWriteAborted, keys)
+}
+
+// note sends the event hub a note (BlockWriting, BlockWriteAborted): hub
+// only, never buffered for TakeTierEvents.
+func (a *Actor) note(ctx actor.Context, kind messages.EventKind, keys []messages.Key) {
+	if a.sink == nil || len(keys) == 0 {
+		return
+	}
+	ctx.Send(a.sink, &messages.Event{Kind: kind, Keys: keys, Medium: messages.MediumCPU, At: a.now()})
 }
 
 func (a *Actor) clear(ctx actor.Context, m *messages.ClearTier) {
@@ -219,4 +258,19 @@ func (a *Actor) checkAfterRestart() {
 		return
 	}
 	a.log.Warn().Msg("cpu tier: restarted; slot table intact")
+}
+
+// checksumsOfHits is the committed CRC32C of each HIT among keys (0 for the
+// rest), for a peer round.
+func (a *Actor) checksumsOfHits(keys []messages.Key, status []messages.LookupStatus) []uint32 {
+	sums := make([]uint32, len(keys))
+	for i, st := range status {
+		if st != messages.Hit {
+			continue
+		}
+		if _, sum, err := a.state.Checksum(keys[i]); err == nil {
+			sums[i] = sum
+		}
+	}
+	return sums
 }

@@ -35,6 +35,7 @@ type slot struct {
 	leases   int32
 	writer   messages.JobRef // valid while write-pending
 	checksum uint32          // valid while ready
+	prov     provRef         // valid while ready: its provenance
 }
 
 // holderLeases are one holder's live leases: slot → expiry. A holder is one
@@ -284,6 +285,12 @@ func (s *State) Reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 // checksums (one per key); without, their slots are freed. All-or-nothing: a
 // key job is not writing returns ErrNotPending and changes nothing.
 func (s *State) Commit(job messages.JobRef, keys []messages.Key, ok bool, checksums []uint32) error {
+	return s.CommitProv(job, keys, ok, checksums, ProvSource{})
+}
+
+// CommitProv is Commit, retaining with each key that becomes ready the
+// provenance src gives it.
+func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, checksums []uint32, src ProvSource) error {
 	if ok && len(checksums) != len(keys) {
 		return fmt.Errorf("commit: %d checksums for %d keys", len(checksums), len(keys))
 	}
@@ -304,6 +311,7 @@ func (s *State) Commit(job messages.JobRef, keys []messages.Key, ok bool, checks
 		delete(mine, idx)
 		if ok {
 			s.makeReady(idx, checksums[i])
+			s.slots[idx].prov = src.ref(i)
 		} else {
 			s.freeSlot(idx)
 			s.Counters.StoresFailed++
@@ -343,7 +351,8 @@ func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
 
 // ReleaseOrigin releases every lease, pin and reservation taken for origin
 // (the bridge's, after it restarts with no memory of its requests and jobs).
-func (s *State) ReleaseOrigin(o messages.Origin) {
+// It returns the keys whose writes it freed.
+func (s *State) ReleaseOrigin(o messages.Origin) (aborted []messages.Key) {
 	for h := range s.leases {
 		if h.Origin == o {
 			s.ReleaseHolder(h)
@@ -351,14 +360,15 @@ func (s *State) ReleaseOrigin(o messages.Origin) {
 	}
 	for j := range s.pins {
 		if j.Origin == o {
-			s.ReleaseJob(j)
+			aborted = append(aborted, s.ReleaseJob(j)...)
 		}
 	}
 	for j := range s.reserved {
 		if j.Origin == o {
-			s.ReleaseJob(j)
+			aborted = append(aborted, s.ReleaseJob(j)...)
 		}
 	}
+	return aborted
 }
 
 // ReleaseHolder ends every lease holder has.

@@ -21,7 +21,7 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 	b.Run("write", func(b *testing.B) {
 		b.SetBytes(int64(len(src)))
 		for i := range b.N {
-			if _, err := s.Write(benchKey(i), src, sum); err != nil {
+			if _, err := s.Write(benchKey(i), src, sum, nil); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -30,7 +30,7 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 		b.SetBytes(int64(len(src)))
 		dst := make([]byte, len(src))
 		for i := range b.N {
-			if _, err := s.Read(benchKey(i%1000), dst); err != nil {
+			if _, _, err := s.Read(benchKey(i%1000), dst); err != nil {
 				b.Fatal(err)
 			}
 		}

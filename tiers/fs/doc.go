@@ -8,6 +8,11 @@
 // string. Every byte of file I/O goes through the narrow FS interface (OS
 // for real files, Faulty to inject ENOSPC, EIO and stalls in tests).
 //
+// Each file keeps its block's provenance in its header (tiers/blockfmt),
+// handed back with every read. The tier announces what it holds to the
+// node's event hub (medium STORAGE): blocks stored, removed, and those found
+// on disk at start once their headers are read (events.go).
+//
 // The package owns its directory, its index and its I/O workers. It never
 // touches CPU-tier state: slot bytes arrive in TierWrite/TierRead messages
 // whose sender holds the slot for the duration.

@@ -151,6 +151,16 @@ func (x *Index) EndDelete(k messages.Key) {
 	}
 }
 
+// ReadyKeys lists the readable keys, least recently used first. O(blocks):
+// for inventories, never on a hot path.
+func (x *Index) ReadyKeys() []messages.Key {
+	out := make([]messages.Key, 0, x.lru.Len())
+	for el := x.lru.Back(); el != nil; el = el.Prev() {
+		out = append(out, el.Value.(*entry).key)
+	}
+	return out
+}
+
 // Blocks is how many blocks are readable.
 func (x *Index) Blocks() int { return x.lru.Len() }
 

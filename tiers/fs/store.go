@@ -40,31 +40,39 @@ func NewStore(fsys FS, root string, fsync bool) *Store {
 // Path is key's file.
 func (s *Store) Path(k messages.Key) string { return filepath.Join(s.root, relPath(k)) }
 
-// Write stores src as k's block: it checks src against sum, writes header
-// and bytes to a temporary file, optionally syncs it, and renames it into
-// place, so a reader sees the whole block or none. It returns the file's
-// size. Out of space is ErrTierFull.
-func (s *Store) Write(k messages.Key, src []byte, sum uint32) (int64, error) {
+// Write stores src as k's block, with its provenance p (nil: none) in the
+// header: it checks src against sum, writes header, provenance and bytes to
+// a temporary file, optionally syncs it, and renames it into place, so a
+// reader sees the whole block or none. It returns the file's size. Out of
+// space is ErrTierFull.
+func (s *Store) Write(k messages.Key, src []byte, sum uint32, p *messages.Provenance) (int64, error) {
 	if got := crc32.Checksum(src, castagnoli); got != sum {
 		return 0, fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 	}
-	p := s.Path(k)
-	if err := s.fs.MkdirAll(filepath.Dir(p)); err != nil {
+	path := s.Path(k)
+	if err := s.fs.MkdirAll(filepath.Dir(path)); err != nil {
 		return 0, ioErr("mkdir", err)
 	}
-	tmp := p + tmpMarker + strconv.FormatUint(s.tmpSeq.Add(1), 10)
-	if err := s.writeFile(tmp, k, src, sum); err != nil {
+	prefix, _ := blockfmt.Prefix(k, len(src), sum, p)
+	tmp := path + tmpMarker + strconv.FormatUint(s.tmpSeq.Add(1), 10)
+	if err := s.writeFile(tmp, prefix, src); err != nil {
 		_ = s.fs.Remove(tmp)
 		return 0, err
 	}
-	if err := s.fs.Rename(tmp, p); err != nil {
+	if err := s.fs.Rename(tmp, path); err != nil {
 		_ = s.fs.Remove(tmp)
 		return 0, ioErr("rename", err)
 	}
-	return headerSize + int64(len(src)), nil
+	return int64(len(prefix) + len(src)), nil
 }
 
-func (s *Store) writeFile(name string, k messages.Key, src []byte, sum uint32) (err error) {
+// FileSize is the size of k's file holding a block of n bytes with
+// provenance p, as Write writes it.
+func FileSize(n int, p *messages.Provenance) int64 {
+	return headerSize + int64(max(blockfmt.ProvenanceSize(p), 0)) + int64(n)
+}
+
+func (s *Store) writeFile(name string, prefix, src []byte) (err error) {
 	f, err := s.fs.Create(name)
 	if err != nil {
 		return ioErr("create", err)
@@ -74,9 +82,7 @@ func (s *Store) writeFile(name string, k messages.Key, src []byte, sum uint32) (
 			err = ioErr("close", cerr)
 		}
 	}()
-	var hdr [headerSize]byte
-	encodeHeader(&hdr, blockfmt.Header{Key: k, Length: int64(len(src)), Sum: sum})
-	if _, err := f.Write(hdr[:]); err != nil {
+	if _, err := f.Write(prefix); err != nil {
 		return ioErr("write", err)
 	}
 	if _, err := f.Write(src); err != nil {
@@ -99,49 +105,101 @@ func ioErr(op string, err error) error {
 }
 
 // Read reads k's block into dest and verifies it: header intact, same key,
-// length len(dest), CRC32C of the bytes as recorded. It returns the
-// checksum. A file that fails a check is ErrInvalidBlock (the caller removes
-// it); a missing file is ErrNotFound.
-func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, err error) {
-	f, err := s.fs.Open(s.Path(k))
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
-	}
+// length len(dest), provenance section intact, CRC32C of the bytes as
+// recorded. It returns the checksum and the stored provenance (nil when the
+// file has none). A file that fails a check is ErrInvalidBlock (the caller
+// removes it); a missing file is ErrNotFound.
+func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
+	f, h, p, err := s.open(k, len(dest))
 	if err != nil {
-		return 0, ioErr("open", err)
+		return 0, nil, err
 	}
 	defer f.Close()
-	var hdr [headerSize]byte
-	if n, err := f.ReadAt(hdr[:], 0); n < headerSize {
-		if err != nil && !errors.Is(err, io.EOF) {
-			return 0, ioErr("read", err)
-		}
-		return 0, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, k)
-	}
-	h, err := decodeHeader(hdr[:])
-	if err != nil {
-		return 0, fmt.Errorf("%v: %w", k, err)
-	}
-	if err := h.Check(k, len(dest)); err != nil {
-		return 0, err
-	}
 	// NB: read and checksum chunk by chunk, so each chunk is summed while it
 	// is still in cache: the checksum then costs little beyond the copy.
 	var got uint32
+	base := h.BlockOffset()
 	for off := 0; off < len(dest); off += readChunk {
 		chunk := dest[off:min(off+readChunk, len(dest))]
-		if n, err := f.ReadAt(chunk, headerSize+int64(off)); n < len(chunk) {
+		if n, err := f.ReadAt(chunk, base+int64(off)); n < len(chunk) {
 			if err != nil && !errors.Is(err, io.EOF) {
-				return 0, ioErr("read", err)
+				return 0, nil, ioErr("read", err)
 			}
-			return 0, fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, off+n, len(dest))
+			return 0, nil, fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, off+n, len(dest))
 		}
 		got = crc32.Update(got, castagnoli, chunk)
 	}
 	if got != h.Sum {
-		return 0, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
+		return 0, nil, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
 	}
-	return h.Sum, nil
+	return h.Sum, p, nil
+}
+
+// ReadProvenance reads only k's header and provenance (a block of n
+// bytes): what the start-up announcements need. The block's bytes are
+// verified when it is read.
+func (s *Store) ReadProvenance(k messages.Key, n int) (*messages.Provenance, error) {
+	f, _, p, err := s.open(k, n)
+	if err != nil {
+		return nil, err
+	}
+	_ = f.Close()
+	return p, nil
+}
+
+// open opens k's file and reads and checks its header (for a block of n
+// bytes) and provenance.
+func (s *Store) open(k messages.Key, n int) (File, blockfmt.Header, *messages.Provenance, error) {
+	f, err := s.fs.Open(s.Path(k))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, blockfmt.Header{}, nil, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
+	}
+	if err != nil {
+		return nil, blockfmt.Header{}, nil, ioErr("open", err)
+	}
+	h, p, err := readHeader(f, k, n)
+	if err != nil {
+		_ = f.Close()
+		return nil, blockfmt.Header{}, nil, err
+	}
+	return f, h, p, nil
+}
+
+// headerRead is what one read fetches of a file's start: the header and a
+// typical provenance section (a second read fetches a larger one).
+const headerRead = 4 << 10
+
+func readHeader(f File, k messages.Key, n int) (blockfmt.Header, *messages.Provenance, error) {
+	var buf [headerRead]byte
+	got, err := f.ReadAt(buf[:], 0)
+	if got < headerSize {
+		if err != nil && !errors.Is(err, io.EOF) {
+			return blockfmt.Header{}, nil, ioErr("read", err)
+		}
+		return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, k)
+	}
+	h, err := decodeHeader(buf[:got])
+	if err != nil {
+		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", k, err)
+	}
+	if err := h.Check(k, n); err != nil {
+		return blockfmt.Header{}, nil, err
+	}
+	section := buf[headerSize:min(got, headerSize+h.ProvLen)]
+	if len(section) < h.ProvLen {
+		section = make([]byte, h.ProvLen)
+		if m, err := f.ReadAt(section, headerSize); m < len(section) {
+			if err != nil && !errors.Is(err, io.EOF) {
+				return blockfmt.Header{}, nil, ioErr("read", err)
+			}
+			return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated provenance", messages.ErrInvalidBlock, k)
+		}
+	}
+	p, err := blockfmt.DecodeProvenance(section)
+	if err != nil {
+		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", k, err)
+	}
+	return h, p, nil
 }
 
 // Remove deletes k's file; a missing file is not an error.
@@ -168,9 +226,10 @@ type ScanResult struct {
 
 // Scan walks the root and lists the block files, oldest first. Temporary
 // files (a write interrupted by a crash), block files whose name does not
-// parse and block files whose size is not header + blockBytes are removed
-// and counted: they can never be served. Headers and checksums are verified
-// lazily, on read. A missing root is created.
+// parse and block files whose size cannot be header, provenance and
+// blockBytes are removed and counted: they can never be served. Headers
+// are verified by the tier's start-up announcements (or on read), block
+// checksums on read. A missing root is created.
 func (s *Store) Scan(blockBytes int) (ScanResult, error) {
 	var res ScanResult
 	if err := s.fs.MkdirAll(s.root); err != nil {
@@ -235,7 +294,7 @@ func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry
 	}
 	hash, group, ok := parseFileName(name)
 	info, err := f.Info()
-	if !ok || err != nil || info.Size() != headerSize+int64(blockBytes) || shardOf(name) != shard {
+	if !ok || err != nil || !blockfmt.SizeFits(info.Size(), blockBytes) || shardOf(name) != shard {
 		if s.fs.Remove(full) == nil {
 			res.Removed++
 		}

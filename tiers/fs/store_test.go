@@ -25,20 +25,21 @@ func TestStoreRoundTripAndValidation(t *testing.T) {
 	s := NewStore(OS{}, root, true)
 	k := benchKey(1)
 	src, sum := block(3, 1000)
-	size, err := s.Write(k, src, sum)
+	size, err := s.Write(k, src, sum, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(HeaderSize+1000), size)
 	dst := make([]byte, 1000)
-	got, err := s.Read(k, dst)
+	got, prov, err := s.Read(k, dst)
 	require.NoError(t, err)
 	require.Equal(t, sum, got)
 	require.Equal(t, src, dst)
+	require.Nil(t, prov, "stored without provenance, read without")
 
-	_, err = s.Write(benchKey(2), src, sum+1)
+	_, err = s.Write(benchKey(2), src, sum+1, nil)
 	require.ErrorIs(t, err, messages.ErrChecksum, "a slot that does not match its committed checksum is never written")
-	_, err = s.Read(benchKey(2), dst)
+	_, _, err = s.Read(benchKey(2), dst)
 	require.ErrorIs(t, err, messages.ErrNotFound)
-	_, err = s.Read(k, make([]byte, 999))
+	_, _, err = s.Read(k, make([]byte, 999))
 	require.ErrorIs(t, err, messages.ErrInvalidBlock, "wrong length")
 
 	// A file copied under another key's name is refused: the header names the key.
@@ -47,18 +48,18 @@ func TestStoreRoundTripAndValidation(t *testing.T) {
 	k3 := benchKey(3)
 	require.NoError(t, os.MkdirAll(filepath.Dir(s.Path(k3)), 0o755))
 	require.NoError(t, os.WriteFile(s.Path(k3), data, 0o644))
-	_, err = s.Read(k3, dst)
+	_, _, err = s.Read(k3, dst)
 	require.ErrorIs(t, err, messages.ErrInvalidBlock)
 
 	for _, corrupt := range []int{0, 30, 159, HeaderSize + 500} {
 		bad := append([]byte(nil), data...)
 		bad[corrupt] ^= 1
 		require.NoError(t, os.WriteFile(s.Path(k), bad, 0o644))
-		_, err = s.Read(k, dst)
+		_, _, err = s.Read(k, dst)
 		require.ErrorIs(t, err, messages.ErrInvalidBlock, "byte %d flipped", corrupt)
 	}
 	require.NoError(t, os.WriteFile(s.Path(k), data[:HeaderSize+10], 0o644))
-	_, err = s.Read(k, dst)
+	_, _, err = s.Read(k, dst)
 	require.ErrorIs(t, err, messages.ErrInvalidBlock, "truncated")
 }
 
@@ -74,7 +75,7 @@ func TestScanRebuildsAndRemovesLeftovers(t *testing.T) {
 	s := NewStore(OS{}, root, false)
 	src, sum := block(1, 512)
 	for i := range 5 {
-		_, err := s.Write(benchKey(i), src, sum)
+		_, err := s.Write(benchKey(i), src, sum, nil)
 		require.NoError(t, err)
 	}
 	dir := filepath.Dir(s.Path(benchKey(0)))
@@ -111,7 +112,7 @@ func TestWriteOutOfSpaceIsTierFullAndLeavesNothing(t *testing.T) {
 	})
 	s := NewStore(f, root, false)
 	src, sum := block(1, 512)
-	_, err := s.Write(benchKey(1), src, sum)
+	_, err := s.Write(benchKey(1), src, sum, nil)
 	require.ErrorIs(t, err, messages.ErrTierFull)
 	res, err := s.Scan(512)
 	require.NoError(t, err)

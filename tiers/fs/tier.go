@@ -24,13 +24,18 @@ type Config struct {
 	Workers    int    // I/O goroutines (default 4)
 	Queue      int    // I/O operations waiting for a goroutine before writes are shed (default 256)
 	FS         FS     // nil: the real filesystem
-	Log        zerolog.Logger
+	// Locality is the `locality` of the tier's KV events: "LOCAL" (the
+	// default) for a node's own disk, "REMOTE" for a filesystem other nodes
+	// read too.
+	Locality string
+	Log      zerolog.Logger
 }
 
 // Defaults for Config.
 const (
-	DefaultWorkers = 4
-	DefaultQueue   = 256
+	DefaultWorkers  = 4
+	DefaultQueue    = 256
+	DefaultLocality = "LOCAL"
 )
 
 // Tier is an opened fs tier: its index (rebuilt from the directory), its
@@ -42,6 +47,7 @@ type Tier struct {
 	index   *Index
 	workers *tiers.Workers
 	stats   messages.SecondaryStats
+	intro   intro // announcing the blocks found at start (survives restarts)
 }
 
 // Open scans cfg.Root, rebuilding the index (oldest files least recent),
@@ -62,6 +68,9 @@ func Open(cfg Config) (*Tier, error) {
 	}
 	if cfg.FS == nil {
 		cfg.FS = OS{}
+	}
+	if cfg.Locality == "" {
+		cfg.Locality = DefaultLocality
 	}
 	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync), index: NewIndex(cfg.Capacity)}
 	start := time.Now()
@@ -84,7 +93,9 @@ func Open(cfg Config) (*Tier, error) {
 			if err := t.store.Remove(b.key); err == nil {
 				over++
 			}
+			continue
 		}
+		t.intro.add(b.key)
 	}
 	t.stats = messages.SecondaryStats{Name: cfg.Name, Kind: tiers.KindFS, Healthy: true,
 		ScannedBlocks: t.index.Blocks(), ScanRemoved: res.Removed + over, Capacity: cfg.Capacity}
@@ -109,7 +120,12 @@ func (t *Tier) Props() *actor.Props {
 		actor.WithReceiverMiddleware(supervision.Faults))
 }
 
-// Actor serves the tier contract (tiers/contract.go) for one fs tier.
+// Actor serves the tier contract (tiers/contract.go) for one fs tier, and
+// announces what the tier holds to the node's event hub (medium STORAGE,
+// ownership the tier's name): a block stored when its write lands, removed
+// when it becomes unreadable (evicted, deleted, found invalid), the blocks
+// found on disk at start once their headers are read (intro), and notes of
+// the writes it starts and abandons.
 //
 // Invariants:
 //   - the index is touched only inside Receive; file I/O runs only on the
@@ -120,10 +136,16 @@ func (t *Tier) Props() *actor.Props {
 //     that completes it.
 //   - a block that fails validation on read is made unreadable before the
 //     answer goes out, then its file is removed: it is never served.
+//   - with a hub: announced stored − removed = the index's readable keys
+//     minus those the start-up introduction has not announced yet; a
+//     TierInventory is answered once the introduction is over.
 type Actor struct {
 	t        *Tier
 	log      zerolog.Logger
 	inFlight int
+	hub      *actor.PID                // the node's event hub; nil: announce nothing
+	invWait  []*messages.TierInventory // inventories asked before the introduction ended
+	invFrom  []*actor.PID              // their senders
 }
 
 type (
@@ -131,6 +153,7 @@ type (
 		req    *messages.TierRead
 		sender *actor.PID
 		sum    uint32
+		prov   *messages.Provenance
 		err    error
 	}
 	writeDone struct {
@@ -161,8 +184,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.TierDelete:
 		if a.t.index.StartDelete(m.Key) {
 			a.t.stats.Deleted++
+			a.gone(ctx, []messages.Key{m.Key})
 			a.remove(ctx, []messages.Key{m.Key}, nil)
 		}
+	case *introDone:
+		a.introDone(ctx, m)
+	case *messages.TierInventory:
+		a.inventory(ctx, m)
 	case *removeDone:
 		a.inFlight--
 		for _, k := range m.keys {
@@ -173,10 +201,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 		}
 	case *messages.TierStatsQuery:
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
-	case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
+	case *actor.Started:
+		a.started(ctx)
+	case *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
 	default:
 		a.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("fs tier: unknown message dropped")
 	}
+	a.introduce(ctx)
 }
 
 func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
@@ -210,8 +241,8 @@ func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
 	a.t.index.Touch(m.Key)
 	self, root, sender, store := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender(), a.t.store
 	if !a.submit(func() {
-		sum, err := store.Read(m.Key, m.Dest)
-		root.Send(self, &readDone{req: m, sender: sender, sum: sum, err: err})
+		sum, prov, err := store.Read(m.Key, m.Dest)
+		root.Send(self, &readDone{req: m, sender: sender, sum: sum, prov: prov, err: err})
 	}) {
 		a.t.stats.ReadFailures++
 		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s: I/O queue full", messages.ErrTierUnavailable, a.t.cfg.Name)})
@@ -230,6 +261,7 @@ func (a *Actor) readDone(ctx actor.Context, m *readDone) {
 		a.t.stats.ReadFailures++
 		if a.t.index.StartDelete(m.req.Key) {
 			a.t.stats.Invalid++
+			a.gone(ctx, []messages.Key{m.req.Key})
 			a.log.Warn().Err(m.err).Msg("fs tier: invalid block removed")
 			a.remove(ctx, []messages.Key{m.req.Key}, func() { a.answerRead(ctx, m) })
 			return
@@ -243,7 +275,7 @@ func (a *Actor) readDone(ctx actor.Context, m *readDone) {
 
 func (a *Actor) answerRead(ctx actor.Context, m *readDone) {
 	if m.sender != nil {
-		ctx.Send(m.sender, &messages.TierReadResult{Corr: m.req.Corr, Key: m.req.Key, Checksum: m.sum, Err: m.err})
+		ctx.Send(m.sender, &messages.TierReadResult{Corr: m.req.Corr, Key: m.req.Key, Checksum: m.sum, Prov: m.prov, Err: m.err})
 	}
 }
 
@@ -259,7 +291,7 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 		respond(fmt.Errorf("%w: %s: I/O queue full", messages.ErrTierUnavailable, a.t.cfg.Name))
 		return
 	}
-	evicted, err := a.t.index.BeginWrite(m.Key, headerSize+int64(len(m.Src)))
+	evicted, err := a.t.index.BeginWrite(m.Key, FileSize(len(m.Src), m.Prov))
 	switch {
 	case errors.Is(err, errExists):
 		a.t.index.Touch(m.Key)
@@ -275,16 +307,19 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 		return
 	}
 	a.t.stats.Evictions += uint64(len(evicted))
+	a.gone(ctx, evicted)
+	a.note(ctx, messages.BlockWriting, m.Key)
 	self, root, sender, store := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender(), a.t.store
 	if !a.submit(func() {
 		for _, k := range evicted {
 			_ = store.Remove(k) // NB: a file left behind is re-validated by the next scan
 		}
-		_, err := store.Write(m.Key, m.Src, m.Checksum)
+		_, err := store.Write(m.Key, m.Src, m.Checksum, m.Prov)
 		root.Send(self, &writeDone{req: m, sender: sender, evicted: evicted, err: err})
 	}) {
 		// Only when the pool closed: undo the reservation.
 		a.t.index.EndWrite(m.Key, false)
+		a.note(ctx, messages.BlockWriteAborted, m.Key)
 		for _, k := range evicted {
 			a.t.index.EndDelete(k)
 		}
@@ -301,10 +336,14 @@ func (a *Actor) writeDone(ctx actor.Context, m *writeDone) {
 	switch {
 	case m.err == nil:
 		a.t.stats.Writes++
+		a.announce(ctx, messages.BlockStored, []messages.Key{m.req.Key}, []*messages.Provenance{m.req.Prov})
 	case errors.Is(m.err, messages.ErrTierFull):
 		a.t.stats.WritesFull++
 	default:
 		a.t.stats.WriteFailures++
+	}
+	if m.err != nil {
+		a.note(ctx, messages.BlockWriteAborted, m.req.Key)
 	}
 	if m.err != nil && (a.t.stats.WriteFailures+a.t.stats.WritesFull)&(a.t.stats.WriteFailures+a.t.stats.WritesFull-1) == 0 {
 		// Logged at powers of two: a full disk fails every write.

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
@@ -28,6 +29,11 @@ import (
 //     a healthy or idle tier has no timer.
 //   - a block that fails validation is forgotten before the answer goes
 //     out, then its object is deleted: it is never served.
+//   - with a hub, announced stored − removed (medium STORAGE, ownership the
+//     tier's name) = owned: the blocks this tier vouches for — written by
+//     it, or read and verified by it, with their provenance — bounded like
+//     known; a block leaves owned (announced removed) when it is found
+//     invalid or missing, deleted, or forgotten to stay within the bound.
 type Actor struct {
 	t   *Tier
 	log zerolog.Logger
@@ -47,6 +53,8 @@ type Actor struct {
 	writing    map[messages.Key]struct{}
 	deleting   map[messages.Key]struct{}
 	known      *keySet
+	owned      *keySet    // what the tier's events announce (see Invariants)
+	hub        *actor.PID // the node's event hub; nil: announce nothing
 	waiters    []AwaitHealth
 	stats      messages.SecondaryStats
 	logged     uint64 // failures logged at powers of two
@@ -71,6 +79,7 @@ type op struct {
 	sender   *actor.PID
 	buf      []byte // read into (get) or written from (put)
 	sum      uint32
+	prov     *messages.Provenance // stored with a put
 	look     *lookupJob
 	idx      int
 }
@@ -89,6 +98,7 @@ type (
 		op    *op
 		found bool
 		sum   uint32
+		prov  *messages.Provenance // read by a get
 		err   error
 	}
 	retryOp   struct{ op *op }
@@ -99,7 +109,7 @@ type (
 func newActor(t *Tier) *Actor {
 	return &Actor{t: t, log: t.cfg.Log.With().Str("tier", t.cfg.Name).Logger(), healthy: true,
 		writing: map[messages.Key]struct{}{}, deleting: map[messages.Key]struct{}{},
-		known: newKeySet(t.cfg.KnownKeys),
+		known: newKeySet(t.cfg.KnownKeys), owned: newKeySet(t.cfg.KnownKeys),
 		stats: messages.SecondaryStats{Name: t.cfg.Name, Kind: "obj", Healthy: true, Blocks: -1}}
 }
 
@@ -114,8 +124,12 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.write(ctx, m)
 	case *messages.TierDelete:
 		a.known.remove(m.Key)
+		a.disown(ctx, m.Key)
 		a.stats.Deleted++
 		a.remove(m.Key)
+	case *messages.TierInventory:
+		ctx.Respond(&messages.InventoryResult{Corr: m.Corr, Medium: messages.MediumStorage,
+			Ownership: a.t.cfg.Name, Keys: a.owned.keys()})
 	case *opDone:
 		a.running--
 		a.done(ctx, m)
@@ -141,6 +155,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.TierStatsQuery:
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
 	case *actor.Started:
+		a.hub = announce.Hub(ctx.ActorSystem())
 		// NB: one probe at start, so a wrong endpoint, bucket or key shows
 		// in the log and in tier_healthy before the first block needs it.
 		if !a.probing {
@@ -248,10 +263,11 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 		respond(a.unavailable("write queue full"))
 	default:
 		o := a.newOp(opPut, m.Key)
-		o.corr, o.sender, o.buf, o.sum = m.Corr, ctx.Sender(), m.Src, m.Checksum
+		o.corr, o.sender, o.buf, o.sum, o.prov = m.Corr, ctx.Sender(), m.Src, m.Checksum, m.Prov
 		a.writing[m.Key] = struct{}{}
 		a.puts++
 		a.slow = append(a.slow, o)
+		a.announce(ctx, messages.BlockWriting, m.Key, nil)
 	}
 }
 
@@ -305,9 +321,9 @@ func (a *Actor) submit(ctx actor.Context, o *op) bool {
 		case opHead:
 			d.found, d.err = t.store.Head(c, o.key, t.cfg.BlockBytes)
 		case opGet:
-			d.sum, d.err = t.store.Read(c, o.key, o.buf)
+			d.sum, d.prov, d.err = t.store.Read(c, o.key, o.buf)
 		case opPut:
-			d.err = t.store.Write(c, o.key, o.buf, o.sum)
+			d.err = t.store.Write(c, o.key, o.buf, o.sum, o.prov)
 		case opDelete:
 			d.err = t.store.Remove(c, o.key)
 		}
@@ -383,22 +399,27 @@ func (a *Actor) complete(ctx actor.Context, o *op, d opDone) {
 		case classOK:
 			a.stats.Reads++
 			a.known.add(o.key)
+			if d.prov != nil {
+				a.own(ctx, o.key, d.prov)
+			}
 		case classInvalid:
 			a.stats.ReadFailures++
 			a.stats.Invalid++
 			a.known.remove(o.key)
+			a.disown(ctx, o.key)
 			a.log.Warn().Err(d.err).Msg("obj tier: invalid object deleted")
 			a.remove(o.key)
 		case classNotFound:
 			a.stats.ReadFailures++
 			a.known.remove(o.key)
+			a.disown(ctx, o.key)
 		default:
 			a.stats.ReadFailures++
 			if !shed {
 				a.failed("get", d.err)
 			}
 		}
-		ctx.Send(o.sender, &messages.TierReadResult{Corr: o.corr, Key: o.key, Checksum: d.sum, Err: d.err})
+		ctx.Send(o.sender, &messages.TierReadResult{Corr: o.corr, Key: o.key, Checksum: d.sum, Prov: d.prov, Err: d.err})
 	case opPut:
 		a.puts--
 		delete(a.writing, o.key)
@@ -411,6 +432,11 @@ func (a *Actor) complete(ctx actor.Context, o *op, d opDone) {
 		default:
 			a.stats.WriteFailures++
 			a.failed("put", d.err)
+		}
+		if d.err != nil || !a.own(ctx, o.key, o.prov) {
+			// NB: a block already vouched for (read before it was
+			// written again) has its copy announced: the write just ends.
+			a.announce(ctx, messages.BlockWriteAborted, o.key, nil)
 		}
 		ctx.Send(o.sender, &messages.TierWriteResult{Corr: o.corr, Key: o.key, Err: d.err})
 	case opDelete:
@@ -506,4 +532,45 @@ func (a *Actor) snapshot() messages.SecondaryStats {
 	s.Healthy = a.healthy
 	s.InFlight = a.running + a.retrying + len(a.fast) + len(a.slow)
 	return s
+}
+
+// --- events ----------------------------------------------------------------
+
+// own makes k a block the tier vouches for, announcing it stored with p if
+// it was not already (and removed the block forgotten to make room); it
+// reports whether it announced k.
+func (a *Actor) own(ctx actor.Context, k messages.Key, p *messages.Provenance) bool {
+	if a.hub == nil {
+		return false
+	}
+	if a.owned.contains(k) {
+		a.owned.add(k) // recency only
+		return false
+	}
+	forgot, ok := a.owned.add(k)
+	a.announce(ctx, messages.BlockStored, k, p)
+	if ok {
+		a.announce(ctx, messages.BlockRemoved, forgot, nil)
+	}
+	return true
+}
+
+// disown announces k removed if the tier vouched for it.
+func (a *Actor) disown(ctx actor.Context, k messages.Key) {
+	if a.owned.remove(k) {
+		a.announce(ctx, messages.BlockRemoved, k, nil)
+	}
+}
+
+// announce sends the hub an event about k (nothing without a hub).
+func (a *Actor) announce(ctx actor.Context, kind messages.EventKind, k messages.Key, p *messages.Provenance) {
+	if a.hub == nil {
+		return
+	}
+	e := &messages.Event{Kind: kind, Keys: []messages.Key{k}, Medium: messages.MediumStorage,
+		Ownership: a.t.cfg.Name, Locality: a.t.cfg.Locality, At: a.t.cfg.Clock.Now()}
+	if kind == messages.BlockStored {
+		e.Prov = []*messages.Provenance{p}
+	}
+	ctx.Send(a.hub, e)
 }

@@ -4,9 +4,14 @@
 //
 // Layout: <prefix><namespace>/<2-hex shard>/<hex hash>-<group>.blk, names
 // derived from the key only (tiers/blockfmt, the same as the fs tier's
-// paths), each object the shared 160-byte header then the block. Every read
-// verifies header, key, length and CRC32C; a copy that fails is deleted,
-// counted, and never served.
+// paths), each object the shared header (with the block's provenance) then
+// the block. Every read verifies header, key, length, provenance and CRC32C;
+// a copy that fails is deleted, counted, and never served.
+//
+// Events: the tier announces to the node's event hub (medium STORAGE,
+// locality REMOTE) the blocks it vouches for — written or read and verified
+// by it, with their provenance — within the KnownKeys bound, and removes
+// those it finds bad, deletes, or stops vouching for.
 //
 // Index: none kept from a LIST. A bucket is typically shared by many nodes
 // and outlives each of them, so a listing taken at start is stale as soon as

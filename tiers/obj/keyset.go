@@ -30,23 +30,45 @@ func (s *keySet) has(k messages.Key) bool {
 	return ok
 }
 
-func (s *keySet) add(k messages.Key) {
-	if e, ok := s.m[k]; ok {
+// add remembers k (most recent); it returns the key it forgot to stay
+// within bounds, if any.
+func (s *keySet) add(k messages.Key) (forgot messages.Key, ok bool) {
+	if e, found := s.m[k]; found {
 		s.l.MoveToFront(e)
-		return
+		return messages.Key{}, false
 	}
 	s.m[k] = s.l.PushFront(k)
 	if s.l.Len() > s.max {
 		old := s.l.Remove(s.l.Back()).(messages.Key)
 		delete(s.m, old)
+		return old, true
 	}
+	return messages.Key{}, false
 }
 
-func (s *keySet) remove(k messages.Key) {
+// contains reports whether k is in the set, without touching its recency.
+func (s *keySet) contains(k messages.Key) bool {
+	_, ok := s.m[k]
+	return ok
+}
+
+// keys lists the set, most recent first.
+func (s *keySet) keys() []messages.Key {
+	out := make([]messages.Key, 0, s.l.Len())
+	for e := s.l.Front(); e != nil; e = e.Next() {
+		out = append(out, e.Value.(messages.Key))
+	}
+	return out
+}
+
+// remove forgets k; it reports whether k was there.
+func (s *keySet) remove(k messages.Key) bool {
 	if e, ok := s.m[k]; ok {
 		s.l.Remove(e)
 		delete(s.m, k)
+		return true
 	}
+	return false
 }
 
 func (s *keySet) len() int { return s.l.Len() }

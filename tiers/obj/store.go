@@ -29,59 +29,71 @@ type Store struct {
 // Name is k's object name: the prefix, then blockfmt.RelPath(k).
 func (s *Store) Name(k messages.Key) string { return s.prefix + blockfmt.RelPath(k) }
 
-// Write checks src against sum and PUTs header + block as k's object.
-func (s *Store) Write(ctx context.Context, k messages.Key, src []byte, sum uint32) error {
+// Write checks src against sum and PUTs header, provenance p (nil: none)
+// and block as k's object.
+func (s *Store) Write(ctx context.Context, k messages.Key, src []byte, sum uint32, p *messages.Provenance) error {
 	if got := crc32.Checksum(src, blockfmt.Castagnoli); got != sum {
 		return fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 	}
-	var hdr [blockfmt.HeaderSize]byte
-	blockfmt.Encode(&hdr, blockfmt.Header{Key: k, Length: int64(len(src)), Sum: sum})
-	body := io.MultiReader(bytes.NewReader(hdr[:]), bytes.NewReader(src))
-	return s.c.Put(ctx, s.Name(k), body, int64(len(hdr)+len(src)))
+	prefix, _ := blockfmt.Prefix(k, len(src), sum, p)
+	body := io.MultiReader(bytes.NewReader(prefix), bytes.NewReader(src))
+	return s.c.Put(ctx, s.Name(k), body, int64(len(prefix)+len(src)))
 }
 
 // Read GETs k's object into dest and verifies it: header intact, same key,
-// length len(dest), CRC32C as recorded, nothing after the block. It returns
-// the checksum. A copy that fails a check (its size included) is
-// ErrInvalidBlock; a missing one ErrNotFound; a body cut short by the
-// network errShortBody (transient).
-func (s *Store) Read(ctx context.Context, k messages.Key, dest []byte) (uint32, error) {
+// length len(dest), provenance section intact, CRC32C as recorded, object
+// size exactly header + provenance + block. It returns the checksum and the
+// stored provenance (nil when the object has none). A copy that fails a
+// check (its size included) is ErrInvalidBlock; a missing one ErrNotFound;
+// a body cut short by the network errShortBody (transient).
+func (s *Store) Read(ctx context.Context, k messages.Key, dest []byte) (uint32, *messages.Provenance, error) {
 	body, size, err := s.c.Get(ctx, s.Name(k))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer body.Close()
-	if want := blockfmt.HeaderSize + int64(len(dest)); size != want {
-		return 0, fmt.Errorf("%w: %v: object of %d bytes, want %d", messages.ErrInvalidBlock, k, size, want)
+	if !blockfmt.SizeFits(size, len(dest)) {
+		return 0, nil, fmt.Errorf("%w: %v: object of %d bytes, want %d plus provenance", messages.ErrInvalidBlock, k, size, blockfmt.HeaderSize+len(dest))
 	}
 	var hdr [blockfmt.HeaderSize]byte
 	if _, err := io.ReadFull(body, hdr[:]); err != nil {
-		return 0, shortOr(k, "header", err)
+		return 0, nil, shortOr(k, "header", err)
 	}
 	h, err := blockfmt.Decode(hdr[:])
 	if err != nil {
-		return 0, fmt.Errorf("%v: %w", k, err)
+		return 0, nil, fmt.Errorf("%v: %w", k, err)
 	}
 	if err := h.Check(k, len(dest)); err != nil {
-		return 0, err
+		return 0, nil, err
+	}
+	if h.Size() != size {
+		return 0, nil, fmt.Errorf("%w: %v: object of %d bytes, its header says %d", messages.ErrInvalidBlock, k, size, h.Size())
+	}
+	section := make([]byte, h.ProvLen)
+	if _, err := io.ReadFull(body, section); err != nil {
+		return 0, nil, shortOr(k, "provenance", err)
+	}
+	p, err := blockfmt.DecodeProvenance(section)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%v: %w", k, err)
 	}
 	// NB: checksum each chunk while it is still in cache.
 	var got uint32
 	for off := 0; off < len(dest); off += readChunk {
 		chunk := dest[off:min(off+readChunk, len(dest))]
 		if _, err := io.ReadFull(body, chunk); err != nil {
-			return 0, shortOr(k, "block", err)
+			return 0, nil, shortOr(k, "block", err)
 		}
 		got = crc32.Update(got, blockfmt.Castagnoli, chunk)
 	}
 	var extra [1]byte
 	if n, _ := body.Read(extra[:]); n > 0 {
-		return 0, fmt.Errorf("%w: %v: object longer than its header says", messages.ErrInvalidBlock, k)
+		return 0, nil, fmt.Errorf("%w: %v: object longer than its header says", messages.ErrInvalidBlock, k)
 	}
 	if got != h.Sum {
-		return 0, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
+		return 0, nil, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
 	}
-	return h.Sum, nil
+	return h.Sum, p, nil
 }
 
 // shortOr: the object's length was right, so a body that ends early was cut
@@ -93,8 +105,8 @@ func shortOr(k messages.Key, what string, err error) error {
 	return fmt.Errorf("obj get %v: %s: %w", k, what, err)
 }
 
-// Head reports whether k's object exists with the size of a block of
-// blockBytes.
+// Head reports whether k's object exists with a size a block of
+// blockBytes can have (header, provenance within its bound, block).
 func (s *Store) Head(ctx context.Context, k messages.Key, blockBytes int) (bool, error) {
 	size, err := s.c.Head(ctx, s.Name(k))
 	if errors.Is(err, messages.ErrNotFound) {
@@ -103,7 +115,7 @@ func (s *Store) Head(ctx context.Context, k messages.Key, blockBytes int) (bool,
 	if err != nil {
 		return false, err
 	}
-	return size == blockfmt.HeaderSize+int64(blockBytes), nil
+	return blockfmt.SizeFits(size, blockBytes), nil
 }
 
 // Remove deletes k's object; a missing one is not an error.

@@ -41,8 +41,12 @@ type Config struct {
 	// ProbeMin and ProbeMax bound the backoff between health probes while
 	// unhealthy (defaults 100ms and 5s).
 	ProbeMin, ProbeMax time.Duration
-	// KnownKeys bounds the set of keys known stored (default 100,000).
+	// KnownKeys bounds the set of keys known stored (default 100,000), and
+	// the set of blocks the tier's KV events announce (owned).
 	KnownKeys int
+	// Locality is the `locality` of the tier's KV events: "REMOTE" (the
+	// default: an object store is reached over the network and shared).
+	Locality string
 
 	Clock  supervision.Clock // retries and probes; nil is the wall clock
 	Client Client            // nil: NewMinio(Endpoint)
@@ -62,6 +66,7 @@ const (
 	DefaultProbeMin       = 100 * time.Millisecond
 	DefaultProbeMax       = 5 * time.Second
 	DefaultKnownKeys      = 100_000
+	DefaultLocality       = "REMOTE"
 )
 
 func (c Config) withDefaults() Config {
@@ -91,6 +96,9 @@ func (c Config) withDefaults() Config {
 	defDur(&c.ProbeMax, max(DefaultProbeMax, c.ProbeMin))
 	if c.Clock == nil {
 		c.Clock = supervision.RealClock{}
+	}
+	if c.Locality == "" {
+		c.Locality = DefaultLocality
 	}
 	return c
 }

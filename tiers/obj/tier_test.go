@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
@@ -55,6 +56,20 @@ type tierHarness struct {
 	ctx    context.Context
 	system *actor.ActorSystem
 	pid    *actor.PID
+	events hubProbe // what the tier announced
+}
+
+// hubProbe stands in for the node's event hub: events go to a channel
+// (dropped past its buffer, for tests that do not read them).
+type hubProbe chan *messages.Event
+
+func (h hubProbe) Receive(c actor.Context) {
+	if e, ok := c.Message().(*messages.Event); ok {
+		select {
+		case h <- e:
+		default:
+		}
+	}
 }
 
 func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHarness {
@@ -75,15 +90,20 @@ func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHar
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	system := actors.NewSystem(zerolog.Nop())
+	events := make(hubProbe, 4096)
+	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return events }))
+	unregister := announce.Register(system, hub)
 	pid, err := system.Root.SpawnNamed(tier.Props(), "obj")
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, actors.StopAndWait(ctx, system, pid))
+		require.NoError(t, actors.StopAndWait(ctx, system, hub))
+		unregister()
 		require.NoError(t, tier.Close(ctx))
 		system.Shutdown()
 		cancel()
 	})
-	h := &tierHarness{t: t, ctx: ctx, system: system, pid: pid}
+	h := &tierHarness{t: t, ctx: ctx, system: system, pid: pid, events: events}
 	return h
 }
 

@@ -155,6 +155,7 @@ type promotion struct {
 	slots       []int
 	sums        []uint32
 	ok          []bool
+	prov        []*messages.Provenance // per key once a read brought one: its stored provenance
 	outstanding int
 	reserved    bool
 	reaped      bool
@@ -604,6 +605,9 @@ func (a *Actor) onReadBatch(ctx actor.Context, m *messages.TierReadBatchResult) 
 		if i < len(m.Errs) && i < len(m.Checksums) {
 			res.Err, res.Checksum = m.Errs[i], m.Checksums[i]
 		}
+		if i < len(m.Prov) {
+			res.Prov = m.Prov[i]
+		}
 		a.readDone(ctx, prom, i, res)
 	}
 }
@@ -622,6 +626,12 @@ func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *message
 	tier := a.cfg.Tiers[prom.tier]
 	if m.Err == nil {
 		prom.sums[idx], prom.ok[idx] = m.Checksum, true
+		if m.Prov != nil {
+			if prom.prov == nil {
+				prom.prov = make([]*messages.Provenance, len(prom.keys))
+			}
+			prom.prov[idx] = m.Prov
+		}
 	} else {
 		// No livelock: a failed copy is a miss for this tier until the
 		// negative entry expires, and a bad copy is deleted.
@@ -649,16 +659,20 @@ func (a *Actor) commitPromotion(ctx actor.Context, prom *promotion) {
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	var keys []messages.Key
 	var sums []uint32
+	var prov []*messages.Provenance // the stored provenance, for the stored event: nil when none came
 	for i, k := range prom.keys {
 		if prom.ok[i] {
 			keys, sums = append(keys, k), append(sums, prom.sums[i])
+			if prom.prov != nil {
+				prov = append(prov, prom.prov[i])
+			}
 		}
 	}
 	if len(keys) > 0 {
 		tier := a.cfg.Tiers[prom.tier].Name
 		n := uint64(len(keys))
 		a.request(ctx, a.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
-			return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req}
+			return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
 		})
 		a.stats.Promoted[tier] += n
 	}
@@ -756,7 +770,7 @@ func (a *Actor) dispatch(ctx actor.Context, t int) {
 	c.timer = a.cfg.Clock.AfterFunc(a.cfg.CascadeTimeout, func() { root.Send(self, &cascadeDeadline{job: ref.ID}) })
 	keys := c.keys
 	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: -1}, func(corr uint64) any {
-		return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: keys}
+		return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: keys, WantProv: true}
 	})
 }
 
@@ -783,7 +797,7 @@ func (a *Actor) onPin(ctx actor.Context, m *messages.PinResult) {
 		for i, k := range c.keys {
 			c.pinning++
 			a.request(ctx, a.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: i}, func(corr uint64) any {
-				return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: []messages.Key{k}}
+				return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: []messages.Key{k}, WantProv: true}
 			})
 		}
 	case m.Err != nil:
@@ -798,18 +812,25 @@ func (a *Actor) onPin(ctx actor.Context, m *messages.PinResult) {
 		if p.idx >= 0 {
 			keys = c.keys[p.idx : p.idx+1]
 		}
-		a.write(ctx, c, keys, m.Slots)
+		a.write(ctx, c, keys, m.Slots, m.Prov)
 	}
 	a.maybeEndCascade(ctx, c)
 }
 
-func (a *Actor) write(ctx actor.Context, c *cascade, keys []messages.Key, slots []int) {
+// write sends the tier one TierWrite per pinned key, with the provenance
+// the CPU tier retained for it (prov: per key, or nil), stored in the
+// block's header so a promotion announces it in full.
+func (a *Actor) write(ctx actor.Context, c *cascade, keys []messages.Key, slots []int, prov []*messages.Provenance) {
 	tier := a.cfg.Tiers[c.tier]
 	for i, k := range keys {
 		c.outstanding++
 		src, sum := a.cfg.Slot(slots[i]), c.sums[k]
+		var p *messages.Provenance
+		if i < len(prov) {
+			p = prov[i]
+		}
 		a.request(ctx, tier.PID, pendingReply{kind: replyWrite, cas: c, key: k}, func(corr uint64) any {
-			return &messages.TierWrite{Corr: corr, Key: k, Src: src, Checksum: sum}
+			return &messages.TierWrite{Corr: corr, Key: k, Src: src, Checksum: sum, Prov: p}
 		})
 	}
 }

@@ -1,0 +1,285 @@
+package events
+
+// Parents first: the translator holds a stored block whose parent is being
+// written in the same medium, and releases it right after the parent, or
+// as it is when the parent's write is abandoned; a held block removed
+// before it was announced never reaches the wire; provenance given whole
+// (promotions, peers) makes full events and joins chains.
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+func note(kind messages.EventKind, med, owner string, keys ...messages.Key) *messages.Event {
+	return &messages.Event{Kind: kind, Medium: med, Ownership: owner, Keys: keys}
+}
+
+// chainProv is the provenance of block i of the chain a, b, c, ... (2
+// tokens a block).
+func chainProv(i int) *messages.Provenance {
+	p := &messages.Provenance{BlockSize: 2, TokenIDs: []int32{int32(10 * i), int32(10*i + 1)}}
+	if i > 0 {
+		p.ParentHash = []byte{byte('a' + i - 1)}
+	}
+	return p
+}
+
+func chainKey(i int) messages.Key { return key(string(rune('a'+i)), 0) }
+
+func storedProv(med, owner string, idx ...int) *messages.Event {
+	e := &messages.Event{Kind: messages.BlockStored, Medium: med, Ownership: owner}
+	for _, i := range idx {
+		e.Keys = append(e.Keys, chainKey(i))
+		e.Prov = append(e.Prov, chainProv(i))
+	}
+	return e
+}
+
+func hashes(evs []Event) [][]Hash {
+	var out [][]Hash
+	for _, e := range evs {
+		out = append(out, e.BlockHashes)
+	}
+	return out
+}
+
+func h(s string) Hash { return WireHash(s, HashBytes) }
+
+func TestChildWaitsForItsParentsWrite(t *testing.T) {
+	tr := NewTranslator(HashBytes)
+	// Two jobs: a b (first) and c d (second, the children), c d land first.
+	require.Empty(t, tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(0), chainKey(1))))
+	require.Empty(t, tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(2), chainKey(3))))
+	assert.Empty(t, tr.Apply(storedProv("CPU", "", 2, 3)), "c's parent b is being written: c and d wait")
+	assert.Equal(t, 2, tr.Holding())
+	out := tr.Apply(storedProv("CPU", "", 0, 1))
+	require.Len(t, out, 1, "a b then the released c d: one chain, one event")
+	assert.Equal(t, []Hash{h("a"), h("b"), h("c"), h("d")}, out[0].BlockHashes)
+	assert.Nil(t, out[0].Parent)
+	assert.Equal(t, []int32{0, 1, 10, 11, 20, 21, 30, 31}, out[0].TokenIDs, "tokens of provenance-given blocks concatenated")
+	assert.Equal(t, 2, out[0].BlockSize)
+	assert.Zero(t, tr.Holding())
+	assert.Equal(t, uint64(2), tr.Held)
+	assert.Zero(t, tr.Placeholders)
+
+	// Another medium does not wait on this one's writes.
+	require.Empty(t, tr.Apply(note(messages.BlockWriting, "STORAGE", "fs", chainKey(4))))
+	out = tr.Apply(storedProv("CPU", "", 5))
+	require.Len(t, out, 1, "e is not being written in CPU")
+	out = tr.Apply(storedProv("STORAGE", "obj", 5))
+	assert.Empty(t, out, "f waits for e, being written in STORAGE by another tier")
+	out = tr.Apply(storedProv("STORAGE", "fs", 4))
+	assert.Equal(t, [][]Hash{{h("e")}, {h("f")}}, hashes(out), "f released right behind e (each event names one tier)")
+}
+
+func TestAbandonedParentReleasesItsChildren(t *testing.T) {
+	tr := NewTranslator(HashBytes)
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(0), chainKey(1)))
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(2)))
+	assert.Empty(t, tr.Apply(storedProv("CPU", "", 2)))
+	assert.Empty(t, tr.Apply(note(messages.BlockWriteAborted, "CPU", "", chainKey(0))), "c waits for b, not a")
+	out := tr.Apply(note(messages.BlockWriteAborted, "CPU", "", chainKey(1)))
+	require.Len(t, out, 1, "b will never be held: c goes out as it is")
+	assert.Equal(t, []Hash{h("c")}, out[0].BlockHashes)
+	assert.Equal(t, h("b"), *out[0].Parent, "its parent is still named")
+	assert.Equal(t, map[string][]messages.Key{"CPU": {chainKey(2)}}, tr.Inventory())
+}
+
+func TestHeldBlockRemovedNeverReachesTheWire(t *testing.T) {
+	tr := NewTranslator(HashBytes)
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(0)))
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(1), chainKey(2)))
+	assert.Empty(t, tr.Apply(storedProv("CPU", "", 1, 2)))
+	out := tr.Apply(note(messages.BlockRemoved, "CPU", "", chainKey(1)))
+	require.Len(t, out, 1, "b evicted while held: no removal; c no longer waits for a parent kvtier will hold")
+	assert.Equal(t, TypeBlockStored, out[0].Type)
+	assert.Equal(t, []Hash{h("c")}, out[0].BlockHashes)
+	assert.Zero(t, tr.UnknownRemovals)
+	out = tr.Apply(storedProv("CPU", "", 0))
+	assert.Equal(t, [][]Hash{{h("a")}}, hashes(out))
+	assert.Len(t, tr.Inventory()["CPU"], 2)
+
+	// A clear drops held copies too.
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(3)))
+	tr.Apply(storedProv("CPU", "", 4))
+	out = tr.Apply(&messages.Event{Kind: messages.AllBlocksCleared, Medium: "CPU"})
+	assert.Equal(t, []Event{{Type: TypeAllBlocksCleared}}, out)
+	assert.Zero(t, tr.Holding())
+	assert.Equal(t, [][]Hash{{h("d")}}, hashes(tr.Apply(storedProv("CPU", "", 3))), "d lands after the clear; e, held for it, went with the clear")
+}
+
+func TestHoldingNeverFormsACycle(t *testing.T) {
+	tr := NewTranslator(HashBytes)
+	x, y := key("x", 0), key("y", 0)
+	px := &messages.Provenance{ParentHash: []byte("y"), BlockSize: 1, TokenIDs: []int32{1}}
+	py := &messages.Provenance{ParentHash: []byte("x"), BlockSize: 1, TokenIDs: []int32{2}}
+	tr.Apply(note(messages.BlockWriting, "CPU", "", x, y))
+	assert.Empty(t, tr.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: []messages.Key{x}, Prov: []*messages.Provenance{px}}))
+	out := tr.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: []messages.Key{y}, Prov: []*messages.Provenance{py}})
+	assert.Equal(t, [][]Hash{{h("y"), h("x")}}, hashes(out), "y would wait on x waiting on y: announced, then x")
+	assert.Zero(t, tr.Holding())
+}
+
+func TestProvenanceMixesWithContextsInOneChain(t *testing.T) {
+	tr := NewTranslator(HashBytes)
+	// a (promoted, provenance) then b c (stored by a call whose parent is a).
+	call := []messages.Key{chainKey(1), chainKey(2)}
+	ctx := &messages.ReqContext{RequestID: "r", BlockSize: 2, TokenIDs: []int32{10, 11, 20, 21}, ParentBlockHash: []byte("a"),
+		ExtraKeys: []string{"salt"}}
+	tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(0)))
+	assert.Empty(t, tr.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: call, Ctx: ctx,
+		Place: messages.Place(call, call, []byte("a"))}))
+	out := tr.Apply(storedProv("CPU", "", 0))
+	require.Len(t, out, 1)
+	assert.Equal(t, []Hash{h("a"), h("b"), h("c")}, out[0].BlockHashes)
+	assert.Equal(t, []int32{0, 1, 10, 11, 20, 21}, out[0].TokenIDs)
+	assert.Equal(t, [][]string{nil, {"salt"}, {"salt"}}, out[0].ExtraKeys, "extra keys per block")
+
+	// A context's consecutive blocks alias its token ids: no copy.
+	tr2 := NewTranslator(HashBytes)
+	out = tr2.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: call, Ctx: ctx,
+		Place: messages.Place(call, call, []byte("a"))})
+	require.Len(t, out, 1)
+	assert.Same(t, &ctx.TokenIDs[0], &out[0].TokenIDs[0])
+	assert.Equal(t, 4, cap(out[0].TokenIDs), "clipped: appending never writes into the context")
+
+	// A placeholder never joins a full chain.
+	tr3 := NewTranslator(HashBytes)
+	bare := &messages.Provenance{ParentHash: []byte("a"), BlockSize: 2}
+	out = tr3.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: []messages.Key{chainKey(0), chainKey(1)},
+		Prov: []*messages.Provenance{chainProv(0), bare}})
+	assert.Equal(t, [][]Hash{{h("a")}, {h("b")}}, hashes(out))
+	assert.Empty(t, out[1].TokenIDs)
+	assert.Equal(t, uint64(1), tr3.Placeholders)
+}
+
+// A seeded random history of writes begun, landed, abandoned and copies
+// removed, over one prefix chain in two tiers of two media: after every
+// step the bookkeeping is consistent and no block reaches the wire before
+// a parent the tiers hold or are writing in its medium; once every write has ended,
+// nothing is held and the wire's stored − removed is what the tiers hold.
+func TestRandomHistoriesKeepParentsFirst(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		randomHistory(t, seed)
+	}
+}
+
+func randomHistory(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 42))
+	const n = 12
+	tr := NewTranslator(HashBytes)
+	type copyKey struct {
+		med, owner string
+		i          int
+	}
+	holds := map[copyKey]bool{}   // readable in that tier
+	writing := map[copyKey]bool{} // write in flight
+	wire := map[string]map[string]bool{}
+	heldBy := func(med string, i int) bool {
+		for _, o := range []string{"x", "y"} {
+			if holds[copyKey{med, o, i}] {
+				return true
+			}
+		}
+		return false
+	}
+	writtenBy := func(med string, i int) bool {
+		return writing[copyKey{med, "x", i}] || writing[copyKey{med, "y", i}]
+	}
+	apply := func(e *messages.Event) {
+		for _, w := range tr.Apply(e) {
+			m := wire[w.Medium]
+			if m == nil {
+				m = map[string]bool{}
+				wire[w.Medium] = m
+			}
+			switch w.Type {
+			case TypeBlockStored:
+				for j, hh := range w.BlockHashes {
+					i := int(hh.Bytes[0] - 'a')
+					if j == 0 && i > 0 && (heldBy(w.Medium, i-1) || writtenBy(w.Medium, i-1)) {
+						require.True(t, m[string(rune('a'+i-1))], "seed %d: %c announced in %s before its parent, held or being written there", seed, 'a'+i, w.Medium)
+					}
+					m[string(hh.Bytes)] = true
+				}
+			case TypeBlockRemoved:
+				for _, hh := range w.BlockHashes {
+					delete(m, string(hh.Bytes))
+				}
+			}
+		}
+		require.NoError(t, tr.CheckInvariants(), "seed %d", seed)
+	}
+	for range 300 {
+		c := copyKey{[]string{"CPU", "STORAGE"}[rng.IntN(2)], []string{"x", "y"}[rng.IntN(2)], rng.IntN(n)}
+		switch op := rng.IntN(4); {
+		case op == 0 && !holds[c] && !writing[c]:
+			writing[c] = true
+			apply(note(messages.BlockWriting, c.med, c.owner, chainKey(c.i)))
+		case op == 1 && writing[c]:
+			delete(writing, c)
+			holds[c] = true
+			apply(storedProv(c.med, c.owner, c.i))
+		case op == 2 && writing[c]:
+			delete(writing, c)
+			apply(note(messages.BlockWriteAborted, c.med, c.owner, chainKey(c.i)))
+		case op == 3 && holds[c]:
+			delete(holds, c)
+			apply(note(messages.BlockRemoved, c.med, c.owner, chainKey(c.i)))
+		}
+	}
+	for c := range writing {
+		delete(writing, c)
+		apply(note(messages.BlockWriteAborted, c.med, c.owner, chainKey(c.i)))
+	}
+	require.Zero(t, tr.Holding(), "seed %d: every write ended, nothing held", seed)
+	for _, med := range []string{"CPU", "STORAGE"} {
+		want := map[string]bool{}
+		for i := range n {
+			if heldBy(med, i) {
+				want[string(rune('a'+i))] = true
+			}
+		}
+		if len(want) == 0 {
+			want = nil
+		}
+		got := wire[med]
+		if len(got) == 0 {
+			got = nil
+		}
+		require.Equal(t, want, got, "seed %d: %s stored − removed = what the tiers hold", seed, med)
+	}
+}
+
+// BenchmarkTranslatorStoreCycle is one engine store of 64 blocks as the hub
+// sees it: the reservation's note, the commit's stored event (one chain,
+// tokens aliased) and, later, the blocks' eviction.
+func BenchmarkTranslatorStoreCycle(b *testing.B) {
+	const n, bs = 64, 16
+	ctx := &messages.ReqContext{RequestID: "r", BlockSize: bs, TokenIDs: make([]int32, n*bs)}
+	keys := make([]messages.Key, n)
+	tr := NewTranslator(HashInt)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range keys {
+			var h [8]byte
+			binary.BigEndian.PutUint64(h[:], uint64(i*n+j))
+			keys[j] = messages.Key{Namespace: "ns", Hash: string(h[:])}
+		}
+		place := messages.Place(keys, keys, nil)
+		tr.Apply(&messages.Event{Kind: messages.BlockWriting, Medium: "CPU", Keys: keys})
+		out := tr.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: keys, Ctx: ctx, Place: place})
+		if len(out) != 1 || len(out[0].BlockHashes) != n {
+			b.Fatalf("%d events", len(out))
+		}
+		tr.Apply(&messages.Event{Kind: messages.BlockRemoved, Medium: "CPU", Keys: keys})
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/block")
+}

@@ -1,0 +1,152 @@
+package cpu
+
+// The CPU tier retains each ready block's provenance (a reference, no
+// copy), answers it with WantProv to lookups and pins, announces what
+// CommitSlots.Prov gives, and sends its hub notes of writes begun and
+// abandoned that never reach TakeTierEvents.
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func provCtx(blocks int) *messages.ReqContext {
+	toks := make([]int32, 4*blocks)
+	for i := range toks {
+		toks[i] = int32(i)
+	}
+	return &messages.ReqContext{RequestID: "r", BlockSize: 4, TokenIDs: toks, ParentBlockHash: []byte("P"),
+		LoRAID: 3, LoRAName: "l", ExtraKeys: []string{"x"}}
+}
+
+func TestStateRetainsProvenanceByReference(t *testing.T) {
+	s, _ := newTestState(t, 4)
+	call := ks(0, 1, 2)
+	ctx := provCtx(3)
+	res, err := s.Reserve(j1, call)
+	require.NoError(t, err)
+	given := &messages.Provenance{BlockSize: 4, TokenIDs: []int32{9, 9, 9, 9}}
+	require.NoError(t, s.CommitProv(j1, res.ToStore, true, make([]uint32, 3), ProvSource{
+		Ctx: ctx, Place: messages.Place(call, res.ToStore, ctx.ParentBlockHash),
+		Prov: []*messages.Provenance{nil, nil, given}}))
+
+	p0 := s.Provenance(tk(0))
+	require.NotNil(t, p0)
+	assert.Equal(t, []byte("P"), p0.ParentHash)
+	assert.Equal(t, []int32{0, 1, 2, 3}, p0.TokenIDs)
+	assert.Same(t, &ctx.TokenIDs[0], &p0.TokenIDs[0], "token ids are not copied")
+	assert.Equal(t, 3, p0.LoRAID)
+	p1 := s.Provenance(tk(1))
+	assert.Equal(t, []byte(tk(0).Hash), p1.ParentHash)
+	assert.Same(t, &ctx.TokenIDs[4], &p1.TokenIDs[0])
+	assert.Same(t, given, s.Provenance(tk(2)), "a given provenance wins over the context")
+
+	assert.Equal(t, s.Provenance(tk(1)), s.ProvenanceOf(ks(1), nil)[0], "no status: every key")
+	got := s.ProvenanceOf(ks(0, 3), []messages.LookupStatus{messages.Miss, messages.Miss})
+	assert.Equal(t, []*messages.Provenance{nil, nil}, got, "only HITs get one")
+
+	require.True(t, s.Drop(tk(0)))
+	assert.Nil(t, s.Provenance(tk(0)), "gone with its block")
+	store(t, s, j2, tk(0))
+	assert.Nil(t, s.Provenance(tk(0)), "a new store without provenance does not inherit the old one")
+}
+
+// hubProbe stands in for the event hub.
+type hubProbe chan *messages.Event
+
+func (h hubProbe) Receive(c actor.Context) {
+	if e, ok := c.Message().(*messages.Event); ok {
+		h <- e
+	}
+}
+
+func TestActorAnswersAndAnnouncesProvenance(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	system := actors.NewSystem(zerolog.Nop())
+	defer system.Shutdown()
+	events := make(hubProbe, 64)
+	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return events }))
+	pool, err := OpenPool("", 4, 64)
+	require.NoError(t, err)
+	defer pool.Close()
+	state, err := NewState(4, "lru", time.Now)
+	require.NoError(t, err)
+	pid := system.Root.Spawn(Props(state, pool, time.Now, zerolog.Nop(), WithEventSink(hub)))
+	defer func() {
+		require.NoError(t, actors.StopAndWait(ctx, system, pid))
+		require.NoError(t, actors.StopAndWait(ctx, system, hub))
+	}()
+	ask := func(m any) any {
+		r, err := actors.Ask(ctx, system, pid, m)
+		require.NoError(t, err)
+		return r
+	}
+	next := func() *messages.Event {
+		select {
+		case e := <-events:
+			return e
+		case <-ctx.Done():
+			t.Fatal("no event")
+			return nil
+		}
+	}
+
+	// A promotion-like commit: provenance given whole.
+	job := messages.JobRef{Origin: messages.OriginTier, ID: messages.TieringJobBase + 1}
+	r := ask(&messages.ReserveSlots{Job: job, Keys: ks(0, 1)}).(*messages.ReserveResult)
+	require.NoError(t, r.Err)
+	e := next()
+	assert.Equal(t, messages.BlockWriting, e.Kind)
+	assert.Equal(t, ks(0, 1), e.Keys)
+	given := []*messages.Provenance{{BlockSize: 4, TokenIDs: []int32{1, 2, 3, 4}}, nil}
+	require.NoError(t, ask(&messages.CommitSlots{Job: job, Keys: ks(0, 1), OK: true, Checksums: []uint32{0, 0}, Prov: given}).(*messages.Ack).Err)
+	e = next()
+	assert.Equal(t, messages.BlockStored, e.Kind)
+	assert.Equal(t, given, e.Prov)
+
+	// A peer-style lookup gets them back, HITs only; a cascade-style pin too.
+	lr := ask(&messages.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "round"}, Keys: ks(0, 1, 2),
+		TTL: time.Minute, WantProv: true}).(*messages.LookupResult)
+	assert.Equal(t, []messages.LookupStatus{messages.Hit, messages.Hit, messages.Miss}, lr.Status)
+	assert.Equal(t, []*messages.Provenance{given[0], nil, nil}, lr.Prov)
+	plain := ask(&messages.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "r2"}, Keys: ks(0), TTL: time.Minute}).(*messages.LookupResult)
+	assert.Nil(t, plain.Prov, "only asked for")
+	pin := messages.JobRef{Origin: messages.OriginTier, ID: messages.TieringJobBase + 2}
+	pr := ask(&messages.LeaseToPin{Job: pin, Keys: ks(0), WantProv: true}).(*messages.PinResult)
+	require.NoError(t, pr.Err)
+	assert.Equal(t, []*messages.Provenance{given[0]}, pr.Prov)
+
+	// A store that fails: its keys' writes are noted abandoned.
+	job3 := messages.JobRef{Origin: messages.OriginEngine, ID: 3}
+	require.NoError(t, ask(&messages.ReserveSlots{Job: job3, Keys: ks(2)}).(*messages.ReserveResult).Err)
+	assert.Equal(t, messages.BlockWriting, next().Kind)
+	require.NoError(t, ask(&messages.CommitSlots{Job: job3, Keys: ks(2), OK: false}).(*messages.Ack).Err)
+	e = next()
+	assert.Equal(t, messages.BlockWriteAborted, e.Kind)
+	assert.Equal(t, ks(2), e.Keys)
+	job4 := messages.JobRef{Origin: messages.OriginEngine, ID: 4}
+	require.NoError(t, ask(&messages.ReserveSlots{Job: job4, Keys: ks(3)}).(*messages.ReserveResult).Err)
+	assert.Equal(t, messages.BlockWriting, next().Kind)
+	ask(&messages.ReleaseJob{Job: job4})
+	e = next()
+	assert.Equal(t, messages.BlockWriteAborted, e.Kind, "a reaped job's writes are abandoned")
+	assert.Equal(t, ks(3), e.Keys)
+
+	// Notes never reach the engine's drain.
+	te := ask(&messages.TakeTierEvents{}).(*messages.TierEvents)
+	require.Len(t, te.Events, 1)
+	assert.Equal(t, messages.BlockStored, te.Events[0].Kind)
+}
