@@ -21,6 +21,7 @@ func openObjTier(tc TierConfig, name string, cfg Config, log zerolog.Logger) (op
 		LookupTimeout: cfg.SecondaryLookupDeadline,
 		Clock:         cfg.Clock,
 		Client:        tc.ObjClient,
+		Locality:      tc.Locality,
 		Log:           log,
 	})
 	if err != nil {

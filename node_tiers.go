@@ -39,7 +39,7 @@ func (n *Node) openTiers() error {
 		log := n.cfg.Logger.With().Str("actor", "tier-"+names[i]).Logger()
 		switch tc.Kind {
 		case tiers.KindFS:
-			t, err := fs.Open(fs.Config{Name: names[i], Root: tc.Root, Capacity: int64(tc.Capacity),
+			t, err := fs.Open(fs.Config{Name: names[i], Root: tc.Root, Capacity: int64(tc.Capacity), Locality: tc.Locality,
 				BlockBytes: n.cfg.BlockBytes, Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Log: log})
 			if err != nil {
 				_ = n.closeTiers(context.Background())

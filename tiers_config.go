@@ -7,6 +7,7 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj"
+	"github.com/kvtier/kvtier/tiers/p2p"
 )
 
 // TierConfig is one secondary tier of Config.SecondaryTiers. In YAML:
@@ -22,6 +23,10 @@ type TierConfig struct {
 	Name string `yaml:"name"`
 	// Workers is the tier's I/O goroutines (fs default 4, obj default 16).
 	Workers int `yaml:"workers"`
+	// Locality is the `locality` of the tier's KV events: "LOCAL" or
+	// "REMOTE" (defaults: fs LOCAL, obj REMOTE; a filesystem other nodes
+	// mount is REMOTE).
+	Locality string `yaml:"locality"`
 
 	// fs: the root directory, byte capacity (0 = unbounded) and whether each
 	// block file is fsynced before it is published.
@@ -93,6 +98,10 @@ func validateTiers(c Config) error {
 			return badConfig("secondary_tiers[%d]: name %q is the CPU tier's", i, name)
 		case t.Workers < 0:
 			return badConfig("secondary_tiers[%d]: workers %d must not be negative", i, t.Workers)
+		case t.Locality != "" && t.Locality != "LOCAL" && t.Locality != "REMOTE":
+			return badConfig("secondary_tiers[%d]: locality %q (want LOCAL or REMOTE)", i, t.Locality)
+		case name == p2p.DefaultName && c.Peers.Enabled() && c.Peers.TierName == "":
+			return badConfig("secondary_tiers[%d]: name %q is the P2P tier's", i, name)
 		}
 		names[name] = true
 		switch t.Kind {
