@@ -275,6 +275,9 @@ func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
 	if r.Verified != o.FetchBlocks {
 		return 0, fmt.Errorf("verified %d of %d blocks", r.Verified, o.FetchBlocks)
 	}
+	if os.Getenv("KVTIER_BENCH_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "fetch of %d: delay %.1f ms, of which fetch round %.1f ms\n", o.FetchBlocks, float64(r.DelayNs)/1e6, float64(r.Nanos)/1e6)
+	}
 	return float64(r.DelayNs) / 1e9, nil
 }
 

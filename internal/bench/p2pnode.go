@@ -208,6 +208,7 @@ func (d *driver) fetch(ctx context.Context, c nodeCmd) (nodeReply, error) {
 	req := &messages.ReqContext{RequestID: fmt.Sprintf("fetch-%d", d.reqSeq)}
 	ks := keyRange(c.From, c.Count)
 	poll := time.Duration(max(c.PollUs, 1)) * time.Microsecond
+	before, _ := d.node.PeerStats(ctx)
 	var first time.Time
 	for {
 		st, err := d.m.Lookup(ctx, req, ks, true)
@@ -220,6 +221,9 @@ func (d *driver) fetch(ctx context.Context, c nodeCmd) (nodeReply, error) {
 				return nodeReply{}, errors.New("blocks were already local: not a fetch")
 			}
 			res := nodeReply{DelayNs: now.Sub(first).Nanoseconds()}
+			if after, err := d.node.PeerStats(ctx); err == nil {
+				res.Nanos = int64(fetchNanos(after) - fetchNanos(before))
+			}
 			res.Verified, err = d.loadVerify(ctx, req, ks)
 			return res, err
 		}
@@ -235,6 +239,14 @@ func (d *driver) fetch(ctx context.Context, c nodeCmd) (nodeReply, error) {
 		case <-time.After(poll): // NB: the engine's step period, not synchronisation
 		}
 	}
+}
+
+// fetchNanos is the time spent in fetch rounds, over every peer.
+func fetchNanos(ps []messages.PeerStats) (n uint64) {
+	for _, p := range ps {
+		n += p.FetchNanos
+	}
+	return n
 }
 
 func allHit(st []messages.LookupStatus) bool {
