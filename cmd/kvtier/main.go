@@ -28,5 +28,6 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newSimCmd(), newBenchCmd())
 	root.AddCommand(newEventsCmd())
+	root.AddCommand(newChaosCmd()) // chaos.go
 	return root
 }

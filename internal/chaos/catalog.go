@@ -1,0 +1,131 @@
+package chaos
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// The message catalogue: which messages, delivered to which actor, may be
+// perturbed in which way. A fault is in the catalogue only when the
+// system is designed to survive it — when the loss, lateness or repetition
+// of that message is something a deadline, a lease, a correlation id or an
+// idempotent handler already absorbs. Everything else (the CPU tier's slot
+// protocol, I/O completions that release slot memory, events to the hub)
+// relies on what a local mailbox guarantees — exactly-once, FIFO per
+// sender — and is never perturbed: breaking it would test a property the
+// design does not claim. (The self-tests break it on purpose, through
+// Hooks.UnsafeRules, to prove the invariants notice.)
+//
+// Every actor below may also be made to panic after any message it
+// handles (supervision.FaultPanic): DESIGN.md §4 rule 6 claims a restart
+// from any point between two messages.
+//
+// docs/CHAOS.md carries the same table with the reasoning.
+
+// Message fault sets.
+var (
+	// A boundary call: the engine awaits it with its own deadline (a lossy
+	// transport in standalone mode). Lost: the call times out, and what it
+	// would have started is undone by lease expiry or job reaping. Late or
+	// repeated: handlers are idempotent per request and job (a second
+	// PrepareLoad finds the lease consumed, a second JobDone is a late
+	// report).
+	anyFault = []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultDuplicate, supervision.FaultReorder}
+	// Late or reordered but exactly once: answers matched by correlation id
+	// whose requester has no deadline for them, and I/O requests whose
+	// completion releases slot memory (a lost TierRead would keep a
+	// promotion's slots reserved forever; a duplicate one would let a
+	// worker write into a slot after its job released it).
+	lateOnly = []Kind{supervision.FaultDelay, supervision.FaultReorder}
+	// Late, reordered or repeated, never lost: answers matched by
+	// correlation id (a repeat finds nothing pending and is ignored) whose
+	// requester has no deadline for them.
+	noLoss = []Kind{supervision.FaultDelay, supervision.FaultDuplicate, supervision.FaultReorder}
+	// A drain: lost or late is harmless (the next call drains), but a
+	// duplicate would drain twice into one reply and lose the second batch.
+	noDup = []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultReorder}
+)
+
+// catalogue maps "actor type" (the actor's name under the guardian, "tier-*"
+// for every secondary tier) to the message faults allowed there.
+var catalogue = map[string][]Kind{}
+
+func allow(actorName string, kinds []Kind, msgs ...any) {
+	for _, m := range msgs {
+		catalogue[actorName+" "+fmt.Sprintf("%T", m)] = kinds
+	}
+}
+
+func init() {
+	// The bridge: engine calls at the boundary.
+	allow("bridge", anyFault, (*messages.Lookup)(nil), (*messages.PrepareLoad)(nil), (*messages.Touch)(nil),
+		(*messages.CompleteLoad)(nil), (*messages.PrepareStore)(nil), (*messages.CompleteStore)(nil),
+		(*messages.JobDone)(nil), (*messages.RequestFinished)(nil))
+	allow("bridge", noDup, (*messages.TakeEvents)(nil))
+	// The tiering actor's answer to a MISS: the engine's Lookup waits on it
+	// (a loss would be an unanswered call), a repeat is ignored by corr.
+	allow("bridge", noLoss, (*messages.AsyncLookupResult)(nil))
+
+	// The CPU tier: recency hints only. Its slot protocol (Reserve, Commit,
+	// LeaseToPin, Unpin, Release*) is the owner of record's and relies on
+	// exactly-once FIFO delivery from each sender.
+	allow("cpu", anyFault, (*messages.TouchKeys)(nil))
+
+	// The tiering actor. Tier lookup answers are covered by the lookup
+	// deadline; a cascade is best effort (a lost one is a block not copied
+	// down, as when the queue sheds it). Answers whose loss would strand a
+	// job holding slots are never dropped.
+	allow("tiering", anyFault, (*messages.TierLookupResult)(nil), (*messages.Cascade)(nil))
+	allow("tiering", noLoss, (*messages.AsyncLookup)(nil), (*messages.TierReadResult)(nil),
+		(*messages.TierWriteResult)(nil), (*messages.ReserveResult)(nil), (*messages.PinResult)(nil),
+		(*messages.Ack)(nil), (*messages.TierStatsReply)(nil))
+
+	// Secondary tiers. A lost lookup is the lookup deadline's; a lost
+	// delete leaves a bad copy that fails its checksum on the next read.
+	allow("tier-*", anyFault, (*messages.TierLookup)(nil), (*messages.TierDelete)(nil))
+	allow("tier-*", noLoss, (*messages.TierStatsQuery)(nil))
+	allow("tier-*", lateOnly, (*messages.TierRead)(nil), (*messages.TierWrite)(nil))
+}
+
+// panicTargets are the actors that may be made to panic.
+var panicTargets = []string{"bridge", "cpu", "tiering", "tier-*", "events"}
+
+// actorName turns a PID id ("kvtier/tier-fs", with any scenario prefix)
+// into its catalogue name ("tier-*").
+func actorName(target string) string {
+	name := target[strings.LastIndexByte(target, '/')+1:]
+	if strings.HasPrefix(name, "tier-") {
+		return "tier-*"
+	}
+	return name
+}
+
+// Allowed returns the message faults the catalogue allows for a message of
+// type typ delivered to target (panic included where the actor may fail).
+func Allowed(target, typ string) []Kind {
+	name := actorName(target)
+	kinds := catalogue[name+" "+typ]
+	for _, p := range panicTargets {
+		if p == name {
+			return append(kinds[:len(kinds):len(kinds)], supervision.FaultPanic)
+		}
+	}
+	return kinds
+}
+
+// engineCallTypes maps the bridge's engine-call message types to the
+// manager call names the engine counts them under.
+var engineCallTypes = map[string]string{
+	fmt.Sprintf("%T", (*messages.Lookup)(nil)):          callLookup,
+	fmt.Sprintf("%T", (*messages.PrepareLoad)(nil)):     callPrepareLoad,
+	fmt.Sprintf("%T", (*messages.Touch)(nil)):           callTouch,
+	fmt.Sprintf("%T", (*messages.CompleteLoad)(nil)):    callCompleteLoad,
+	fmt.Sprintf("%T", (*messages.PrepareStore)(nil)):    callPrepareStore,
+	fmt.Sprintf("%T", (*messages.CompleteStore)(nil)):   callCompleteStore,
+	fmt.Sprintf("%T", (*messages.JobDone)(nil)):         callJobDone,
+	fmt.Sprintf("%T", (*messages.RequestFinished)(nil)): callRequestFinished,
+	fmt.Sprintf("%T", (*messages.TakeEvents)(nil)):      callTakeEvents,
+}

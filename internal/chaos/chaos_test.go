@@ -1,0 +1,375 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/obj/objtest"
+)
+
+// The fixed-seed chaos suite and the harness's self-tests. Every run here
+// starts a real node against one shared versitygw; a run is a few seconds.
+
+var (
+	s3Once sync.Once
+	s3     *objtest.Server
+	s3Err  error
+	s3Dir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if s3 != nil {
+		s3.Stop()
+		os.RemoveAll(s3Dir)
+	}
+	if code == 0 {
+		// NB: zmq4 v0.17.0 never ends a PUB socket's writer goroutine
+		// (events/publisher.go); every other goroutine must be gone.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// server is the package's versitygw, started on first use (skipped where
+// it is not installed, failed under CI=true, as objtest.Start does).
+func server(t *testing.T) *objtest.Server {
+	t.Helper()
+	s3Once.Do(func() {
+		bin, err := objtest.Binary()
+		if err != nil {
+			s3Err = err
+			return
+		}
+		if s3Dir, err = os.MkdirTemp("", "kvtier-chaos-s3-"); err != nil {
+			s3Err = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s3, s3Err = objtest.Launch(ctx, bin, s3Dir)
+	})
+	if s3Err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", s3Err)
+		}
+		t.Skipf("skipping: %v", s3Err)
+	}
+	return s3
+}
+
+// knownIssues are invariants a run may break today because of bugs filed
+// outside the harness (docs/CHAOS.md, "Known issues"); the suite reports
+// them but does not fail on them. Remove an entry when its bug is fixed.
+var knownIssues = map[string]string{
+	invPublished: "the events hub can publish BlockRemoved(k) before BlockStored(k) in one batch (events/translate.go)",
+}
+
+// sparedActors are never made to panic by the suite: a bridge restart
+// frees the slots of in-flight stores while the engine still writes them
+// (tests/chaos_test.go TestKnownIssueBridgeRestartFreesSlotsAStoreStillWrites).
+var sparedActors = []string{"bridge"}
+
+// run runs a scenario with the shared server and a per-test directory.
+func run(t *testing.T, opts Options) *Report {
+	t.Helper()
+	opts.S3, opts.Dir = server(t), t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, opts)
+	require.NoError(t, err)
+	var text strings.Builder
+	rep.WriteText(&text)
+	t.Log("\n" + text.String())
+	return rep
+}
+
+// requireClean fails on any violation but the known issues.
+func requireClean(t *testing.T, rep *Report) {
+	t.Helper()
+	for _, v := range rep.ViolationDetail {
+		if why, known := knownIssues[v.Invariant]; known {
+			t.Logf("known issue (%s): %s", why, v)
+			continue
+		}
+		t.Errorf("violation: %s", v)
+	}
+	for inv, st := range rep.Invariants {
+		if _, known := knownIssues[inv]; !known && st != "ok" && !strings.HasPrefix(st, "skipped: a bridge restart") {
+			t.Errorf("invariant %s: %s", inv, st)
+		}
+	}
+}
+
+func allKinds(t *testing.T) []Kind {
+	kinds, err := ParseKinds("all", single{})
+	require.NoError(t, err)
+	return kinds
+}
+
+// TestFixedSeedSuite runs every fault kind the single scenario has (the S3
+// outage aside: TestS3OutageIsAbsorbed) under two fixed seeds, at twice
+// the default rates so a short run exercises every kind.
+func TestFixedSeedSuite(t *testing.T) {
+	seen := map[string]uint64{}
+	for _, seed := range []uint64{1, 2} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			kinds := allKinds(t)
+			kinds = kinds[:len(kinds)-1] // all but obj-outage
+			// NB: block reads are few in a short run (promotions only):
+			// corrupt many of them.
+			rep := run(t, Options{Seed: seed, Duration: raceScale * 3 * time.Second, Kinds: kinds, Rate: 2,
+				Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultFSCorrupt: 0.3, supervision.FaultObjCorrupt: 0.5}})
+			requireClean(t, rep)
+			assert.Greater(t, rep.FaultsInjected, 100)
+			assert.Positive(t, rep.Operations)
+			assert.Positive(t, rep.Blocks.Verified, "blocks were loaded and verified")
+			assert.Positive(t, rep.Recomputes, "faults cost recomputes")
+			for k, n := range rep.FaultsByKind {
+				seen[k] += n
+			}
+		})
+	}
+	for _, k := range allKinds(t)[:len(allKinds(t))-1] {
+		assert.Positive(t, seen[string(k)], "fault kind %s never exercised by the suite", k)
+	}
+}
+
+func TestS3OutageIsAbsorbed(t *testing.T) {
+	rep := run(t, Options{Seed: 3, Duration: 4 * time.Second, Kinds: []Kind{supervision.FaultObjOutage},
+		Rates: map[Kind]float64{supervision.FaultObjOutage: 1}})
+	requireClean(t, rep)
+	assert.Positive(t, rep.FaultsByKind[string(supervision.FaultObjOutage)])
+}
+
+func TestCleanRunChecksEveryInvariant(t *testing.T) {
+	rep := run(t, Options{Seed: 4, Duration: 2 * time.Second})
+	assert.Zero(t, rep.FaultsInjected)
+	assert.Zero(t, rep.Violations)
+	for _, inv := range invariantNames {
+		assert.Equal(t, "ok", rep.Invariants[inv], inv)
+	}
+	assert.Positive(t, rep.Blocks.Verified)
+	assert.Contains(t, rep.Reproduce, "--seed 4 --duration 2s --faults none")
+}
+
+// TestRestartsMidRunLoseNothing restarts the CPU tier, the tiering actor,
+// both secondary tiers and the events hub half way through a run: their
+// state is their own and outlives the actor (DESIGN.md §4 rule 6), so no
+// committed block disappears unannounced (events-consistent), nothing
+// leaks, and every leased HIT stays loadable.
+func TestRestartsMidRunLoseNothing(t *testing.T) {
+	var restarted atomic.Int32
+	rep := run(t, Options{Seed: 5, Duration: 3 * time.Second, Hooks: Hooks{
+		Mid: func(_ context.Context, _ *kvtier.Node, inj *supervision.Injector) {
+			for _, target := range []string{"kvtier/cpu", "kvtier/tiering", "kvtier/tier-fs", "kvtier/tier-obj", "kvtier/events"} {
+				var once atomic.Bool
+				inj.Inject(func(d supervision.Delivery) supervision.Decision {
+					if d.Target == target && once.CompareAndSwap(false, true) {
+						restarted.Add(1)
+						return supervision.Decision{Kind: supervision.FaultPanic}
+					}
+					return supervision.Decision{}
+				})
+			}
+		}}})
+	requireClean(t, rep)
+	assert.Equal(t, int32(5), restarted.Load())
+	require.Len(t, rep.Nodes, 1)
+	assert.Equal(t, uint64(5), rep.Nodes[0].ActorRestarts)
+	assert.Equal(t, uint64(5), rep.FaultsByKind[string(supervision.FaultPanic)])
+}
+
+// nth is an unsafe test rule: the kind at the given occurrences of typ
+// delivered to target.
+func nth(target, typ string, kind Kind, ns ...uint64) supervision.MessageRule {
+	return func(d supervision.Delivery) supervision.Decision {
+		if d.Target != target || d.Type != typ {
+			return supervision.Decision{}
+		}
+		for _, n := range ns {
+			if d.Point.N == n {
+				return supervision.Decision{Kind: kind, Delay: time.Millisecond}
+			}
+		}
+		return supervision.Decision{}
+	}
+}
+
+// The self-tests break an invariant on purpose, through a test seam, and
+// check the harness notices: a harness that cannot fail proves nothing.
+func TestSelfTestsCatchBrokenInvariants(t *testing.T) {
+	releaseJob := fmt.Sprintf("%T", (*messages.ReleaseJob)(nil))
+	unpin := fmt.Sprintf("%T", (*messages.UnpinKeys)(nil))
+	lookupAndLease := fmt.Sprintf("%T", (*messages.LookupAndLease)(nil))
+	tierEvents := fmt.Sprintf("%T", (*messages.TierEvents)(nil))
+	many := make([]uint64, 0, 50)
+	for n := uint64(10); n < 60; n++ {
+		many = append(many, n)
+	}
+	cases := []struct {
+		name  string
+		hooks func(t *testing.T) Hooks
+		want  string
+	}{
+		{"pins leaked by a lost release", func(*testing.T) Hooks {
+			return Hooks{UnsafeRules: []supervision.MessageRule{
+				nth("kvtier/cpu", releaseJob, supervision.FaultDrop, many...),
+				nth("kvtier/cpu", unpin, supervision.FaultDrop, many...)}}
+		}, invLeak},
+		{"a block stored with another block's bytes", func(*testing.T) Hooks {
+			return Hooks{BadStore: func(k messages.Key) bool { return k.Hash[len(k.Hash)-1]%7 == 0 }}
+		}, invWrongBytes},
+		{"a call the node never answers", func(*testing.T) Hooks {
+			return Hooks{UnsafeRules: []supervision.MessageRule{nth("kvtier/cpu", lookupAndLease, supervision.FaultDrop, 10)}}
+		}, invDeadline},
+		{"a drained events batch lost", func(*testing.T) Hooks {
+			return Hooks{UnsafeRules: []supervision.MessageRule{nth("kvtier/bridge", tierEvents, supervision.FaultDrop, 3, 4)}}
+		}, invEvents},
+		{"stored events the hub never gets", func(*testing.T) Hooks {
+			return Hooks{UnsafeRules: []supervision.MessageRule{func(d supervision.Delivery) supervision.Decision {
+				if e, ok := d.Msg.(*messages.Event); ok && d.Target == "kvtier/events" && e.Kind == messages.BlockStored {
+					return supervision.Decision{Kind: supervision.FaultDrop}
+				}
+				return supervision.Decision{}
+			}}}
+		}, invPublished},
+		{"a goroutine left behind", func(t *testing.T) Hooks {
+			leak := make(chan struct{})
+			t.Cleanup(func() { close(leak) })
+			return Hooks{LeakGoroutine: leak}
+		}, invGoroutines},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := run(t, Options{Seed: uint64(10 + i), Duration: time.Second, Hooks: c.hooks(t), QuietTimeout: time.Second})
+			assert.True(t, rep.HasViolation(c.want), "%s not caught: %v", c.want, rep.Invariants)
+			assert.Positive(t, rep.Violations)
+		})
+	}
+}
+
+// TestShrinkFindsTheFaultThatLeaks records a run in which a few harmless
+// delays surround a few releases dropped outside the catalogue, and
+// shrinks the leak it causes to the drop that reproduces it.
+func TestShrinkFindsTheFaultThatLeaks(t *testing.T) {
+	releaseJob := fmt.Sprintf("%T", (*messages.ReleaseJob)(nil))
+	touch := fmt.Sprintf("%T", (*messages.TouchKeys)(nil))
+	rep := run(t, Options{Seed: 20, Duration: time.Second, QuietTimeout: time.Second,
+		Shrink: 2 * time.Minute, Hooks: Hooks{UnsafeRules: []supervision.MessageRule{
+			nth("kvtier/cpu", touch, supervision.FaultDelay, 3, 9),
+			nth("kvtier/cpu", releaseJob, supervision.FaultDrop, 25, 26, 27),
+		}}})
+	require.True(t, rep.HasViolation(invLeak), "the dropped releases leak pins")
+	require.NotNil(t, rep.Shrunk)
+	s := rep.Shrunk
+	t.Logf("shrunk %d → %d faults in %d replays (%.1f s), minimal %v", s.From, len(s.Faults), s.Runs, s.Seconds, s.Minimal)
+	require.True(t, s.Reproduced, "replaying the recorded faults reproduces the leak")
+	require.NotEmpty(t, s.Faults, "the leak needs a fault")
+	assert.Less(t, len(s.Faults), s.From)
+	for _, f := range s.Faults {
+		assert.Equal(t, supervision.FaultDrop, f.Decision.Kind, "only drops can leak: %+v", f)
+	}
+}
+
+func TestDdminFindsAOneMinimalSubset(t *testing.T) {
+	var faults []supervision.Fault
+	for i := range 16 {
+		faults = append(faults, supervision.Fault{Seq: uint64(i + 1)})
+	}
+	tests := 0
+	culprit := func(fs []supervision.Fault) bool {
+		tests++
+		has3, has11 := false, false
+		for _, f := range fs {
+			has3, has11 = has3 || f.Seq == 3, has11 || f.Seq == 11
+		}
+		return has3 && has11
+	}
+	got, minimal := ddmin(faults, culprit, func() bool { return false })
+	require.True(t, minimal)
+	require.Len(t, got, 2)
+	assert.Equal(t, []uint64{3, 11}, []uint64{got[0].Seq, got[1].Seq})
+	t.Logf("%d tests", tests)
+
+	calls := 0
+	_, minimal = ddmin(faults, culprit, func() bool { calls++; return calls > 1 })
+	assert.False(t, minimal, "out of time: not known to be minimal")
+}
+
+// TestCatalogueNeverDropsWhatTheDesignNeedsDelivered pins the catalogue's
+// safety rules (catalog.go): messages whose loss would strand slots or a
+// call are never dropped, a drain is never duplicated, and the CPU tier's
+// slot protocol is never perturbed at all (panics aside).
+func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
+	typ := func(m any) string { return fmt.Sprintf("%T", m) }
+	for _, m := range []any{(*messages.ReserveSlots)(nil), (*messages.CommitSlots)(nil), (*messages.LeaseToPin)(nil),
+		(*messages.UnpinKeys)(nil), (*messages.ReleaseJob)(nil), (*messages.ReleaseHolder)(nil),
+		(*messages.ReleaseOrigin)(nil), (*messages.LookupAndLease)(nil), (*messages.TakeTierEvents)(nil)} {
+		assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/cpu", typ(m)), typ(m))
+	}
+	assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/events", typ((*messages.Event)(nil))))
+	noDrop := map[string][]any{
+		"kvtier/tiering": {(*messages.TierReadResult)(nil), (*messages.TierWriteResult)(nil), (*messages.ReserveResult)(nil),
+			(*messages.PinResult)(nil), (*messages.Ack)(nil), (*messages.AsyncLookup)(nil)},
+		"kvtier/tier-fs":  {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
+		"kvtier/tier-obj": {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
+		"kvtier/bridge":   {(*messages.AsyncLookupResult)(nil)},
+	}
+	for target, ms := range noDrop {
+		for _, m := range ms {
+			assert.NotContains(t, Allowed(target, typ(m)), supervision.FaultDrop, "%s %s", target, typ(m))
+		}
+	}
+	for _, target := range []string{"kvtier/tier-fs", "kvtier/tier-obj"} {
+		for _, m := range []any{(*messages.TierRead)(nil), (*messages.TierWrite)(nil)} {
+			assert.NotContains(t, Allowed(target, typ(m)), supervision.FaultDuplicate,
+				"a repeated %s would let a worker touch a slot after its job released it", typ(m))
+		}
+	}
+	assert.NotContains(t, Allowed("kvtier/bridge", typ((*messages.TakeEvents)(nil))), supervision.FaultDuplicate)
+	for _, m := range []any{(*messages.Lookup)(nil), (*messages.JobDone)(nil), (*messages.PrepareStore)(nil)} {
+		assert.Equal(t, []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultDuplicate,
+			supervision.FaultReorder, supervision.FaultPanic}, Allowed("kvtier/bridge", typ(m)))
+	}
+	assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/bridge", typ((*messages.GetStats)(nil))),
+		"the harness's own calls are never perturbed")
+}
+
+func TestParseKinds(t *testing.T) {
+	s := single{}
+	all, err := ParseKinds("all", s)
+	require.NoError(t, err)
+	assert.Equal(t, s.Kinds(), all)
+	got, err := ParseKinds("message,-panic,stall", s)
+	require.NoError(t, err)
+	assert.Equal(t, []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultDuplicate,
+		supervision.FaultReorder, supervision.FaultStall}, got)
+	none, err := ParseKinds("none", s)
+	require.NoError(t, err)
+	assert.Empty(t, none)
+	_, err = ParseKinds("peer-cut", s)
+	assert.ErrorContains(t, err, "not supported by scenario")
+	_, err = ParseKinds("bogus", s)
+	assert.ErrorContains(t, err, "unknown fault kind")
+	fs, err := ParseKinds("fs,obj", s)
+	require.NoError(t, err)
+	assert.Equal(t, "fs-error,fs-slow,fs-corrupt,obj-error,obj-slow,obj-corrupt,obj-outage", FormatKinds(fs))
+	assert.Equal(t, "none", FormatKinds(nil))
+}

@@ -1,0 +1,236 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// The checks a run makes once its engines stopped (the in-run ones —
+// hit-loadable, no-wrong-bytes — are made by the engine as it goes).
+
+// harnessCallTimeout bounds each call the checks make; faults are off by
+// then, so a call that takes longer is itself a violation.
+const harnessCallTimeout = 5 * time.Second
+
+// quietState lists what keeps a node from being quiet, by invariant.
+func quietState(ctx context.Context, n *nodeUnderTest) (map[string][]string, messages.Stats, messages.TieringStats, error) {
+	out := map[string][]string{}
+	add := func(inv, format string, a ...any) { out[inv] = append(out[inv], fmt.Sprintf(format, a...)) }
+	if p := n.inj.Pending(); p > 0 {
+		add(invLeak, "%d delayed or held messages still on their way", p)
+	}
+	cctx, cancel := context.WithTimeout(ctx, harnessCallTimeout)
+	defer cancel()
+	pending, err := n.mgr.HasPendingWork(cctx)
+	if err != nil {
+		return nil, messages.Stats{}, messages.TieringStats{}, fmt.Errorf("HasPendingWork: %w", err)
+	}
+	if pending {
+		add(invLeak, "HasPendingWork is true")
+	}
+	st, err := n.mgr.Stats(cctx)
+	if err != nil {
+		return nil, messages.Stats{}, messages.TieringStats{}, fmt.Errorf("Stats: %w", err)
+	}
+	for _, c := range []struct {
+		what string
+		n    int
+	}{{"slots pinned", st.Pinned}, {"slots leased", st.Leased}, {"leases", st.Leases},
+		{"slots write-pending", st.WritePending}, {"engine jobs in flight", st.JobsInFlight},
+		{"requests with state at the bridge", st.Requests}} {
+		if c.n != 0 {
+			add(invLeak, "%d %s", c.n, c.what)
+		}
+	}
+	ts, err := n.node.TieringStats(cctx)
+	if err != nil {
+		return nil, st, ts, fmt.Errorf("TieringStats: %w", err)
+	}
+	if ts.InFlightLookups+ts.InFlightPromotions+ts.InFlightCascades > 0 {
+		add(invTieringIdle, "tiering in flight: %d lookups, %d promotions, %d cascades",
+			ts.InFlightLookups, ts.InFlightPromotions, ts.InFlightCascades)
+	}
+	for _, t := range ts.Tiers {
+		if t.InFlight > 0 {
+			add(invTieringIdle, "tier %s has %d I/O operations in flight", t.Name, t.InFlight)
+		}
+	}
+	return out, st, ts, nil
+}
+
+// checkQuiet waits until the node is quiet — every lease expired or
+// released, every job completed or reaped, every tier idle — or the quiet
+// timeout passes, and reports what is left as leaked.
+func checkQuiet(ctx context.Context, rs *runState, n *nodeUnderTest) {
+	timeout := rs.opts.QuietTimeout
+	if timeout <= 0 {
+		timeout = rs.nodeCfg.LeaseTTL + 10*time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 50*time.Millisecond) {
+		left, st, ts, err := quietState(ctx, n)
+		if err != nil {
+			rs.violate(n, invDeadline, "a check's call went unanswered: %v", err)
+			return
+		}
+		n.final, n.tiering = st, ts
+		if len(left) == 0 {
+			rs.pass(invLeak)
+			rs.pass(invTieringIdle)
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, inv := range []string{invLeak, invTieringIdle} {
+				if len(left[inv]) > 0 {
+					rs.violate(n, inv, "not quiet %v after the run: %s", timeout, strings.Join(left[inv], "; "))
+				} else {
+					rs.pass(inv)
+				}
+			}
+			return
+		}
+		// NB: the node offers no "quiet" notification; poll with backoff.
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// checkEvents replays the node's event streams — what TakeEvents returned
+// and what the node published — and compares each with the blocks the CPU
+// tier holds.
+func checkEvents(ctx context.Context, rs *runState, n *nodeUnderTest) {
+	cctx, cancel := context.WithTimeout(ctx, harnessCallTimeout)
+	defer cancel()
+	for { // what was announced after the engines' last drain (late promotions)
+		evs, err := n.mgr.TakeEvents(cctx)
+		if err != nil {
+			rs.violate(n, invDeadline, "TakeEvents after the run: %v", err)
+			return
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for i := range evs {
+			n.take.apply(&evs[i])
+		}
+	}
+	inv, err := n.node.Inventory(cctx)
+	if err != nil {
+		rs.violate(n, invDeadline, "Inventory after the run: %v", err)
+		return
+	}
+	held := inv[messages.MediumCPU]
+	switch phantom, unannounced := n.take.diff(held); {
+	case n.takeLost.Load():
+		rs.skip(invEvents, "a bridge restart lost a TakeEvents batch")
+		rs.note("%s: TakeEvents stream not checked: a bridge restart lost a drained batch (the CPU tier drains into an answer the new bridge never forwards)", n.name)
+	case len(phantom)+len(unannounced) > 0:
+		rs.violate(n, invEvents, "TakeEvents replay: %d blocks announced but not held %s, %d held but never announced %s; history:%s%s",
+			len(phantom), sample(phantom), len(unannounced), sample(unannounced), n.take.History(phantom), n.take.History(unannounced))
+	default:
+		rs.pass(invEvents)
+	}
+	if n.pub == nil {
+		rs.skip(invPublished, "events off")
+		return
+	}
+	next, err := n.node.FlushEvents(cctx)
+	if err != nil {
+		rs.violate(n, invDeadline, "FlushEvents after the run: %v", err)
+		return
+	}
+	if err := n.pub.waitFor(next, 10*time.Second); err != nil {
+		rs.violate(n, invPublished, "%v", err)
+		return
+	}
+	if m := n.pub.missed.Load(); m > 0 {
+		rs.violate(n, invPublished, "%d batches lost (neither received nor replayable)", m)
+	}
+	if phantom, unannounced := n.pub.model.diff(held); len(phantom)+len(unannounced) > 0 {
+		rs.violate(n, invPublished, "replay: %d blocks announced but not held %s, %d held but never announced %s; history:%s%s; TakeEvents history:%s%s",
+			len(phantom), sample(phantom), len(unannounced), sample(unannounced), n.pub.model.History(phantom),
+			n.pub.model.History(unannounced), n.take.History(phantom), n.take.History(unannounced))
+	}
+	rs.pass(invPublished)
+}
+
+func sample(hashes []string) string {
+	if len(hashes) > 4 {
+		return fmt.Sprintf("%v...", hashes[:4])
+	}
+	return fmt.Sprint(hashes)
+}
+
+// checkDeadlines matches every engine call that timed out with a drop of
+// its message on its way to the bridge, injected while the call waited:
+// each drop costs exactly one timeout (the message never reached the
+// bridge), and a timeout no drop explains is a call the node left
+// unanswered.
+func checkDeadlines(rs *runState) {
+	faults := rs.ledger.Faults()
+	drops := map[string][]time.Duration{} // call → when its messages were dropped
+	for _, f := range faults {
+		if f.Decision.Kind != supervision.FaultDrop {
+			continue
+		}
+		target, typ, _ := strings.Cut(f.Point.Site, " ")
+		if actorName(target) == "bridge" {
+			if call, ok := engineCallTypes[typ]; ok {
+				drops[call] = append(drops[call], f.At)
+			}
+		}
+	}
+	rs.mu.Lock()
+	timeouts := slices.Clone(rs.timeouts)
+	rs.mu.Unlock()
+	slices.SortFunc(timeouts, func(a, b timedOut) int { return cmp.Compare(a.sent, b.sent) })
+	window := rs.opts.Engine.CallTimeout
+	var unexplained []string
+	for _, t := range timeouts {
+		ds := drops[t.call]
+		i := slices.IndexFunc(ds, func(at time.Duration) bool { return at >= t.sent-time.Millisecond && at <= t.sent+window })
+		if i >= 0 {
+			drops[t.call] = slices.Delete(ds, i, i+1)
+			continue
+		}
+		unexplained = append(unexplained, fmt.Sprintf("%s (%s) sent at %v; faults meanwhile: %s",
+			t.call, t.request, t.sent.Round(time.Millisecond), faultsBetween(faults, t.sent, t.sent+window)))
+	}
+	if len(unexplained) > 0 {
+		rs.violate(nil, invDeadline, "%d calls timed out after %v with no drop of their message to explain it: %s",
+			len(unexplained), window, strings.Join(unexplained[:min(len(unexplained), 5)], " | "))
+	}
+	for call, left := range drops {
+		if len(left) > 0 {
+			rs.note("%d %s messages dropped by a fault with no call timing out for them", len(left), call)
+		}
+	}
+	rs.pass(invDeadline)
+}
+
+// faultsBetween summarises the message faults injected in [from, to].
+func faultsBetween(faults []supervision.Fault, from, to time.Duration) string {
+	var out []string
+	for _, f := range faults {
+		if f.At >= from && f.At <= to && (strings.HasPrefix(f.Point.Site, "kvtier/") || f.Decision.Kind == supervision.FaultPanic) {
+			out = append(out, fmt.Sprintf("%s %s#%d@%v", f.Decision.Kind, f.Point.Site, f.Point.N, f.At.Round(time.Millisecond)))
+		}
+	}
+	if len(out) > 12 {
+		out = append(out[:12], fmt.Sprintf("and %d more", len(out)-12))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}

@@ -1,0 +1,298 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/internal/sim"
+	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/obj/objtest"
+)
+
+// Run runs a scenario for opts.Duration under its fault plan, lets it go
+// quiet, checks the invariants and reports. It returns an error only when
+// the run could not be made (no S3 server, a node that would not open);
+// broken invariants are in the report. With opts.Shrink set, a violation
+// is shrunk to the smallest fault sequence found that reproduces it.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	opts = opts.withDefaults()
+	scenario, err := ScenarioByName(opts.Scenario)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range opts.Kinds {
+		if !slices.Contains(scenario.Kinds(), k) {
+			return nil, fmt.Errorf("fault kind %q is not supported by scenario %q", k, scenario.Name())
+		}
+	}
+	// NB: one server and one directory for the run and every replay of
+	// its shrinking.
+	if opts.Dir == "" {
+		dir, err := os.MkdirTemp("", "kvtier-chaos-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		opts.Dir = dir
+	}
+	if opts.S3 == nil {
+		srv, err := launchS3(ctx, opts.Versitygw, filepath.Join(opts.Dir, "s3"))
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Stop()
+		opts.S3 = srv
+	}
+	rep, err := runOnce(ctx, opts, scenario)
+	if err != nil || rep.Violations == 0 || opts.Shrink <= 0 {
+		return rep, err
+	}
+	rep.Shrunk = shrink(ctx, opts, rep)
+	return rep, nil
+}
+
+// runOnce is one run, without shrinking.
+func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, error) {
+	dir, err := os.MkdirTemp(opts.Dir, "run-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	e := &env{s3: opts.S3, dir: dir}
+	baseGoroutines, baseHeap := settleRuntime()
+	ledger := supervision.NewLedger(nil)
+	rs := &runState{opts: opts, nodeCfg: singleConfig().WithDefaults(), ledger: ledger,
+		gate: newGate(opts.plan(), ledger, opts.Kinds, opts.Spare), stats: newStats(), work: newWorkload(opts.Seed),
+		ns: sim.DefaultLayout.Namespace(), hooks: opts.Hooks, checked: map[string]string{}}
+
+	rs.start = time.Now() // NB: the ledger's time base too, give or take microseconds
+	nodes, err := scenario.open(ctx, rs, e)
+	if err != nil {
+		return nil, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			closeNodes(rs, nodes)
+		}
+	}()
+
+	rs.gate.armed.Store(true)
+	stopOutages := startOutages(rs, e.s3)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range opts.Engine.Engines {
+		n := nodes[i%len(nodes)]
+		eng := &engine{id: i, cfg: opts.Engine, run: rs, node: n, mgr: n.mgr, pool: n.mgr.Pool(),
+			gpu: sim.NewLRU(opts.Engine.GPUBlocks), drain: i < len(nodes)}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			eng.loop(ctx, stop)
+		}()
+	}
+	if opts.Hooks.LeakGoroutine != nil {
+		go func() { <-opts.Hooks.LeakGoroutine }()
+	}
+	runFor(ctx, opts, nodes)
+	rs.gate.armed.Store(false) // the run drains without new faults
+	stopOutages()
+	close(stop)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("chaos run: %w", err)
+	}
+	ranFor := time.Since(rs.start)
+
+	for _, n := range nodes {
+		checkQuiet(ctx, rs, n)
+		checkEvents(ctx, rs, n)
+	}
+	checkDeadlines(rs)
+	closed = true
+	closeNodes(rs, nodes)
+	checkRuntime(rs, baseGoroutines, baseHeap)
+	return report(rs, nodes, ranFor), nil
+}
+
+// runFor waits out the run's duration, running the Mid hook half way.
+func runFor(ctx context.Context, opts Options, nodes []*nodeUnderTest) {
+	end := time.NewTimer(opts.Duration)
+	defer end.Stop()
+	if opts.Hooks.Mid != nil {
+		mid := time.NewTimer(opts.Duration / 2)
+		defer mid.Stop()
+		select {
+		case <-mid.C:
+			opts.Hooks.Mid(ctx, nodes[0].node, nodes[0].inj)
+		case <-end.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+	select {
+	case <-end.C:
+	case <-ctx.Done():
+	}
+}
+
+// launchS3 starts a versitygw over dir.
+func launchS3(ctx context.Context, bin, dir string) (*objtest.Server, error) {
+	if bin == "" {
+		var err error
+		if bin, err = objtest.Binary(); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return objtest.Launch(ctx, bin, dir)
+}
+
+// startOutages kills the S3 server for a second or three whenever the plan
+// says so (one decision per second of run); the returned func stops it and
+// waits until the server is back.
+func startOutages(rs *runState, s3 *objtest.Server) (stop func()) {
+	if !rs.gate.enabled[supervision.FaultObjOutage] {
+		return func() {}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			d := rs.gate.decide("obj outage", supervision.FaultObjOutage)
+			if d.None() {
+				continue
+			}
+			s3.Kill()
+			down := time.NewTimer(time.Second + time.Duration(d.Arg%uint64(2*time.Second)))
+			select {
+			case <-down.C:
+			case <-done:
+				down.Stop()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := s3.Restart(ctx); err != nil {
+				rs.note("S3 server did not come back after an outage: %v", err)
+			}
+			cancel()
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
+
+// closeNodes closes every node, its subscriber and its injector.
+func closeNodes(rs *runState, nodes []*nodeUnderTest) {
+	for _, n := range nodes {
+		if n.pub != nil {
+			if err := n.pub.stop(); err != nil {
+				rs.note("events subscriber of %s ended with %v", n.name, err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := n.node.Close(ctx); err != nil {
+			rs.violate(n, invClose, "close: %v", err)
+		} else {
+			rs.pass(invClose)
+		}
+		cancel()
+		n.inj.Close()
+	}
+}
+
+// settleRuntime collects garbage and returns the goroutine count and live
+// heap, the baselines the run must come back to.
+func settleRuntime() (int, uint64) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	n, _ := goroutines()
+	return n, m.HeapAlloc
+}
+
+// knownLeaks are goroutines known to outlive what started them, upstream:
+// zmq4 v0.17.0 never ends a PUB socket's writer (events/publisher.go).
+var knownLeaks = []string{"github.com/go-zeromq/zmq4.(*pubMWriter).run"}
+
+// goroutines counts the live goroutines, known leaks aside, and returns
+// the stacks of those it counted.
+func goroutines() (int, string) {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var kept []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		known := false
+		for _, k := range knownLeaks {
+			known = known || strings.Contains(g, k)
+		}
+		if !known {
+			kept = append(kept, g)
+		}
+	}
+	return len(kept), strings.Join(kept, "\n\n")
+}
+
+// faultRecordBytes is what the ledger keeps per recorded fault, generously.
+const faultRecordBytes = 512
+
+// checkRuntime checks the goroutine count comes back to its baseline
+// (waiting a bounded while for exiting goroutines) and the heap to within
+// its bound.
+func checkRuntime(rs *runState, baseGoroutines int, baseHeap uint64) {
+	wait := 10 * time.Second
+	if rs.opts.QuietTimeout > 0 {
+		wait = min(wait, rs.opts.QuietTimeout)
+	}
+	deadline := time.Now().Add(wait)
+	var n int
+	var stacks string
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		if n, stacks = goroutines(); n <= baseGoroutines || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(backoff) // NB: goroutines offer no exit notification
+	}
+	if n > baseGoroutines {
+		if len(stacks) > 8000 {
+			stacks = stacks[:8000] + "..."
+		}
+		rs.violate(nil, invGoroutines, "%d goroutines after close, %d before the run:\n%s", n, baseGoroutines, stacks)
+	} else {
+		rs.pass(invGoroutines)
+	}
+	_, heap := settleRuntime()
+	// NB: the run's own record (every fault injected) is still live.
+	bound := rs.opts.MemBound + uint64(rs.ledger.Total())*faultRecordBytes
+	if heap > baseHeap+bound {
+		rs.violate(nil, invMemory, "heap %d MiB after close, %d MiB before the run (bound +%d MiB)",
+			heap>>20, baseHeap>>20, bound>>20)
+	} else {
+		rs.pass(invMemory)
+	}
+}
