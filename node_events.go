@@ -67,10 +67,11 @@ func (n *Node) eventsChildren() []actors.Child {
 
 // cpuOptions wires the CPU tier to the hub.
 func (n *Node) cpuOptions() []cpu.Option {
-	if n.events.hub == nil {
-		return nil
+	opts := []cpu.Option{cpu.WithClock(n.cfg.Clock)}
+	if n.events.hub != nil {
+		opts = append(opts, cpu.WithEventSink(n.events.hub))
 	}
-	return []cpu.Option{cpu.WithEventSink(n.events.hub)}
+	return opts
 }
 
 // checkEvents verifies the hub was spawned where the CPU tier sends.

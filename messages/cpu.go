@@ -115,6 +115,12 @@ type ReleaseHolder struct {
 // bridge restarts with no memory of its requests). No reply.
 type ReleaseOrigin struct {
 	Origin Origin // whose holds are dropped
+	// Quarantine keeps the origin's pinned and write-pending slots out of
+	// use this long before freeing them (leases end at once): an engine
+	// whose bridge restarted may still be copying into or out of them, and a
+	// slot reused meanwhile would take (or give) its late bytes. The job
+	// deadline is the bound of a copy in flight. 0 frees them at once.
+	Quarantine time.Duration
 }
 
 // ClearTier frees every ready, unpinned block.

@@ -173,7 +173,10 @@ func (b *Bridge) Receive(ctx actor.Context) {
 func (b *Bridge) started(ctx actor.Context) {
 	if b.restart {
 		b.cfg.Log.Warn().Msg("bridge: restarted; releasing every engine lease, pin and write")
-		ctx.Send(b.cfg.CPU, &messages.ReleaseOrigin{Origin: messages.OriginEngine})
+		// NB: the engine may still be copying for jobs this incarnation never
+		// heard of: their slots stay unusable until no copy can be running.
+		ctx.Send(b.cfg.CPU, &messages.ReleaseOrigin{Origin: messages.OriginEngine,
+			Quarantine: max(b.cfg.LoadTimeout, b.cfg.StoreTimeout)})
 	}
 }
 

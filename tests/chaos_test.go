@@ -249,19 +249,14 @@ func TestSupervisorRestartsMidRunLoseNoCommittedBlock(t *testing.T) {
 	})
 }
 
-// TestKnownIssueBridgeRestartFreesSlotsAStoreStillWrites is a reproducer
-// for a bug the chaos harness found (docs/CHAOS.md, "Known issues"): a
-// bridge restart makes the CPU tier free the slots of open stores at once,
-// while the engine — which cannot know — may still be copying into them.
-// Another store reserves the slot, commits its block, and the first
-// store's late copy overwrites it: a committed block served with wrong
-// bytes. The fix belongs to the CPU tier / bridge (keep an orphaned
-// store's slots unusable until its deadline has passed). Run it with
-// KVTIER_KNOWN_ISSUES=1.
-func TestKnownIssueBridgeRestartFreesSlotsAStoreStillWrites(t *testing.T) {
-	if os.Getenv("KVTIER_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (docs/CHAOS.md): a bridge restart frees slots an open store still writes; KVTIER_KNOWN_ISSUES=1 runs it")
-	}
+// TestBridgeRestartQuarantinesSlotsAStoreStillWrites is the regression
+// test of a bug the chaos harness found: a bridge restart made the CPU tier
+// free the slots of open stores at once, while the engine — which cannot
+// know — may still be copying into them; another store reserved the slot,
+// committed its block, and the first store's late copy overwrote it. The
+// CPU tier now keeps an orphaned job's slots out of use until the job
+// deadline has passed (ReleaseOrigin's quarantine).
+func TestBridgeRestartQuarantinesSlotsAStoreStillWrites(t *testing.T) {
 	n := openRestartNode(t, 1) // one slot: the next store gets the same one
 	x, y := restartKeys(100, 101), restartKeys(200, 201)
 	first, err := n.mgr.PrepareStore(n.ctx, n.req(), x)

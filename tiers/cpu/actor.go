@@ -35,6 +35,7 @@ type Actor struct {
 	pool             *Pool
 	now              func() time.Time
 	log              zerolog.Logger
+	clock            supervision.Clock
 	events           []messages.Event
 	maxEvents        int
 	dropped          uint64
@@ -56,6 +57,10 @@ type Option func(*Actor)
 // WithEventSink also sends every announced event, as a *messages.Event, to
 // pid (the node's event hub). The TakeEvents buffer is unaffected.
 func WithEventSink(pid *actor.PID) Option { return func(a *Actor) { a.sink = pid } }
+
+// WithClock sets the clock of the tier's own timers (a restart's
+// quarantine); default the wall clock.
+func WithClock(c supervision.Clock) Option { return func(a *Actor) { a.clock = c } }
 
 // Props builds the actor's props over a State and Pool that survive restarts.
 func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger, opts ...Option) *actor.Props {
@@ -113,7 +118,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.ReleaseHolder:
 		a.state.ReleaseHolder(m.Holder)
 	case *messages.ReleaseOrigin:
-		a.aborted(ctx, a.state.ReleaseOrigin(m.Origin))
+		a.releaseOrigin(ctx, m)
+	case *releaseOrphans:
+		var keys []messages.Key
+		for _, j := range m.jobs {
+			keys = append(keys, a.state.ReleaseJob(j)...)
+		}
+		a.aborted(ctx, keys)
 	case *messages.ClearTier:
 		a.clear(ctx, m)
 	case *messages.VerifyBlock:
@@ -159,6 +170,31 @@ func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
 }
 
 // aborted tells the event hub that writes of keys ended unreadable.
+// releaseOrphans frees the slots of jobs orphaned by ReleaseOrigin once
+// their quarantine has passed.
+type releaseOrphans struct{ jobs []messages.JobRef }
+
+// releaseOrigin ends an origin's leases at once and its pins and writes at
+// once or after the quarantine (their slots stay unusable meanwhile).
+func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
+	if m.Quarantine <= 0 {
+		a.aborted(ctx, a.state.ReleaseOrigin(m.Origin))
+		return
+	}
+	jobs := a.state.OrphanOrigin(m.Origin)
+	if len(jobs) == 0 {
+		return
+	}
+	a.log.Warn().Int("jobs", len(jobs)).Dur("quarantine", m.Quarantine).
+		Msg("cpu: jobs orphaned by a restart; their slots are released after the quarantine")
+	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &releaseOrphans{jobs: jobs}
+	clock := a.clock
+	if clock == nil {
+		clock = supervision.RealClock{}
+	}
+	clock.AfterFunc(m.Quarantine, func() { root.Send(self, msg) })
+}
+
 func (a *Actor) aborted(ctx actor.Context, keys []messages.Key) {
 	a.note(ctx, messages.BlockWriteAborted, keys)
 }

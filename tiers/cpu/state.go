@@ -352,6 +352,31 @@ func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
 // ReleaseOrigin releases every lease, pin and reservation taken for origin
 // (the bridge's, after it restarts with no memory of its requests and jobs).
 // It returns the keys whose writes it freed.
+// OrphanOrigin ends o's leases now and returns o's jobs (pins and
+// write-pending slots), left in place for the caller to release once
+// nothing can still copy through them (ReleaseOrigin's quarantine).
+func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef) {
+	for h := range s.leases {
+		if h.Origin == o {
+			s.ReleaseHolder(h)
+		}
+	}
+	seen := map[messages.JobRef]bool{}
+	for j := range s.pins {
+		if j.Origin == o && !seen[j] {
+			seen[j] = true
+			jobs = append(jobs, j)
+		}
+	}
+	for j := range s.reserved {
+		if j.Origin == o && !seen[j] {
+			seen[j] = true
+			jobs = append(jobs, j)
+		}
+	}
+	return jobs
+}
+
 func (s *State) ReleaseOrigin(o messages.Origin) (aborted []messages.Key) {
 	for h := range s.leases {
 		if h.Origin == o {
