@@ -81,6 +81,7 @@ type (
 	jobDeadline struct{ id messages.JobID }
 	reapAt      struct{ gen uint64 }
 	checksummed struct {
+		by   *Bridge // the incarnation that counted the commit in flight
 		job  messages.JobRef
 		req  *messages.ReqContext
 		keys []messages.Key
@@ -427,13 +428,19 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		for i, s := range slots {
 			sums[i] = crc32.Checksum(slot(s), castagnoli)
 		}
-		root.Send(self, &checksummed{job: ref, req: req, keys: keys, pos: place, sums: sums, then: then})
+		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then})
 	}()
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
+	if m.by != b {
+		// A previous incarnation's commit: this one never counted it, and
+		// the job's slots are quarantined by the CPU tier (ReleaseOrigin).
+		b.cfg.Log.Warn().Uint64("job", uint64(m.job.ID)).Msg("bridge: commit of a previous incarnation dropped")
+		return
+	}
 	b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
 }
 
