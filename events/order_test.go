@@ -8,6 +8,7 @@ package events
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -160,20 +161,26 @@ func TestProvenanceMixesWithContextsInOneChain(t *testing.T) {
 	assert.Equal(t, uint64(1), tr3.Placeholders)
 }
 
-// A seeded random history of writes begun, landed, abandoned and copies
-// removed, over one prefix chain in two tiers of two media: after every
-// step the bookkeeping is consistent and no block reaches the wire before
-// a parent the tiers hold or are writing in its medium; once every write has ended,
+// A seeded random history of writes begun, landed, abandoned, copies
+// removed (alone, or with the same tier's copies of their children in one
+// removal, in any order: held parents with their held children) and tiers
+// cleared, over one prefix chain in two tiers of two media. After every
+// step the bookkeeping is consistent; no block reaches the wire before a
+// parent the tiers hold or are writing in its medium; the wire never removes
+// a block it does not hold announced, never stores one the tiers no longer
+// hold (nor one it holds already, nor one removed earlier in the same
+// output) and never holds one the tiers do not. Once every write has ended,
 // nothing is held and the wire's stored − removed is what the tiers hold.
 func TestRandomHistoriesKeepParentsFirst(t *testing.T) {
 	for seed := uint64(1); seed <= 200; seed++ {
-		randomHistory(t, seed)
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { randomHistory(t, seed) })
 	}
 }
 
 func randomHistory(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	const n = 12
+	media, owners := []string{"CPU", "STORAGE"}, []string{"x", "y"}
 	tr := NewTranslator(HashBytes)
 	type copyKey struct {
 		med, owner string
@@ -183,7 +190,7 @@ func randomHistory(t *testing.T, seed uint64) {
 	writing := map[copyKey]bool{} // write in flight
 	wire := map[string]map[string]bool{}
 	heldBy := func(med string, i int) bool {
-		for _, o := range []string{"x", "y"} {
+		for _, o := range owners {
 			if holds[copyKey{med, o, i}] {
 				return true
 			}
@@ -193,8 +200,11 @@ func randomHistory(t *testing.T, seed uint64) {
 	writtenBy := func(med string, i int) bool {
 		return writing[copyKey{med, "x", i}] || writing[copyKey{med, "y", i}]
 	}
+	step := 0
 	apply := func(e *messages.Event) {
-		for _, w := range tr.Apply(e) {
+		out := tr.Apply(e)
+		removedNow := map[string]bool{}
+		for _, w := range out {
 			m := wire[w.Medium]
 			if m == nil {
 				m = map[string]bool{}
@@ -205,34 +215,68 @@ func randomHistory(t *testing.T, seed uint64) {
 				for j, hh := range w.BlockHashes {
 					i := int(hh.Bytes[0] - 'a')
 					if j == 0 && i > 0 && (heldBy(w.Medium, i-1) || writtenBy(w.Medium, i-1)) {
-						require.True(t, m[string(rune('a'+i-1))], "seed %d: %c announced in %s before its parent, held or being written there", seed, 'a'+i, w.Medium)
+						require.True(t, m[string(rune('a'+i-1))], "seed %d step %d: %c announced in %s before its parent, held or being written there", seed, step, 'a'+i, w.Medium)
 					}
+					require.False(t, removedNow[w.Medium+string(hh.Bytes)], "seed %d step %d: %s %c stored after its removal in the same output %v", seed, step, w.Medium, 'a'+i, out)
+					require.True(t, heldBy(w.Medium, i), "seed %d step %d: %s %c stored, but no tier there holds it (%v → %v)", seed, step, w.Medium, 'a'+i, e, out)
+					require.False(t, m[string(hh.Bytes)], "seed %d step %d: %s %c stored twice", seed, step, w.Medium, 'a'+i)
 					m[string(hh.Bytes)] = true
 				}
 			case TypeBlockRemoved:
 				for _, hh := range w.BlockHashes {
+					require.True(t, m[string(hh.Bytes)], "seed %d step %d: %s %c removed, not announced stored (%v → %v)", seed, step, w.Medium, 'a'+int(hh.Bytes[0]-'a'), e, out)
 					delete(m, string(hh.Bytes))
+					removedNow[w.Medium+string(hh.Bytes)] = true
 				}
+			case TypeAllBlocksCleared:
+				clear(wire)
 			}
 		}
-		require.NoError(t, tr.CheckInvariants(), "seed %d", seed)
+		require.NoError(t, tr.CheckInvariants(), "seed %d step %d", seed, step)
+		for med, m := range wire {
+			for hh := range m {
+				require.True(t, heldBy(med, int(hh[0]-'a')), "seed %d step %d: %s %s on the wire, held by no tier there", seed, step, med, hh)
+			}
+		}
 	}
-	for range 300 {
-		c := copyKey{[]string{"CPU", "STORAGE"}[rng.IntN(2)], []string{"x", "y"}[rng.IntN(2)], rng.IntN(n)}
-		switch op := rng.IntN(4); {
-		case op == 0 && !holds[c] && !writing[c]:
+	for ; step < 300; step++ {
+		c := copyKey{media[rng.IntN(2)], owners[rng.IntN(2)], rng.IntN(n)}
+		switch op := rng.IntN(12); {
+		case op < 3 && !holds[c] && !writing[c]:
 			writing[c] = true
 			apply(note(messages.BlockWriting, c.med, c.owner, chainKey(c.i)))
-		case op == 1 && writing[c]:
+		case op < 6 && writing[c]:
 			delete(writing, c)
 			holds[c] = true
 			apply(storedProv(c.med, c.owner, c.i))
-		case op == 2 && writing[c]:
+		case op < 7 && writing[c]:
 			delete(writing, c)
 			apply(note(messages.BlockWriteAborted, c.med, c.owner, chainKey(c.i)))
-		case op == 3 && holds[c]:
+		case op < 9 && holds[c]:
 			delete(holds, c)
 			apply(note(messages.BlockRemoved, c.med, c.owner, chainKey(c.i)))
+		case op < 11 && holds[c]:
+			// c and the same tier's copies of the children after it, often
+			// held for c (or for c's parent) themselves; in any order.
+			keys := []messages.Key{chainKey(c.i)}
+			delete(holds, c)
+			for j := c.i + 1; j < n && rng.IntN(4) > 0; j++ {
+				d := copyKey{c.med, c.owner, j}
+				if !holds[d] {
+					break
+				}
+				delete(holds, d)
+				keys = append(keys, chainKey(j))
+			}
+			rng.Shuffle(len(keys), func(a, b int) { keys[a], keys[b] = keys[b], keys[a] })
+			apply(note(messages.BlockRemoved, c.med, c.owner, keys...))
+		case op == 11 && rng.IntN(8) == 0:
+			for d := range holds {
+				if d.med == c.med && d.owner == c.owner {
+					delete(holds, d)
+				}
+			}
+			apply(note(messages.AllBlocksCleared, c.med, c.owner))
 		}
 	}
 	for c := range writing {
@@ -240,7 +284,7 @@ func randomHistory(t *testing.T, seed uint64) {
 		apply(note(messages.BlockWriteAborted, c.med, c.owner, chainKey(c.i)))
 	}
 	require.Zero(t, tr.Holding(), "seed %d: every write ended, nothing held", seed)
-	for _, med := range []string{"CPU", "STORAGE"} {
+	for _, med := range media {
 		want := map[string]bool{}
 		for i := range n {
 			if heldBy(med, i) {

@@ -26,7 +26,11 @@ import (
 //     as it is (kvtier does not hold p then). Holding never forms a cycle,
 //     so every held block is released once its ancestors' writes end.
 //   - a held copy that is removed before it was announced is dropped
-//     silently: the wire never saw it.
+//     silently: the wire never saw it. One removal (or clear) is one step:
+//     its copies all go before anything waiting is released, so a held
+//     child removed with its held parent is not released by the parent's
+//     going, and a key one tier's copy leaves while another's is released
+//     in its place is neither removed nor stored.
 //   - stored runs keep chain order: each block of a run is the child of the
 //     one before it, so its parent_block_hash is its first block's parent
 //     and its token ids are the concatenation of its blocks' tokens.
@@ -504,9 +508,15 @@ func (t *Translator) finish(r *run) Event {
 // removed drops the owner's copies of keys and announces the keys whose last
 // copy in the medium went away, one BlockRemoved per group. A held copy
 // goes silently (it was never announced).
+//
+// The event is applied as one step: every copy it names is dropped (or
+// unheld) before anything waiting is released. Releasing per key would
+// let a held copy the same event removes later — a held child of a held
+// parent removed first — be announced stored by the parent's release and
+// then announced removed (or, for a key the event drops, removed then stored
+// again while another tier's copy stays).
 func (t *Translator) removed(m *medium, e *messages.Event, med string, keys []messages.Key) []Event {
 	var gone []messages.Key
-	var released []*block
 	for _, k := range keys {
 		// NB: a tier that removes k is not writing it (a write note of k
 		// still open here would only keep k's children waiting).
@@ -520,9 +530,47 @@ func (t *Translator) removed(m *medium, e *messages.Event, med string, keys []me
 				gone = append(gone, k)
 			}
 		}
+	}
+	var released []*block
+	for _, k := range keys {
 		released = t.settle(m, k, released)
 	}
+	gone, released = stayed(gone, released)
 	return append(t.removals(e, med, gone), t.storedEvents(med, released)...)
+}
+
+// stayed takes out of gone (keys whose last announced copy went) and
+// released (copies announced as their medium's first) the keys in both: one
+// tier's copy went and another's, held until now, took its place in the
+// same step, so the medium never stopped holding the key and the wire need
+// not say anything about it.
+func stayed(gone []messages.Key, released []*block) ([]messages.Key, []*block) {
+	if len(gone) == 0 || len(released) == 0 {
+		return gone, released
+	}
+	back := make(map[messages.Key]bool, len(released))
+	for _, b := range released {
+		back[b.key] = true
+	}
+	both := map[messages.Key]bool{}
+	var keptGone []messages.Key
+	for _, k := range gone {
+		if back[k] {
+			both[k] = true
+			continue
+		}
+		keptGone = append(keptGone, k)
+	}
+	if len(both) == 0 {
+		return gone, released
+	}
+	var keptReleased []*block
+	for _, b := range released {
+		if !both[b.key] {
+			keptReleased = append(keptReleased, b)
+		}
+	}
+	return keptGone, keptReleased
 }
 
 func (t *Translator) removals(e *messages.Event, med string, gone []messages.Key) []Event {
@@ -567,11 +615,17 @@ func (t *Translator) cleared(m *medium, e *messages.Event, med string) []Event {
 			}
 		}
 	}
-	var released []*block
+	// As in removed: every held copy goes before anything is released, or
+	// a held child of a held parent would be released by the parent's
+	// going and announced as if the tier still held it.
 	for _, k := range unheld {
 		m.unhold(e.Ownership, k)
+	}
+	var released []*block
+	for _, k := range unheld {
 		released = t.settle(m, k, released)
 	}
+	gone, released = stayed(gone, released)
 	after := t.storedEvents(med, released)
 	for _, other := range t.media {
 		if len(other.copies) > 0 {
