@@ -122,7 +122,11 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *releaseOrphans:
 		var keys []messages.Key
 		for _, j := range m.jobs {
-			keys = append(keys, a.state.ReleaseJob(j)...)
+			for _, k := range a.state.ReleaseJob(j) {
+				if !IsQuarantineKey(k) {
+					keys = append(keys, k) // NB: none: OrphanOrigin re-keyed them
+				}
+			}
 		}
 		a.aborted(ctx, keys)
 	case *messages.ClearTier:
@@ -181,7 +185,8 @@ func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
 		a.aborted(ctx, a.state.ReleaseOrigin(m.Origin))
 		return
 	}
-	jobs := a.state.OrphanOrigin(m.Origin)
+	jobs, aborted := a.state.OrphanOrigin(m.Origin)
+	a.aborted(ctx, aborted)
 	if len(jobs) == 0 {
 		return
 	}

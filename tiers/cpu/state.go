@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -355,7 +356,12 @@ func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
 // OrphanOrigin ends o's leases now and returns o's jobs (pins and
 // write-pending slots), left in place for the caller to release once
 // nothing can still copy through them (ReleaseOrigin's quarantine).
-func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef) {
+//
+// A write-pending slot's key is unindexed at once (re-indexed under a
+// quarantine key no lookup can name): its write will never commit, so
+// lookups answer MISS, not HIT_PENDING, while the slot stays out of use.
+// aborted are those keys.
+func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef, aborted []messages.Key) {
 	for h := range s.leases {
 		if h.Origin == o {
 			s.ReleaseHolder(h)
@@ -368,14 +374,35 @@ func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef) {
 			jobs = append(jobs, j)
 		}
 	}
-	for j := range s.reserved {
-		if j.Origin == o && !seen[j] {
+	for j, slots := range s.reserved {
+		if j.Origin != o {
+			continue
+		}
+		if !seen[j] {
 			seen[j] = true
 			jobs = append(jobs, j)
 		}
+		for idx := range slots {
+			sl := &s.slots[idx]
+			aborted = append(aborted, sl.key)
+			delete(s.index, sl.key)
+			sl.key = quarantineKey(idx)
+			s.index[sl.key] = idx
+		}
 	}
-	return jobs
+	return jobs, aborted
 }
+
+// quarantineNS is the namespace of the keys quarantined slots are indexed
+// under: a NUL byte, which no layout namespace (hex) contains.
+const quarantineNS messages.Namespace = "\x00quarantine"
+
+func quarantineKey(idx int) messages.Key {
+	return messages.Key{Namespace: quarantineNS, Hash: strconv.Itoa(idx)}
+}
+
+// IsQuarantineKey reports a key OrphanOrigin put on a quarantined slot.
+func IsQuarantineKey(k messages.Key) bool { return k.Namespace == quarantineNS }
 
 func (s *State) ReleaseOrigin(o messages.Origin) (aborted []messages.Key) {
 	for h := range s.leases {
