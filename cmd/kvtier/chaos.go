@@ -45,13 +45,16 @@ func newChaosCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chaos",
 		Short: "Run a scenario under injected faults and check kvtier's invariants",
-		Long: `chaos runs a scenario — an embedded node with its CPU, fs and obj tiers (obj
-against a versitygw S3 server it starts), driven by simulated engines — for
+		Long: `chaos runs a scenario — by default "peers": three embedded nodes, each with
+its CPU, fs and obj tiers (obj against a versitygw S3 server it starts) and a
+P2P tier dialing the other two; "single" is one node without peers — driven
+by simulated engines, for
 --duration, injecting the fault kinds of --faults from a plan seeded by
 --seed: messages dropped, delayed, duplicated or reordered where the design
 says they may be (docs/CHAOS.md), actors panicking, engine jobs stalling,
 filesystem and S3 calls failing, slowing down or returning flipped bits, the
-S3 server going away. Then it lets the node go quiet and checks: nothing
+S3 server going away, peer connections cut, data-plane writes stalled or
+payloads corrupted, peer nodes killed and restarted. Then it lets the node go quiet and checks: nothing
 pinned, leased or write-pending; every leased HIT was loadable; no block
 loaded with wrong bytes; every call answered within its deadline; events
 consistent with what the CPU tier holds; goroutines and memory back to their
@@ -70,14 +73,14 @@ those faults again.
 	}
 	def := chaos.DefaultEngineConfig()
 	f := cmd.Flags()
-	f.StringVar(&o.scenario, "scenario", "single", "scenario: single (one node, fs + obj tiers)")
+	f.StringVar(&o.scenario, "scenario", "peers", "scenario: peers (three nodes with fs, obj and P2P tiers: every fault kind) or single (one node, fs + obj tiers)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the workload and the fault plan")
 	f.DurationVar(&o.duration, "duration", 60*time.Second, "how long to run (faults are injected and requests admitted)")
 	f.StringVar(&o.faults, "faults", "all", "fault kinds to inject (comma-separated; see above)")
 	f.Float64Var(&o.rate, "rate", 1, "multiply every fault kind's default rate")
 	f.DurationVar(&o.maxDelay, "max-delay", chaos.DefaultMaxDelay, "longest message delay or slow I/O")
 	f.IntVar(&o.engines, "engines", def.Engines, "simulated engine scheduler threads")
-	f.StringSliceVar(&o.spare, "spare", nil, "actors never made to panic (bridge, cpu, tiering, tier-fs, tier-obj, events)")
+	f.StringSliceVar(&o.spare, "spare", nil, "actors never made to panic (bridge, cpu, tiering, tier-fs, tier-obj, events, session)")
 	f.BoolVar(&o.json, "json", false, "print the report as one JSON object")
 	f.DurationVar(&o.shrink, "shrink-time", 2*time.Minute, "time allowed to shrink a violation's fault sequence (0: no shrinking)")
 	f.StringVar(&o.shrinkOut, "shrink-out", "", "write the shrunk fault sequence here (default kvtier-chaos-SEED-faults.json)")

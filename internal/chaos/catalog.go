@@ -59,6 +59,14 @@ func allow(actorName string, kinds []Kind, msgs ...any) {
 	}
 }
 
+// allowTypes is allow for types named as %T prints them (the peer
+// session's own, unexported, messages).
+func allowTypes(actorName string, kinds []Kind, types ...string) {
+	for _, t := range types {
+		catalogue[actorName+" "+t] = kinds
+	}
+}
+
 func init() {
 	// The bridge: engine calls at the boundary.
 	allow("bridge", anyFault, (*messages.Lookup)(nil), (*messages.PrepareLoad)(nil), (*messages.Touch)(nil),
@@ -88,17 +96,53 @@ func init() {
 	allow("tier-*", anyFault, (*messages.TierLookup)(nil), (*messages.TierDelete)(nil))
 	allow("tier-*", noLoss, (*messages.TierStatsQuery)(nil))
 	allow("tier-*", lateOnly, (*messages.TierRead)(nil), (*messages.TierWrite)(nil))
+
+	// The P2P tier. A lost TierLookup is the tiering actor's lookup
+	// deadline's. A session's answers are matched by corr (a repeat finds
+	// nothing pending) but never lost: a PeerLookup or PeerFetch entry
+	// would stay forever, and a lost fetch answer strands the promotion's
+	// slots. A read batch is an I/O request: exactly once.
+	allow("p2p", anyFault, (*messages.TierLookup)(nil))
+	allow("p2p", noLoss, (*messages.PeerLookupResult)(nil), (*messages.PeerFetchResult)(nil),
+		(*messages.TierStatsQuery)(nil))
+	allow("p2p", lateOnly, (*messages.TierReadBatch)(nil))
+
+	// A peer session (peer/session.go). Wire frames in either direction
+	// are a network's: lost, late or repeated, they are absorbed by the
+	// round deadlines (a lost LookupResp or TransferDone is the round
+	// timer's, a lost Fetch the fetch deadline's and then the producer's
+	// lease TTL), the handshake deadline and the heartbeat, and a frame of
+	// another epoch or for a finished round is dropped. The P2P tier's
+	// requests are answered exactly once by the session, so they are late
+	// at most (a duplicate PeerLookup would lease a round nobody releases
+	// but the TTL). A PeerRelease lost leaves the lease to its TTL. The
+	// data plane's completions (arrived, verified, written) and the CPU
+	// tier's answers to a producer round (LookupResult, PinResult) release
+	// slots, pins and leases, or answer a fetch: exactly once, late at
+	// most.
+	allowTypes("session", anyFault, "*peer.inboundFrame", "*peer.outboundFrame")
+	allow("session", lateOnly, (*messages.PeerLookup)(nil), (*messages.PeerFetch)(nil),
+		(*messages.LookupResult)(nil), (*messages.PinResult)(nil))
+	allow("session", anyFault, (*messages.PeerRelease)(nil))
+	allowTypes("session", lateOnly, "*peer.arrived", "*peer.verified", "*peer.written")
 }
 
-// panicTargets are the actors that may be made to panic.
-var panicTargets = []string{"bridge", "cpu", "tiering", "tier-*", "events"}
+// panicTargets are the actors that may be made to panic. A peer session
+// answers its rounds and releases its producer rounds when it restarts
+// (Session.cleanup); the P2P tier is not among them: its lookups, fetches
+// and held rounds die with the actor (a read batch in flight would never
+// be answered), and the peer control plane's restart stops its sessions.
+var panicTargets = []string{"bridge", "cpu", "tiering", "tier-*", "events", "session"}
 
 // actorName turns a PID id ("kvtier/tier-fs", with any scenario prefix)
-// into its catalogue name ("tier-*").
+// into its catalogue name ("tier-*", "session" for "kvtier/peers/peer-n1").
 func actorName(target string) string {
 	name := target[strings.LastIndexByte(target, '/')+1:]
-	if strings.HasPrefix(name, "tier-") {
+	switch {
+	case strings.HasPrefix(name, "tier-"):
 		return "tier-*"
+	case strings.HasPrefix(name, "peer-") && strings.Contains(target, "/peers/"):
+		return "session"
 	}
 	return name
 }

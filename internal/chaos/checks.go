@@ -3,13 +3,16 @@ package chaos
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/p2p"
 )
 
 // The checks a run makes once its engines stopped (the in-run ones —
@@ -58,7 +61,12 @@ func quietState(ctx context.Context, n *nodeUnderTest) (map[string][]string, mes
 			ts.InFlightLookups, ts.InFlightPromotions, ts.InFlightCascades)
 	}
 	for _, t := range ts.Tiers {
-		if t.InFlight > 0 {
+		switch {
+		case t.InFlight > 0 && t.Kind == p2p.Kind:
+			// NB: the P2P tier's in-flight count is its PeerLookups and
+			// PeerFetches not answered yet by their sessions.
+			add(invPeerRounds, "P2P tier %s has %d PeerLookup/PeerFetch unanswered", t.Name, t.InFlight)
+		case t.InFlight > 0:
 			add(invTieringIdle, "tier %s has %d I/O operations in flight", t.Name, t.InFlight)
 		}
 	}
@@ -84,10 +92,13 @@ func checkQuiet(ctx context.Context, rs *runState, n *nodeUnderTest) {
 		if len(left) == 0 {
 			rs.pass(invLeak)
 			rs.pass(invTieringIdle)
+			if n.node.PeerAddr() != "" {
+				rs.pass(invPeerRounds)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
-			for _, inv := range []string{invLeak, invTieringIdle} {
+			for _, inv := range []string{invLeak, invTieringIdle, invPeerRounds} {
 				if len(left[inv]) > 0 {
 					rs.violate(n, inv, "not quiet %v after the run: %s", timeout, strings.Join(left[inv], "; "))
 				} else {
@@ -162,6 +173,72 @@ func checkEvents(ctx context.Context, rs *runState, n *nodeUnderTest) {
 			n.pub.model.History(unannounced), n.take.History(phantom), n.take.History(unannounced))
 	}
 	rs.pass(invPublished)
+}
+
+// checkCommitted scrubs the node's CPU tier: every resident block must
+// still match the CRC32C taken when it was committed. A block committed
+// with flipped bits (a corrupt peer transfer, fs read or S3 GET that a
+// checksum let through) fails here even if no engine loaded it. Run after
+// checkEvents: a failed block is dropped (and announced).
+func checkCommitted(ctx context.Context, rs *runState, n *nodeUnderTest) {
+	cctx, cancel := context.WithTimeout(ctx, 4*harnessCallTimeout)
+	defer cancel()
+	inv, err := n.node.Inventory(cctx)
+	if err != nil {
+		rs.violate(n, invDeadline, "Inventory after the run: %v", err)
+		return
+	}
+	var bad []string
+	for _, k := range inv[messages.MediumCPU] {
+		switch err := n.node.VerifyBlock(cctx, k); {
+		case err == nil, errors.Is(err, messages.ErrUnknownKey):
+		case errors.Is(err, messages.ErrChecksum):
+			bad = append(bad, fmt.Sprintf("%x", k.Hash))
+		default:
+			rs.violate(n, invDeadline, "VerifyBlock after the run: %v", err)
+			return
+		}
+	}
+	if len(bad) > 0 {
+		rs.violate(n, invCommitted, "%d resident blocks no longer match their commit checksum: %s", len(bad), sample(bad))
+		return
+	}
+	rs.pass(invCommitted)
+}
+
+// checkPeers checks every node of a scenario with peers is back in touch
+// with every other — after cuts and kills, sessions redial — and keeps
+// each node's peer counters for the report.
+func checkPeers(ctx context.Context, rs *runState, nodes []*nodeUnderTest) {
+	if len(nodes) < 2 || nodes[0].node.PeerAddr() == "" {
+		for _, inv := range peerInvariants {
+			rs.skip(inv, "no peers in this scenario")
+		}
+		return
+	}
+	for _, n := range nodes {
+		var others []string
+		for _, o := range nodes {
+			if o != n {
+				others = append(others, o.name)
+			}
+		}
+		// NB: a session redials with backoff up to peer.DefaultRetryMax.
+		wctx, cancel := context.WithTimeout(ctx, 3*peer.DefaultRetryMax)
+		err := n.node.WaitPeers(wctx, others...)
+		cancel()
+		if err != nil {
+			rs.violate(n, invPeersBack, "no ready session to every peer %v after the run: %v", others, err)
+		} else {
+			rs.pass(invPeersBack)
+		}
+		cctx, cancel := context.WithTimeout(ctx, harnessCallTimeout)
+		if n.peers, err = n.node.PeerStats(cctx); err != nil {
+			rs.violate(n, invDeadline, "PeerStats after the run: %v", err)
+		}
+		cancel()
+		n.tallyPeers(n.peers)
+	}
 }
 
 func sample(hashes []string) string {

@@ -104,7 +104,8 @@ type engine struct {
 	reqs  []*request
 	jobs  []*job
 	step  int64
-	drain bool // this engine drains the node's TakeEvents stream
+	drain bool   // this engine drains the node's TakeEvents stream
+	gen   uint64 // the node incarnation mgr and pool belong to
 }
 
 // loop runs steps until stop closes and every request and job is done.
@@ -112,15 +113,19 @@ func (e *engine) loop(ctx context.Context, stop <-chan struct{}) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		e.node.life.RLock()
+		e.follow()
 		stopping := closed(stop)
 		if stopping && len(e.reqs) == 0 && len(e.jobs) == 0 {
 			if e.drain {
 				e.takeEvents(ctx)
 			}
+			e.node.life.RUnlock()
 			return
 		}
 		start := time.Now()
 		e.stepOnce(ctx, stopping)
+		e.node.life.RUnlock()
 		if ctx.Err() != nil {
 			return
 		}
@@ -133,6 +138,33 @@ func (e *engine) loop(ctx context.Context, stop <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// follow moves the engine to the node's current incarnation after a
+// peer-kill restarted it: what it had in flight there died with the node
+// (its requests are recomputed, its loads voided, its stores lost), as an
+// engine whose kvtier process died would (REQUIRES: e.node.life held).
+func (e *engine) follow() {
+	gen := e.node.gen.Load()
+	if gen == e.gen {
+		return
+	}
+	for _, j := range e.jobs {
+		if j.kind == messages.JobLoad {
+			e.run.stats.voidedLoads.Add(1)
+		}
+	}
+	for _, r := range e.reqs {
+		if r.hits > 0 {
+			e.run.stats.faultRecomputed.Add(int64(r.hits))
+			e.run.stats.faultedRequests.Add(1)
+		}
+		e.run.stats.killedRequests.Add(1)
+	}
+	clear(e.reqs)
+	clear(e.jobs)
+	e.reqs, e.jobs = e.reqs[:0], e.jobs[:0]
+	e.mgr, e.pool, e.gen = e.node.mgr, e.node.mgr.Pool(), gen
 }
 
 func closed(c <-chan struct{}) bool {

@@ -37,10 +37,10 @@ var Kinds = []KindInfo{
 	{supervision.FaultObjSlow, "obj", 0.01, "an S3 call takes up to MaxDelay longer"},
 	{supervision.FaultObjCorrupt, "obj", 0.05, "an S3 GET body has one flipped bit"},
 	{supervision.FaultObjOutage, "obj", 1.0 / 30, "the S3 server process is killed for 1-3 s, then restarted"},
-	{supervision.FaultPeerCut, "peer", 0, "a peer connection is cut (needs the peer scenario)"},
-	{supervision.FaultPeerStall, "peer", 0, "a peer connection stops delivering (needs the peer scenario)"},
-	{supervision.FaultPeerCorrupt, "peer", 0, "a data-plane payload has flipped bits (needs the peer scenario)"},
-	{supervision.FaultPeerKill, "peer", 0, "a peer process is killed (needs the peer scenario)"},
+	{supervision.FaultPeerCut, "peer", 0.05, "a peer control link or data-plane connection is cut (per 100 ms; scenario peers)"},
+	{supervision.FaultPeerStall, "peer", 0.02, "a producer's data-plane write completes only at the consumer's fetch deadline (scenario peers)"},
+	{supervision.FaultPeerCorrupt, "peer", 0.02, "a landed data-plane payload has a flipped bit (scenario peers)"},
+	{supervision.FaultPeerKill, "peer", 1.0 / 20, "a node is cut off, closed without a Bye and restarted fresh with its id (per second; scenario peers)"},
 }
 
 // info returns k's description.

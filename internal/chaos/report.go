@@ -36,6 +36,9 @@ type Report struct {
 	VoidedLoads     int64 `json:"voided_loads"` // load jobs whose reports were not all accepted
 	StalledJobs     int64 `json:"stalled_jobs"`
 	LateStores      int64 `json:"late_stores"` // store jobs not written: past 3/4 of their deadline
+	// KilledRequests are requests an engine dropped because its node was
+	// killed under it (peer-kill).
+	KilledRequests int64 `json:"killed_requests,omitempty"`
 
 	Nodes []NodeReport `json:"nodes"`
 
@@ -85,6 +88,20 @@ type NodeReport struct {
 	Evictions        uint64 `json:"evictions"`
 	ChecksumFailures uint64 `json:"checksum_failures"`
 	LostAtClose      int    `json:"delayed_messages_lost_at_close"`
+	// Kills are the times the node was killed and restarted (peer-kill);
+	// the counters above are its last incarnation's.
+	Kills int64 `json:"kills,omitempty"`
+	// Peers are the node's sessions at the end: blocks fetched, corrupt
+	// ones caught, failed rounds.
+	Peers []messages.PeerStats `json:"peers,omitempty"`
+	// PeerFlipsLanded are payloads of fetches by this node that had a bit
+	// flipped on arrival (peer-corrupt), PeerCorruptCaught the blocks its
+	// checksums refused, both over every incarnation. A flip in a fetch
+	// that was failing anyway (cut, killed, timed out) is never verified,
+	// so caught ≤ landed; no-corrupt-committed and no-wrong-bytes prove
+	// none got through.
+	PeerFlipsLanded   uint64 `json:"peer_flips_landed,omitempty"`
+	PeerCorruptCaught uint64 `json:"peer_corrupt_caught,omitempty"`
 	// Tiering is the secondary tiers' view: promotions, cascades, each
 	// tier's reads, failures, invalid blocks caught, health transitions.
 	Tiering messages.TieringStats `json:"tiering"`
@@ -100,6 +117,7 @@ func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report 
 		FaultsInjected: rs.ledger.Total(), FaultsByKind: map[string]uint64{}, OperationsByCall: map[string]CallReport{},
 		Requests: s.requests.Load(), Recomputes: s.faultRecomputed.Load(), FaultedRequests: s.faultedRequests.Load(),
 		VoidedLoads: s.voidedLoads.Load(), StalledJobs: s.stalledJobs.Load(), LateStores: s.lateStores.Load(),
+		KilledRequests: s.killedRequests.Load(),
 		Blocks: BlockReport{Prompt: s.promptBlocks.Load(), GPUHit: s.gpuHitBlocks.Load(), Hit: s.hitBlocks.Load(),
 			Loaded: s.loadedBlocks.Load(), Verified: s.verifiedBlocks.Load(), Recomputed: s.recomputed.Load(),
 			Stored: s.storedBlocks.Load(), VoidedCorrupt: s.voidedCorrupt.Load()},
@@ -129,7 +147,8 @@ func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report 
 		r.Nodes = append(r.Nodes, NodeReport{Name: n.name, ActorRestarts: st.ActorRestarts,
 			JobsReapedLoad: st.JobsReapedLoad, JobsReapedStore: st.JobsReapedStore, LateReports: st.LateReports,
 			LeasesExpired: st.LeasesExpired, Evictions: st.Evictions, ChecksumFailures: st.ChecksumFailures,
-			LostAtClose: n.inj.Lost(), Tiering: n.tiering})
+			LostAtClose: n.inj.Lost(), Tiering: n.tiering, Kills: n.kills.Load(), Peers: n.peers,
+			PeerFlipsLanded: n.flipsLanded, PeerCorruptCaught: n.caught})
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -187,6 +206,9 @@ func (r *Report) WriteText(w io.Writer) {
 		r.Requests, b.Prompt, b.GPUHit, b.Hit, b.Loaded, b.Verified, b.Recomputed, b.Stored)
 	p("recomputes   %d blocks found in kvtier but recomputed after a fault (%d requests); %d loads voided, %d jobs stalled, %d late stores skipped",
 		r.Recomputes, r.FaultedRequests, r.VoidedLoads, r.StalledJobs, r.LateStores)
+	if r.KilledRequests > 0 {
+		p("             %d requests lost with a killed node", r.KilledRequests)
+	}
 	for _, n := range r.Nodes {
 		p("node %-7s %d actor restarts, reaped %d load / %d store jobs, %d late reports, %d leases expired, %d evictions, %d checksum failures",
 			n.Name, n.ActorRestarts, n.JobsReapedLoad, n.JobsReapedStore, n.LateReports, n.LeasesExpired, n.Evictions, n.ChecksumFailures)
@@ -197,6 +219,16 @@ func (r *Report) WriteText(w io.Writer) {
 		for _, t := range ts.Tiers {
 			p("             tier %s: %d reads (%d failed, %d invalid caught), %d writes (%d failed), unhealthy %d times",
 				t.Name, t.Reads, t.ReadFailures, t.Invalid, t.Writes, t.WriteFailures, t.Unhealthy)
+		}
+		if n.Kills > 0 {
+			p("             killed and restarted %d times", n.Kills)
+		}
+		if len(n.Peers) > 0 {
+			p("             peer payloads with a flipped bit: %d landed, %d blocks caught by checksums", n.PeerFlipsLanded, n.PeerCorruptCaught)
+		}
+		for _, ps := range n.Peers {
+			p("             peer %s: ready %v, serving %v, fetched %d, corrupt caught %d, failed rounds %d, served %d",
+				ps.Node, ps.Ready, ps.Serving, ps.Fetched, ps.Corrupt, ps.Failures, ps.Served)
 		}
 	}
 	names := make([]string, 0, len(r.Invariants))

@@ -75,12 +75,14 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	rs.start = time.Now() // NB: the ledger's time base too, give or take microseconds
 	nodes, err := scenario.open(ctx, rs, e)
 	if err != nil {
+		runClosers(rs)
 		return nil, err
 	}
 	closed := false
 	defer func() {
 		if !closed {
 			closeNodes(rs, nodes)
+			runClosers(rs)
 		}
 	}()
 
@@ -91,7 +93,7 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	for i := range opts.Engine.Engines {
 		n := nodes[i%len(nodes)]
 		eng := &engine{id: i, cfg: opts.Engine, run: rs, node: n, mgr: n.mgr, pool: n.mgr.Pool(),
-			gpu: sim.NewLRU(opts.Engine.GPUBlocks), drain: i < len(nodes)}
+			gpu: sim.NewLRU(opts.Engine.GPUBlocks), drain: i < len(nodes), gen: n.gen.Load()}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -104,6 +106,9 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	runFor(ctx, opts, nodes)
 	rs.gate.armed.Store(false) // the run drains without new faults
 	stopOutages()
+	for _, stop := range rs.stoppers {
+		stop()
+	}
 	close(stop)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
@@ -114,10 +119,13 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	for _, n := range nodes {
 		checkQuiet(ctx, rs, n)
 		checkEvents(ctx, rs, n)
+		checkCommitted(ctx, rs, n)
 	}
+	checkPeers(ctx, rs, nodes)
 	checkDeadlines(rs)
 	closed = true
 	closeNodes(rs, nodes)
+	runClosers(rs)
 	checkRuntime(rs, baseGoroutines, baseHeap)
 	return report(rs, nodes, ranFor), nil
 }
@@ -217,6 +225,14 @@ func closeNodes(rs *runState, nodes []*nodeUnderTest) {
 		cancel()
 		n.inj.Close()
 	}
+}
+
+// runClosers releases what the scenario holds beside its nodes.
+func runClosers(rs *runState) {
+	for _, c := range rs.closers {
+		c()
+	}
+	rs.closers = nil
 }
 
 // settleRuntime collects garbage and returns the goroutine count and live

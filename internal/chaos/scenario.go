@@ -38,7 +38,7 @@ type env struct {
 }
 
 // Scenarios lists the scenarios by name.
-var Scenarios = map[string]Scenario{"single": single{}}
+var Scenarios = map[string]Scenario{"single": single{}, "peers": peers{}}
 
 // ScenarioByName returns the named scenario.
 func ScenarioByName(name string) (Scenario, error) {
@@ -51,7 +51,7 @@ func ScenarioByName(name string) (Scenario, error) {
 		for n := range Scenarios {
 			names = append(names, n)
 		}
-		return nil, fmt.Errorf("unknown scenario %q (have: %s; the three-node peer scenario comes with the P2P tier)",
+		return nil, fmt.Errorf("unknown scenario %q (have: %s)",
 			name, strings.Join(names, ", "))
 	}
 	return s, nil
@@ -112,40 +112,57 @@ func singleConfig() kvtier.Config {
 // openNode opens one node of the scenario: an fs and an obj tier, events
 // on loopback, an injector recording into the run's ledger.
 func openNode(ctx context.Context, rs *runState, e *env, name string) (*nodeUnderTest, error) {
+	n := &nodeUnderTest{name: name}
+	rs.ledger.OnRecord(func(f supervision.Fault) {
+		if f.Decision.Kind == supervision.FaultPanic && strings.HasPrefix(f.Point.Site, "kvtier/bridge ") {
+			n.epoch.Add(1)
+		}
+	})
+	if err := openInto(ctx, rs, e, n, name, nil); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// openInto opens an incarnation of node n (its first, or a restart after
+// a kill) with its tiers under dir: fresh tiers, a fresh injector, fresh
+// event models. tweak adjusts the configuration (the peer scenario's
+// peers).
+func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir string, tweak func(*kvtier.Config)) error {
+	name := n.name
 	bucket := fmt.Sprintf("chaos-%d-%d-%s", rs.opts.Seed, bucketSeq.Add(1), name)
 	if err := e.s3.MakeBucket(ctx, bucket); err != nil {
-		return nil, err
+		return err
 	}
 	s3, err := obj.NewMinio(obj.Endpoint{Endpoint: e.s3.Endpoint, Bucket: bucket,
 		AccessKey: objtest.AccessKey, SecretKey: objtest.SecretKey, Conns: 16})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	inj := supervision.NewInjector(supervision.InjectorConfig{Ledger: rs.ledger, PanicSpacing: panicSpacing})
 	for _, r := range rs.hooks.UnsafeRules {
 		inj.Inject(r)
 	}
 	inj.Inject(rs.gate.messageRule())
-	n := &nodeUnderTest{name: name, inj: inj, take: newResidency()}
-	rs.ledger.OnRecord(func(f supervision.Fault) {
-		if f.Decision.Kind == supervision.FaultPanic && strings.HasPrefix(f.Point.Site, "kvtier/bridge ") {
-			n.epoch.Add(1)
-		}
-	})
 	cfg := singleConfig()
 	cfg.SecondaryTiers = []kvtier.TierConfig{
-		{Kind: tiers.KindFS, Root: filepath.Join(e.dir, name, "fs"), Capacity: kvtier.ByteSize(chaosFSBlocks * chaosBlockBytes),
+		{Kind: tiers.KindFS, Root: filepath.Join(e.dir, dir, "fs"), Capacity: kvtier.ByteSize(chaosFSBlocks * chaosBlockBytes),
 			FS: chaosFS(rs.gate)},
 		{Kind: tiers.KindObj, Endpoint: e.s3.Endpoint, Bucket: bucket, AccessKey: objtest.AccessKey,
 			SecretKey: objtest.SecretKey, ObjClient: chaosObjClient(rs.gate, s3)},
 	}
 	cfg.Faults, cfg.Logger = inj, rs.opts.Log
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	node, err := kvtier.Open(ctx, cfg)
 	if err != nil {
 		inj.Close()
-		return nil, fmt.Errorf("open node %s: %w", name, err)
+		return fmt.Errorf("open node %s: %w", name, err)
 	}
-	n.node, n.mgr = node, node.Manager()
+	n.node, n.mgr, n.inj = node, node.Manager(), inj
+	n.take = newResidency()
+	n.takeLost.Store(false)
 	n.pub = subscribe(node.EventsEndpoint(), node.EventsReplayEndpoint())
-	return n, nil
+	return nil
 }

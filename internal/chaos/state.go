@@ -8,27 +8,34 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/rdma/faulty"
 	"github.com/kvtier/kvtier/supervision"
 )
 
 // Invariants a run checks (docs/CHAOS.md).
 const (
-	invLeak        = "no-leak"             // quiet: nothing pinned, leased, write-pending; no engine job or request state
-	invTieringIdle = "tiering-quiet"       // quiet: no secondary lookup, promotion, cascade or tier I/O in flight
-	invHitLoadable = "hit-loadable"        // PrepareLoad never failed for a live leased HIT
-	invWrongBytes  = "no-wrong-bytes"      // every loaded block had its own bytes
-	invDeadline    = "calls-answered"      // every call answered within its deadline (bar those whose message a fault dropped)
-	invEvents      = "events-consistent"   // what TakeEvents returned replays to the CPU tier's final residency
-	invPublished   = "published-events"    // what the node published replays to it too, no batch lost
-	invGoroutines  = "goroutines-baseline" // the goroutine count comes back to its baseline after close
-	invMemory      = "memory-bound"        // the heap comes back within MemBound of its baseline
-	invAnswers     = "well-formed-answers" // answers have the shape the API promises
-	invClose       = "clean-close"         // the node closes without error
+	invLeak        = "no-leak"              // quiet: nothing pinned, leased, write-pending; no engine job or request state
+	invTieringIdle = "tiering-quiet"        // quiet: no secondary lookup, promotion, cascade or tier I/O in flight
+	invHitLoadable = "hit-loadable"         // PrepareLoad never failed for a live leased HIT
+	invWrongBytes  = "no-wrong-bytes"       // every loaded block had its own bytes
+	invDeadline    = "calls-answered"       // every call answered within its deadline (bar those whose message a fault dropped)
+	invEvents      = "events-consistent"    // what TakeEvents returned replays to the CPU tier's final residency
+	invPublished   = "published-events"     // what the node published replays to it too, no batch lost
+	invGoroutines  = "goroutines-baseline"  // the goroutine count comes back to its baseline after close
+	invMemory      = "memory-bound"         // the heap comes back within MemBound of its baseline
+	invAnswers     = "well-formed-answers"  // answers have the shape the API promises
+	invClose       = "clean-close"          // the node closes without error
+	invCommitted   = "no-corrupt-committed" // quiet: every resident block still matches the checksum taken at commit
+	invPeerRounds  = "peer-rounds-answered" // quiet: every PeerLookup and PeerFetch of the P2P tier answered
+	invPeersBack   = "peers-reconnected"    // quiet: every node has a ready session to every other (after kills and cuts)
 )
 
 // invariantNames in report order.
 var invariantNames = []string{invLeak, invTieringIdle, invHitLoadable, invWrongBytes, invDeadline, invEvents,
-	invPublished, invGoroutines, invMemory, invAnswers, invClose}
+	invPublished, invGoroutines, invMemory, invAnswers, invClose, invCommitted, invPeerRounds, invPeersBack}
+
+// peerInvariants are checked by scenarios with peers only.
+var peerInvariants = []string{invPeerRounds, invPeersBack}
 
 // Violation is one broken invariant.
 type Violation struct {
@@ -59,7 +66,7 @@ type stats struct {
 	promptBlocks, gpuHitBlocks, hitBlocks, loadedBlocks   atomic.Int64
 	verifiedBlocks, recomputed, faultRecomputed           atomic.Int64
 	storedBlocks, voidedLoads, voidedCorrupt, stalledJobs atomic.Int64
-	lateStores                                            atomic.Int64
+	lateStores, killedRequests                            atomic.Int64
 }
 
 func newStats() *stats {
@@ -85,6 +92,19 @@ type nodeUnderTest struct {
 	pub      *subscriber   // what the node published; nil without events
 	final    messages.Stats
 	tiering  messages.TieringStats
+	peers    []messages.PeerStats
+
+	// life is held (read) by the node's engines for each step, and
+	// (write) while a peer-kill restarts the node; gen counts the
+	// incarnations, kills the kills.
+	life  sync.RWMutex
+	gen   atomic.Uint64
+	kills atomic.Int64
+	// The data plane's flipped payloads: landed (faulty's count) and
+	// caught by this node's checksums (its sessions' Corrupt), summed over
+	// incarnations; dataPlane is the current incarnation's wrapper.
+	dataPlane           *faulty.Transport
+	flipsLanded, caught uint64
 
 	writesMu sync.Mutex
 	writes   map[int]slotWrite // slot → the engines' last store into it (a violation's detail)
@@ -95,6 +115,17 @@ type slotWrite struct {
 	job    messages.JobID
 	worker int
 	at     time.Time
+}
+
+// tallyPeers adds the current incarnation's flipped payloads and caught
+// checksum failures to the node's totals (at a kill, and at the end).
+func (n *nodeUnderTest) tallyPeers(ps []messages.PeerStats) {
+	if n.dataPlane != nil {
+		n.flipsLanded += n.dataPlane.Flips.Load()
+	}
+	for _, p := range ps {
+		n.caught += p.Corrupt
+	}
 }
 
 // wrote records an engine worker's store into slot.
@@ -129,6 +160,11 @@ type runState struct {
 	ns      messages.Namespace
 	hooks   Hooks
 	start   time.Time
+
+	// stoppers stop the scenario's fault drivers (before the run drains);
+	// closers release what the scenario holds beside its nodes (after
+	// they closed).
+	stoppers, closers []func()
 
 	mu         sync.Mutex
 	timeouts   []timedOut  // engine calls that timed out (the first maxTimeoutsKept)

@@ -8,8 +8,10 @@ package faulty
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvtier/kvtier/rdma"
 )
@@ -36,9 +38,11 @@ type Transport struct {
 	rdma.Transport
 	decide Decide
 
-	region  atomic.Pointer[rdma.Region]
-	mu      sync.Mutex
-	stalled []func() // completions held back, released by Release or Close
+	region   atomic.Pointer[rdma.Region]
+	mu       sync.Mutex
+	stalled  map[uint64]*held // completions held back, released by Release, Close or their stall deadline
+	seq      uint64
+	stallFor atomic.Int64 // a stalled completion's deadline (ns); 0: until Release or Close
 
 	Flips, Stalls, Fails atomic.Uint64 // faults injected, by kind
 }
@@ -47,6 +51,17 @@ type Transport struct {
 func Wrap(t rdma.Transport, decide Decide) *Transport {
 	return &Transport{Transport: t, decide: decide}
 }
+
+// held is a stalled completion.
+type held struct {
+	done  func()
+	timer *time.Timer // nil without a stall deadline
+}
+
+// SetStallFor bounds every later stall: a stalled completion is let through
+// d after the transfer completed (a write that hangs until its deadline);
+// 0 (the default) holds it until Release or Close.
+func (f *Transport) SetStallFor(d time.Duration) { f.stallFor.Store(int64(d)) }
 
 // Register records the region (to flip bits in) and registers it below.
 func (f *Transport) Register(r rdma.Region) error {
@@ -91,21 +106,56 @@ func (f *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func
 		f.Stalls.Add(1)
 		return f.Transport.Write(peer, tok, src, dst, func(c rdma.Completion) {
 			f.mu.Lock()
-			f.stalled = append(f.stalled, func() { done(c) })
-			f.mu.Unlock()
+			defer f.mu.Unlock()
+			if f.stalled == nil {
+				f.stalled = map[uint64]*held{}
+			}
+			f.seq++
+			id, h := f.seq, &held{done: func() { done(c) }}
+			if d := time.Duration(f.stallFor.Load()); d > 0 {
+				h.timer = time.AfterFunc(d, func() { f.release(id) })
+			}
+			f.stalled[id] = h
 		})
 	}
 	return f.Transport.Write(peer, tok, src, dst, done)
 }
 
-// Release lets every stalled completion through.
+// release lets one stalled completion through, unless it already went.
+func (f *Transport) release(id uint64) {
+	f.mu.Lock()
+	h := f.stalled[id]
+	delete(f.stalled, id)
+	f.mu.Unlock()
+	if h != nil {
+		h.done()
+	}
+}
+
+// Stalled is the number of completions held back now.
+func (f *Transport) Stalled() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.stalled)
+}
+
+// Release lets every stalled completion through, in the order they were
+// held.
 func (f *Transport) Release() {
 	f.mu.Lock()
-	held := f.stalled
+	ids := make([]uint64, 0, len(f.stalled))
+	for id, h := range f.stalled {
+		if h.timer != nil {
+			h.timer.Stop()
+		}
+		ids = append(ids, id)
+	}
+	all := f.stalled
 	f.stalled = nil
 	f.mu.Unlock()
-	for _, d := range held {
-		d()
+	slices.Sort(ids)
+	for _, id := range ids {
+		all[id].done()
 	}
 }
 

@@ -154,14 +154,19 @@ type (
 	}
 )
 
-// Props returns the tier's props.
+// Props returns the tier's props. Its state outlives a restart (the
+// producer hands the supervisor the same Tier): the peers that are up, the
+// rounds held at producers and, above all, the reads in flight, whose
+// slots only the sessions' answers may free — a fresh incarnation would
+// know none of them, strand those promotions and never hear PeerUp again.
+// A panic is injected (chaos) or a bug: the state is as the last completed
+// message left it, or as far as the failed one got.
 func Props(cfg Config) *actor.Props {
 	cfg = cfg.WithDefaults()
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
-			held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
-			stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
-	}, actor.WithReceiverMiddleware(supervision.Faults))
+	t := &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
+		held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
+		stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
+	return actor.PropsFromProducer(func() actor.Actor { return t }, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
 // Receive handles the tier's messages.
