@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -67,6 +68,10 @@ type Plane struct {
 	ctr      *Counters
 	ln       *Listener
 	sessions map[string]*actor.PID
+	// direct mirrors sessions for the ROUTER's reader goroutine, which hands
+	// a known peer's frames straight to its session (one mailbox hop less
+	// on every peer lookup); frames of unknown identities come here.
+	direct *sync.Map
 	static   map[string]string // configured peers: node → address
 	shutdown *shutdown         // non-nil once PeerShutdown came
 }
@@ -95,7 +100,7 @@ type (
 func Props(cfg Config, ln *Listener, ctr *Counters) *actor.Props {
 	cfg = cfg.WithDefaults()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Plane{cfg: cfg, ctr: ctr, ln: ln, sessions: map[string]*actor.PID{}, static: map[string]string{}}
+		return &Plane{cfg: cfg, ctr: ctr, ln: ln, sessions: map[string]*actor.PID{}, static: map[string]string{}, direct: &sync.Map{}}
 	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
@@ -115,6 +120,7 @@ func (p *Plane) Receive(ctx actor.Context) {
 	case *sessionIdle:
 		if p.sessions[m.node].Equal(m.pid) && p.shutdown == nil {
 			delete(p.sessions, m.node)
+			p.direct.Delete(m.node)
 			ctx.Stop(m.pid)
 		}
 	case *shutdownDeadline:
@@ -130,10 +136,20 @@ func (p *Plane) Receive(ctx actor.Context) {
 func (p *Plane) start(ctx actor.Context) {
 	self, root := ctx.Self(), ctx.ActorSystem().Root
 	p.ln.io.startWriter()
-	p.ln.io.startReader(func(m zmq4.Msg) { root.Send(self, decodeRouter(m)) }, nil)
+	direct := p.direct
+	p.ln.io.startReader(func(m zmq4.Msg) {
+		in := decodeRouter(m)
+		if pid, ok := direct.Load(in.from); ok {
+			root.Send(pid.(*actor.PID), &inboundFrame{frame: in.frame, err: in.err})
+			return
+		}
+		root.Send(self, in)
+	}, nil)
 	for _, a := range p.cfg.Peers {
 		p.static[a.Node] = a.Addr
-		p.spawn(ctx, a.Node, a.Addr)
+		if pid := p.spawn(ctx, a.Node, a.Addr); pid != nil {
+			p.publish(a.Node, pid) // nothing of it was queued here yet
+		}
 	}
 }
 
@@ -181,6 +197,7 @@ func (p *Plane) route(ctx actor.Context, m *routerIn) {
 		}
 	}
 	ctx.Send(pid, &inboundFrame{frame: m.frame, err: m.err})
+	p.publish(m.from, pid)
 }
 
 func (p *Plane) refuse(to string, epoch uint64, reason string) {
@@ -202,6 +219,11 @@ func (p *Plane) spawn(ctx actor.Context, node, addr string) *actor.PID {
 	p.sessions[node] = pid
 	return pid
 }
+
+// publish lets the reader goroutine deliver node's frames straight to its
+// session — after the frame that created it was forwarded, so no later
+// frame can overtake it.
+func (p *Plane) publish(node string, pid *actor.PID) { p.direct.Store(node, pid) }
 
 // validNode reports whether an identity can be a node id at all.
 func validNode(id string) bool {
