@@ -31,6 +31,11 @@ func callActor[T any](ctx context.Context, n *Node, pid *actor.PID, what string,
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
 		defer cancel()
 	}
+	select {
+	case <-n.stopped:
+		return zero, fmt.Errorf("%s: %w", what, messages.ErrClosed)
+	default:
+	}
 	reply := messages.NewReply[T]()
 	n.system.Root.Send(pid, build(reply))
 	select {
@@ -38,6 +43,14 @@ func callActor[T any](ctx context.Context, n *Node, pid *actor.PID, what string,
 		return r.Value, r.Err
 	case <-ctx.Done():
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
+	case <-n.stopped:
+		// A reply sent before the actors stopped is still the answer.
+		select {
+		case r := <-reply:
+			return r.Value, r.Err
+		default:
+			return zero, fmt.Errorf("%s: %w", what, messages.ErrClosed)
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,7 +44,8 @@ type Node struct {
 
 	closeOnce sync.Once
 	closeErr  error
-	closing   chan struct{}
+	closing   chan struct{} // closed when Close begins: engine intake stops
+	stopped   chan struct{} // closed once the actors were stopped: calls fail fast
 }
 
 // Open validates cfg, maps the CPU pool and starts the node's actors.
@@ -62,7 +64,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		pool.Close()
 		return nil, err
 	}
-	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{})}
+	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
 	if err := n.openEndpoint(); err != nil {
 		pool.Close()
 		return nil, err
@@ -159,44 +161,118 @@ func (n *Node) Registry() *prometheus.Registry { return n.registry }
 // Pool is the CPU tier's slot memory.
 func (n *Node) Pool() *cpu.Pool { return n.pool }
 
-// Close shuts the node down, supervisor-ordered: stop engine intake, drain
-// engine jobs until ctx's deadline (reaping the rest), stop the actors,
-// unmap and remove the pool. Calls after the first return the first's result.
+// Close shuts the node down within ctx (the node's call timeout when ctx
+// has no deadline), supervisor-ordered (DESIGN.md §6):
+//
+//  1. stop intake: engine calls that start work are refused (ErrClosed),
+//     and the control plane starts and accepts no new peer round;
+//  2. drain engine jobs and peer rounds in flight, both at once, until the
+//     drain deadline (nine tenths of what ctx leaves); then the bridge
+//     reaps the engine jobs left and the plane aborts the rounds left. The
+//     standalone endpoint stays open meanwhile, for the engine's reports;
+//  3. release: every peer session says Bye and gives back what peers'
+//     rounds hold in the CPU tier; pending KV events are flushed; the
+//     engine endpoint closes;
+//  4. stop the actors, and their timers with them;
+//  5. close the events publisher, the data plane (its connections and the
+//     pool's registration), the control sockets and the secondary tiers'
+//     I/O workers;
+//  6. unmap and remove the pool — only once nothing can touch it. If an
+//     actor, a tier I/O worker (a stuck disk) or a transfer may still use a
+//     slot, the pool stays mapped and the error says why.
+//
+// Close never waits past ctx: a dead or stopped peer costs at most the
+// drain deadline, a stuck disk is reported rather than waited for. Only
+// persistent tiers' files remain. Calls after the first return the first's
+// result.
 func (n *Node) Close(ctx context.Context) error {
-	n.closeOnce.Do(func() {
-		close(n.closing)
-		var errs []error
-		// Standalone: no engine call may arrive from the socket from now on.
-		if err := n.closeEndpoint(); err != nil {
-			errs = append(errs, err)
-		}
-		if _, err := call(ctx, n, func(r messages.Reply[struct{}]) any {
-			return &messages.Shutdown{Deadline: n.drainDeadline(ctx), Reply: r}
-		}); err != nil {
-			errs = append(errs, fmt.Errorf("drain: %w", err))
-		}
-		if err := n.flushEvents(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		if err := n.stopActors(ctx); err != nil {
-			// NB: an actor may still be running and touch slot memory, so the
-			// pool stays mapped (leaked) rather than risk a fault.
-			errs = append(errs, fmt.Errorf("stop actors (pool left mapped): %w", err))
-		} else if err := n.closeTiers(ctx); err != nil {
-			// NB: likewise a tier I/O worker may still copy into a slot.
-			errs = append(errs, fmt.Errorf("stop tier I/O (pool left mapped): %w", err))
-		} else if err := n.closePeers(); err != nil {
-			// NB: and a transfer may still be writing into a slot.
-			errs = append(errs, fmt.Errorf("stop data plane (pool left mapped): %w", err))
-		} else {
-			errs = append(errs, n.pool.Close())
-		}
-		if err := n.closeEvents(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		n.closeErr = errors.Join(errs...)
-	})
+	n.closeOnce.Do(func() { n.closeErr = n.shutdown(ctx) })
 	return n.closeErr
+}
+
+func (n *Node) shutdown(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
+		defer cancel()
+	}
+	close(n.closing)
+	errs := n.drain(ctx)
+	if err := n.flushEvents(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.closeEndpoint(); err != nil {
+		errs = append(errs, err)
+	}
+	actorsErr := n.stopActors(ctx)
+	if err := n.closeEvents(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	// NB: until all three are known stopped, something may still touch slot
+	// memory — an actor, a tier I/O worker copying into a slot, a transfer
+	// writing into one — so the pool stays mapped (leaked) rather than risk
+	// a fault.
+	stopped := []struct {
+		what string
+		err  error
+	}{{"stop actors", actorsErr}, {"stop data plane", n.closePeers()}, {"stop tier I/O", n.closeTiers(ctx)}}
+	mapped := false
+	for _, s := range stopped {
+		if s.err != nil {
+			mapped = true
+			errs = append(errs, fmt.Errorf("%s (pool left mapped): %w", s.what, s.err))
+		}
+	}
+	if !mapped {
+		errs = append(errs, n.pool.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// drain is Close's second step: the bridge (engine jobs) and the control
+// plane (peer rounds) stop intake and drain together until one deadline,
+// then reap or abort what is left and answer. Waiting for their answers is
+// bounded too, halfway into what ctx leaves after the deadline, so the
+// steps after it keep their time even if an actor cannot answer.
+func (n *Node) drain(ctx context.Context) []error {
+	left := time.Until(deadlineOf(ctx))
+	budget := left * 9 / 10
+	wait, cancel := context.WithTimeout(ctx, budget+(left-budget)/2)
+	defer cancel()
+	type peerResult struct {
+		res messages.PeerShutdownResult
+		err error
+	}
+	peers := make(chan peerResult, 1)
+	go func() {
+		// NB: the plane reads its deadline on the wall clock (time.Until);
+		// the bridge reads its own on the node's clock.
+		res, err := n.shutdownPeers(wait, time.Now().Add(budget))
+		peers <- peerResult{res, err}
+	}()
+	var errs []error
+	engineDeadline := n.cfg.Clock.Now().Add(budget)
+	if _, err := call(wait, n, func(r messages.Reply[struct{}]) any {
+		return &messages.Shutdown{Deadline: engineDeadline, Reply: r}
+	}); err != nil {
+		errs = append(errs, fmt.Errorf("drain engine jobs: %w", err))
+	}
+	p := <-peers
+	switch {
+	case errors.Is(p.err, messages.ErrClosed):
+		// The peers were shut down before Close (or are being): nothing to add.
+	case p.err != nil:
+		errs = append(errs, fmt.Errorf("drain peers: %w", p.err))
+	case n.peers.plane != nil:
+		n.cfg.Logger.Info().Int("sessions", p.res.Sessions).Int("aborted_rounds", p.res.Aborted).Msg("kvtier peers drained")
+	}
+	return errs
+}
+
+// deadlineOf is ctx's deadline; ctx must have one.
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 func (n *Node) stopActors(ctx context.Context) error {
@@ -204,6 +280,7 @@ func (n *Node) stopActors(ctx context.Context) error {
 	if n.guardian != nil {
 		err = actors.StopAndWait(ctx, n.system, n.guardian)
 	}
+	close(n.stopped)
 	n.system.Shutdown()
 	supervision.DetachFaults(n.system)
 	return err

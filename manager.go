@@ -54,15 +54,38 @@ type Manager interface {
 	// TakeEvents drains the events announced since the last call.
 	TakeEvents(ctx context.Context) ([]messages.Event, error)
 
-	// HasPendingWork is true only while an engine job awaits worker reports:
-	// work that needs an engine step to progress.
+	// HasPendingWork reports whether work needs an engine step to progress:
+	// true exactly while an engine transfer job (a PrepareLoad's or a
+	// PrepareStore's) awaits worker reports (JobDone) or its
+	// CompleteLoad/CompleteStore. Nothing else counts, because nothing else
+	// needs the engine: serving peers (lookups, producer leases, fetches
+	// written from our slots), fetching from peers, promotions from a
+	// secondary tier, cascades to one, commits being checksummed, and idle
+	// sessions all progress on their own messages and timers. An idle
+	// engine with peers attached can therefore always stop stepping, pause
+	// and shut down (seed 002).
 	HasPendingWork(ctx context.Context) (bool, error)
 
-	// Pause stops engine intake: Lookup answers MISS, PrepareStore ErrPaused.
-	// It returns once engine jobs have drained or been reaped. With
-	// clearCache the primary tier is cleared too.
+	// Pause stops engine intake and returns once every engine job opened
+	// before it has finished or been reaped at its own deadline (it needs
+	// the engine's reports to drain sooner). While paused:
+	//   - Lookup answers MISS for every key (nothing is leased, no
+	//     secondary or peer lookup starts);
+	//   - PrepareLoad and PrepareStore fail with messages.ErrPaused;
+	//   - JobDone, CompleteLoad, CompleteStore, Touch, RequestFinished,
+	//     TakeEvents, Stats and HasPendingWork work as ever, so in-flight
+	//     jobs drain;
+	//   - peers are still served from the CPU tier: pause quiesces the
+	//     engine, not the node.
+	// With clearCache the primary tier is then cleared (as ResetCache does):
+	// every ready block goes, its leases with it — a peer round whose hits
+	// were leased but not yet fetched fails its fetch cleanly and is never
+	// served stale. Secondary tiers persist. NB: a block pinned at that
+	// moment by a transfer in flight (a peer's fetch or a cascade reading
+	// it) is not freed from under the transfer, and stays readable after it.
 	Pause(ctx context.Context, clearCache bool) error
-	// Resume restores engine intake.
+	// Resume restores engine intake. Resuming a node that is not paused does
+	// nothing; after Close it fails with messages.ErrClosed.
 	Resume(ctx context.Context) error
 	// ResetCache drains in-flight engine jobs up to ctx's deadline (reaping the
 	// rest), then clears the primary tier.

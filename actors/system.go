@@ -12,6 +12,16 @@ import (
 // zerolog's slog handler, at warn level and above: protoactor logs every
 // start at info, which is noise for an embedded runtime.
 //
+// An idle system wakes nothing (DESIGN.md §4 rule 5; measured by `kvtier
+// bench idle`). Audited in protoactor-go v0.0.0-20240822202345: the
+// process registry, event stream, guardians and extensions are plain data;
+// a mailbox runs on a goroutine only while it has messages; no metrics
+// exporter runs (MetricsProvider is nil, so the default Prometheus HTTP
+// server is never started); the only timers are SetReceiveTimeout and
+// futures (neither used here: deadlines are AfterFunc messages to self) and
+// the dead-letter throttle below, which lives for one interval after a
+// dead letter, never periodically.
+//
 // NB: protoactor throttles its dead-letter log with a goroutine that sleeps
 // one throttle interval after the first dead letter of a burst. Stopping a
 // tree routinely sends a system message to an already-stopped child, so a

@@ -131,6 +131,8 @@ func (b *Bridge) Receive(ctx actor.Context) {
 	case *messages.TakeEvents:
 		b.takeEvents(ctx, m)
 	case *messages.HasPendingWork:
+		// Only engine jobs need an engine step; peers, promotions, cascades
+		// and commits progress on their own (the contract: manager.go).
 		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
 	case *messages.Pause:
 		b.pause(ctx, m)

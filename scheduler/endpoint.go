@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 //   - the reader goroutine owns Recv: it decodes each frame (off any
 //     mailbox) and sends the endpoint actor one message per frame;
 //   - the endpoint actor (endpointActor) owns the sessions: it forwards
-//     calls to the bridge and arms one liveness timer per session;
+//     calls to the bridge, releases a session whose connection ended, and
+//     arms a liveness timer for a session while it holds requests;
 //   - the writer goroutine owns Send: replies reach it through a bounded
 //     queue; when the queue is full a reply is dropped and counted (the
 //     client's deadline covers it), so a blocking ROUTER send never stalls
@@ -45,6 +47,11 @@ type Endpoint struct {
 	pid     *actor.PID
 	metrics *endpointMetrics
 	closed  atomic.Bool
+
+	// Connection ends heard before Start (no actor yet), for Start to send.
+	earlyMu sync.Mutex
+	started bool
+	early   []string
 }
 
 // EndpointConfig is what the endpoint needs from the node.
@@ -86,16 +93,36 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	if cfg.NodeClock == nil {
 		cfg.NodeClock = supervision.RealClock{}
 	}
-	ln, err := listen(cfg.Listen, cfg.Log)
-	if err != nil {
-		return nil, err
-	}
 	cfg.Hello.Protocol = wire.Version
 	cfg.Hello.Grace = cfg.Grace
 	cfg.Hello.Heartbeat = max(cfg.Grace/3, time.Millisecond)
 	cfg.Hello.MaxKeys, cfg.Hello.MaxFrameBytes = wire.MaxKeys, wire.MaxFrameBytes
-	return &Endpoint{cfg: cfg, ln: ln, table: newSessionTable(), out: make(chan outbound, outQueue),
-		done: make(chan struct{}), metrics: newEndpointMetrics()}, nil
+	e := &Endpoint{cfg: cfg, table: newSessionTable(), out: make(chan outbound, outQueue),
+		done: make(chan struct{}), metrics: newEndpointMetrics()}
+	ln, err := listen(cfg.Listen, cfg.Log, e.connLost)
+	if err != nil {
+		return nil, err
+	}
+	e.ln = ln
+	return e, nil
+}
+
+// connLost hears that an engine connection ended (endpoint_conn.go) and
+// tells the actor, which releases that engine's session at once.
+func (e *Endpoint) connLost(peer string) {
+	e.earlyMu.Lock()
+	if !e.started {
+		e.early = append(e.early, peer)
+		e.earlyMu.Unlock()
+		return
+	}
+	e.earlyMu.Unlock()
+	select {
+	case <-e.done:
+		// Closing: the node drains everything itself.
+	default:
+		e.system.Root.Send(e.pid, &connLost{peer: peer})
+	}
 }
 
 // Addr is the bound address (a tcp port of 0 resolved).
@@ -114,6 +141,13 @@ func (e *Endpoint) Props() *actor.Props {
 // actor, bridge where it sends calls.
 func (e *Endpoint) Start(system *actor.ActorSystem, pid, bridge *actor.PID) {
 	e.system, e.pid, e.cfg.Bridge = system, pid, bridge
+	e.earlyMu.Lock()
+	e.started = true
+	for _, peer := range e.early {
+		system.Root.Send(pid, &connLost{peer: peer})
+	}
+	e.early = nil
+	e.earlyMu.Unlock()
 	e.track.goTracked(e.readLoop)
 	e.track.goTracked(e.writeLoop)
 	e.cfg.Log.Info().Str("engine_listen", e.ln.addr).Dur("grace", e.cfg.Grace).Msg("engine endpoint serving")
@@ -194,7 +228,9 @@ type (
 	// callDone: a call of session finished (answered or timed out).
 	callDone struct{ session uint64 }
 	// sessionTimer: session's liveness timer fired.
-	sessionTimer struct{ session uint64 }
+	sessionTimer struct{ session, gen uint64 }
+	// connLost: the connection of the engine whose routing id is peer ended.
+	connLost struct{ peer string }
 	// released: the bridge released session's holds.
 	released struct {
 		session uint64
@@ -216,7 +252,7 @@ func newEndpointMetrics() *endpointMetrics {
 		sessions: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvtier", Name: "engine_sessions",
 			Help: "Live engine sessions on the engine endpoint."}),
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_sessions_released_total",
-			Help: "Engine sessions ended, by reason: lost (silent past the grace period), bye, hello (replaced by a new Hello), bad_frames."}, []string{"reason"}),
+			Help: "Engine sessions ended, by reason: lost (its connection ended, or silent past the grace period while holding requests), bye, hello (replaced by a new Hello), bad_frames."}, []string{"reason"}),
 		badFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_bad_frames_total",
 			Help: "Engine frames refused, by error code."}, []string{"code"}),
 		repliesDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvtier", Name: "engine_replies_dropped_total",

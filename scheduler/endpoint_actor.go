@@ -12,7 +12,7 @@ import (
 
 // endpointActor owns the engine sessions: who is connected, what each has
 // open at the bridge, when each was last heard from. It forwards decoded
-// calls to the bridge and arms one liveness timer per session.
+// calls to the bridge and arms a liveness timer per session holding requests.
 //
 // Invariants:
 //   - the session table is touched only inside Receive; it outlives a
@@ -23,10 +23,15 @@ import (
 //   - a session is released exactly once (lost, bye, hello again, bad
 //     frames), and only after its in-flight calls ended: a PrepareStore
 //     answered after the release would otherwise open a job nobody reaps.
-//   - liveness costs O(1) per frame (lastSeen := now) and at most one timer
-//     wakeup per grace period per session: when the timer fires early
-//     (traffic since it was armed) it is re-armed for the remainder. No
-//     sweep, no polling.
+//   - a session whose connection ends is released at once: the socket's
+//     transport reports it (endpoint_conn.go), no timer involved.
+//   - liveness costs O(1) per frame (lastSeen := now) and, only while the
+//     session holds requests (open), at most one timer wakeup per grace
+//     period: when the timer fires early (traffic since it was armed) it is
+//     re-armed for the remainder. A session holding nothing has no timer (a
+//     hung engine then holds nothing to release; what its finished
+//     requests' jobs hold is reaped at their own deadlines). No sweep, no
+//     polling: an idle engine costs no wakeup.
 //   - Receive never blocks: replies go to the writer's queue, bridge
 //     answers are awaited by per-call goroutines.
 type endpointActor struct {
@@ -39,10 +44,29 @@ type sessionTable struct {
 	byPeer map[string]*session
 	byID   map[uint64]*session
 	nextID uint64
+	// gone: routing ids whose connection ended with no session yet, so a
+	// Hello still in flight from them opens none. Bounded, oldest first out.
+	gone      map[string]struct{}
+	goneOrder []string
 }
 
+// maxGone bounds the routing ids remembered as gone.
+const maxGone = 1024
+
 func newSessionTable() *sessionTable {
-	return &sessionTable{byPeer: map[string]*session{}, byID: map[uint64]*session{}}
+	return &sessionTable{byPeer: map[string]*session{}, byID: map[uint64]*session{}, gone: map[string]struct{}{}}
+}
+
+func (t *sessionTable) markGone(peer string) {
+	if _, ok := t.gone[peer]; ok {
+		return
+	}
+	if len(t.goneOrder) >= maxGone {
+		delete(t.gone, t.goneOrder[0])
+		t.goneOrder = t.goneOrder[1:]
+	}
+	t.gone[peer] = struct{}{}
+	t.goneOrder = append(t.goneOrder, peer)
 }
 
 // session is one engine connection's state.
@@ -52,10 +76,11 @@ type session struct {
 	prefix    string
 	client    string
 	lastSeen  time.Time
-	timer     interface{ Stop() bool }
-	open      map[string]struct{} // prefixed request ids without RequestFinished yet
-	inflight  int                 // calls forwarded and not yet answered
-	badFrames int                 // malformed frames in a row
+	timer     interface{ Stop() bool } // armed only while open is not empty
+	timerGen  uint64                   // the armed timer's generation
+	open      map[string]struct{}      // prefixed request ids without RequestFinished yet
+	inflight  int                      // calls forwarded and not yet answered
+	badFrames int                      // malformed frames in a row
 	// ending is set once the session is released; the release is sent when
 	// inflight reaches 0. reason says why, then runs after the bridge's answer.
 	ending bool
@@ -74,7 +99,9 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 			a.maybeRelease(ctx, s)
 		}
 	case *sessionTimer:
-		a.timerFired(ctx, m.session)
+		a.timerFired(ctx, m)
+	case *connLost:
+		a.connLost(ctx, m.peer)
 	case *released:
 		a.released(m)
 	case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
@@ -94,6 +121,12 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 	}
 	q := m.req
 	if q.Op == wire.OpHello {
+		if _, gone := a.t.gone[m.peer]; gone {
+			// Its connection ended before the Hello was read: no one to
+			// serve. (A later connection under the same routing id is heard.)
+			delete(a.t.gone, m.peer)
+			return
+		}
 		a.hello(ctx, m.peer, s, q)
 		return
 	}
@@ -180,7 +213,6 @@ func (a *endpointActor) hello(ctx actor.Context, peer string, old *session, q *w
 	s := &session{id: a.t.nextID, peer: peer, prefix: sessionPrefix(a.t.nextID), client: q.Client,
 		lastSeen: a.ep.cfg.Clock.Now(), open: map[string]struct{}{}}
 	a.t.byPeer[peer], a.t.byID[s.id] = s, s
-	a.arm(ctx, s, a.ep.cfg.Grace)
 	a.ep.metrics.sessions.Inc()
 	h := a.ep.cfg.Hello
 	h.Session = s.id
@@ -189,13 +221,18 @@ func (a *endpointActor) hello(ctx actor.Context, peer string, old *session, q *w
 }
 
 func (a *endpointActor) arm(ctx actor.Context, s *session, d time.Duration) {
-	self, root, id := ctx.Self(), ctx.ActorSystem().Root, s.id
-	s.timer = a.ep.cfg.Clock.AfterFunc(d, func() { root.Send(self, &sessionTimer{session: id}) })
+	s.timerGen++
+	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &sessionTimer{session: s.id, gen: s.timerGen}
+	s.timer = a.ep.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
 }
 
-func (a *endpointActor) timerFired(ctx actor.Context, id uint64) {
-	s := a.t.byID[id]
-	if s == nil || s.ending {
+func (a *endpointActor) timerFired(ctx actor.Context, m *sessionTimer) {
+	s := a.t.byID[m.session]
+	if s == nil || s.ending || s.timer == nil || m.gen != s.timerGen {
+		return // stale: stopped, or replaced by a newer timer
+	}
+	if len(s.open) == 0 {
+		s.timer = nil // holds nothing: no liveness to check
 		return
 	}
 	left := s.lastSeen.Add(a.ep.cfg.Grace).Sub(a.ep.cfg.Clock.Now())
@@ -206,6 +243,30 @@ func (a *endpointActor) timerFired(ctx actor.Context, id uint64) {
 	a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Dur("grace", a.ep.cfg.Grace).
 		Int("open_requests", len(s.open)).Msg("engine session lost; releasing what it held")
 	a.end(ctx, s, "lost", nil)
+}
+
+// connLost: peer's connection ended (the engine exited or was killed).
+func (a *endpointActor) connLost(ctx actor.Context, peer string) {
+	s := a.t.byPeer[peer]
+	if s == nil || s.ending {
+		a.t.markGone(peer)
+		return
+	}
+	a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Int("open_requests", len(s.open)).
+		Msg("engine connection ended; releasing what its session held")
+	a.end(ctx, s, "lost", nil)
+}
+
+// openChanged keeps the liveness timer armed exactly while s holds
+// requests.
+func (a *endpointActor) openChanged(ctx actor.Context, s *session) {
+	switch {
+	case len(s.open) > 0 && s.timer == nil:
+		a.arm(ctx, s, a.ep.cfg.Grace)
+	case len(s.open) == 0 && s.timer != nil:
+		s.timer.Stop()
+		s.timer = nil
+	}
 }
 
 // end marks s released: from now on its peer has no session; its holds are
@@ -279,6 +340,7 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 		} else {
 			s.open[req.RequestID] = struct{}{}
 		}
+		a.openChanged(ctx, s)
 	}
 	timeout := a.ep.cfg.CallTimeout
 	if q.Timeout > 0 {

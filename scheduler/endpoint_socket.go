@@ -40,8 +40,9 @@ type listener struct {
 	path string // ipc socket file we own, "" for tcp
 }
 
-// listen binds a ROUTER socket as o says.
-func listen(o ListenOptions, logger zerolog.Logger) (*listener, error) {
+// listen binds a ROUTER socket as o says; watch hears of every engine
+// connection's end (endpoint_conn.go).
+func listen(o ListenOptions, logger zerolog.Logger, watch connWatch) (*listener, error) {
 	network, rest, ok := strings.Cut(o.Addr, "://")
 	if !ok {
 		return nil, fmt.Errorf("%w: engine_listen %q: want ipc:///path or tcp://127.0.0.1:PORT", messages.ErrBadConfig, o.Addr)
@@ -49,7 +50,7 @@ func listen(o ListenOptions, logger zerolog.Logger) (*listener, error) {
 	zlog := log.New(logger, "", 0)
 	switch network {
 	case "ipc":
-		return listenIPC(rest, o, zlog)
+		return listenIPC(rest, o, zlog, watch)
 	case "tcp":
 		host, _, err := net.SplitHostPort(rest)
 		if err != nil {
@@ -58,8 +59,8 @@ func listen(o ListenOptions, logger zerolog.Logger) (*listener, error) {
 		if !o.AllowRemote && !isLoopback(host) {
 			return nil, fmt.Errorf("%w: engine_listen %q is not a loopback address (set engine_allow_remote to serve other hosts)", messages.ErrBadConfig, o.Addr)
 		}
-		sock := zmq4.NewRouter(context.Background(), zmq4.WithLogger(zlog))
-		if err := sock.Listen(o.Addr); err != nil {
+		sock := zmq4.NewRouter(withConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
+		if err := sock.Listen(watchedAddr(o.Addr)); err != nil {
 			sock.Close()
 			return nil, fmt.Errorf("engine endpoint: %w", err)
 		}
@@ -79,7 +80,7 @@ func isLoopback(host string) bool {
 // listenIPC binds a unix socket at path with mode and group set before the
 // socket becomes reachable by its name: it is bound under a temporary name
 // in the same directory, restricted, then renamed into place.
-func listenIPC(path string, o ListenOptions, zlog *log.Logger) (*listener, error) {
+func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch connWatch) (*listener, error) {
 	if path == "" || !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%w: engine_listen ipc path %q must be absolute", messages.ErrBadConfig, path)
 	}
@@ -89,8 +90,8 @@ func listenIPC(path string, o ListenOptions, zlog *log.Logger) (*listener, error
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
-	sock := zmq4.NewRouter(context.Background(), zmq4.WithLogger(zlog))
-	if err := sock.Listen("ipc://" + tmp); err != nil {
+	sock := zmq4.NewRouter(withConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
+	if err := sock.Listen(watchedAddr("ipc://" + tmp)); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("engine endpoint: %w", err)
 	}

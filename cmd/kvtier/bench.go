@@ -15,7 +15,7 @@ import (
 // same-run baseline.
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, fs, obj)"}
-	cmd.AddCommand(newBenchCPUCmd(), newBenchEndpointCmd(), newBenchFSCmd(), newBenchObjCmd())
+	cmd.AddCommand(newBenchCPUCmd(), newBenchEndpointCmd(), newBenchFSCmd(), newBenchObjCmd(), newBenchIdleCmd())
 	cmd.AddCommand(newBenchP2PCmds()...)
 	return cmd
 }

@@ -6,10 +6,10 @@ package bench
 // millisecond, pause in milliseconds while a peer keeps fetching from it,
 // and shut down gracefully with that peer still fetching.
 //
-// The measured node runs in this process; its peers are child processes
-// (idlechild.go), and so is the baseline. Context switches are the sum of
-// voluntary and nonvoluntary switches over every thread of a process
-// (/proc/<pid>/task/*/status), read before and after the same window.
+// The measured node, its peers and the baseline are child processes
+// (idlechild.go) of this one, which only reads their context switches: the
+// sum of voluntary and nonvoluntary switches over every thread of a
+// process (/proc/<pid>/task/*/status), before and after the same window.
 
 import (
 	"bufio"
@@ -24,13 +24,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 )
@@ -48,6 +45,7 @@ type IdleOptions struct {
 	PauseWindow  time.Duration // how long the node stays paused while a peer fetches
 	CloseTimeout time.Duration // Close's context: the drain bound is nine tenths of it
 	Heartbeat    time.Duration // every node's peer heartbeat period (0: the default; negative: off)
+	Engine       bool          // serve the node standalone, with an idle engine process connected
 	Timeout      time.Duration // whole-run bound
 	// Child runs a child process of the scenario with the given arguments
 	// (a role, "node" or "sleep", and its flags; see IdleChildMain). Nil:
@@ -59,7 +57,7 @@ type IdleOptions struct {
 func DefaultIdleOptions() IdleOptions {
 	return IdleOptions{Peers: 2, Window: 10 * time.Second, Settle: 2 * time.Second, Blocks: 16, BlockBytes: 64 << 10,
 		Slots: 256, Probes: 200, ProbeGap: 10 * time.Millisecond, PauseWindow: time.Second,
-		CloseTimeout: 5 * time.Second, Timeout: 5 * time.Minute}
+		CloseTimeout: 5 * time.Second, Timeout: 5 * time.Minute, Engine: true}
 }
 
 // IdleResult is the scenario's report.
@@ -67,6 +65,8 @@ type IdleResult struct {
 	IdleCtxswPerS       float64   `json:"idle_ctxsw_per_s"`     // the node's process, peers connected, no traffic
 	BaselineCtxswPerS   float64   `json:"baseline_ctxsw_per_s"` // a Go program that only sleeps, same window
 	PeerCtxswPerS       []float64 `json:"peer_ctxsw_per_s"`     // each peer process, same window
+	EngineCtxswPerS     float64   `json:"engine_ctxsw_per_s"`   // the idle engine process connected to the node (standalone), same window
+	Standalone          bool      `json:"standalone"`           // the node served an engine endpoint with an engine connected
 	WindowS             float64   `json:"window_s"`
 	Peers               int       `json:"peers"`
 	NodeThreads         int       `json:"node_threads"`
@@ -75,6 +75,9 @@ type IdleResult struct {
 	PeerLookupP50us     float64   `json:"peer_lookup_p50_us"` // engine Lookup of a key no one holds → every peer answered
 	PeerLookupP99us     float64   `json:"peer_lookup_p99_us"`
 	PeerLookupSamples   int       `json:"peer_lookup_samples"`
+	RawTCPRTTP50us      float64   `json:"raw_tcp_rtt_p50_us"` // baseline: a 64-byte TCP round trip between two processes, same idle gap
+	RawTCPRTTP99us      float64   `json:"raw_tcp_rtt_p99_us"`
+	ProbeGapMs          float64   `json:"probe_gap_ms"`
 	PauseMs             float64   `json:"pause_ms"`                  // Pause(clearCache=false) with a peer fetching
 	PeerFetchesDuring   int64     `json:"peer_fetches_during_pause"` // fetch rounds a peer verified while the node was paused
 	BlocksServedPaused  uint64    `json:"peer_blocks_served_during_pause"`
@@ -114,86 +117,84 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-
-	sleeper, err := startIdleChild(o, "sleep")
-	if err != nil {
-		return res, fmt.Errorf("baseline: %w", err)
-	}
-	defer sleeper.kill()
-	res.BaselineGoroutines = sleeper.ready.Goroutines
-
-	s, err := openIdleSetup(ctx, o)
-	if err != nil {
-		return res, err
-	}
+	s := &idleSetup{}
 	defer s.close()
-
-	if err := s.measureIdle(o, sleeper, &res); err != nil {
+	if err := s.start(o); err != nil {
 		return res, err
 	}
-	if err := s.probeLookups(ctx, o, &res); err != nil {
-		return res, err
+	res.BaselineGoroutines = s.sleeper.ready.Goroutines
+	steps := []func(context.Context, IdleOptions, *IdleResult) error{s.measureIdle, s.probeLookups, s.pauseUnderLoad, s.shutdownUnderLoad}
+	for _, step := range steps {
+		if err := step(ctx, o, &res); err != nil {
+			return res, err
+		}
 	}
-	if err := s.pauseUnderLoad(ctx, o, &res); err != nil {
-		return res, err
-	}
-	s.shutdownUnderLoad(o, &res)
 	return res, nil
 }
 
-// idleSetup is the measured node and its peer processes.
+// idleSetup is the scenario's processes: the measured node, its peers and
+// the sleeping baseline.
 type idleSetup struct {
-	node   *kvtier.Node
-	m      kvtier.Manager
-	peers  []*idleChild
-	closed bool
+	sleeper, echo, node, engine *idleChild
+	peers                       []*idleChild
+	dir                         string // the standalone node's pool file and engine socket
 }
 
-func openIdleSetup(ctx context.Context, o IdleOptions) (*idleSetup, error) {
+// start runs the processes: the peers first (the node's sessions to them
+// are up when it says ready), then the node, then waits until every
+// peer's session to the node is up too.
+func (s *idleSetup) start(o IdleOptions) error {
+	var err error
+	if s.sleeper, err = startIdleChild(o, "sleep"); err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	if s.echo, err = startIdleChild(o, "echo"); err != nil {
+		return fmt.Errorf("echo: %w", err)
+	}
 	secret := make([]byte, 24)
 	_, _ = rand.Read(secret)
 	sec := hex.EncodeToString(secret)
-	// The node dials its peers and they dial it: reserve their ports first.
-	addrs := make([]string, o.Peers)
-	static := make([]kvtier.PeerAddr, o.Peers)
+	addrs := make([]string, o.Peers+1) // the node's, then each peer's
 	for i := range addrs {
 		port, err := freePort()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		addrs[i] = fmt.Sprintf("tcp://127.0.0.1:%d", port)
-		static[i] = kvtier.PeerAddr{NodeID: fmt.Sprintf("peer%d", i), Addr: addrs[i]}
 	}
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolBytes: int64(o.Slots) * int64(o.BlockBytes), BlockBytes: o.BlockBytes,
-		Peers: kvtier.PeersConfig{NodeID: "idle", Listen: "tcp://127.0.0.1:0", Secret: sec, Static: static,
-			HeartbeatInterval: o.Heartbeat}})
-	if err != nil {
-		return nil, err
-	}
-	s := &idleSetup{node: node, m: node.Manager()}
-	if err := s.storeBlocks(ctx, o); err != nil {
-		s.close()
-		return nil, err
-	}
-	for i, addr := range addrs {
-		c, err := startIdleChild(o, "node", "--id", static[i].NodeID, "--listen", addr, "--secret", sec,
-			"--peer", "idle="+node.PeerAddr(), "--block-bytes", strconv.Itoa(o.BlockBytes),
-			"--slots", strconv.Itoa(o.Slots), "--blocks", strconv.Itoa(o.Blocks), "--heartbeat", o.Heartbeat.String())
+	common := []string{"--secret", sec, "--block-bytes", strconv.Itoa(o.BlockBytes), "--slots", strconv.Itoa(o.Slots),
+		"--blocks", strconv.Itoa(o.Blocks), "--heartbeat", o.Heartbeat.String()}
+	nodeArgs := append([]string{"node", "--id", "idle", "--listen", addrs[0], "--echo", s.echo.ready.PeerAddr}, common...)
+	for i := range o.Peers {
+		id := fmt.Sprintf("peer%d", i)
+		c, err := startIdleChild(o, append([]string{"peer", "--id", id, "--listen", addrs[i+1], "--peer", "idle=" + addrs[0]}, common...)...)
 		if err != nil {
-			s.close()
-			return nil, fmt.Errorf("peer %d: %w", i, err)
+			return fmt.Errorf("%s: %w", id, err)
 		}
 		s.peers = append(s.peers, c)
+		nodeArgs = append(nodeArgs, "--peer", id+"="+addrs[i+1])
 	}
-	ids := make([]string, len(static))
-	for i, p := range static {
-		ids[i] = p.NodeID
+	if o.Engine {
+		if s.dir, err = os.MkdirTemp("", "kvtier-bench-idle-"); err != nil {
+			return err
+		}
+		nodeArgs = append(nodeArgs, "--pool-path", filepath.Join(s.dir, "pool"),
+			"--engine-listen", "ipc://"+filepath.Join(s.dir, "engine.sock"))
 	}
-	if err := node.WaitPeers(ctx, ids...); err != nil {
-		s.close()
-		return nil, fmt.Errorf("the node's sessions to its peers: %w", err)
+	if s.node, err = startIdleChild(o, nodeArgs...); err != nil {
+		return fmt.Errorf("measured node: %w", err)
 	}
-	return s, nil
+	if o.Engine {
+		if s.engine, err = startIdleChild(o, "engine", "--connect", s.node.ready.EngineAddr); err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+	}
+	for _, p := range s.peers {
+		if _, err := p.call(idleCmd{Op: "wait"}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func freePort() (int, error) {
@@ -205,35 +206,18 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// storeBlocks stores the blocks peers fetch, through the node's engine API.
-func (s *idleSetup) storeBlocks(ctx context.Context, o IdleOptions) error {
-	keys := keyRange(0, o.Blocks)
-	plan, err := s.m.PrepareStore(ctx, &messages.ReqContext{RequestID: "store"}, keys)
-	if err != nil {
-		return err
-	}
-	for i, k := range plan.ToStore {
-		idleFill(s.m.Pool().Slot(plan.Slots[i]), k)
-	}
-	for w := range plan.Workers {
-		if err := s.m.JobDone(ctx, plan.Job, w, true); err != nil {
+// measureIdle counts context switches of the node's process, every peer
+// process and the sleeping baseline over the same window.
+func (s *idleSetup) measureIdle(_ context.Context, o IdleOptions, res *IdleResult) error {
+	for _, c := range s.measured() {
+		if _, err := c.call(idleCmd{Op: "settle"}); err != nil {
 			return err
 		}
 	}
-	return nil
-}
-
-// measureIdle counts context switches of the node's process, every peer
-// process and the sleeping baseline over the same window.
-func (s *idleSetup) measureIdle(o IdleOptions, sleeper *idleChild, res *IdleResult) error {
-	time.Sleep(o.Settle) // NB: lets start-up transients (handshake retries, the first GCs) pass
-	// Settle the runtime too: a scavenger still returning start-up memory
-	// would be measured as the node's.
-	runtime.GC()
-	debug.FreeOSMemory()
-	pids := []int{os.Getpid(), sleeper.pid()}
-	for _, p := range s.peers {
-		pids = append(pids, p.pid())
+	time.Sleep(o.Settle) // NB: quiet time for start-up transients, not synchronisation
+	pids := []int{s.sleeper.pid()}
+	for _, c := range s.measured() {
+		pids = append(pids, c.pid())
 	}
 	before := make([]uint64, len(pids))
 	for i, pid := range pids {
@@ -253,14 +237,18 @@ func (s *idleSetup) measureIdle(o IdleOptions, sleeper *idleChild, res *IdleResu
 			return err
 		}
 		rates[i] = float64(n-before[i]) / elapsed
-		if i == 0 {
+		if i == 1 {
 			res.NodeThreads = threads
 		}
 	}
-	res.NodeGoroutines = runtime.NumGoroutine()
-	res.IdleCtxswPerS, res.BaselineCtxswPerS, res.PeerCtxswPerS = rates[0], rates[1], rates[2:]
+	res.BaselineCtxswPerS, res.IdleCtxswPerS, res.PeerCtxswPerS = rates[0], rates[1], rates[2:2+len(s.peers)]
+	if s.engine != nil {
+		res.EngineCtxswPerS, res.Standalone = rates[len(rates)-1], true
+	}
 	res.WindowS = elapsed
-	return nil
+	st, err := s.node.call(idleCmd{Op: "status"})
+	res.NodeGoroutines = st.Goroutines
+	return err
 }
 
 // ctxSwitches sums voluntary and nonvoluntary context switches over every
@@ -290,122 +278,91 @@ func ctxSwitches(pid int) (total uint64, threads int, err error) {
 	return total, threads, nil
 }
 
-// probeLookups times engine lookups of keys no node holds, each after an
-// idle gap: the node asks every peer and the lookup settles (MISS) once
-// all have answered — the whole peer round trip from an idle node to idle
-// peers, event-driven on both sides.
-func (s *idleSetup) probeLookups(ctx context.Context, o IdleOptions, res *IdleResult) error {
-	lat := make([]time.Duration, 0, o.Probes)
-	for i := range o.Probes {
-		time.Sleep(o.ProbeGap) // NB: the node and its peers go idle again
-		req := &messages.ReqContext{RequestID: fmt.Sprintf("probe-%d", i)}
-		k := keyRange(1<<30+i, 1)
-		start := time.Now()
-		st, err := s.m.Lookup(ctx, req, k, true)
-		if err != nil {
-			return err
-		}
-		if st[0] != messages.Retry {
-			return fmt.Errorf("bench idle: probe lookup answered %v, want RETRY (asked the peers)", st[0])
-		}
-		if err := s.node.TieringIdle(ctx); err != nil {
-			return err
-		}
-		d := time.Since(start)
-		if st, err = s.m.Lookup(ctx, req, k, true); err != nil {
-			return err
-		}
-		if st[0] != messages.Miss {
-			return fmt.Errorf("bench idle: settled probe is %v, want MISS", st[0])
-		}
-		if err := s.m.RequestFinished(ctx, req); err != nil {
-			return err
-		}
-		lat = append(lat, d)
-	}
-	res.PeerLookupP50us, res.PeerLookupP99us, res.PeerLookupSamples = percentileUs(lat, 0.50), percentileUs(lat, 0.99), len(lat)
-	return nil
+// probeLookups times peer lookups from the idle node (idleNode.probe).
+func (s *idleSetup) probeLookups(_ context.Context, o IdleOptions, res *IdleResult) error {
+	r, err := s.node.call(idleCmd{Op: "probe", N: o.Probes, Gap: o.ProbeGap})
+	res.PeerLookupP50us, res.PeerLookupP99us, res.PeerLookupSamples = r.P50us, r.P99us, int(r.Rounds)
+	res.RawTCPRTTP50us, res.RawTCPRTTP99us, res.ProbeGapMs = r.RawP50us, r.RawP99us, float64(o.ProbeGap.Microseconds())/1000
+	return err
 }
 
 // pauseUnderLoad has the first peer fetch continuously, pauses the node,
 // and counts what that peer fetched and verified while it was paused.
-func (s *idleSetup) pauseUnderLoad(ctx context.Context, o IdleOptions, res *IdleResult) error {
-	peer := s.peers[0]
-	if _, err := peer.call(idleCmd{Op: "fetch"}); err != nil {
+func (s *idleSetup) pauseUnderLoad(_ context.Context, o IdleOptions, res *IdleResult) error {
+	p := s.peers[0]
+	if _, err := p.call(idleCmd{Op: "fetch"}); err != nil {
 		return err
 	}
-	start := time.Now()
-	if err := s.m.Pause(ctx, false); err != nil {
+	r, err := s.node.call(idleCmd{Op: "pause"})
+	if err != nil {
 		return fmt.Errorf("pause: %w", err)
 	}
-	res.PauseMs = float64(time.Since(start).Microseconds()) / 1000
-	before, err := peer.call(idleCmd{Op: "mark"})
+	res.PauseMs = r.Ms
+	before, err := p.call(idleCmd{Op: "mark"})
 	if err != nil {
 		return err
 	}
-	served0, err := s.served(ctx)
+	st0, err := s.node.call(idleCmd{Op: "status"})
 	if err != nil {
 		return err
 	}
 	time.Sleep(o.PauseWindow) // NB: the paused window being measured
-	after, err := peer.call(idleCmd{Op: "mark"})
+	after, err := p.call(idleCmd{Op: "mark"})
 	if err != nil {
 		return err
 	}
-	served1, err := s.served(ctx)
+	st1, err := s.node.call(idleCmd{Op: "status"})
 	if err != nil {
 		return err
 	}
-	res.PeerFetchesDuring, res.BlocksServedPaused = after.Rounds-before.Rounds, served1-served0
-	if res.PendingWhileServing, err = s.m.HasPendingWork(ctx); err != nil {
-		return err
+	if !st1.Paused {
+		return errors.New("bench idle: the node is not paused")
 	}
-	own := &messages.ReqContext{RequestID: "own"}
-	st, err := s.m.Lookup(ctx, own, keyRange(0, 1), true)
-	if err != nil {
-		return err
-	}
-	res.PausedLookupMiss = st[0] == messages.Miss
-	if err := s.m.Resume(ctx); err != nil {
-		return err
-	}
-	return s.m.RequestFinished(ctx, own)
-}
-
-// served is the blocks the node has written into its peers' pools.
-func (s *idleSetup) served(ctx context.Context) (uint64, error) {
-	ps, err := s.node.PeerStats(ctx)
-	var n uint64
-	for _, p := range ps {
-		n += p.Served
-	}
-	return n, err
+	res.PeerFetchesDuring, res.BlocksServedPaused = after.Rounds-before.Rounds, st1.Served-st0.Served
+	res.PendingWhileServing, res.PausedLookupMiss = st1.Pending, st1.EngineMiss
+	_, err = s.node.call(idleCmd{Op: "resume"})
+	return err
 }
 
 // shutdownUnderLoad closes the node gracefully while the peer fetches.
-func (s *idleSetup) shutdownUnderLoad(o IdleOptions, res *IdleResult) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.CloseTimeout)
-	defer cancel()
-	start := time.Now()
-	err := s.node.Close(ctx)
-	res.ShutdownMs = float64(time.Since(start).Microseconds()) / 1000
-	s.closed = true
+func (s *idleSetup) shutdownUnderLoad(_ context.Context, o IdleOptions, res *IdleResult) error {
+	r, err := s.node.call(idleCmd{Op: "close", Timeout: o.CloseTimeout})
 	if err != nil {
-		res.ShutdownErr = err.Error()
+		return err
 	}
-	if r, err := s.peers[0].call(idleCmd{Op: "mark"}); err == nil {
-		res.PeerRoundsTotal = r.Rounds
+	res.ShutdownMs, res.ShutdownErr = r.Ms, r.CloseErr
+	m, err := s.peers[0].call(idleCmd{Op: "mark"})
+	res.PeerRoundsTotal = m.Rounds
+	return err
+}
+
+// measured is the processes whose wakeups are measured, the node first,
+// then its peers, then the engine (if any).
+func (s *idleSetup) measured() []*idleChild {
+	out := append([]*idleChild{s.node}, s.peers...)
+	if s.engine != nil {
+		out = append(out, s.engine)
 	}
+	return out
 }
 
 func (s *idleSetup) close() {
+	if s.engine != nil {
+		s.engine.quit()
+	}
+	if s.node != nil {
+		s.node.quit()
+	}
+	if s.dir != "" {
+		defer os.RemoveAll(s.dir)
+	}
 	for _, p := range s.peers {
 		p.quit()
 	}
-	if !s.closed {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.node.Close(ctx)
+	for _, c := range []*idleChild{s.sleeper, s.echo} {
+		if c != nil {
+			c.kill()
+		}
 	}
 }
 
@@ -460,7 +417,7 @@ func (c *idleChild) call(cmd idleCmd) (idleReply, error) {
 	return r, nil
 }
 
-// quit asks a peer to close its node and exit; kills it if it does not.
+// quit asks a child to close its node and exit; kills it if it does not.
 func (c *idleChild) quit() {
 	_, _ = c.call(idleCmd{Op: "quit"})
 	_ = c.in.Close()

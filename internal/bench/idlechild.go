@@ -1,9 +1,11 @@
 package bench
 
-// The child processes of `kvtier bench idle` (idle.go): a peer node that
-// dials the measured node and, when told, fetches from it continuously;
-// and the baseline, a process that only sleeps. They speak JSON lines:
-// one idleReply when ready, then one idleReply per idleCmd on stdin.
+// The processes of `kvtier bench idle` (idle.go drives them): the measured
+// node, its peer nodes (which fetch from it continuously when told), and
+// the baseline, a Go program that only sleeps. Each announces itself with
+// one idleReply on stdout, then answers one idleReply per idleCmd read
+// from stdin. Only the orchestrator reads /proc, so measuring costs the
+// measured processes nothing.
 
 import (
 	"context"
@@ -12,8 +14,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,102 +25,127 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
 )
 
-// idleCmd is one command to a peer child.
+// idleCmd is one command to a child.
 type idleCmd struct {
-	Op string `json:"op"` // fetch: start fetching continuously; mark: report counts; quit
+	// Op: measured node — settle, probe, pause, status, resume, close;
+	// peer — wait (for its session to the node), fetch, mark; both — settle,
+	// quit.
+	Op      string        `json:"op"`
+	N       int           `json:"n,omitempty"`       // probe: lookups
+	Gap     time.Duration `json:"gap,omitempty"`     // probe: idle time before each
+	Timeout time.Duration `json:"timeout,omitempty"` // close: Close's context
 }
 
 // idleReply answers a command (and announces readiness).
 type idleReply struct {
-	OK         bool   `json:"ok"`
-	Err        string `json:"err,omitempty"`
-	Pid        int    `json:"pid"`
-	Goroutines int    `json:"goroutines"`
-	PeerAddr   string `json:"peer_addr,omitempty"`
-	Rounds     int64  `json:"rounds"`  // fetch rounds fetched and verified
-	Missed     int64  `json:"missed"`  // rounds that found no peer copy
-	Failures   int64  `json:"failure"` // rounds that failed with an error
+	OK         bool    `json:"ok"`
+	Err        string  `json:"err,omitempty"`
+	Pid        int     `json:"pid"`
+	Goroutines int     `json:"goroutines"`
+	PeerAddr   string  `json:"peer_addr,omitempty"`
+	EngineAddr string  `json:"engine_addr,omitempty"`
+	Ms         float64 `json:"ms,omitempty"`         // pause, close: how long the call took
+	P50us      float64 `json:"p50_us,omitempty"`     // probe
+	P99us      float64 `json:"p99_us,omitempty"`     // probe
+	RawP50us   float64 `json:"raw_p50_us,omitempty"` // probe: raw TCP round trip to the echo process
+	RawP99us   float64 `json:"raw_p99_us,omitempty"`
+	Served     uint64  `json:"served,omitempty"`      // status: blocks written into peers' pools
+	Pending    bool    `json:"pending,omitempty"`     // status: HasPendingWork
+	Paused     bool    `json:"paused,omitempty"`      // status: Stats().Paused
+	EngineMiss bool    `json:"engine_miss,omitempty"` // status: the node's own engine gets MISS for a stored block
+	CloseErr   string  `json:"close_err,omitempty"`   // close
+	Rounds     int64   `json:"rounds"`                // peer: fetch rounds fetched and verified
+	Missed     int64   `json:"missed"`                // peer: rounds that found no peer copy
+	Failures   int64   `json:"failures"`              // peer: rounds that failed with an error
 }
 
-// IdleChildMain runs one child of the idle scenario: args are the role
-// ("node" or "sleep") and its flags. It returns the process exit status.
+// IdleChildMain runs one process of the idle scenario: args are the role
+// ("node", "peer", "engine", "sleep" or "echo") and its flags. It returns
+// the exit status.
 func IdleChildMain(args []string, stdin io.Reader, stdout io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "bench idle child: want a role: node or sleep")
+		fmt.Fprintln(os.Stderr, "bench idle child: want a role: node, peer or sleep")
 		return 2
 	}
+	var err error
 	switch args[0] {
 	case "sleep":
 		// The baseline: a Go program that only sleeps.
 		_ = json.NewEncoder(stdout).Encode(idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()})
 		time.Sleep(365 * 24 * time.Hour)
 		return 0
+	case "echo":
+		err = runEcho(stdout)
+	case "engine":
+		err = runIdleEngine(args[1:], stdin, stdout)
 	case "node":
-		if err := runIdlePeer(args[1:], stdin, stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "bench idle peer:", err)
-			return 1
-		}
-		return 0
+		err = runIdleNode(args[1:], stdin, stdout)
+	case "peer":
+		err = runIdlePeer(args[1:], stdin, stdout)
+	default:
+		err = fmt.Errorf("unknown role %q", args[0])
 	}
-	fmt.Fprintf(os.Stderr, "bench idle child: unknown role %q\n", args[0])
-	return 2
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench idle %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
 }
 
-type idlePeerFlags struct {
-	id, listen, secret, peer  string
+// idleFlags are a node's flags, measured or peer.
+type idleFlags struct {
+	id, listen, secret        string
+	peers                     []kvtier.PeerAddr
 	blockBytes, slots, blocks int
 	heartbeat                 time.Duration
+	echo                      string // the echo process's address (measured node only)
+	engineListen, poolPath    string // the engine endpoint (measured node only; "": embedded only)
 }
 
-func parseIdlePeer(args []string) (idlePeerFlags, error) {
-	var f idlePeerFlags
-	fs := flag.NewFlagSet("bench idle node", flag.ContinueOnError)
+func parseIdleFlags(role string, args []string) (idleFlags, error) {
+	var f idleFlags
+	fs := flag.NewFlagSet("bench idle "+role, flag.ContinueOnError)
 	fs.StringVar(&f.id, "id", "", "node id")
 	fs.StringVar(&f.listen, "listen", "", "control-plane address")
 	fs.StringVar(&f.secret, "secret", "", "shared secret")
-	fs.StringVar(&f.peer, "peer", "", "the measured node: id=tcp://host:port")
+	fs.Func("peer", "a peer to dial: id=tcp://host:port (repeatable)", func(v string) error {
+		id, addr, ok := strings.Cut(v, "=")
+		if !ok {
+			return fmt.Errorf("want id=tcp://host:port, got %q", v)
+		}
+		f.peers = append(f.peers, kvtier.PeerAddr{NodeID: id, Addr: addr})
+		return nil
+	})
 	fs.IntVar(&f.blockBytes, "block-bytes", 0, "bytes per block")
 	fs.IntVar(&f.slots, "slots", 0, "pool slots")
-	fs.IntVar(&f.blocks, "blocks", 0, "blocks fetched per round")
+	fs.IntVar(&f.blocks, "blocks", 0, "blocks the measured node holds (and a peer fetches per round)")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 0, "peer heartbeat period (0: default; negative: off)")
+	fs.StringVar(&f.echo, "echo", "", "host:port of a TCP echo process, for the raw round-trip baseline")
+	fs.StringVar(&f.engineListen, "engine-listen", "", "engine endpoint address (standalone mode)")
+	fs.StringVar(&f.poolPath, "pool-path", "", "pool file (standalone mode)")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
-	if f.id == "" || f.listen == "" || f.peer == "" || f.blockBytes <= 0 || f.slots < f.blocks || f.blocks <= 0 {
-		return f, fmt.Errorf("%w: bench idle node: --id, --listen, --peer, --block-bytes, --slots ≥ --blocks > 0 required", messages.ErrBadConfig)
+	if f.id == "" || f.listen == "" || f.blockBytes <= 0 || f.blocks <= 0 || f.slots < f.blocks {
+		return f, fmt.Errorf("%w: bench idle %s: --id, --listen, --block-bytes, --slots ≥ --blocks > 0 required", messages.ErrBadConfig, role)
 	}
 	return f, nil
 }
 
-func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
-	f, err := parseIdlePeer(args)
-	if err != nil {
-		return err
-	}
-	target, addr, ok := strings.Cut(f.peer, "=")
-	if !ok {
-		return fmt.Errorf("%w: --peer %q: want id=tcp://host:port", messages.ErrBadConfig, f.peer)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolBytes: int64(f.slots) * int64(f.blockBytes), BlockBytes: f.blockBytes,
-		Peers: kvtier.PeersConfig{NodeID: f.id, Listen: f.listen, Secret: f.secret,
-			Static: []kvtier.PeerAddr{{NodeID: target, Addr: addr}}, HeartbeatInterval: f.heartbeat}})
-	if err != nil {
-		return err
-	}
-	p := &idlePeer{node: node, m: node.Manager(), keys: keyRange(0, f.blocks), stop: make(chan struct{}), done: make(chan struct{})}
-	defer p.close()
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-	err = node.WaitPeers(wctx, target)
-	wcancel()
-	if err != nil {
-		return err
-	}
+func (f idleFlags) open(ctx context.Context) (*kvtier.Node, error) {
+	return kvtier.Open(ctx, kvtier.Config{PoolBytes: int64(f.slots) * int64(f.blockBytes), BlockBytes: f.blockBytes,
+		PoolPath: f.poolPath, EngineListen: f.engineListen,
+		Peers: kvtier.PeersConfig{NodeID: f.id, Listen: f.listen, Secret: f.secret, Static: f.peers,
+			HeartbeatInterval: f.heartbeat}})
+}
+
+// serveCommands answers commands from stdin until quit or EOF.
+func serveCommands(stdin io.Reader, stdout io.Writer, ready idleReply, handle func(idleCmd) (idleReply, bool)) error {
 	enc := json.NewEncoder(stdout)
-	if err := enc.Encode(p.reply(node.PeerAddr())); err != nil {
+	if err := enc.Encode(ready); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(stdin)
@@ -128,21 +157,312 @@ func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
 			}
 			return err
 		}
-		r := p.reply("")
-		switch c.Op {
-		case "fetch":
-			r = p.startFetching()
-		case "mark":
-		case "quit":
-			p.close()
-			return enc.Encode(p.reply(""))
-		default:
-			r = idleReply{Err: "unknown op " + c.Op}
-		}
-		if err := enc.Encode(r); err != nil {
+		r, more := handle(c)
+		if err := enc.Encode(r); err != nil || !more {
 			return err
 		}
 	}
+}
+
+func fail(err error) idleReply { return idleReply{Err: err.Error()} }
+
+// --- the measured node ------------------------------------------------------
+
+func runIdleNode(args []string, stdin io.Reader, stdout io.Writer) error {
+	f, err := parseIdleFlags("node", args)
+	if err != nil {
+		return err
+	}
+	// NB: start-up is bounded; from then on no context timer stays armed
+	// (it would be measured as a wakeup of the node). Calls take the
+	// node's call timeout.
+	start, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node, err := f.open(start)
+	if err != nil {
+		return err
+	}
+	n := &idleNode{node: node, m: node.Manager(), f: f}
+	defer n.close(10 * time.Second)
+	if err := n.store(start); err != nil {
+		return err
+	}
+	ids := make([]string, len(f.peers))
+	for i, p := range f.peers {
+		ids[i] = p.NodeID
+	}
+	if err := node.WaitPeers(start, ids...); err != nil {
+		return fmt.Errorf("the node's sessions to its peers: %w", err)
+	}
+	cancel()
+	ctx := context.Background()
+	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr(),
+		EngineAddr: node.EngineAddr()}
+	return serveCommands(stdin, stdout, ready, func(c idleCmd) (idleReply, bool) {
+		r, err := n.handle(ctx, c)
+		if err != nil {
+			return fail(err), true
+		}
+		r.OK, r.Pid, r.Goroutines = true, os.Getpid(), runtime.NumGoroutine()
+		return r, c.Op != "quit"
+	})
+}
+
+type idleNode struct {
+	node   *kvtier.Node
+	m      kvtier.Manager
+	f      idleFlags
+	closed bool
+}
+
+// store stores the blocks peers fetch, through the node's engine API.
+func (n *idleNode) store(ctx context.Context) error {
+	plan, err := n.m.PrepareStore(ctx, &messages.ReqContext{RequestID: "store"}, keyRange(0, n.f.blocks))
+	if err != nil {
+		return err
+	}
+	for i, k := range plan.ToStore {
+		idleFill(n.m.Pool().Slot(plan.Slots[i]), k)
+	}
+	for w := range plan.Workers {
+		if err := n.m.JobDone(ctx, plan.Job, w, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *idleNode) handle(ctx context.Context, c idleCmd) (idleReply, error) {
+	var r idleReply
+	switch c.Op {
+	case "settle":
+		settleRuntime()
+	case "probe":
+		return n.probe(ctx, c.N, c.Gap)
+	case "pause":
+		start := time.Now()
+		err := n.m.Pause(ctx, false)
+		r.Ms = float64(time.Since(start).Microseconds()) / 1000
+		return r, err
+	case "status":
+		return n.status(ctx)
+	case "resume":
+		return r, n.m.Resume(ctx)
+	case "close":
+		start := time.Now()
+		if err := n.close(c.Timeout); err != nil {
+			r.CloseErr = err.Error()
+		}
+		r.Ms = float64(time.Since(start).Microseconds()) / 1000
+	case "quit":
+	default:
+		return r, fmt.Errorf("unknown op %q", c.Op)
+	}
+	return r, nil
+}
+
+// probe times engine lookups of keys no node holds, each after an idle
+// gap: the node asks every peer, and the lookup settles (MISS) once all
+// have answered — a whole peer round trip from an idle node to idle peers.
+func (n *idleNode) probe(ctx context.Context, count int, gap time.Duration) (idleReply, error) {
+	lat := make([]time.Duration, 0, count)
+	for i := range count {
+		time.Sleep(gap) // NB: the node and its peers go idle again
+		req := &messages.ReqContext{RequestID: fmt.Sprintf("probe-%d", i)}
+		k := keyRange(1<<30+i, 1)
+		start := time.Now()
+		st, err := n.m.Lookup(ctx, req, k, true)
+		if err != nil {
+			return idleReply{}, err
+		}
+		if st[0] != messages.Retry {
+			return idleReply{}, fmt.Errorf("probe lookup answered %v, want RETRY (peers asked)", st[0])
+		}
+		if err := n.node.TieringIdle(ctx); err != nil {
+			return idleReply{}, err
+		}
+		d := time.Since(start)
+		if st, err = n.m.Lookup(ctx, req, k, true); err != nil {
+			return idleReply{}, err
+		}
+		if st[0] != messages.Miss {
+			return idleReply{}, fmt.Errorf("settled probe is %v, want MISS", st[0])
+		}
+		if err := n.m.RequestFinished(ctx, req); err != nil {
+			return idleReply{}, err
+		}
+		lat = append(lat, d)
+	}
+	r := idleReply{P50us: percentileUs(lat, 0.50), P99us: percentileUs(lat, 0.99), Rounds: int64(len(lat))}
+	if n.f.echo == "" {
+		return r, nil
+	}
+	raw, err := echoRoundTrips(n.f.echo, count, gap)
+	r.RawP50us, r.RawP99us = percentileUs(raw, 0.50), percentileUs(raw, 0.99)
+	return r, err
+}
+
+// echoRoundTrips times count 64-byte TCP round trips to an echo process,
+// each after gap: the floor under a peer round trip from an idle process.
+func echoRoundTrips(addr string, count int, gap time.Duration) ([]time.Duration, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	buf := make([]byte, 64)
+	lat := make([]time.Duration, 0, count)
+	for range count {
+		time.Sleep(gap) // NB: both processes go idle again
+		start := time.Now()
+		if _, err := c.Write(buf); err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(start))
+	}
+	return lat, nil
+}
+
+// runEcho echoes every TCP connection's bytes back until killed.
+func runEcho(stdout io.Writer) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := json.NewEncoder(stdout).Encode(idleReply{OK: true, Pid: os.Getpid(), PeerAddr: ln.Addr().String()}); err != nil {
+		return err
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// status: blocks served to peers so far, pending engine work, pause state
+// and what the node's own engine gets for a block it holds.
+func (n *idleNode) status(ctx context.Context) (idleReply, error) {
+	var r idleReply
+	ps, err := n.node.PeerStats(ctx)
+	if err != nil {
+		return r, err
+	}
+	for _, p := range ps {
+		r.Served += p.Served
+	}
+	if r.Pending, err = n.m.HasPendingWork(ctx); err != nil {
+		return r, err
+	}
+	s, err := n.m.Stats(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Paused = s.Paused
+	own := &messages.ReqContext{RequestID: "own"}
+	st, err := n.m.Lookup(ctx, own, keyRange(0, 1), true)
+	if err != nil {
+		return r, err
+	}
+	r.EngineMiss = st[0] == messages.Miss
+	return r, n.m.RequestFinished(ctx, own)
+}
+
+func (n *idleNode) close(timeout time.Duration) error {
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return n.node.Close(ctx)
+}
+
+// --- an engine ----------------------------------------------------------------
+
+// runIdleEngine is an out-of-process engine connected to the measured
+// node's endpoint, idle after one finished request: what a standalone
+// daemon sees from an engine with no traffic.
+func runIdleEngine(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench idle engine", flag.ContinueOnError)
+	connect := fs.String("connect", "", "the node's engine endpoint")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	start, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Dial(start, *connect, client.Options{Name: "bench-idle-engine"})
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background()) //nolint:errcheck // the node may be gone first
+	req := &messages.ReqContext{RequestID: "warm-up"}
+	if _, err := c.Lookup(start, req, keyRange(0, 1), true); err != nil {
+		return err
+	}
+	if err := c.RequestFinished(start, req); err != nil {
+		return err
+	}
+	cancel() // NB: no context timer stays armed while the engine idles
+	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()}
+	return serveCommands(stdin, stdout, ready, func(cmd idleCmd) (idleReply, bool) {
+		if cmd.Op == "settle" {
+			settleRuntime()
+		}
+		return idleReply{OK: true, Pid: os.Getpid()}, cmd.Op != "quit"
+	})
+}
+
+// --- a peer -------------------------------------------------------------------
+
+func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
+	f, err := parseIdleFlags("peer", args)
+	if err != nil {
+		return err
+	}
+	if len(f.peers) != 1 {
+		return fmt.Errorf("%w: bench idle peer: want exactly one --peer (the measured node)", messages.ErrBadConfig)
+	}
+	start, cancel := context.WithTimeout(context.Background(), time.Minute)
+	node, err := f.open(start)
+	cancel() // NB: no context timer stays armed while the peer idles
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	p := &idlePeer{node: node, m: node.Manager(), keys: keyRange(0, f.blocks), stop: make(chan struct{}), done: make(chan struct{})}
+	defer p.close()
+	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr()}
+	return serveCommands(stdin, stdout, ready, func(c idleCmd) (idleReply, bool) {
+		switch c.Op {
+		case "wait":
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			if err := node.WaitPeers(wctx, f.peers[0].NodeID); err != nil {
+				return fail(err), true
+			}
+			return p.reply(), true
+		case "fetch":
+			return p.startFetching(), true
+		case "mark":
+			return p.reply(), true
+		case "settle":
+			settleRuntime()
+			return p.reply(), true
+		case "quit":
+			p.close()
+			return p.reply(), false
+		}
+		return fail(fmt.Errorf("unknown op %q", c.Op)), true
+	})
 }
 
 // idlePeer is a peer node that fetches from the measured node on demand.
@@ -157,8 +477,8 @@ type idlePeer struct {
 	once                     sync.Once
 }
 
-func (p *idlePeer) reply(addr string) idleReply {
-	return idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: addr,
+func (p *idlePeer) reply() idleReply {
+	return idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(),
 		Rounds: p.rounds.Load(), Missed: p.missed.Load(), Failures: p.failures.Load()}
 }
 
@@ -169,13 +489,15 @@ func (p *idlePeer) startFetching() idleReply {
 		p.started, p.first = true, make(chan struct{})
 		go p.loop()
 	}
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
 	select {
 	case <-p.first:
-		return p.reply("")
+		return p.reply()
 	case <-p.done:
-		return idleReply{Err: "fetch loop ended before its first round"}
-	case <-time.After(time.Minute):
-		return idleReply{Err: "no verified round within a minute"}
+		return fail(errors.New("fetch loop ended before its first round"))
+	case <-t.C:
+		return fail(errors.New("no verified round within a minute"))
 	}
 }
 
@@ -265,7 +587,15 @@ func (p *idlePeer) close() {
 	})
 }
 
-// idleFill is the content of key k's block, known to both sides.
+// settleRuntime collects and returns free memory now: a collection or a
+// scavenger still returning start-up memory would be measured as the
+// process's own wakeups.
+func settleRuntime() {
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// idleFill is the content of key k's block, known to every process.
 func idleFill(b []byte, k messages.Key) {
 	seed := k.Hash[0] ^ k.Hash[7] ^ k.Hash[6]*31
 	for i := range b {

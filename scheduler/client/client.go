@@ -47,9 +47,10 @@ type Client struct {
 	mu      sync.Mutex // guards pending
 	pending map[uint64]chan []byte
 
-	sendMu    sync.Mutex // guards closed and the heartbeat timer; never held across a send
+	sendMu    sync.Mutex // guards closed, open and the heartbeat timer; never held across a send
 	heartbeat *time.Timer
 	closed    bool
+	open      map[string]struct{} // request ids sent and not finished: the daemon's view of the session
 
 	done     chan struct{}
 	readDone chan struct{} // closed when readLoop ends: the socket closed or the connection was lost
@@ -75,7 +76,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if err := dialWithin(ctx, sock, addr); err != nil {
 		return nil, err
 	}
-	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{},
+	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{}, open: map[string]struct{}{},
 		done: make(chan struct{}), readDone: make(chan struct{})}
 	go c.readLoop()
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name})
@@ -88,11 +89,12 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		_ = c.shutdown()
 		return nil, fmt.Errorf("%w: daemon speaks protocol %d, client %d", messages.ErrProtocolVersion, c.hello.Protocol, wire.Version)
 	}
-	// The session's grace period runs from the Hello: heartbeat from now on,
-	// not after mapping the pool (MAP_POPULATE of a large pool on a loaded
-	// machine can take longer than a short grace period).
+	// The daemon's liveness timer runs only while the session holds
+	// requests, and so do the pings (armHeartbeat): an idle engine and its
+	// daemon wake for nothing.
 	c.sendMu.Lock()
 	c.heartbeat = time.AfterFunc(c.hello.Heartbeat, c.ping)
+	c.armHeartbeat()
 	c.sendMu.Unlock()
 	if c.pool, err = MapPool(c.hello.PoolPath, c.hello.Slots, c.hello.BlockBytes); err != nil {
 		_ = c.shutdown()
@@ -166,10 +168,11 @@ func (c *Client) readLoop() {
 	}
 }
 
-// ping keeps the session alive while the engine is idle; any call resets it.
+// ping keeps a session that holds requests alive while the engine is
+// silent; any call re-arms it.
 func (c *Client) ping() {
 	c.sendMu.Lock()
-	if c.closed {
+	if c.closed || len(c.open) == 0 {
 		c.sendMu.Unlock()
 		return
 	}
@@ -182,17 +185,37 @@ func (c *Client) ping() {
 // send sends one frame. The lock is not held across the send: a send the
 // daemon does not read blocks (up to the socket's send timeout), and Close
 // must not wait behind it — closing the socket is what ends it.
-func (c *Client) send(frame []byte) error {
+func (c *Client) send(q *wire.Request) error {
+	frame := wire.EncodeRequest(q)
 	c.sendMu.Lock()
 	if c.closed {
 		c.sendMu.Unlock()
 		return messages.ErrClosed
 	}
-	if c.heartbeat != nil {
-		c.heartbeat.Reset(c.hello.Heartbeat)
+	if q.Req != nil {
+		if q.Op == wire.OpRequestFinished {
+			delete(c.open, q.Req.RequestID)
+		} else {
+			c.open[q.Req.RequestID] = struct{}{}
+		}
 	}
+	c.armHeartbeat()
 	c.sendMu.Unlock()
 	return c.sock.Send(zmq4.NewMsg(frame))
+}
+
+// armHeartbeat (re)arms the ping for a full period after the last frame,
+// while the session holds requests; with none, the daemon arms no
+// liveness timer for it and no ping is due. REQUIRES c.sendMu.
+func (c *Client) armHeartbeat() {
+	if c.heartbeat == nil {
+		return // the Hello is not answered yet
+	}
+	if len(c.open) == 0 {
+		c.heartbeat.Stop()
+		return
+	}
+	c.heartbeat.Reset(c.hello.Heartbeat)
 }
 
 // do sends q and waits for its reply within ctx (or CallTimeout). The
@@ -215,11 +238,15 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 		delete(c.pending, q.ID)
 		c.mu.Unlock()
 	}()
-	if err := c.send(wire.EncodeRequest(q)); err != nil {
+	if err := c.send(q); err != nil {
 		select {
 		case <-c.readDone:
 			return nil, c.lost(q.Op)
 		default:
+		}
+		if connectionGone(err) {
+			// The daemon went away; the read loop has not noticed yet.
+			return nil, fmt.Errorf("kvtier client %s: connection to the daemon lost (%v): %w", q.Op, err, messages.ErrClosed)
 		}
 		return nil, fmt.Errorf("kvtier client %s: send: %w", q.Op, err)
 	}
@@ -240,6 +267,13 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 		}
 		return nil, c.lost(q.Op)
 	}
+}
+
+// connectionGone reports whether a send failed because the daemon's end of
+// the connection is gone (closed, reset, or the socket already closed).
+func connectionGone(err error) bool {
+	return errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, zmq4.ErrClosedConn)
 }
 
 // lost is the error of a call once readLoop has ended.

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
@@ -186,4 +188,21 @@ func TestCloseEndsCallsInFlight(t *testing.T) {
 		t.Fatal("a call outlived Close")
 	}
 	require.Less(t, time.Since(start), 10*time.Second)
+}
+
+// A send that fails because the daemon's end is gone (EPIPE, reset, a
+// connection zmq4 already closed) is ErrClosed like any other sign the
+// daemon went away, even before the read loop has noticed; other send
+// failures are not.
+func TestSendFailuresOfAGoneDaemonAreErrClosed(t *testing.T) {
+	for _, err := range []error{
+		&net.OpError{Op: "write", Net: "unix", Err: os.NewSyscallError("write", unix.EPIPE)},
+		&net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", unix.ECONNRESET)},
+		fmt.Errorf("zmq4: error sending frame 1/1: %w", zmq4.ErrClosedConn),
+		net.ErrClosed,
+	} {
+		require.True(t, connectionGone(err), "%v", err)
+	}
+	require.False(t, connectionGone(context.DeadlineExceeded))
+	require.False(t, connectionGone(errors.New("zmq4: something else")))
 }

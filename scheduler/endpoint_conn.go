@@ -1,0 +1,201 @@
+package scheduler
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// The engine endpoint's ROUTER listens through zmq4 transports of its own
+// (registered once, under schemes of their own, as the client's dialing
+// transports are), which wrap every accepted connection:
+//
+//   - the ZMTP handshake is bounded: zmq4 v0.17.0 runs it with no deadline
+//     inside its single accept loop, so one connection that never greets
+//     would hold every later engine's connection (DESIGN.md §8). The read
+//     deadline is cleared once the client's READY is read.
+//   - the connection's end is an event: the wrapper learns the client's
+//     ZMQ identity from that READY (the routing id the endpoint knows its
+//     session by) and, when zmq4 closes the connection (its read failed:
+//     the engine exited or was killed), reports it. A dead engine's session
+//     is released at once, with no heartbeat and no timer.
+
+// handshakeTimeout bounds a new engine connection's ZMTP handshake.
+const handshakeTimeout = 5 * time.Second
+
+// watchSchemes maps an endpoint address's transport to the watching one.
+var watchSchemes = map[string]string{"ipc": "kvtier-endpoint+ipc", "tcp": "kvtier-endpoint+tcp"}
+
+func init() {
+	for zmq, ours := range watchSchemes {
+		network := map[string]string{"ipc": "unix", "tcp": "tcp"}[zmq]
+		if err := zmq4.RegisterTransport(ours, watchTransport{transport.New(network)}); err != nil {
+			panic(err) // registered once per process, at init: cannot collide
+		}
+	}
+}
+
+// connWatch receives the end of every engine connection whose identity is
+// known. It must not block.
+type connWatch func(identity string)
+
+type connWatchKey struct{}
+
+// withConnWatch is the context a watched ROUTER is made with: zmq4 hands
+// the socket's context (derived from it) to the transport's Listen.
+func withConnWatch(ctx context.Context, w connWatch) context.Context {
+	return context.WithValue(ctx, connWatchKey{}, w)
+}
+
+// watchedAddr rewrites ipc:// and tcp:// to the watching transports.
+func watchedAddr(addr string) string {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if ours, known := watchSchemes[scheme]; ok && known {
+		return ours + "://" + rest
+	}
+	return addr
+}
+
+type watchTransport struct{ transport.Transport }
+
+// Listen implements transport.Transport.
+func (t watchTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	ln, err := t.Transport.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	w, _ := ctx.Value(connWatchKey{}).(connWatch)
+	return &watchedListener{Listener: ln, watch: w}, nil
+}
+
+type watchedListener struct {
+	net.Listener
+	watch connWatch
+}
+
+// Accept implements net.Listener.
+func (l *watchedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	return &watchedConn{Conn: c, watch: l.watch}, nil
+}
+
+// watchedConn is one engine connection.
+type watchedConn struct {
+	net.Conn
+	watch connWatch
+
+	// Read only by zmq4's one reader at a time (its handshake, then its
+	// connection reader): no lock.
+	hs       []byte // handshake bytes read so far
+	greeted  bool   // handshake over (identity parsed or given up on)
+	identity string
+
+	once sync.Once
+}
+
+// Read implements net.Conn.
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.greeted {
+		if err != nil {
+			// NB: zmq4 drops a connection whose handshake failed without
+			// closing it.
+			c.greeted = true
+			_ = c.Conn.Close()
+			return n, err
+		}
+		c.hs = append(c.hs, p[:n]...)
+		if id, done := readyIdentity(c.hs); done {
+			c.greeted, c.identity, c.hs = true, id, nil
+			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
+	}
+	return n, err
+}
+
+// Close implements net.Conn: zmq4 closes a connection once its read failed
+// (the engine went away) or when the socket closes.
+func (c *watchedConn) Close() error {
+	c.once.Do(func() {
+		if c.identity != "" && c.watch != nil {
+			c.watch(c.identity)
+		}
+	})
+	return c.Conn.Close()
+}
+
+// ZMTP 3.x framing (rfc.zeromq.org/spec/23): a 64-byte greeting, then, for
+// the NULL mechanism, the client's READY command: a flags byte (0x04, or
+// 0x06 with an 8-byte size), the size, then the command name as a short
+// string and its metadata as (short-string name, 4-byte-length value)
+// pairs, among which "Identity".
+const (
+	zmtpGreeting    = 64
+	zmtpCommand     = 0x04
+	zmtpLong        = 0x02
+	maxReadyBytes   = 64 << 10
+	zmtpReadyName   = "READY"
+	zmtpIdentityKey = "identity"
+)
+
+// readyIdentity parses the handshake bytes read so far. done is true once
+// they hold the whole READY command (identity is its Identity, possibly
+// empty) or cannot be one (identity empty: the connection goes unwatched).
+func readyIdentity(b []byte) (identity string, done bool) {
+	if len(b) < zmtpGreeting+2 {
+		return "", false
+	}
+	b = b[zmtpGreeting:]
+	flags := b[0]
+	if flags&zmtpCommand == 0 {
+		return "", true
+	}
+	var size uint64
+	if flags&zmtpLong != 0 {
+		if len(b) < 9 {
+			return "", false
+		}
+		size, b = binary.BigEndian.Uint64(b[1:9]), b[9:]
+	} else {
+		size, b = uint64(b[1]), b[2:]
+	}
+	if size > maxReadyBytes {
+		return "", true
+	}
+	if uint64(len(b)) < size {
+		return "", false
+	}
+	body := b[:size]
+	if len(body) < 1 || int(body[0]) > len(body)-1 || string(body[1:1+body[0]]) != zmtpReadyName {
+		return "", true
+	}
+	body = body[1+body[0]:]
+	for len(body) > 0 {
+		nl := int(body[0])
+		if len(body) < 1+nl+4 {
+			return "", true
+		}
+		name := body[1 : 1+nl]
+		vl := binary.BigEndian.Uint32(body[1+nl : 5+nl])
+		body = body[5+nl:]
+		if uint64(len(body)) < uint64(vl) {
+			return "", true
+		}
+		if bytes.EqualFold(name, []byte(zmtpIdentityKey)) {
+			return string(body[:vl]), true
+		}
+		body = body[vl:]
+	}
+	return "", true
+}
