@@ -71,7 +71,7 @@ type Plane struct {
 	// direct mirrors sessions for the ROUTER's reader goroutine, which hands
 	// a known peer's frames straight to its session (one mailbox hop less
 	// on every peer lookup); frames of unknown identities come here.
-	direct *sync.Map
+	direct   *sync.Map
 	static   map[string]string // configured peers: node → address
 	shutdown *shutdown         // non-nil once PeerShutdown came
 }

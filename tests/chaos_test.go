@@ -48,10 +48,10 @@ const restartBlockBytes = 4096
 // restartNode is an embedded node with an injector attached and helpers
 // that act as an engine with one worker per job.
 type restartNode struct {
-	t    *testing.T
-	ctx  context.Context
-	node *kvtier.Node
-	mgr  kvtier.Manager
+	t     *testing.T
+	ctx   context.Context
+	node  *kvtier.Node
+	mgr   kvtier.Manager
 	inj   *supervision.Injector
 	clock *supervision.ManualClock // leases, job deadlines, a restart's quarantine
 	seq   int
