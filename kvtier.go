@@ -245,9 +245,9 @@ func (n *Node) drain(ctx context.Context) []error {
 	}
 	peers := make(chan peerResult, 1)
 	go func() {
-		// NB: the plane reads its deadline on the wall clock (time.Until);
-		// the bridge reads its own on the node's clock.
-		res, err := n.shutdownPeers(wait, time.Now().Add(budget))
+		// NB: the plane and the bridge both read their deadline on the
+		// node's clock.
+		res, err := n.shutdownPeers(wait, n.cfg.Clock.Now().Add(budget))
 		peers <- peerResult{res, err}
 	}()
 	var errs []error

@@ -55,7 +55,7 @@ type PeersConfig struct {
 	LookupTimeout     time.Duration `yaml:"lookup_timeout"`     // a Lookup round's deadline (1s)
 	FetchTimeout      time.Duration `yaml:"fetch_timeout"`      // a Fetch round's deadline (10s)
 	HoldTimeout       time.Duration `yaml:"hold_timeout"`       // unfetched hits held before release (5s)
-	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"` // Ping period of a ready session (30s; negative: off)
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"` // Ping period while a round is in flight (2s; none when idle; negative: off)
 
 	// TransportImpl replaces the data plane (tests, fault injection).
 	TransportImpl rdma.Transport `yaml:"-"`

@@ -42,7 +42,7 @@ type Config struct {
 	HandshakeTimeout  time.Duration // consumer: Hello → Ready
 	RetryMin          time.Duration // first redial backoff
 	RetryMax          time.Duration // backoff cap
-	HeartbeatInterval time.Duration // Ping period while a session is ready; negative disables
+	HeartbeatInterval time.Duration // Ping period while a round of ours is in flight (none when idle); negative disables
 	MaxMalformed      int           // malformed frames from one peer before its inbound session is dropped
 	MaxSessions       int           // sessions (configured and inbound) before Hellos are refused
 	SendQueue         int           // frames queued per socket writer before sends are dropped
@@ -59,7 +59,7 @@ const (
 	DefaultHandshakeTimeout  = 2 * time.Second
 	DefaultRetryMin          = 100 * time.Millisecond
 	DefaultRetryMax          = 5 * time.Second
-	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultHeartbeatInterval = 2 * time.Second
 	DefaultMaxMalformed      = 16
 	DefaultMaxSessions       = 1024
 	DefaultSendQueue         = 1024

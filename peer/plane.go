@@ -249,7 +249,7 @@ func (p *Plane) beginShutdown(ctx actor.Context, m *messages.PeerShutdown) {
 	// The plane's own guard: sessions answer at their deadline, this catches
 	// one that cannot (stopped).
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	sd.timer = p.cfg.Clock.AfterFunc(time.Until(m.Deadline)+100*time.Millisecond, func() { root.Send(self, &shutdownDeadline{}) })
+	sd.timer = p.cfg.Clock.AfterFunc(m.Deadline.Sub(p.cfg.Clock.Now())+100*time.Millisecond, func() { root.Send(self, &shutdownDeadline{}) })
 }
 
 func (p *Plane) onDrained(m *drained) {

@@ -95,6 +95,7 @@ type outbound struct {
 	timer   supervision.Timer // redial or handshake deadline
 	backoff time.Duration
 	meta    []byte // data-plane metadata we Connected for the peer
+	hbArmed bool   // a heartbeat timer is armed
 	pingSeq uint64
 	pongSeq uint64
 	missed  int
@@ -360,7 +361,6 @@ func (s *Session) onReady(ctx actor.Context) {
 	s.out.backoff = 0
 	s.out.timer.Stop()
 	s.pc.ready.Store(true)
-	s.armHeartbeat(ctx)
 	ctx.Send(s.cfg.Tier, &messages.PeerUp{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch})
 	s.log.Info().Uint64("epoch", s.out.epoch).Msg("peer: session ready")
 }
@@ -397,6 +397,7 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	if s.out.hb != nil {
 		s.out.hb.Stop()
 	}
+	s.out.hbArmed, s.out.pingSeq, s.out.pongSeq, s.out.missed = false, 0, 0, 0
 	for _, r := range s.rounds {
 		s.failRound(ctx, r, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, reason))
 	}
@@ -414,16 +415,39 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	s.armOut(ctx, s.out.backoff)
 }
 
+// armHeartbeat arms the liveness ping, only while a round of ours is in
+// flight: an idle session makes no wakeups (a dead idle peer is found by
+// its connection closing, or by the next round's deadline), and a busy one
+// learns of a hung peer before a long fetch's deadline.
 func (s *Session) armHeartbeat(ctx actor.Context) {
-	if s.cfg.HeartbeatInterval <= 0 {
+	if s.cfg.HeartbeatInterval <= 0 || s.out.hbArmed {
 		return
 	}
+	s.out.hbArmed = true
 	self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
 	s.out.hb = s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &hbTimer{gen: gen}) })
 }
 
+// roundsInFlight reports whether a round of ours waits on the peer.
+func (s *Session) roundsInFlight() bool {
+	for _, r := range s.rounds {
+		if r.phase == roundLooking || r.phase == roundFetching || r.phase == roundVerified {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Session) onHeartbeat(ctx actor.Context, m *hbTimer) {
-	if m.gen != s.out.gen || s.out.phase != outReady {
+	if m.gen != s.out.gen {
+		return
+	}
+	s.out.hbArmed = false
+	if s.out.phase != outReady {
+		return
+	}
+	if !s.roundsInFlight() {
+		s.out.pingSeq, s.out.pongSeq, s.out.missed = 0, 0, 0 // idle: stop until the next round
 		return
 	}
 	if s.out.pongSeq < s.out.pingSeq {
@@ -517,6 +541,7 @@ func (s *Session) lookup(ctx actor.Context, m *messages.PeerLookup) {
 		return
 	}
 	s.armRound(ctx, r, s.cfg.LookupTimeout)
+	s.armHeartbeat(ctx)
 	s.sendOut(&wire.Lookup{Epoch: s.out.epoch, Round: r.n, Keys: wk})
 }
 
@@ -625,6 +650,7 @@ func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
 		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
 	}
 	s.armRound(ctx, r, s.cfg.FetchTimeout)
+	s.armHeartbeat(ctx)
 	s.sendOut(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: tok[:]})
 }
 
@@ -1053,6 +1079,13 @@ func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
 		return
 	}
+	if s.drain != nil {
+		// Stopping: nothing is leased out any more; every key a miss.
+		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
+		delete(s.in.rounds, r.n)
+		s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: make([]bool, len(r.keys)), Checksums: make([]uint32, len(r.keys))})
+		return
+	}
 	hits, sums := make([]bool, len(r.keys)), make([]uint32, len(r.keys))
 	var prov []*wire.Provenance
 	r.hits = map[messages.Key]bool{}
@@ -1361,11 +1394,23 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 			s.release(&messages.PeerRelease{Round: r.n}) // no fetch will follow
 		}
 	}
+	if s.in != nil {
+		// Rounds the peer leased but has not fetched are not waited for: a
+		// consumer that died would hold the drain to its deadline. A Fetch
+		// that still comes is refused (unknown round); writes in flight
+		// finish.
+		for _, r := range s.in.rounds {
+			if r.phase == roundLeased {
+				ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
+				delete(s.in.rounds, r.n)
+			}
+		}
+	}
 	if s.out.phase != outReady && s.out.timer != nil {
 		s.out.timer.Stop() // no redial, no handshake to finish
 	}
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	s.drain.timer = s.cfg.Clock.AfterFunc(time.Until(m.deadline), func() { root.Send(self, &drainDeadline{}) })
+	s.drain.timer = s.cfg.Clock.AfterFunc(m.deadline.Sub(s.cfg.Clock.Now()), func() { root.Send(self, &drainDeadline{}) })
 }
 
 // inFlight counts the rounds still running in either direction.
