@@ -552,7 +552,6 @@ func stacks() string {
 // connection, its process never speaks) holds our dial in zmq4's ZMTP
 // handshake, which reads with no deadline. Shutdown must not wait for it.
 func TestLifecycleShutdownWhileDialingAFrozenPeer(t *testing.T) {
-	t.Skip(zmtpHandshakeBug)
 	before := goleak.IgnoreCurrent()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -601,20 +600,15 @@ func TestLifecycleShutdownWhileDialingAFrozenPeer(t *testing.T) {
 	goleak.VerifyNone(t, before)
 }
 
-// zmtpHandshakeBug: zmq4 v0.17.0 runs the ZMTP handshake (greeting, READY)
-// with no deadline and outside the socket's context — on a DEALER inside
-// Dial, on a ROUTER inside its single accept loop. peer/ dials and listens
-// through plain "tcp", so a peer that connects but never greets (frozen,
-// or hostile) holds a dial forever (Close cannot stop that session) and
-// blocks every later peer's connection to the ROUTER. The engine client
-// already avoids it (scheduler/client/transport.go); peer/ needs the same
-// on both sides. These tests pass once it has it.
-const zmtpHandshakeBug = "peer/: zmq4 handshake without deadline (see zmtpHandshakeBug)"
+// zmq4 v0.17.0 runs the ZMTP handshake (greeting, READY) with no deadline
+// and outside the socket's context — on a DEALER inside Dial, on a ROUTER
+// inside its single accept loop. peer/ dials through a transport that
+// closes on the socket's context and listens through one that bounds the
+// handshake (peer/zmqtransport.go); these tests hold it to that.
 
 // A connection that never greets must not stop other peers from
 // connecting, nor outlive Close.
 func TestLifecyclePeersConnectWhileAConnectionNeverGreets(t *testing.T) {
-	t.Skip(zmtpHandshakeBug)
 	before := goleak.IgnoreCurrent()
 	prod := open(t, 8, withPeers("prod"))
 	silent, err := net.Dial("tcp", strings.TrimPrefix(prod.node.PeerAddr(), "tcp://"))

@@ -39,7 +39,7 @@ func openLink(cfg *Config, ctr *Counters, addr string, gen uint64, deliver func(
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
 	l := &link{io: newSockIO(sock, cfg.SendQueue, ctr.drop)}
 	l.io.goTracked(func() {
-		if err := sock.Dial(addr); err != nil {
+		if err := sock.Dial(dialAddr(addr)); err != nil {
 			deliver(&linkDown{gen: gen, err: err})
 			return
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -30,7 +31,9 @@ func Listen(cfg Config, ctr *Counters) (*Listener, error) {
 	}
 	sock := zmq4.NewRouter(context.Background(), zmq4.WithID(zmq4.SocketIdentity(cfg.Node)),
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
-	if err := sock.Listen(cfg.Listen); err != nil {
+	// NB: through a transport that bounds each connection's ZMTP handshake,
+	// so one peer that connects and never greets cannot block the others.
+	if err := sock.Listen(scheduler.BoundedListenAddr(cfg.Listen)); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("peer listen %s: %w", cfg.Listen, err)
 	}

@@ -199,3 +199,10 @@ func readyIdentity(b []byte) (identity string, done bool) {
 	}
 	return "", true
 }
+
+// BoundedListenAddr rewrites a tcp:// or ipc:// address so that a ROUTER
+// listening on it runs each connection's ZMTP handshake under a deadline
+// (handshakeTimeout), in this package's transport: one connection that
+// never greets cannot hold zmq4's single accept loop. The peer control
+// plane listens through it too (without a connection watch).
+func BoundedListenAddr(addr string) string { return watchedAddr(addr) }
