@@ -43,9 +43,10 @@ type Config struct {
 	EngineListen string `yaml:"engine_listen"`
 	// EngineAllowRemote permits a tcp EngineListen that is not loopback.
 	EngineAllowRemote bool `yaml:"engine_allow_remote"`
-	// EngineGrace is how long an engine connection may stay silent (the
-	// client pings at a third of it) before its leases, pins, pending writes
-	// and jobs are released.
+	// EngineGrace is how long an engine connection holding requests may
+	// stay silent (the client then pings at a third of it) before its
+	// leases, pins, pending writes and jobs are released. A closed
+	// connection is released at once; an idle one needs no ping.
 	EngineGrace time.Duration `yaml:"engine_grace"`
 	// EngineGroup, if set (a group name or numeric gid), may use the engine
 	// socket and the pool file: both become mode 0660 in that group instead
