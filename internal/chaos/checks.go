@@ -232,7 +232,13 @@ func checkPeers(ctx context.Context, rs *runState, nodes []*nodeUnderTest) {
 		} else {
 			rs.pass(invPeersBack)
 		}
+	}
+	// Stats once every node's sessions are back: a node serves a peer (its
+	// inbound session) once that peer's outbound session is ready, which the
+	// loop above waited for node by node.
+	for _, n := range nodes {
 		cctx, cancel := context.WithTimeout(ctx, harnessCallTimeout)
+		var err error
 		if n.peers, err = n.node.PeerStats(cctx); err != nil {
 			rs.violate(n, invDeadline, "PeerStats after the run: %v", err)
 		}
