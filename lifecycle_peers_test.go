@@ -230,8 +230,8 @@ func TestLifecyclePausedProducerServesPeers(t *testing.T) {
 // one leased and never fetched (a raw peer), one pinned with its write in
 // flight (a stalled data plane). The clear neither asserts nor waits for
 // them: leased blocks go (their fetch then fails cleanly), blocks being
-// written stay until the write ends, and the consumer of that write gets
-// every byte intact.
+// written are unindexed at once and their slots freed when the write ends,
+// and the consumer of that write gets every byte intact.
 func TestLifecyclePauseClearCacheWithParkedPeerRounds(t *testing.T) {
 	tr := newStallTransport(t, "prod")
 	prod, cons := openPair(t, 32, prodTransport(tr))
@@ -276,6 +276,14 @@ func TestLifecyclePauseClearCacheWithParkedPeerRounds(t *testing.T) {
 	prod.quiet()
 	cons.quiet()
 	require.NoError(t, prod.m.Resume(prod.ctx))
+	// The blocks the peer was reading during the clear went with it: their
+	// slots were freed when the write ended, and they are never served
+	// again (after a weight update that would be wrong KV).
+	require.Zero(t, prod.stats().Ready, "the cleared blocks' slots are free")
+	after := &messages.ReqContext{RequestID: "after-clear"}
+	prod.lookup(after, keys(ids(4, 4)...), false)
+	prod.idle()
+	require.Equal(t, statuses(4, messages.Miss), prod.lookup(after, keys(ids(4, 4)...), false))
 }
 
 // fetchLoop fetches ids from cons's peers over and over, clearing cons's

@@ -104,10 +104,14 @@ type mLease struct {
 }
 
 type model struct {
-	n        int
-	keys     map[messages.Key]*mEntry
-	leases   map[mLease]time.Time
-	pins     map[messages.JobRef]map[messages.Key]int
+	n      int
+	keys   map[messages.Key]*mEntry
+	leases map[mLease]time.Time
+	pins   map[messages.JobRef]map[messages.Key]int
+	// ghosts are blocks Clear removed while pinned: per job, pins on the
+	// cleared copy of a key; the slot stays used until the last goes.
+	ghosts   map[messages.JobRef]map[messages.Key]int
+	nGhosts  int // slots held by ghosts
 	use      uint64
 	counters Counters
 	now      func() time.Time
@@ -115,7 +119,7 @@ type model struct {
 
 func newModel(n int, now func() time.Time) *model {
 	return &model{n: n, keys: map[messages.Key]*mEntry{}, leases: map[mLease]time.Time{},
-		pins: map[messages.JobRef]map[messages.Key]int{}, now: now}
+		pins: map[messages.JobRef]map[messages.Key]int{}, ghosts: map[messages.JobRef]map[messages.Key]int{}, now: now}
 }
 
 func (m *model) bump(e *mEntry) { m.use++; e.lastUse = m.use }
@@ -212,14 +216,19 @@ func (m *model) touch(keys []messages.Key) {
 }
 
 func (m *model) unpin(job messages.JobRef, keys []messages.Key) error {
-	want := map[messages.Key]int{}
+	live, ghost := map[messages.Key]int{}, map[messages.Key]int{}
 	for _, k := range keys {
-		want[k]++
-		if _, ok := m.keys[k]; !ok || m.pins[job][k] < want[k] {
+		// As the State: the live copy this job pinned first, else a copy
+		// Clear removed under it.
+		if _, ok := m.keys[k]; ok && m.pins[job][k] > live[k] {
+			live[k]++
+		} else if m.ghosts[job][k] > ghost[k] {
+			ghost[k]++
+		} else {
 			return messages.ErrNotLoading
 		}
 	}
-	for k, n := range want {
+	for k, n := range live {
 		m.pins[job][k] -= n
 		if m.pins[job][k] == 0 {
 			delete(m.pins[job], k)
@@ -228,7 +237,28 @@ func (m *model) unpin(job messages.JobRef, keys []messages.Key) error {
 	if len(m.pins[job]) == 0 {
 		delete(m.pins, job)
 	}
+	for k, n := range ghost {
+		m.unghost(job, k, n)
+	}
 	return nil
+}
+
+// unghost drops n of job's pins on the cleared copy of k; the copy's slot
+// is free once no job pins it.
+func (m *model) unghost(job messages.JobRef, k messages.Key, n int) {
+	m.ghosts[job][k] -= n
+	if m.ghosts[job][k] == 0 {
+		delete(m.ghosts[job], k)
+		if len(m.ghosts[job]) == 0 {
+			delete(m.ghosts, job)
+		}
+		for _, ks := range m.ghosts {
+			if ks[k] > 0 {
+				return
+			}
+		}
+		m.nGhosts--
+	}
 }
 
 func (m *model) evictable(k messages.Key) bool {
@@ -262,7 +292,7 @@ func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 	slices.SortFunc(cands, func(a, b messages.Key) int {
 		return int(m.keys[a].lastUse) - int(m.keys[b].lastUse)
 	})
-	free := m.n - len(m.keys)
+	free := m.n - len(m.keys) - m.nGhosts
 	need := len(res.ToStore)
 	if need > free+len(cands) {
 		m.counters.Full++
@@ -307,6 +337,9 @@ func (m *model) commit(job messages.JobRef, keys []messages.Key, ok bool, sums [
 
 func (m *model) releaseJob(job messages.JobRef) []messages.Key {
 	delete(m.pins, job)
+	for k, n := range m.ghosts[job] {
+		m.unghost(job, k, n)
+	}
 	var aborted []messages.Key
 	for k, e := range m.keys {
 		if !e.ready && e.writer == job {
@@ -336,6 +369,9 @@ func (m *model) releaseOrigin(o messages.Origin) {
 	for j := range m.pins {
 		jobs[j] = true
 	}
+	for j := range m.ghosts {
+		jobs[j] = true
+	}
 	for _, e := range m.keys {
 		if !e.ready {
 			jobs[e.writer] = true
@@ -360,10 +396,27 @@ func (m *model) dropKey(k messages.Key) {
 func (m *model) clear() []messages.Key {
 	var removed []messages.Key
 	for k, e := range m.keys {
-		if e.ready && m.pinsOn(k) == 0 {
-			removed = append(removed, k)
-			m.dropKey(k)
+		if !e.ready {
+			continue
 		}
+		removed = append(removed, k)
+		if m.pinsOn(k) > 0 {
+			// Pinned: unindexed now, its slot freed at its last unpin.
+			for job, ks := range m.pins {
+				if n := ks[k]; n > 0 {
+					if m.ghosts[job] == nil {
+						m.ghosts[job] = map[messages.Key]int{}
+					}
+					m.ghosts[job][k] += n
+					delete(ks, k)
+					if len(ks) == 0 {
+						delete(m.pins, job)
+					}
+				}
+			}
+			m.nGhosts++
+		}
+		m.dropKey(k)
 	}
 	return removed
 }
@@ -379,7 +432,8 @@ func (m *model) drop(k messages.Key) bool {
 
 func (m *model) occupancy() Occupancy {
 	m.expire()
-	o := Occupancy{Slots: m.n, Free: m.n - len(m.keys), Leases: len(m.leases)}
+	o := Occupancy{Slots: m.n, Free: m.n - len(m.keys) - m.nGhosts, Leases: len(m.leases),
+		Ready: m.nGhosts, Pinned: m.nGhosts}
 	for k, e := range m.keys {
 		if e.ready {
 			o.Ready++

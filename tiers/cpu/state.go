@@ -66,6 +66,10 @@ type State struct {
 	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
 	pins     map[messages.JobRef]map[int]int32
 	reserved map[messages.JobRef]map[int]struct{}
+	// cleared maps a slot Clear unindexed while it was pinned to the key it
+	// held, so its readers can still unpin it by that key; the slot is freed
+	// at its last unpin.
+	cleared map[int]messages.Key
 
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
@@ -220,7 +224,10 @@ func (s *State) Unpin(job messages.JobRef, keys []messages.Key) error {
 	for _, k := range keys {
 		idx, ok := s.index[k]
 		if !ok || held[idx] <= want[idx] {
-			return fmt.Errorf("%w: %v", messages.ErrNotLoading, k)
+			// A block Clear unindexed under its reader: unpinned by its key.
+			if idx, ok = s.clearedPin(held, want, k); !ok {
+				return fmt.Errorf("%w: %v", messages.ErrNotLoading, k)
+			}
 		}
 		want[idx]++
 	}
@@ -230,6 +237,20 @@ func (s *State) Unpin(job messages.JobRef, keys []messages.Key) error {
 		}
 	}
 	return nil
+}
+
+// clearedPin finds a slot of held that Clear unindexed from k and that
+// has a pin left beyond want. O(held): only on Unpin's miss path.
+func (s *State) clearedPin(held, want map[int]int32, k messages.Key) (int, bool) {
+	if len(s.cleared) == 0 {
+		return 0, false
+	}
+	for idx, n := range held {
+		if ck, ok := s.cleared[idx]; ok && ck == k && n > want[idx] {
+			return idx, true
+		}
+	}
+	return 0, false
 }
 
 // ReserveResult is what Reserve decided.
@@ -455,11 +476,29 @@ func (s *State) recycle(hl *holderLeases) {
 // Clear frees every ready slot that is not pinned, dropping leases on them,
 // and returns the keys removed. Pinned and write-pending slots stay: their
 // jobs still own them.
+//
+// A pinned block (a load, a cascade or a peer fetch is reading it) cannot
+// be freed under its reader: it is unindexed at once (announced removed,
+// re-indexed under a quarantine key no lookup can name) and freed at its
+// last unpin, so nothing is served from a cleared cache — after a weight
+// update the old KV must never come back.
 func (s *State) Clear() []messages.Key {
 	var removed []messages.Key
 	for idx := range s.slots {
 		sl := &s.slots[idx]
-		if sl.state != slotReady || sl.pins > 0 {
+		if sl.state != slotReady || IsQuarantineKey(sl.key) {
+			continue
+		}
+		if sl.pins > 0 {
+			s.unleaseAll(idx)
+			removed = append(removed, sl.key)
+			if s.cleared == nil {
+				s.cleared = map[int]messages.Key{}
+			}
+			s.cleared[idx] = sl.key
+			delete(s.index, sl.key)
+			sl.key = quarantineKey(idx)
+			s.index[sl.key] = idx
 			continue
 		}
 		s.unleaseAll(idx)
@@ -639,6 +678,13 @@ func (s *State) unpin(job messages.JobRef, idx int) {
 		s.pinnedSlots--
 	}
 	s.maybeEvictable(idx)
+	if sl.pins == 0 && sl.leases == 0 && sl.state == slotReady && IsQuarantineKey(sl.key) {
+		// Cleared while pinned: its last reader is done.
+		delete(s.cleared, idx)
+		s.policy.Remove(idx)
+		s.evictable--
+		s.freeSlot(idx)
+	}
 }
 
 // becomesHeld applies a pin or lease increment, keeping evictable exact.

@@ -447,7 +447,7 @@ func TestReleaseJob(t *testing.T) {
 	checkInv(t, s)
 }
 
-func TestClearKeepsPinnedAndPending(t *testing.T) {
+func TestClearUnindexesPinnedAndKeepsPending(t *testing.T) {
 	s, _ := newTestState(t, 8)
 	store(t, s, j1, ks(0, 1, 2, 3)...)
 	s.LookupAndLease(hA, ks(0, 1), false, time.Minute)
@@ -457,14 +457,20 @@ func TestClearKeepsPinnedAndPending(t *testing.T) {
 	require.NoError(t, err)
 
 	removed := s.Clear()
-	assert.ElementsMatch(t, ks(0, 2, 3), removed, "leased 0 goes too")
-	assert.Equal(t, []messages.LookupStatus{miss, hit, miss, miss, pending}, statuses(s, 0, 1, 2, 3, 5))
+	assert.ElementsMatch(t, ks(0, 1, 2, 3), removed, "leased 0 goes too; pinned 1 is announced removed")
+	assert.Equal(t, []messages.LookupStatus{miss, miss, miss, miss, pending}, statuses(s, 0, 1, 2, 3, 5),
+		"a block pinned during the clear is never served again")
 	o := s.Occupancy()
-	assert.Equal(t, Occupancy{Slots: 8, Free: 6, WritePending: 1, Ready: 1, Pinned: 1}, o)
+	assert.Equal(t, Occupancy{Slots: 8, Free: 6, WritePending: 1, Ready: 1, Pinned: 1}, o, "its slot stays under its reader")
 	assert.Equal(t, uint64(0), s.Counters.Evictions, "a clear is not an eviction")
 	checkInv(t, s)
+	// A new store of the same key takes another slot; the reader still
+	// unpins the cleared copy by its key.
+	_, err = s.Reserve(j1, ks(1))
+	require.NoError(t, err)
 	require.NoError(t, s.Unpin(j2, ks(1)))
-	require.NoError(t, s.Commit(j1, ks(5), true, []uint32{0}))
+	assert.Equal(t, 6, s.Occupancy().Free, "the cleared copy's slot is free at its last unpin")
+	require.NoError(t, s.Commit(j1, ks(5, 1), true, []uint32{0, 0}))
 	assert.ElementsMatch(t, ks(1, 5), s.Clear())
 	assert.Equal(t, 8, s.Occupancy().Free)
 	checkInv(t, s)
