@@ -342,3 +342,33 @@ func TestPeersMalformedFloodDropsTheSession(t *testing.T) {
 	require.GreaterOrEqual(t, prod.node.PeerCounters().Dropped()["no_session"], uint64(1))
 	requireStillServes(t, prod, cons, 0)
 }
+
+// A consumer that dies with a round leased: its connection's end releases
+// the round's leases at once (not at the lease TTL), and the node keeps
+// serving others.
+func TestPeersDeadConsumerReleasesItsLeasesAtOnce(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	ks := keys(ids(0, 4)...)
+	probe := &messages.ReqContext{RequestID: "probe"}
+	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
+	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
+
+	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "doomed")
+	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok)
+	wk := make([]wire.Key, len(ks))
+	for i, k := range ks {
+		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+	}
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
+	_, ok = p.recv().(*wire.LookupResp)
+	require.True(t, ok)
+	require.Equal(t, 4, prod.stats().Leased)
+
+	require.NoError(t, p.sock.Close()) // the consumer dies
+	for prod.stats().Leased != 0 {     // the manual clock never reaches the lease TTL
+		require.NoError(t, prod.ctx.Err(), "leases of a dead consumer's round were not released")
+	}
+	requireStillServes(t, prod, cons, 10)
+}

@@ -25,6 +25,7 @@ type LookupAndLease struct {
 // LookupResult answers LookupAndLease.
 type LookupResult struct {
 	Corr   uint64         // from the request
+	Holder Holder         // from the request: an asker that restarted can release the leases
 	Status []LookupStatus // one per key
 	// Checksums, with WantChecksums: per key, the committed CRC32C of a HIT
 	// (0 otherwise).
@@ -49,6 +50,7 @@ type LeaseToPin struct {
 // PinResult answers LeaseToPin.
 type PinResult struct {
 	Corr  uint64 // from the request
+	Job   JobRef // from the request: whoever gets an answer it no longer expects (a restarted asker) can release the pins
 	Slots []int  // slot per key
 	Err   error  // ErrUnknownKey when a key is not ready; nothing pinned then
 	// Prov is, with WantProv and no Err, one entry per key (nil when

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -22,6 +23,8 @@ import (
 type Listener struct {
 	io   *sockIO
 	addr string
+	// gone, once the plane runs, hears of every peer connection that ended.
+	gone atomic.Pointer[func(identity string)]
 }
 
 // Listen binds the control plane's ROUTER at cfg.Listen.
@@ -29,7 +32,15 @@ func Listen(cfg Config, ctr *Counters) (*Listener, error) {
 	if !strings.HasPrefix(cfg.Listen, "tcp://") {
 		return nil, fmt.Errorf("%w: peer listen %q: want tcp://host:port", messages.ErrBadConfig, cfg.Listen)
 	}
-	sock := zmq4.NewRouter(context.Background(), zmq4.WithID(zmq4.SocketIdentity(cfg.Node)),
+	ln := &Listener{}
+	// A consumer that dies takes its connection with it: the watch tells its
+	// session, which releases what the consumer's rounds held at once.
+	watch := scheduler.WithConnWatch(context.Background(), func(identity string) {
+		if f := ln.gone.Load(); f != nil {
+			(*f)(identity)
+		}
+	})
+	sock := zmq4.NewRouter(watch, zmq4.WithID(zmq4.SocketIdentity(cfg.Node)),
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
 	// NB: through a transport that bounds each connection's ZMTP handshake,
 	// so one peer that connects and never greets cannot block the others.
@@ -41,7 +52,8 @@ func Listen(cfg Config, ctr *Counters) (*Listener, error) {
 	if a, ok := sock.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
 		addr = fmt.Sprintf("tcp://127.0.0.1:%d", a.Port)
 	}
-	return &Listener{io: newSockIO(sock, cfg.WithDefaults().SendQueue, ctr.drop), addr: addr}, nil
+	ln.io, ln.addr = newSockIO(sock, cfg.WithDefaults().SendQueue, ctr.drop), addr
+	return ln, nil
 }
 
 // Addr is the bound address (a port of 0 resolved).
@@ -97,6 +109,10 @@ type (
 		aborted int
 	}
 	shutdownDeadline struct{}
+	// connGone: a peer's connection to our ROUTER ended.
+	connGone struct{ node string }
+	// inboundGone tells a session its peer's connection to us ended.
+	inboundGone struct{}
 )
 
 // Props returns the plane's props; it takes ownership of ln.
@@ -120,6 +136,10 @@ func (p *Plane) Receive(ctx actor.Context) {
 		p.beginShutdown(ctx, m)
 	case *drained:
 		p.onDrained(m)
+	case *connGone:
+		if pid := p.sessions[m.node]; pid != nil {
+			ctx.Send(pid, &inboundGone{})
+		}
 	case *sessionIdle:
 		if p.sessions[m.node].Equal(m.pid) && p.shutdown == nil {
 			delete(p.sessions, m.node)
@@ -138,6 +158,8 @@ func (p *Plane) Receive(ctx actor.Context) {
 // start runs the socket goroutines and a session per configured peer.
 func (p *Plane) start(ctx actor.Context) {
 	self, root := ctx.Self(), ctx.ActorSystem().Root
+	gone := func(identity string) { root.Send(self, &connGone{node: identity}) }
+	p.ln.gone.Store(&gone)
 	p.ln.io.startWriter()
 	direct := p.direct
 	p.ln.io.startReader(func(m zmq4.Msg) {

@@ -269,6 +269,11 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.onWritten(ctx, m)
 	case *messages.Ack:
 		// Unpin / release answers: nothing to do.
+	case *inboundGone:
+		// NB: a reconnecting peer closes its old connection before it dials
+		// the new one (after its backoff), so this is the old session's end.
+		s.hs = nil
+		s.dropIn(ctx, "connection_closed")
 	case *drain:
 		s.beginDrain(ctx, m)
 	case *drainDeadline:
@@ -1071,6 +1076,10 @@ func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
 	if !ok {
+		// Asked by a previous incarnation (a restart): nobody will fetch.
+		if m.Holder.Origin == messages.OriginPeer {
+			ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: m.Holder})
+		}
 		return
 	}
 	r := s.inRound(call)
@@ -1167,6 +1176,11 @@ func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
 	if !ok {
+		// Asked by a previous incarnation (a restart): nothing will write
+		// these pins; they would leak.
+		if m.Err == nil && m.Job.Origin == messages.OriginPeer {
+			ctx.Request(s.cfg.CPU, &messages.ReleaseJob{Job: m.Job})
+		}
 		return
 	}
 	r := s.inRound(call)

@@ -206,3 +206,10 @@ func readyIdentity(b []byte) (identity string, done bool) {
 // never greets cannot hold zmq4's single accept loop. The peer control
 // plane listens through it too (without a connection watch).
 func BoundedListenAddr(addr string) string { return watchedAddr(addr) }
+
+// WithConnWatch is the context to make a ROUTER with (listening on a
+// BoundedListenAddr) so that w learns the ZMQ identity of every connection
+// that ends. w must not block.
+func WithConnWatch(ctx context.Context, w func(identity string)) context.Context {
+	return withConnWatch(ctx, connWatch(w))
+}

@@ -89,7 +89,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *actor.Restarting:
 		a.restarted = true
 	case *messages.LookupAndLease:
-		res := &messages.LookupResult{Corr: m.Corr, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)}
+		res := &messages.LookupResult{Corr: m.Corr, Holder: m.Holder, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)}
 		if m.WantChecksums {
 			res.Checksums = a.checksumsOfHits(m.Keys, res.Status)
 		}
@@ -99,7 +99,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 		ctx.Respond(res)
 	case *messages.LeaseToPin:
 		slots, err := a.state.LeaseToPin(m.Holder, m.Job, m.Keys)
-		res := &messages.PinResult{Corr: m.Corr, Slots: slots, Err: err}
+		res := &messages.PinResult{Corr: m.Corr, Job: m.Job, Slots: slots, Err: err}
 		if m.WantProv && err == nil {
 			res.Prov = a.state.ProvenanceOf(m.Keys, nil)
 		}
