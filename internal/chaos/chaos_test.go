@@ -382,39 +382,63 @@ func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 func TestPeersScenarioEveryFaultKind(t *testing.T) {
 	kinds, err := ParseKinds("all,-obj-outage", peers{})
 	require.NoError(t, err)
-	rep := run(t, Options{Scenario: "peers", Seed: 1, Duration: raceScale * 5 * time.Second, Kinds: kinds, Rate: 2,
-		Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultPeerKill: 0.15, supervision.FaultPeerCut: 0.3,
-			supervision.FaultPeerCorrupt: 0.3, supervision.FaultPeerStall: 0.3, supervision.FaultFSCorrupt: 0.3,
-			supervision.FaultObjCorrupt: 0.5}})
-	requireClean(t, rep)
+	// Every run must be clean; what a short run exercises depends on the
+	// machine's load (a busy 2-core box may fetch nothing across nodes in
+	// 5 s), so seeds are tried until one run exercises everything.
+	var rep *Report
+	var t0 peerTally
+	for seed := uint64(1); seed <= 3; seed++ {
+		rep = run(t, Options{Scenario: "peers", Seed: seed, Duration: raceScale * 5 * time.Second, Kinds: kinds, Rate: 2,
+			Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultPeerKill: 0.15, supervision.FaultPeerCut: 0.3,
+				supervision.FaultPeerCorrupt: 0.3, supervision.FaultPeerStall: 0.3, supervision.FaultFSCorrupt: 0.3,
+				supervision.FaultObjCorrupt: 0.5}})
+		requireClean(t, rep)
+		t0 = tallyPeers(rep)
+		if len(rep.KindsNotExercised) == 0 && t0.fetched > 0 && t0.kills > 0 && t0.corrupt > 0 && t0.session {
+			break
+		}
+		t.Logf("seed %d exercised too little under this load (%+v, kinds not exercised %v); next seed", seed, t0, rep.KindsNotExercised)
+	}
 	assert.Greater(t, rep.FaultsInjected, 100)
 	assert.Empty(t, rep.KindsNotExercised, "every fault kind exercised")
 	assert.Positive(t, rep.Blocks.Verified, "blocks were loaded and verified")
 	require.Len(t, rep.Nodes, peerNodes)
-	var fetched, corrupt, flips uint64
-	var kills int64
 	for _, n := range rep.Nodes {
-		kills += n.Kills
-		flips += n.PeerFlipsLanded
-		corrupt += n.PeerCorruptCaught
 		assert.Len(t, n.Peers, peerNodes-1, "node %s knows both its peers", n.Name)
 		for _, p := range n.Peers {
-			fetched += p.Fetched
 			assert.True(t, p.Ready && p.Serving, "node %s: session with %s back up", n.Name, p.Node)
 		}
 	}
-	assert.Positive(t, fetched, "blocks crossed nodes")
-	assert.Positive(t, kills, "a node was killed and restarted")
-	assert.Positive(t, corrupt, "flipped payloads were caught by the consumers' checksums")
-	assert.LessOrEqual(t, corrupt, flips, "a block is refused only for a flip that landed")
-	session := false
-	for _, f := range rep.Faults {
-		session = session || strings.Contains(f.Point.Site, "/peers/peer-")
-	}
-	assert.True(t, session, "peer session messages were perturbed")
+	assert.Positive(t, t0.fetched, "blocks crossed nodes")
+	assert.Positive(t, t0.kills, "a node was killed and restarted")
+	assert.Positive(t, t0.corrupt, "flipped payloads were caught by the consumers' checksums")
+	assert.LessOrEqual(t, t0.corrupt, t0.flips, "a block is refused only for a flip that landed")
+	assert.True(t, t0.session, "peer session messages were perturbed")
 	for _, inv := range peerInvariants {
 		assert.Equal(t, "ok", rep.Invariants[inv], inv)
 	}
+}
+
+// peerTally sums what a peer run exercised.
+type peerTally struct {
+	fetched, corrupt, flips uint64
+	kills                   int64
+	session                 bool // peer session messages were perturbed
+}
+
+func tallyPeers(rep *Report) (t peerTally) {
+	for _, n := range rep.Nodes {
+		t.kills += n.Kills
+		t.flips += n.PeerFlipsLanded
+		t.corrupt += n.PeerCorruptCaught
+		for _, p := range n.Peers {
+			t.fetched += p.Fetched
+		}
+	}
+	for _, f := range rep.Faults {
+		t.session = t.session || strings.Contains(f.Point.Site, "/peers/peer-")
+	}
+	return t
 }
 
 func TestParseKinds(t *testing.T) {
