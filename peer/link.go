@@ -6,6 +6,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/scheduler"
 )
 
 // link is one outbound DEALER to a peer's ROUTER, owned by that peer's
@@ -31,15 +32,17 @@ type (
 	}
 )
 
-// openLink dials addr on its own goroutine (a zmq4 Dial blocks) and then
-// reads the socket; deliver must only send an actor message.
+// openLink dials addr on its own goroutine (a zmq4 Dial blocks; through
+// scheduler.ClosingDialAddr, so closing the link — the session's handshake
+// timeout does — ends a handshake a peer never answers) and then reads the
+// socket; deliver must only send an actor message.
 func openLink(cfg *Config, ctr *Counters, addr string, gen uint64, deliver func(any)) *link {
 	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(cfg.Node)),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(cfg.HandshakeTimeout),
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
 	l := &link{io: newSockIO(sock, cfg.SendQueue, ctr.drop)}
 	l.io.goTracked(func() {
-		if err := sock.Dial(dialAddr(addr)); err != nil {
+		if err := sock.Dial(scheduler.ClosingDialAddr(addr)); err != nil {
 			deliver(&linkDown{gen: gen, err: err})
 			return
 		}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
 
@@ -107,7 +108,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 // still be starting) until ctx ends. The ZMTP handshake is bounded by ctx
 // too (transport.go). On error the socket is closed.
 func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
-	zaddr := zmqAddr(addr)
+	zaddr := scheduler.ClosingDialAddr(addr)
 	backoff := 10 * time.Millisecond
 	for {
 		dialed := make(chan error, 1)

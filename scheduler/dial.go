@@ -1,4 +1,4 @@
-package client
+package scheduler
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/go-zeromq/zmq4/transport"
 )
 
-// The client dials through its own zmq4 transports (registered once, under
-// schemes of their own), which dial exactly as zmq4's ipc and tcp do but tie
-// every connection to the socket that made it: when the socket closes, the
-// connection closes.
+// Dialing sockets (the engine client's DEALER, the peer links) go through
+// zmq4 transports of our own (registered once, under schemes of their own),
+// which dial exactly as zmq4's ipc and tcp do but tie every connection to
+// the socket that made it: when the socket closes, the connection closes.
 //
 // NB: zmq4 v0.17.0 needs this for Dial and Close to be bounded (DESIGN.md
 // §8). Its handshake (greeting, READY) reads with no deadline and ignores
@@ -35,9 +35,11 @@ func init() {
 	}
 }
 
-// zmqAddr rewrites ipc:// and tcp:// to the client's transports; any other
-// address is left for zmq4 to accept or refuse.
-func zmqAddr(addr string) string {
+// ClosingDialAddr rewrites ipc:// and tcp:// to the closing transports; any
+// other address is left for zmq4 to accept or refuse. Dial it instead of
+// addr so that the socket's Close (or a handshake deadline that closes it)
+// reaches a connection whose ZMTP handshake never ends.
+func ClosingDialAddr(addr string) string {
 	scheme, rest, ok := strings.Cut(addr, "://")
 	if ours, known := schemes[scheme]; ok && known {
 		return ours + "://" + rest
