@@ -124,6 +124,8 @@ class Client:
         self._timeout = timeout
         self._closed = False
         self._last_send = time.monotonic()
+        self._awaited: set = set()  # ids of calls whose replies are kept
+        self._stash: Dict[int, dict] = {}  # replies read but not yet taken
         h = self._call("hello", client=name)
         self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__})
         if self.hello.protocol != PROTOCOL_VERSION:
@@ -144,30 +146,100 @@ class Client:
             self._hb.start()
 
     # -- transport -----------------------------------------------------
+    #
+    # One DEALER, one lock. A call is sent and its reply awaited (_call), or
+    # sent without waiting (send: the reply is read later by ready()/wait(),
+    # or dropped when nobody asked for it: fire-and-forget). Replies are
+    # matched by id; a reply read while waiting for another is kept if its
+    # call is still awaited, so no caller ever loses an answer.
 
-    def _call(self, op: str, timeout: Optional[float] = None, **fields):
-        timeout = self._timeout if timeout is None else timeout
+    def _frame(self, op: str, timeout: float, fields: dict) -> Tuple[int, bytes]:
         rid = next(self._ids)
         req = {"v": PROTOCOL_VERSION, "op": op, "id": rid,
                "timeout_ms": max(1, int(timeout * 1000))}
         req.update(fields)
+        return rid, msgpack.packb(req, use_bin_type=True)
+
+    def _send_locked(self, frame: bytes) -> None:
+        if self._closed:
+            raise KvtierError("CLOSED", "client closed")
+        self._sock.send(frame)
+        self._last_send = time.monotonic()
+
+    def _read_locked(self, wait_ms: int) -> bool:
+        """Reads at most one reply into the stash; False when none came."""
+        if not self._sock.poll(wait_ms):
+            return False
+        reply = msgpack.unpackb(self._sock.recv(), raw=False)
+        rid = reply.get("id")
+        if rid in self._awaited:
+            self._stash[rid] = reply
+        return True  # a reply nobody awaits (fire-and-forget) is dropped
+
+    def send(self, op: str, timeout: Optional[float] = None, keep: bool = True,
+             **fields) -> int:
+        """Sends a call without waiting; returns its id. With keep, its reply
+        is kept for ready()/wait(); without, it is dropped (fire-and-forget:
+        errors are not seen, but calls of a connection are processed in the
+        order sent, so a later call observes this one's effect)."""
+        timeout = self._timeout if timeout is None else timeout
+        rid, frame = self._frame(op, timeout, fields)
         with self._lock:
-            if self._closed:
-                raise KvtierError("CLOSED", "client closed")
-            self._sock.send(msgpack.packb(req, use_bin_type=True))
-            self._last_send = time.monotonic()
-            deadline = time.monotonic() + timeout
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
-                    raise KvtierError("TIMEOUT", f"{op}: no reply within {timeout}s")
-                reply = msgpack.unpackb(self._sock.recv(), raw=False)
-                if reply.get("id") == rid:
-                    break  # replies to earlier, abandoned calls are dropped
+            self._send_locked(frame)
+            if keep:
+                self._awaited.add(rid)
+        return rid
+
+    def ready(self, rid: int):
+        """The reply of a send(), or None if it has not arrived. Never blocks."""
+        with self._lock:
+            while rid not in self._stash and self._read_locked(0):
+                pass
+            if rid not in self._stash:
+                return None
+            self._awaited.discard(rid)
+            return self._check(self._stash.pop(rid))
+
+    def wait(self, rid: int, timeout: Optional[float] = None, op: str = "call"):
+        """The reply of a send(), waiting up to timeout seconds."""
+        timeout = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            try:
+                while rid not in self._stash:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise KvtierError("TIMEOUT", f"{op}: no reply within {timeout}s")
+                    self._read_locked(int(left * 1000) + 1)
+                return self._check(self._stash.pop(rid))
+            finally:
+                self._awaited.discard(rid)
+                self._stash.pop(rid, None)
+
+    def drain(self) -> None:
+        """Reads every reply already here (fire-and-forget replies would
+        otherwise wait in the socket until the next awaited call)."""
+        with self._lock:
+            while not self._closed and self._read_locked(0):
+                pass
+
+    def forget(self, rid: int) -> None:
+        """Stops awaiting a send()'s reply (it is dropped when it comes)."""
+        with self._lock:
+            self._awaited.discard(rid)
+            self._stash.pop(rid, None)
+
+    @staticmethod
+    def _check(reply: dict) -> dict:
         err = reply.get("err")
         if err:
             raise KvtierError(err.get("code", "INTERNAL"), err.get("msg", ""))
         return reply
+
+    def _call(self, op: str, timeout: Optional[float] = None, **fields):
+        timeout = self._timeout if timeout is None else timeout
+        rid = self.send(op, timeout=timeout, **fields)
+        return self.wait(rid, timeout, op)
 
     def _heartbeat(self):
         period = self.hello.heartbeat_ms / 1000.0
@@ -178,14 +250,16 @@ class Client:
                 except KvtierError:
                     pass
 
-    def close(self):
-        """Say bye (the daemon releases the session at once) and unmap."""
+    def close(self, bye: bool = True):
+        """Say bye (the daemon releases the session at once) and unmap.
+        Without bye (the daemon is known gone), close at once."""
         if self._closed:
             return
-        try:
-            self._call("bye", timeout=2.0)
-        except KvtierError:
-            pass
+        if bye:
+            try:
+                self._call("bye", timeout=2.0)
+            except KvtierError:
+                pass
         self._stop.set()
         if self._hb is not None:
             self._hb.join()

