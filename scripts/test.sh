@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what the tests need and is missing
 # (versitygw, the S3 server the object tier is tested against; the Python
-# client's packages), then runs: go vet, go test -race, and the Python
-# client's pytest suite (which starts a real kvtierd). Exits non-zero on
+# client's packages; vLLM's CPU build in a venv), then runs: go vet,
+# go test -race, the Python client's pytest suite (which starts a real
+# kvtierd), and the vLLM connector's suite (real vLLM engines + kvtierd). Exits non-zero on
 # any failure. Needs Go ≥ 1.26 and python3 on PATH (.ci/run installs them
 # on a bare Debian machine).
 set -euo pipefail
@@ -39,8 +40,17 @@ if ! bash scripts/nixl.sh; then
 	exit 1
 fi
 
-section "python3 -m pytest clients/python -q"
-if ! "$PY" -m pytest clients/python -q; then
+section "python3 -m pytest clients/python/tests -q"
+if ! "$PY" -m pytest clients/python/tests -q; then
 	echo "FAILED: python client tests" >&2
+	exit 1
+fi
+
+section "vLLM connector (kvtier_vllm) against real vLLM engines (scripts/vllm-env.sh builds the venv once)"
+# NB: the first run downloads vLLM's CPU build and torch (~3 GB) into
+# ~/.cache/kvtier; later runs reuse it and reinstall only kvtier's packages.
+VENV="$(bash scripts/vllm-env.sh)"
+if ! "$VENV/bin/python" -m pytest clients/python/tests_vllm -q; then
+	echo "FAILED: vLLM connector tests" >&2
 	exit 1
 fi

@@ -1,0 +1,201 @@
+"""kvtier under a real vLLM engine (vLLM's CPU backend, random-weight Llama
+models saved as safetensors) and a real kvtierd. Each test reads what vLLM
+produced (tokens, top-k logprobs, cached-token counts) and what kvtierd
+counted (/metrics), never the connector's own view of itself."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from conftest import needs_vllm
+
+pytestmark = needs_vllm
+
+BLOCK = 32                       # tokens per vLLM block
+PREFIX = 512                     # a shared prefix: 16 blocks
+
+
+def tokens(seed: int, n: int):
+    rng = random.Random(seed)
+    return [rng.randrange(1, 1000) for _ in range(n)]
+
+
+PREFIX_X = tokens(1, PREFIX)
+PREFIX_Y = tokens(2, PREFIX)
+PROMPTS = {
+    "x1": PREFIX_X + tokens(11, 40),
+    "x2": PREFIX_X + tokens(12, 40),
+    "x3": PREFIX_X + tokens(13, 40),
+    "y1": PREFIX_Y + tokens(21, 40),
+    "y2": PREFIX_Y + tokens(22, 40),
+}
+for i in range(20):  # distinct prompts that share nothing, for probing a daemon
+    PROMPTS[f"z{i}"] = tokens(100 + i, 96)
+
+
+@pytest.fixture(scope="module")
+def reference(models, request):
+    """What vLLM computes for every prompt without kvtier, one prompt at a
+    time, with no prefix caching at all: the ground truth."""
+    from conftest import Engine
+
+    e = Engine(models["a"], None)
+    try:
+        return {name: e.generate([p])["outputs"][0] for name, p in PROMPTS.items()
+                if not name.startswith("z")}
+    finally:
+        e.close()
+
+
+def gen(engine, name):
+    return engine.generate([PROMPTS[name]])["outputs"][0]
+
+
+def same(out, ref):
+    """Identical tokens and bit-identical top-k logprobs."""
+    assert out["tokens"] == ref["tokens"]
+    assert out["logprobs"] == ref["logprobs"]
+
+
+def loads(daemon) -> float:
+    return daemon.metrics().get("kvtier_lookup_hits_total", 0.0)
+
+
+def test_kvtier_on_matches_off_and_serves_the_shared_prefix(daemon, engine_factory,
+                                                            models, reference):
+    e = engine_factory(models["a"], daemon.address)
+    first = gen(e, "x1")
+    same(first, reference["x1"])
+    assert first["cached"] == 0
+    m = daemon.metrics()
+    assert m["kvtier_stores_total"] >= PREFIX // BLOCK, "vLLM offloaded the prompt's blocks"
+
+    second = gen(e, "x2")  # vLLM's own prefix cache is off: only kvtier can serve it
+    same(second, reference["x2"])
+    assert second["cached"] >= PREFIX, "the shared prefix came back from kvtier"
+    m = daemon.metrics()
+    assert m["kvtier_lookup_hits_total"] >= PREFIX // BLOCK
+    assert m["kvtier_jobs_completed_total"] >= 3  # two stores and the load
+    # nothing left held once the engine is idle
+    assert m["kvtier_pool_slots_pinned"] == 0 and m["kvtier_pool_slots_write_pending"] == 0
+
+
+def test_a_corrupted_block_changes_the_output(daemon, engine_factory, models, reference):
+    """The negative control: the comparison above can fail. kvtier's pool is
+    what vLLM loads from, byte for byte."""
+    e = engine_factory(models["a"], daemon.address)
+    same(gen(e, "x1"), reference["x1"])
+    with open(daemon.pool, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        rng = random.Random(7)
+        mm[:] = bytes(rng.getrandbits(8) for _ in range(256)) * (len(mm) // 256)
+    out = gen(e, "x2")
+    assert out["cached"] >= PREFIX
+    assert out["logprobs"] != reference["x2"]["logprobs"], \
+        "loading garbage KV must change what the model computes"
+
+
+def test_two_engines_share_one_kvtierd_and_the_cache_outlives_them(
+        daemon, engine_factory, models, reference):
+    a = engine_factory(models["a"], daemon.address)
+    b = engine_factory(models["a"], daemon.address)
+    same(gen(a, "x1"), reference["x1"])
+    same(gen(b, "y1"), reference["y1"])
+    out = gen(a, "y2")  # stored by b
+    same(out, reference["y2"])
+    assert out["cached"] >= PREFIX
+    out = gen(b, "x2")  # stored by a
+    same(out, reference["x2"])
+    assert out["cached"] >= PREFIX
+    a.close()
+    b.close()
+    c = engine_factory(models["a"], daemon.address)  # a new process
+    out = gen(c, "x3")
+    same(out, reference["x3"])
+    assert out["cached"] >= PREFIX
+
+
+def test_a_restarted_kvtierd_serves_the_prefix_from_its_fs_tier(
+        daemon_factory, engine_factory, models, reference, tmp_path):
+    cfg = tmp_path / "kvtierd.yaml"
+    cfg.write_text(f"secondary_tiers:\n  - {{kind: fs, root: {tmp_path / 'fs'}, capacity: 1GiB}}\n")
+    d = daemon_factory(config=str(cfg))
+    e = engine_factory(models["a"], d.address)
+    same(gen(e, "x1"), reference["x1"])
+    want = PREFIX // BLOCK
+    deadline = time.monotonic() + 60
+    while d.metrics().get('kvtier_cascade_written_total{tier="fs"}', 0) < want:
+        assert time.monotonic() < deadline, "the prefix never reached the fs tier"
+        time.sleep(0.05)  # bounded wait on an observable counter
+    e.close()
+    d.stop()
+
+    d2 = daemon_factory(config=str(cfg))  # a new pool: only the disk remembers
+    e2 = engine_factory(models["a"], d2.address)
+    out = gen(e2, "x2")
+    same(out, reference["x2"])
+    assert out["cached"] >= PREFIX, "promoted from disk and loaded"
+    assert d2.metrics()["kvtier_lookup_hits_total"] >= want
+
+
+def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
+        daemon_factory, engine_factory, models, reference):
+    d = daemon_factory()
+    e = engine_factory(models["a"], d.address)
+    same(gen(e, "x1"), reference["x1"])
+    d.kill()
+    t = time.monotonic()
+    out = gen(e, "x2")  # recomputed: kvtier is gone
+    same(out, reference["x2"])
+    assert out["cached"] == 0
+    assert time.monotonic() - t < 60
+    same(gen(e, "y1"), reference["y1"])
+
+    d2 = daemon_factory()  # same socket path, new pool
+    assert d2.address == d.address
+    deadline = time.monotonic() + 120
+    i = 0
+    while d2.metrics().get("kvtier_stores_total", 0) == 0:  # reconnects within ~1 s
+        assert time.monotonic() < deadline, "vLLM never used the restarted kvtierd"
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    same(gen(e, "y1"), reference["y1"])  # stored in the new daemon
+    out = gen(e, "y2")
+    same(out, reference["y2"])
+    assert out["cached"] >= PREFIX
+
+
+def test_different_models_never_share_a_block(daemon, engine_factory, models, reference):
+    a = engine_factory(models["a"], daemon.address)
+    same(gen(a, "x1"), reference["x1"])
+    a.close()
+    b = engine_factory(models["b"], daemon.address)  # same geometry, other weights
+    out = gen(b, "x2")
+    assert out["cached"] == 0
+    assert loads(daemon) == 0, "model b's keys live in another namespace"
+
+
+def test_an_engine_killed_mid_run_leaks_nothing(daemon, engine_factory, models):
+    e = engine_factory(models["a"], daemon.address)
+    e.proc.stdin.write('{"op": "gen", "prompts": [%s], "max_tokens": 200}\n' % PROMPTS["x1"])
+    e.proc.stdin.flush()
+    deadline = time.monotonic() + 120
+    while daemon.metrics().get("kvtier_lookups_total", 0) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(e.proc.pid, signal.SIGKILL)  # engine core and worker die mid-request
+    e.proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        m = daemon.metrics()
+        held = (m["kvtier_pool_slots_pinned"], m["kvtier_pool_slots_write_pending"],
+                m["kvtier_pool_slots_leased"], m["kvtier_jobs_in_flight"])
+        if held == (0, 0, 0, 0):
+            break
+        assert time.monotonic() < deadline, f"still held after the engine died: {held}"
+        time.sleep(0.05)
