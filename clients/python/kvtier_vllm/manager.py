@@ -159,6 +159,13 @@ class KvtierManager(OffloadingManager):
         self._ns: Optional[str] = None
         self._reqs: Dict[str, Request] = {}
         self._answers: Dict[str, _Answers] = {}
+        # Keys each request loaded or offered for storage, in first-seen
+        # order: re-ranked for eviction when it finishes (vLLM's LRU order).
+        self._seen: Dict[str, Dict[OffloadKey, None]] = {}
+        # Keys this manager is writing (prepared, not yet completed).
+        self._writing: set = set()
+        # complete_store calls in flight per request (answered once readable).
+        self._completing: Dict[str, List[int]] = {}
         self._step = 0
         self.round_trips = 0  # synchronous calls made (benchmarks read it)
 
@@ -220,6 +227,8 @@ class KvtierManager(OffloadingManager):
     def _reset_requests(self) -> None:
         # Leases and jobs of a lost session are void; so are its answers.
         self._answers.clear()
+        self._completing.clear()
+        self._writing.clear()
 
     # -- lookup -----------------------------------------------------------
 
@@ -275,12 +284,19 @@ class KvtierManager(OffloadingManager):
             raise KvtierLoadError(
                 f"kvtier went away between lookup and load of {len(keys)} block(s) of "
                 f"request {req_context.req_id!r}")
+        self._saw(req_context, keys)
         return KvtierLoadStoreSpec(job.slots, self._link.pool)
+
+    def _saw(self, ctx: ReqContext, keys: Iterable[OffloadKey]) -> None:
+        seen = self._seen.setdefault(ctx.req_id, {})
+        for k in keys:
+            seen[k] = None
 
     def touch(self, keys, req_context: ReqContext) -> None:
         keys = list(keys)
-        if keys:
-            self._fire("touch", req=self._req(req_context).wire(), keys=self._wire(keys))
+        if keys:  # vLLM's LRU ranks a prefix's root most recent: touch tail first
+            self._fire("touch", req=self._req(req_context).wire(),
+                       keys=self._wire(reversed(keys)))
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
         self._fire("complete_load", req=self._req(req_context).wire(), keys=self._wire(keys))
@@ -297,17 +313,29 @@ class KvtierManager(OffloadingManager):
             return None
         if plan is None:
             return None
+        to_store = self._unwire(plan.to_store)
+        # vLLM's LRU counts a key as used by this request if it stores it or
+        # finds it ready; a key another request is still writing is neither.
+        self._saw(req_context, (k for k in keys if k not in self._writing))
+        self._writing.update(to_store)
         return PrepareStoreOutput(
-            keys_to_store=self._unwire(plan.to_store),
+            keys_to_store=to_store,
             store_spec=KvtierLoadStoreSpec(plan.slots, self._link.pool),
             evicted_keys=self._unwire(plan.evicted),
         )
 
     def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
         keys = list(keys)
-        if keys:
-            self._fire("complete_store", req=self._req(req_context).wire(),
-                       keys=self._wire(keys), ok=bool(success))
+        self._writing.difference_update(keys)
+        if keys and self._link.up():
+            try:
+                rid = self._link.client.send("complete_store", req=self._req(req_context).wire(),
+                                             keys=self._wire(keys), ok=bool(success))
+            except KvtierError as e:
+                self._link.lost(e)
+                self._reset_requests()
+                return
+            self._completing.setdefault(req_context.req_id, []).append(rid)
 
     # -- requests and steps ---------------------------------------------------
 
@@ -316,10 +344,34 @@ class KvtierManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self._answers.pop(req_context.req_id, None)
-        req = self._reqs.pop(req_context.req_id, None)
+        rid = req_context.req_id
+        self._answers.pop(rid, None)
+        self._settle(self._completing.pop(rid, ()))
+        seen = self._seen.pop(rid, None)
+        if seen:
+            # vLLM's LRU re-ranks every key a finished request used, its
+            # prefix's root most recent; the stores must be readable first
+            # (a pending key's rank is its commit).
+            pos = req_context.get_offload_key_position
+            order = sorted(seen, key=lambda k: pos(k) or 0)
+            self.touch(order, req_context)
+        req = self._reqs.pop(rid, None)
         if req is not None:
             self._fire("request_finished", req=req.wire())
+
+    def _settle(self, rids: Sequence[int]) -> None:
+        """Waits for calls whose effect the next call must see."""
+        for r in rids:
+            if not self._link.up():
+                return
+            try:
+                self._link.client.wait(r)
+            except KvtierError as e:
+                if e.code in _LINK_ERRORS:
+                    self._link.lost(e)
+                    self._reset_requests()
+                    return
+                log.debug("kvtier: complete_store answered %s", e)
 
     def on_schedule_end(self, context=None) -> None:
         self._step += 1
@@ -337,7 +389,7 @@ class KvtierManager(OffloadingManager):
         return ()
 
     def reset_cache(self) -> None:
-        self._answers.clear()
+        self._reset_requests()
         self._call(Client.reset_cache)
 
     def shutdown(self) -> None:
