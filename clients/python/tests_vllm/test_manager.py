@@ -8,6 +8,7 @@ in the README; every other answer must be identical."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -132,3 +133,88 @@ def test_same_answers_as_vllms_native_manager(small_daemon, seed):
     assert lookups > 200 and stores > 200
     assert not differ, f"{len(differ)} of {len(calls)} calls differ, e.g. " + \
         repr(sorted(differ.items())[:5])
+
+
+def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
+    """Deliberate difference 1 (seed 001): kvtier leases a HIT to the
+    request that saw it, so a store for another request cannot evict it
+    before it is loaded; vLLM's native manager evicts it, and a later
+    prepare_load of it would fail."""
+    from kvtier_vllm.harness import chained_keys, kvtier_manager, native_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    native = native_manager(CAPACITY, page_bytes=PAGE)
+    kv = kvtier_manager(small_daemon.address, page_bytes=PAGE)
+    managers = {"native": native, "kvtier": kv}
+    try:
+        old = chained_keys([1])  # the least recently used block
+        fill = chained_keys(list(range(100, 100 + CAPACITY - 1)))
+        for name, keys in (("w1", old), ("w2", fill)):
+            w = new_request(name, keys, managers)
+            for n, m in managers.items():
+                out = m.prepare_store(keys, w.ctx[n])
+                m.complete_store(out.keys_to_store, w.ctx[n])
+                m.on_request_finished(w.ctx[n])
+        reader = new_request("reader", old, managers)
+        for n, m in managers.items():
+            assert m.lookup(old[0], reader.ctx[n]) is LookupResult.HIT
+        writer = new_request("w3", chained_keys([999]), managers)
+        evicted = {n: m.prepare_store(writer.keys, writer.ctx[n]).evicted_keys
+                   for n, m in managers.items()}
+        assert evicted["native"] == old, "native evicts the HIT the scheduler acted on"
+        assert old[0] not in evicted["kvtier"], "kvtier keeps it: it is leased"
+        kv.prepare_load(old, reader.ctx["kvtier"])  # and it still loads
+    finally:
+        kv.shutdown()
+
+
+def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory, tmp_path):
+    """Deliberate difference 2: a block kvtier holds only in a secondary
+    tier answers RETRY (kvtier promotes it asynchronously) and HIT at a
+    later step; vLLM's native CPU manager has no secondary tiers (MISS)."""
+    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    cfg = tmp_path / "fs.yaml"
+    cfg.write_text(f"secondary_tiers:\n  - {{kind: fs, root: {tmp_path / 'fs'}, capacity: 64MiB}}\n")
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=CAPACITY * PAGE, config=str(cfg))
+    kv = kvtier_manager(d.address, page_bytes=PAGE)
+    managers = {"kvtier": kv}
+    try:
+        keys = chained_keys([7, 8, 9])
+        w = new_request("w", keys, managers)
+        out = kv.prepare_store(keys, w.ctx["kvtier"])
+        kv.complete_store(out.keys_to_store, w.ctx["kvtier"])
+        kv.on_request_finished(w.ctx["kvtier"])
+        deadline = time.monotonic() + 30
+        while d.metrics().get('kvtier_cascade_written_total{tier="fs"}', 0) < 3:
+            assert time.monotonic() < deadline, "never cascaded to fs"
+            time.sleep(0.02)
+        # push them out of the CPU tier with other blocks
+        other = chained_keys(list(range(500, 500 + CAPACITY)))
+        f = new_request("fill", other, managers)
+        out = kv.prepare_store(other, f.ctx["kvtier"])
+        assert set(keys) <= set(out.evicted_keys)
+        kv.complete_store(out.keys_to_store, f.ctx["kvtier"])
+        kv.on_request_finished(f.ctx["kvtier"])
+        # NB: a block being cascaded is pinned; a promotion that finds every
+        # slot pinned is answered MISS (and remembered as one for a while),
+        # so let the fill's cascades land first.
+        while d.metrics().get('kvtier_cascade_written_total{tier="fs"}', 0) < 3 + CAPACITY:
+            assert time.monotonic() < deadline, "fill never cascaded to fs"
+            time.sleep(0.02)
+
+        r = new_request("r", keys, managers)
+        assert kv.lookup(keys[0], r.ctx["kvtier"]) is LookupResult.RETRY
+        deadline = time.monotonic() + 30
+        while True:  # one lookup scan per scheduler step, as vLLM does
+            kv.on_schedule_end(None)
+            res = [kv.lookup(k, r.ctx["kvtier"]) for k in keys]
+            if res == [LookupResult.HIT] * 3:
+                break
+            assert LookupResult.MISS not in res, res
+            assert time.monotonic() < deadline, "never promoted"
+            time.sleep(0.01)  # the step's model run
+        kv.prepare_load(keys, r.ctx["kvtier"])
+    finally:
+        kv.shutdown()
