@@ -79,3 +79,24 @@ def chained_keys(block_ids: List[int], group: int = 0) -> List[bytes]:
         parent = hashlib.sha256(parent + int(b).to_bytes(8, "little")).digest()
         out.append(make_offload_key(parent, group))
     return out
+
+
+def save_random_llama(path: str, seed: int, hidden: int = 128, layers: int = 2,
+                      heads: int = 4, kv_heads: int = 2, intermediate: int = 256,
+                      vocab: int = 1024) -> str:
+    """A Llama with random weights (seeded), saved locally as safetensors:
+    real weights make every KV byte matter (vLLM's load_format=dummy yields
+    a two-token loop that hides errors). Returns the directory."""
+    import os
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=8192)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    return path

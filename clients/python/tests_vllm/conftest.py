@@ -118,30 +118,14 @@ def daemon(daemon_factory):
     return daemon_factory()
 
 
-def save_model(path: str, seed: int, hidden: int = 128, layers: int = 2,
-               heads: int = 4, kv_heads: int = 2, intermediate: int = 256) -> str:
-    """A Llama with random weights (seeded), saved locally as safetensors:
-    real weights make every KV byte matter (vLLM's load_format=dummy yields
-    a two-token loop that hides errors)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=intermediate,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv_heads, max_position_embeddings=4096)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    return path
-
-
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     """Two models of one architecture (same KV geometry) and other weights."""
+    from kvtier_vllm.harness import save_random_llama
+
     base = tmp_path_factory.mktemp("models")
-    return {"a": save_model(str(base / "llama-a"), seed=0),
-            "b": save_model(str(base / "llama-b"), seed=1)}
+    return {"a": save_random_llama(str(base / "llama-a"), seed=0),
+            "b": save_random_llama(str(base / "llama-b"), seed=1)}
 
 
 class Engine:
