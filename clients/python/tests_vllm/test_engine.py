@@ -199,3 +199,15 @@ def test_an_engine_killed_mid_run_leaks_nothing(daemon, engine_factory, models):
             break
         assert time.monotonic() < deadline, f"still held after the engine died: {held}"
         time.sleep(0.05)
+
+
+def test_chunks_of_two_blocks_round_trip_bit_identical(daemon, engine_factory, models,
+                                                       reference):
+    """vLLM offloading 64-token chunks of two 32-token blocks: every slot
+    holds two engine blocks per layer, entered at the right sub-block."""
+    e = engine_factory(models["a"], daemon.address, "--extra", '{"block_size": 64}')
+    same(gen(e, "x1"), reference["x1"])
+    assert daemon.metrics()["kvtier_stores_total"] == PREFIX // 64
+    out = gen(e, "x2")
+    same(out, reference["x2"])
+    assert out["cached"] >= PREFIX
