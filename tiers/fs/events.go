@@ -137,11 +137,34 @@ func (a *Actor) introDone(ctx actor.Context, m *introDone) {
 		}
 	}
 	a.announce(ctx, messages.BlockStored, keys, provs)
-	a.gone(ctx, bad)
+	a.gone(ctx, without(bad, dead))
 	if len(dead) > 0 {
-		a.remove(ctx, dead, nil)
+		// NB: an invalid block's write is announced abandoned once its file
+		// is gone, so no one who saw the event finds the file.
+		for _, k := range dead {
+			delete(in.pending, k)
+		}
+		a.remove(ctx, dead, func() { a.announce(ctx, messages.BlockWriteAborted, dead, nil) })
 	}
 	a.answerInventories(ctx)
+}
+
+// without returns keys less those in drop.
+func without(keys, drop []messages.Key) []messages.Key {
+	if len(drop) == 0 {
+		return keys
+	}
+	skip := make(map[messages.Key]struct{}, len(drop))
+	for _, k := range drop {
+		skip[k] = struct{}{}
+	}
+	out := keys[:0:0]
+	for _, k := range keys {
+		if _, ok := skip[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // gone announces keys that just became unreadable: removed, or, for a
