@@ -43,6 +43,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
     def __init__(self, config):
         super().__init__(config)
         self.kvtier = _extra(config)
+        if getattr(config, "canonical_layout", False):
+            raise KvtierConfigError(
+                "kvtier stores each worker's pages as the engine lays them out "
+                "(vLLM's direct layout); canonical_layout is not supported")
         par = config.parallel
         self.geometry = SlotGeometry(
             world_size=par.world_size,
