@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvtier/kvtier/internal/zmqx"
 )
 
 // SubscriberConfig is what `kvtier events tail` subscribes with.
@@ -41,7 +43,12 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, fn func(Delivery) erro
 	defer cancel()
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
-	if err := sub.Dial(cfg.Endpoint); err != nil {
+	// NB: through zmqx's closing transport, so a publisher that accepts and
+	// never greets cannot hold Dial (or this function) past the cancel.
+	if err := sub.Dial(zmqx.ClosingDialAddr(cfg.Endpoint)); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("events: dial %s: %w", cfg.Endpoint, err)
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
@@ -156,7 +163,10 @@ func Replay(ctx context.Context, addr string, from uint64, fn func(seq uint64, p
 	defer cancel()
 	dealer := zmq4.NewDealer(ctx)
 	defer dealer.Close()
-	if err := dealer.Dial(addr); err != nil {
+	if err := dealer.Dial(zmqx.ClosingDialAddr(addr)); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("events: dial replay %s: %w", addr, err)
 	}
 	var start [8]byte

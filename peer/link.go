@@ -5,8 +5,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/peer/wire"
-	"github.com/kvtier/kvtier/scheduler"
 )
 
 // link is one outbound DEALER to a peer's ROUTER, owned by that peer's
@@ -33,7 +33,7 @@ type (
 )
 
 // openLink dials addr on its own goroutine (a zmq4 Dial blocks; through
-// scheduler.ClosingDialAddr, so closing the link — the session's handshake
+// zmqx.ClosingDialAddr, so closing the link — the session's handshake
 // timeout does — ends a handshake a peer never answers) and then reads the
 // socket; deliver must only send an actor message.
 func openLink(cfg *Config, ctr *Counters, addr string, gen uint64, deliver func(any)) *link {
@@ -42,7 +42,7 @@ func openLink(cfg *Config, ctr *Counters, addr string, gen uint64, deliver func(
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
 	l := &link{io: newSockIO(sock, cfg.SendQueue, ctr.drop)}
 	l.io.goTracked(func() {
-		if err := sock.Dial(scheduler.ClosingDialAddr(addr)); err != nil {
+		if err := sock.Dial(zmqx.ClosingDialAddr(addr)); err != nil {
 			deliver(&linkDown{gen: gen, err: err})
 			return
 		}

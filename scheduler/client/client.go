@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
-	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
 
@@ -108,7 +108,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 // still be starting) until ctx ends. The ZMTP handshake is bounded by ctx
 // too (transport.go). On error the socket is closed.
 func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
-	zaddr := scheduler.ClosingDialAddr(addr)
+	zaddr := zmqx.ClosingDialAddr(addr)
 	backoff := 10 * time.Millisecond
 	for {
 		dialed := make(chan error, 1)

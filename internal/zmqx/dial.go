@@ -1,4 +1,7 @@
-package scheduler
+// Package zmqx holds what every ZeroMQ socket of kvtier needs beyond zmq4
+// itself: dialing transports whose connections close with their socket. It
+// owns no sockets and no goroutines of its own.
+package zmqx
 
 import (
 	"context"
