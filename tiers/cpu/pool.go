@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -27,7 +28,8 @@ var ErrPoolInUse = errors.New("kvtier: pool file in use by another process")
 type Pool struct {
 	path       string // "" for a memfd
 	file       *os.File
-	mem        []byte
+	mem        []byte // Invariant: set once by OpenPool; never reassigned (Close races readers)
+	closed     atomic.Bool
 	blockBytes int
 	slots      int
 }
@@ -109,10 +111,21 @@ func (p *Pool) allocate(size int64) error {
 }
 
 // Slot returns the bytes of slot i, aliasing the shared region.
+//
+// Contract: a slot slice is valid until Close; whoever holds one (an
+// embedded engine, a transport) must stop using it before the node closes.
+// Asking for a slot of a closed pool panics with ErrPoolClosed (not a bounds
+// error), so a caller that breaks the contract sees why.
 func (p *Pool) Slot(i int) []byte {
+	if p.closed.Load() {
+		panic(fmt.Errorf("%w: slot %d asked for after Close", ErrPoolClosed, i))
+	}
 	off := i * p.blockBytes
 	return p.mem[off : off+p.blockBytes : off+p.blockBytes]
 }
+
+// ErrPoolClosed is what Slot panics with once the pool is closed.
+var ErrPoolClosed = errors.New("cpu: the pool is closed (slot slices are valid only until Node.Close)")
 
 // Memory is the whole mapped region (Slots × BlockBytes), for a data-plane
 // transport that registers the pool once.
@@ -130,9 +143,8 @@ func (p *Pool) Path() string { return p.path }
 // Close unmaps the region, closes it and removes the pool file.
 func (p *Pool) Close() error {
 	var errs []error
-	if p.mem != nil {
+	if !p.closed.Swap(true) && p.mem != nil {
 		errs = append(errs, unix.Munmap(p.mem))
-		p.mem = nil
 	}
 	errs = append(errs, p.discard())
 	return errors.Join(errs...)

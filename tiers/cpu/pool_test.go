@@ -177,3 +177,17 @@ func errorsIsAny(err error, targets ...error) bool {
 	}
 	return false
 }
+
+func TestSlotOfAClosedPoolPanicsWithErrPoolClosed(t *testing.T) {
+	p, err := OpenPool("", 4, 4096)
+	require.NoError(t, err)
+	p.Slot(3)[0] = 1
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "closing twice is harmless")
+	defer func() {
+		err, _ := recover().(error)
+		require.ErrorIs(t, err, ErrPoolClosed, "a clear error, not a bounds panic")
+	}()
+	p.Slot(3)
+	t.Fatal("Slot of a closed pool returned")
+}
