@@ -30,6 +30,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[vllm-env] %s\n' "$*" >&2; }
 
 if [ -f "$VENV/.kvtier-recipe" ] && [ "$(cat "$VENV/.kvtier-recipe")" = "$RECIPE" ]; then
+	# Small test-only extras, added without rebuilding the venv.
+	"$VENV/bin/python" -c 'import xxhash' 2>/dev/null || "$VENV/bin/python" -m pip install --quiet xxhash >&2
 	# Reinstall kvtier's own packages every time: they are the code under test.
 	"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
 	echo "$VENV"
@@ -43,7 +45,7 @@ PY="$VENV/bin/python"
 
 if [ "$FLAVOUR" = "0.33" ]; then
 	log "building $VENV (vllm $VLLM_VERSION)"
-	"$PY" -m pip install --quiet "vllm==$VLLM_VERSION" pytest msgpack >&2
+	"$PY" -m pip install --quiet "vllm==$VLLM_VERSION" pytest msgpack xxhash >&2
 	"$PY" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
 	"$PY" -c 'import vllm; print("vllm", vllm.__version__)' >&2
 	echo "$RECIPE" >"$VENV/.kvtier-recipe"
@@ -77,7 +79,7 @@ for line in whl.read(meta).decode().splitlines():
     req.marker = None
     print(req)
 PYEOF
-"$PY" -m pip install --quiet -r "$WHEELS/reqs.txt" "torch==$TORCH_VERSION" pytest msgpack >&2
+"$PY" -m pip install --quiet -r "$WHEELS/reqs.txt" "torch==$TORCH_VERSION" pytest msgpack xxhash >&2
 "$PY" -m pip install --quiet --no-deps "$WHEEL" >&2
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
 "$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2

@@ -218,3 +218,30 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
         kv.prepare_load(keys, r.ctx["kvtier"])
     finally:
         kv.shutdown()
+
+
+def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
+    """vLLM seeds its root hash at random per process for non-cryptographic
+    hash algorithms unless PYTHONHASHSEED is set: such keys must never be
+    shared silently. The namespace carries a digest of the root hash."""
+    from kvtier_vllm.harness import offloading_config
+    from kvtier_vllm.spec import KvtierOffloadingSpec
+    from vllm.utils.hashing import sha256, xxhash
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    spec = KvtierOffloadingSpec(offloading_config({"kvtier_address": "ipc:///unused"}))
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    init_none_hash(sha256)
+    shared = spec.namespace()
+    init_none_hash(sha256)
+    assert spec.namespace() == shared, "sha256 roots are reproducible: processes share"
+    init_none_hash(xxhash)
+    a = spec.namespace()
+    init_none_hash(xxhash)
+    assert spec.namespace() != a, "a random root per process: a namespace of its own"
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    init_none_hash(xxhash)
+    b = spec.namespace()
+    init_none_hash(xxhash)
+    assert spec.namespace() == b, "a shared PYTHONHASHSEED makes xxhash roots shareable"
+    init_none_hash(sha256)
