@@ -12,9 +12,9 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
-	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -35,7 +35,7 @@ func Listen(cfg Config, ctr *Counters) (*Listener, error) {
 	ln := &Listener{}
 	// A consumer that dies takes its connection with it: the watch tells its
 	// session, which releases what the consumer's rounds held at once.
-	watch := scheduler.WithConnWatch(context.Background(), func(identity string) {
+	watch := zmqx.WithConnWatch(context.Background(), func(identity string) {
 		if f := ln.gone.Load(); f != nil {
 			(*f)(identity)
 		}
@@ -44,7 +44,7 @@ func Listen(cfg Config, ctr *Counters) (*Listener, error) {
 		zmq4.WithLogger(zlogger(cfg.Log)), zmq4.WithTimeout(sendTimeout))
 	// NB: through a transport that bounds each connection's ZMTP handshake,
 	// so one peer that connects and never greets cannot block the others.
-	if err := sock.Listen(scheduler.BoundedListenAddr(cfg.Listen)); err != nil {
+	if err := sock.Listen(zmqx.BoundedListenAddr(cfg.Listen)); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("peer listen %s: %w", cfg.Listen, err)
 	}

@@ -107,7 +107,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	return e, nil
 }
 
-// connLost hears that an engine connection ended (endpoint_conn.go) and
+// connLost hears that an engine connection ended (internal/zmqx/listen.go) and
 // tells the actor, which releases that engine's session at once.
 func (e *Endpoint) connLost(peer string) {
 	e.earlyMu.Lock()

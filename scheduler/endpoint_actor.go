@@ -24,7 +24,7 @@ import (
 //     frames), and only after its in-flight calls ended: a PrepareStore
 //     answered after the release would otherwise open a job nobody reaps.
 //   - a session whose connection ends is released at once: the socket's
-//     transport reports it (endpoint_conn.go), no timer involved.
+//     transport reports it (internal/zmqx/listen.go), no timer involved.
 //   - liveness costs O(1) per frame (lastSeen := now) and, only while the
 //     session holds requests (open), at most one timer wakeup per grace
 //     period: when the timer fires early (traffic since it was armed) it is

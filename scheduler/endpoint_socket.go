@@ -17,6 +17,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -41,8 +42,8 @@ type listener struct {
 }
 
 // listen binds a ROUTER socket as o says; watch hears of every engine
-// connection's end (endpoint_conn.go).
-func listen(o ListenOptions, logger zerolog.Logger, watch connWatch) (*listener, error) {
+// connection's end (internal/zmqx/listen.go).
+func listen(o ListenOptions, logger zerolog.Logger, watch zmqx.ConnWatch) (*listener, error) {
 	network, rest, ok := strings.Cut(o.Addr, "://")
 	if !ok {
 		return nil, fmt.Errorf("%w: engine_listen %q: want ipc:///path or tcp://127.0.0.1:PORT", messages.ErrBadConfig, o.Addr)
@@ -59,8 +60,8 @@ func listen(o ListenOptions, logger zerolog.Logger, watch connWatch) (*listener,
 		if !o.AllowRemote && !isLoopback(host) {
 			return nil, fmt.Errorf("%w: engine_listen %q is not a loopback address (set engine_allow_remote to serve other hosts)", messages.ErrBadConfig, o.Addr)
 		}
-		sock := zmq4.NewRouter(withConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
-		if err := sock.Listen(watchedAddr(o.Addr)); err != nil {
+		sock := zmq4.NewRouter(zmqx.WithConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
+		if err := sock.Listen(zmqx.BoundedListenAddr(o.Addr)); err != nil {
 			sock.Close()
 			return nil, fmt.Errorf("engine endpoint: %w", err)
 		}
@@ -80,7 +81,7 @@ func isLoopback(host string) bool {
 // listenIPC binds a unix socket at path with mode and group set before the
 // socket becomes reachable by its name: it is bound under a temporary name
 // in the same directory, restricted, then renamed into place.
-func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch connWatch) (*listener, error) {
+func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch zmqx.ConnWatch) (*listener, error) {
 	if path == "" || !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%w: engine_listen ipc path %q must be absolute", messages.ErrBadConfig, path)
 	}
@@ -90,8 +91,8 @@ func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch connWatch) 
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
-	sock := zmq4.NewRouter(withConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
-	if err := sock.Listen(watchedAddr("ipc://" + tmp)); err != nil {
+	sock := zmq4.NewRouter(zmqx.WithConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
+	if err := sock.Listen(zmqx.BoundedListenAddr("ipc://" + tmp)); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("engine endpoint: %w", err)
 	}

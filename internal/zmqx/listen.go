@@ -1,4 +1,4 @@
-package scheduler
+package zmqx
 
 import (
 	"bytes"
@@ -13,9 +13,10 @@ import (
 	"github.com/go-zeromq/zmq4/transport"
 )
 
-// The engine endpoint's ROUTER listens through zmq4 transports of its own
-// (registered once, under schemes of their own, as the client's dialing
-// transports are), which wrap every accepted connection:
+// Listening ROUTERs (the engine endpoint's, the peer control plane's)
+// listen through zmq4 transports of their own (registered once, under
+// schemes of their own, as the dialing transports are), which wrap every
+// accepted connection:
 //
 //   - the ZMTP handshake is bounded: zmq4 v0.17.0 runs it with no deadline
 //     inside its single accept loop, so one connection that never greets
@@ -42,20 +43,25 @@ func init() {
 	}
 }
 
-// connWatch receives the end of every engine connection whose identity is
-// known. It must not block.
-type connWatch func(identity string)
+// ConnWatch receives the end of every connection whose identity is known.
+// It must not block.
+type ConnWatch func(identity string)
 
 type connWatchKey struct{}
 
-// withConnWatch is the context a watched ROUTER is made with: zmq4 hands
-// the socket's context (derived from it) to the transport's Listen.
-func withConnWatch(ctx context.Context, w connWatch) context.Context {
+// WithConnWatch is the context to make a ROUTER with (listening on a
+// BoundedListenAddr) so that w learns the ZMQ identity of every connection
+// that ends: zmq4 hands the socket's context (derived from it) to the
+// transport's Listen. w must not block.
+func WithConnWatch(ctx context.Context, w ConnWatch) context.Context {
 	return context.WithValue(ctx, connWatchKey{}, w)
 }
 
-// watchedAddr rewrites ipc:// and tcp:// to the watching transports.
-func watchedAddr(addr string) string {
+// BoundedListenAddr rewrites a tcp:// or ipc:// address so that a ROUTER
+// listening on it runs each connection's ZMTP handshake under a deadline
+// (handshakeTimeout): one connection that never greets cannot hold zmq4's
+// single accept loop.
+func BoundedListenAddr(addr string) string {
 	scheme, rest, ok := strings.Cut(addr, "://")
 	if ours, known := watchSchemes[scheme]; ok && known {
 		return ours + "://" + rest
@@ -71,13 +77,13 @@ func (t watchTransport) Listen(ctx context.Context, addr string) (net.Listener, 
 	if err != nil {
 		return nil, err
 	}
-	w, _ := ctx.Value(connWatchKey{}).(connWatch)
+	w, _ := ctx.Value(connWatchKey{}).(ConnWatch)
 	return &watchedListener{Listener: ln, watch: w}, nil
 }
 
 type watchedListener struct {
 	net.Listener
-	watch connWatch
+	watch ConnWatch
 }
 
 // Accept implements net.Listener.
@@ -93,7 +99,7 @@ func (l *watchedListener) Accept() (net.Conn, error) {
 // watchedConn is one engine connection.
 type watchedConn struct {
 	net.Conn
-	watch connWatch
+	watch ConnWatch
 
 	// Read only by zmq4's one reader at a time (its handshake, then its
 	// connection reader): no lock.
@@ -198,18 +204,4 @@ func readyIdentity(b []byte) (identity string, done bool) {
 		body = body[vl:]
 	}
 	return "", true
-}
-
-// BoundedListenAddr rewrites a tcp:// or ipc:// address so that a ROUTER
-// listening on it runs each connection's ZMTP handshake under a deadline
-// (handshakeTimeout), in this package's transport: one connection that
-// never greets cannot hold zmq4's single accept loop. The peer control
-// plane listens through it too (without a connection watch).
-func BoundedListenAddr(addr string) string { return watchedAddr(addr) }
-
-// WithConnWatch is the context to make a ROUTER with (listening on a
-// BoundedListenAddr) so that w learns the ZMQ identity of every connection
-// that ends. w must not block.
-func WithConnWatch(ctx context.Context, w func(identity string)) context.Context {
-	return withConnWatch(ctx, connWatch(w))
 }
