@@ -156,6 +156,8 @@ class KvtierManager(OffloadingManager):
                            float(cfg["kvtier_reconnect_s"]), self._check_hello)
         self._lookup_ttl = float(cfg["kvtier_lookup_ttl_s"])
         self._single_group = len(spec.config.groups) <= 1
+        tpb = spec.tokens_per_block[0] if spec.tokens_per_block else 0
+        self._chunk_tokens = tpb * spec.blocks_per_chunk
         self._ns: Optional[str] = None
         self._reqs: Dict[str, Request] = {}
         self._answers: Dict[str, _Answers] = {}
@@ -194,8 +196,8 @@ class KvtierManager(OffloadingManager):
     def _req(self, ctx: ReqContext) -> Request:
         r = self._reqs.get(ctx.req_id)
         if r is None:
-            r = self._reqs[ctx.req_id] = Request(ctx.req_id, block_size=self._spec.tokens_per_block[0]
-                                                 if self._spec.tokens_per_block else 0)
+            # a key stands for one chunk: its events' block size is the chunk's
+            r = self._reqs[ctx.req_id] = Request(ctx.req_id, block_size=self._chunk_tokens)
         return r
 
     # -- calls ------------------------------------------------------------

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import pytest
 
@@ -46,9 +46,10 @@ class Daemon:
     """A kvtierd process: engine socket, pool file, metrics port."""
 
     def __init__(self, binary: str, workdir: str, block_bytes: int, pool_bytes: int,
-                 config: Optional[str] = None):
+                 config: Optional[str] = None, extra_args: Sequence[str] = ()):
         self.binary, self.workdir = binary, workdir
         self.block_bytes, self.pool_bytes, self.config = block_bytes, pool_bytes, config
+        self.extra_args = list(extra_args)
         self.sock = os.path.join(workdir, "engine.sock")
         self.address = "ipc://" + self.sock
         self.pool = f"/dev/shm/kvtier-vllmtest-{os.getpid()}-{time.monotonic_ns()}.pool"
@@ -62,6 +63,7 @@ class Daemon:
                 "--log-format", "json"]
         if self.config:
             args += ["--config", self.config]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         for line in self.proc.stderr:  # readiness: the daemon's own log lines
@@ -103,8 +105,8 @@ def daemon_factory(kvtierd_bin, tmp_path):
     made: List[Daemon] = []
 
     def make(block_bytes: int = 64 << 10, pool_bytes: int = 64 << 20,
-             config: Optional[str] = None) -> Daemon:
-        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config)
+             config: Optional[str] = None, extra_args: Sequence[str] = ()) -> Daemon:
+        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args)
         made.append(d)
         return d.start()
 

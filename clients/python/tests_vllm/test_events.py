@@ -1,0 +1,107 @@
+"""kvtierd's KV events read by vLLM's own decoder (``KVEventBatch`` via
+msgspec, from the vLLM installed beside the connector): every event is
+well-formed, and what the events say is stored minus removed, per medium,
+is what kvtierd holds."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+
+import pytest
+
+from conftest import needs_vllm
+
+pytestmark = needs_vllm
+
+BLOCK, SLOTS, TOKENS = 4096, 12, 16
+END = (1 << 64) - 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replay_all(addr: str):
+    """Every buffered batch, from sequence 0, through the replay ROUTER."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(addr)
+    try:
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        while True:
+            assert dealer.poll(10_000), "replay stalled"
+            empty, seq, payload = dealer.recv_multipart()
+            seq = int.from_bytes(seq, "big")
+            if seq == END:
+                return
+            yield seq, payload
+    finally:
+        dealer.close()
+
+
+def as_event_hash(h: bytes) -> int:
+    return int.from_bytes(h[-8:], "big")  # hash_format int (docs/PROTOCOL.md)
+
+
+def test_vllms_decoder_reads_every_event_and_they_add_up_to_the_inventory(
+        daemon_factory, tmp_path):
+    import msgspec
+    from kvtier_client import HIT, Client, Request
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+    pub, rep = free_port(), free_port()
+    cfg = tmp_path / "fs.yaml"
+    cfg.write_text(f"secondary_tiers:\n  - {{kind: fs, root: {tmp_path / 'fs'}, capacity: 64MiB}}\n")
+    d = daemon_factory(block_bytes=BLOCK, pool_bytes=SLOTS * BLOCK, config=str(cfg),
+                       extra_args=["--events-endpoint", f"tcp://127.0.0.1:{pub}",
+                                   "--events-replay", f"tcp://127.0.0.1:{rep}"])
+    keys = []
+    with Client(d.address) as c:
+        for r in range(10):  # 10 chains of 3 blocks through a 12-slot pool: evictions
+            parent = hashlib.sha256(b"root").digest()
+            chain = []
+            for i in range(3):
+                parent = hashlib.sha256(parent + bytes([r, i])).digest()
+                chain.append(("ns", parent, 0))
+            req = Request(f"w{r}", tokens=list(range(3 * TOKENS)), block_size=TOKENS)
+            plan = c.prepare_store(req, chain)
+            c.complete_store(req, plan.to_store, True)
+            c.request_finished(req)
+            keys += chain
+        deadline = time.monotonic() + 30
+        while d.metrics().get('kvtier_tier_blocks{tier="fs"}', 0) < len(keys):
+            assert time.monotonic() < deadline, "cascades never landed"
+            time.sleep(0.02)
+        held = c.lookup(Request("probe"), keys, prefix=False)
+        c.request_finished(Request("probe"))
+        cpu_now = {as_event_hash(k[1]) for k, st in zip(keys, held) if st == HIT}
+        ready = c.stats()["ready"]
+
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    live = {"CPU": set(), "STORAGE": set()}
+    n = 0
+    for seq, payload in replay_all(f"tcp://127.0.0.1:{rep}"):
+        batch = decoder.decode(payload)  # raises on anything vLLM would not accept
+        for e in batch.events:
+            n += 1
+            if isinstance(e, BlockStored):
+                assert e.medium in live, e
+                assert e.block_size == TOKENS
+                assert len(e.token_ids) == TOKENS * len(e.block_hashes)
+                live[e.medium].update(e.block_hashes)
+            elif isinstance(e, BlockRemoved):
+                assert e.medium in live, e
+                live[e.medium].difference_update(e.block_hashes)
+            else:
+                assert isinstance(e, AllBlocksCleared)
+                pytest.fail("nothing cleared the cache in this test")
+    assert n > len(keys), "stores, evictions and cascades were all announced"
+    assert live["CPU"] == cpu_now and len(cpu_now) == ready == SLOTS
+    assert live["STORAGE"] == {as_event_hash(k[1]) for k in keys}
