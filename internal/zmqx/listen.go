@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -78,28 +80,120 @@ func (t watchTransport) Listen(ctx context.Context, addr string) (net.Listener, 
 		return nil, err
 	}
 	w, _ := ctx.Value(connWatchKey{}).(ConnWatch)
-	return &watchedListener{Listener: ln, watch: w}, nil
+	return newWatchedListener(ln, w), nil
 }
 
+// watchedListener hands zmq4 only connections whose peer has begun its
+// greeting (sent the 10-byte ZMTP signature, which every ZMTP 3 peer, zmq4
+// or libzmq, sends unprompted). zmq4 runs each handshake inside its single
+// accept loop, so a connection that never speaks would otherwise hold every
+// later one for handshakeTimeout; here it waits in a goroutine of its own.
 type watchedListener struct {
 	net.Listener
-	watch ConnWatch
+	watch  ConnWatch
+	ready  chan net.Conn // connections that have sent their signature
+	failed chan error    // the raw listener's Accept errors
+	done   chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	closed  bool
+	waiting map[net.Conn]struct{} // accepted, signature not yet read
+}
+
+func newWatchedListener(ln net.Listener, w ConnWatch) *watchedListener {
+	l := &watchedListener{Listener: ln, watch: w, ready: make(chan net.Conn),
+		failed: make(chan error), done: make(chan struct{}), waiting: map[net.Conn]struct{}{}}
+	go l.acceptRaw()
+	return l
+}
+
+func (l *watchedListener) acceptRaw() {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			select {
+			case l.failed <- err:
+			case <-l.done:
+				return
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		if !l.track(c) {
+			_ = c.Close()
+			return
+		}
+		go l.awaitSignature(c)
+	}
+}
+
+// track notes c as waiting for its signature; false once the listener closed.
+func (l *watchedListener) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.waiting[c] = struct{}{}
+	return true
+}
+
+func (l *watchedListener) untrack(c net.Conn) {
+	l.mu.Lock()
+	delete(l.waiting, c)
+	l.mu.Unlock()
+}
+
+func (l *watchedListener) awaitSignature(c net.Conn) {
+	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	sig := make([]byte, zmtpSignature)
+	_, err := io.ReadFull(c, sig)
+	l.untrack(c)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	select {
+	case l.ready <- &watchedConn{Conn: c, watch: l.watch, unread: sig}:
+	case <-l.done:
+		_ = c.Close()
+	}
 }
 
 // Accept implements net.Listener.
 func (l *watchedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case err := <-l.failed:
 		return nil, err
+	case <-l.done:
+		return nil, net.ErrClosed
 	}
-	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	return &watchedConn{Conn: c, watch: l.watch}, nil
+}
+
+// Close implements net.Listener: it also ends the connections still
+// waiting for their signature.
+func (l *watchedListener) Close() error {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.done)
+		for c := range l.waiting {
+			_ = c.Close()
+		}
+	}
+	l.mu.Unlock()
+	return l.Listener.Close()
 }
 
 // watchedConn is one engine connection.
 type watchedConn struct {
 	net.Conn
-	watch ConnWatch
+	watch  ConnWatch
+	unread []byte // read by the listener before zmq4 got the connection
 
 	// Read only by zmq4's one reader at a time (its handshake, then its
 	// connection reader): no lock.
@@ -112,7 +206,14 @@ type watchedConn struct {
 
 // Read implements net.Conn.
 func (c *watchedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
+	var n int
+	var err error
+	if len(c.unread) > 0 {
+		n = copy(p, c.unread)
+		c.unread = c.unread[n:]
+	} else {
+		n, err = c.Conn.Read(p)
+	}
 	if !c.greeted {
 		if err != nil {
 			// NB: zmq4 drops a connection whose handshake failed without
@@ -147,6 +248,7 @@ func (c *watchedConn) Close() error {
 // string and its metadata as (short-string name, 4-byte-length value)
 // pairs, among which "Identity".
 const (
+	zmtpSignature   = 10 // 0xFF, 8 padding bytes, 0x7F: sent before anything is read
 	zmtpGreeting    = 64
 	zmtpCommand     = 0x04
 	zmtpLong        = 0x02

@@ -2,10 +2,17 @@ package zmqx
 
 import (
 	"encoding/binary"
+	"io"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // ready is a NULL-mechanism handshake as a ZMTP 3 client sends it: the
 // 64-byte greeting, then READY with the given metadata.
@@ -57,4 +64,39 @@ func FuzzReadyIdentity(f *testing.F) {
 			t.Fatal("an identity longer than the handshake")
 		}
 	})
+}
+
+// A connection that never speaks is never handed to zmq4's accept loop
+// (which would run its handshake inline and hold every later connection):
+// the first connection Accept returns is the one that sent its signature,
+// with those bytes still to be read.
+func TestListenerHandsOverOnlyConnectionsThatGreet(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l := newWatchedListener(raw, nil)
+	silent, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer silent.Close()
+	talker, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer talker.Close()
+	hs := ready(map[string]string{"Identity": "e1"}, false)
+	_, err = talker.Write(hs)
+	require.NoError(t, err)
+
+	got, err := l.Accept()
+	require.NoError(t, err)
+	buf := make([]byte, len(hs))
+	_, err = io.ReadFull(got, buf)
+	require.NoError(t, err)
+	assert.Equal(t, hs, buf, "the signature read ahead is replayed, then the rest")
+	assert.Equal(t, "e1", got.(*watchedConn).identity)
+
+	require.NoError(t, l.Close())
+	_ = silent.SetReadDeadline(time.Now().Add(30 * time.Second)) // liveness bound only
+	_, err = silent.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "Close ends a connection still waiting to greet")
+	_, err = l.Accept()
+	assert.ErrorIs(t, err, net.ErrClosed)
+	require.NoError(t, got.Close())
 }
