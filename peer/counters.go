@@ -19,12 +19,11 @@ type Counters struct {
 }
 
 type peerCounters struct {
-	ready, serving               atomic.Bool
-	lookups, hits                atomic.Uint64
-	fetched, fetchBytes          atomic.Uint64
-	failures, corrupt, served    atomic.Uint64
-	fetchNanos, fetches, resets  atomic.Uint64
-	lookupRounds, lookupNanosSum atomic.Uint64
+	ready, serving              atomic.Bool
+	lookups, hits               atomic.Uint64
+	fetched, fetchBytes         atomic.Uint64
+	failures, corrupt, served   atomic.Uint64
+	fetchNanos, fetches, resets atomic.Uint64
 }
 
 // NewCounters returns empty counters.

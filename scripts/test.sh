@@ -20,6 +20,13 @@ if ! command -v versitygw >/dev/null 2>&1; then
 fi
 command -v versitygw
 
+section "staticcheck (pinned)"
+STATICCHECK_VERSION=v0.8.2
+if ! staticcheck -version 2>/dev/null | grep -q "${STATICCHECK_VERSION#v}"; then
+	go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+command -v staticcheck
+
 section "python packages for the Python client's tests"
 PY=python3
 if ! "$PY" -c 'import zmq, msgpack, pytest' >/dev/null 2>&1; then
@@ -27,10 +34,10 @@ if ! "$PY" -c 'import zmq, msgpack, pytest' >/dev/null 2>&1; then
 		"$PY" -m pip install --quiet --break-system-packages pyzmq msgpack pytest
 fi
 
-section "go vet ./... && go test -race -count=1 -timeout 20m ./..."
+section "go vet ./... && staticcheck ./... && go test -race -count=1 -timeout 20m ./..."
 # NB: set -e does not fire for a failure on the left of &&, so test it.
-if ! { go vet ./... && go test -race -count=1 -timeout 20m ./...; }; then
-	echo "FAILED: go vet or go test" >&2
+if ! { go vet ./... && staticcheck ./... && go test -race -count=1 -timeout 20m ./...; }; then
+	echo "FAILED: go vet, staticcheck or go test" >&2
 	exit 1
 fi
 

@@ -96,7 +96,6 @@ type child struct {
 	in    io.WriteCloser
 	out   *json.Decoder
 	ready nodeReply
-	errc  chan error
 }
 
 func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (*child, error) {

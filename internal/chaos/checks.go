@@ -40,7 +40,7 @@ func quietState(ctx context.Context, n *nodeUnderTest) (map[string][]string, mes
 	}
 	st, err := n.mgr.Stats(cctx)
 	if err != nil {
-		return nil, messages.Stats{}, messages.TieringStats{}, fmt.Errorf("Stats: %w", err)
+		return nil, messages.Stats{}, messages.TieringStats{}, fmt.Errorf("stats: %w", err)
 	}
 	for _, c := range []struct {
 		what string

@@ -1,3 +1,5 @@
+//go:build nixl && cgo
+
 package nixl
 
 import "os"

@@ -24,7 +24,6 @@ var (
 	isLowerHex    = blockfmt.IsLowerHex
 	shardOf       = blockfmt.ShardOf
 	parseFileName = blockfmt.ParseFileName
-	encodeHeader  = blockfmt.Encode
 	decodeHeader  = blockfmt.Decode
 )
 

@@ -71,4 +71,3 @@ func (s *keySet) remove(k messages.Key) bool {
 	return false
 }
 
-func (s *keySet) len() int { return s.l.Len() }
