@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -71,12 +72,6 @@ type harness struct {
 	ctx   context.Context
 }
 
-// DialStandalone connects a standalone client (scheduler/client) to a
-// node's engine endpoint. It is set by standalone_dial_test.go, in the
-// external test package: the client imports this package, so this one's
-// tests cannot import it.
-var DialStandalone func(ctx context.Context, addr, name string) (Manager, func(context.Context) error, error)
-
 // open starts an embedded node of `slots` slots on a manual clock.
 func open(t *testing.T, slots int, tweak ...func(*Config)) *harness {
 	t.Helper()
@@ -104,9 +99,10 @@ func openMode(t *testing.T, m mode, slots int, tweak ...func(*Config)) *harness 
 	h := &harness{t: t, mode: m, node: node, m: node.Manager(), clock: clock, ctx: ctx}
 	var closeClient func(context.Context) error
 	if m == standaloneMode {
-		require.NotNil(t, DialStandalone, "standalone_dial_test.go sets DialStandalone")
-		h.m, closeClient, err = DialStandalone(ctx, node.EngineAddr(), t.Name())
+		// the real client: a DEALER on the engine endpoint, the pool mapped from its file
+		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: t.Name()})
 		require.NoError(t, err)
+		h.m, closeClient = c, c.Close
 	}
 	t.Cleanup(func() {
 		if closeClient != nil {

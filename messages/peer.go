@@ -3,8 +3,6 @@ package messages
 import (
 	"errors"
 	"time"
-
-	"github.com/asynkron/protoactor-go/actor"
 )
 
 // Messages between the P2P tier (tiers/p2p), the peer sessions and the
@@ -43,22 +41,6 @@ type TierReadBatchResult struct {
 	Errs      []error       // per key: nil = read and verified
 	Source    []string      // per key: where it came from (peer node id), for stats and logs
 	Prov      []*Provenance // per key: the provenance the source sent (nil: unknown); may be empty
-}
-
-// PeerUp tells the P2P tier that a session with Node can serve rounds.
-type PeerUp struct {
-	Node    string
-	Session *actor.PID // the session actor
-	Epoch   uint64     // the outbound session's epoch
-}
-
-// PeerDown tells the P2P tier that a session stopped serving rounds (its
-// in-flight rounds are answered with errors by the session itself).
-type PeerDown struct {
-	Node    string
-	Session *actor.PID
-	Epoch   uint64
-	Reason  string
 }
 
 // PeerLookup asks one peer which Keys it holds (one Lookup round). The

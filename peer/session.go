@@ -366,7 +366,7 @@ func (s *Session) onReady(ctx actor.Context) {
 	s.out.backoff = 0
 	s.out.timer.Stop()
 	s.pc.ready.Store(true)
-	ctx.Send(s.cfg.Tier, &messages.PeerUp{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch})
+	ctx.Send(s.cfg.Tier, &Up{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch})
 	s.log.Info().Uint64("epoch", s.out.epoch).Msg("peer: session ready")
 }
 
@@ -396,7 +396,7 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	if s.out.phase == outReady {
 		s.pc.ready.Store(false)
 		s.pc.resets.Add(1)
-		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: reason})
+		ctx.Send(s.cfg.Tier, &Down{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: reason})
 		s.log.Warn().Str("reason", reason).Msg("peer: session lost")
 	}
 	if s.out.hb != nil {
@@ -1304,7 +1304,7 @@ func (s *Session) cleanup(ctx actor.Context) {
 		}
 	}
 	if s.out.phase == outReady {
-		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "session_stopped"})
+		ctx.Send(s.cfg.Tier, &Down{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "session_stopped"})
 	}
 	s.pc.ready.Store(false)
 	s.dropIn(ctx, "session_stopped")
@@ -1467,7 +1467,7 @@ func (s *Session) finishDrain(ctx actor.Context) {
 	if s.out.phase == outReady {
 		s.sendOut(&wire.Bye{Epoch: s.out.epoch, Reason: "shutdown"})
 		s.pc.ready.Store(false)
-		ctx.Send(s.cfg.Tier, &messages.PeerDown{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "shutdown"})
+		ctx.Send(s.cfg.Tier, &Down{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "shutdown"})
 		s.out.phase = outIdle
 	}
 	if s.out.hb != nil {

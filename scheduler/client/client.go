@@ -23,7 +23,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/engine"
 	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
@@ -337,7 +337,7 @@ func (c *Client) shutdown() error {
 }
 
 // Pool is the shared CPU pool, mapped read-write.
-func (c *Client) Pool() kvtier.SlotMemory { return c.pool }
+func (c *Client) Pool() engine.SlotMemory { return c.pool }
 
 // checkSlots refuses a reply whose slots fall outside the mapped pool.
 func (c *Client) checkSlots(op wire.Op, slots []int, keys int) error {

@@ -3,7 +3,7 @@ package client
 import (
 	"context"
 
-	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/engine"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
@@ -11,9 +11,9 @@ import (
 // The manager API over the socket: one request, one reply per call, the
 // same semantics and errors as the embedded node (manager.go).
 
-var _ kvtier.Manager = (*Client)(nil)
+var _ engine.Manager = (*Client)(nil)
 
-// Lookup implements kvtier.Manager.
+// Lookup implements engine.Manager.
 func (c *Client) Lookup(ctx context.Context, req *messages.ReqContext, keys []messages.Key, prefix bool) ([]messages.LookupStatus, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpLookup, Req: req, Keys: keys, Prefix: prefix})
 	if err != nil {
@@ -25,7 +25,7 @@ func (c *Client) Lookup(ctx context.Context, req *messages.ReqContext, keys []me
 	return rp.Status, nil
 }
 
-// PrepareLoad implements kvtier.Manager.
+// PrepareLoad implements engine.Manager.
 func (c *Client) PrepareLoad(ctx context.Context, req *messages.ReqContext, keys []messages.Key) (messages.LoadJob, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpPrepareLoad, Req: req, Keys: keys})
 	if err != nil {
@@ -37,19 +37,19 @@ func (c *Client) PrepareLoad(ctx context.Context, req *messages.ReqContext, keys
 	return messages.LoadJob{ID: rp.Job, Slots: rp.Slots, Workers: rp.Workers}, nil
 }
 
-// Touch implements kvtier.Manager.
+// Touch implements engine.Manager.
 func (c *Client) Touch(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpTouch, Req: req, Keys: keys})
 	return err
 }
 
-// CompleteLoad implements kvtier.Manager.
+// CompleteLoad implements engine.Manager.
 func (c *Client) CompleteLoad(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpCompleteLoad, Req: req, Keys: keys})
 	return err
 }
 
-// PrepareStore implements kvtier.Manager.
+// PrepareStore implements engine.Manager.
 func (c *Client) PrepareStore(ctx context.Context, req *messages.ReqContext, keys []messages.Key) (messages.StorePlan, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpPrepareStore, Req: req, Keys: keys})
 	if err != nil {
@@ -67,13 +67,13 @@ func (c *Client) PrepareStore(ctx context.Context, req *messages.ReqContext, key
 	return messages.StorePlan{Job: rp.Job, ToStore: rp.ToStore, Slots: rp.Slots, Evicted: rp.Evicted, Workers: rp.Workers}, nil
 }
 
-// CompleteStore implements kvtier.Manager.
+// CompleteStore implements engine.Manager.
 func (c *Client) CompleteStore(ctx context.Context, req *messages.ReqContext, keys []messages.Key, ok bool) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpCompleteStore, Req: req, Keys: keys, OK: ok})
 	return err
 }
 
-// JobDone implements kvtier.Manager.
+// JobDone implements engine.Manager.
 func (c *Client) JobDone(ctx context.Context, job messages.JobID, worker int, ok bool) error {
 	if worker < 0 || worker >= wire.MaxWorkers {
 		// NB: the wire cannot carry it; answer as the node would.
@@ -83,13 +83,13 @@ func (c *Client) JobDone(ctx context.Context, job messages.JobID, worker int, ok
 	return err
 }
 
-// RequestFinished implements kvtier.Manager.
+// RequestFinished implements engine.Manager.
 func (c *Client) RequestFinished(ctx context.Context, req *messages.ReqContext) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpRequestFinished, Req: req})
 	return err
 }
 
-// TakeEvents implements kvtier.Manager. Request ids in event contexts are
+// TakeEvents implements engine.Manager. Request ids in event contexts are
 // the ids the engine used.
 func (c *Client) TakeEvents(ctx context.Context) ([]messages.Event, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpTakeEvents})
@@ -102,7 +102,7 @@ func (c *Client) TakeEvents(ctx context.Context) ([]messages.Event, error) {
 	return rp.Events, nil
 }
 
-// HasPendingWork implements kvtier.Manager.
+// HasPendingWork implements engine.Manager.
 func (c *Client) HasPendingWork(ctx context.Context) (bool, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHasPendingWork})
 	if err != nil {
@@ -111,26 +111,26 @@ func (c *Client) HasPendingWork(ctx context.Context) (bool, error) {
 	return rp.Pending, nil
 }
 
-// Pause implements kvtier.Manager.
+// Pause implements engine.Manager.
 func (c *Client) Pause(ctx context.Context, clearCache bool) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpPause, Clear: clearCache})
 	return err
 }
 
-// Resume implements kvtier.Manager.
+// Resume implements engine.Manager.
 func (c *Client) Resume(ctx context.Context) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpResume})
 	return err
 }
 
-// ResetCache implements kvtier.Manager; the daemon drains until just before
+// ResetCache implements engine.Manager; the daemon drains until just before
 // ctx's deadline.
 func (c *Client) ResetCache(ctx context.Context) error {
 	_, err := c.do(ctx, &wire.Request{Op: wire.OpResetCache})
 	return err
 }
 
-// Stats implements kvtier.Manager.
+// Stats implements engine.Manager.
 func (c *Client) Stats(ctx context.Context) (messages.Stats, error) {
 	rp, err := c.do(ctx, &wire.Request{Op: wire.OpStats})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -172,13 +173,13 @@ func Props(cfg Config) *actor.Props {
 // Receive handles the tier's messages.
 func (t *Tier) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *messages.PeerUp:
+	case *peer.Up:
 		t.up(m)
 		t.wake()
 	case *messages.AwaitPeers:
 		t.waiters = append(t.waiters, m)
 		t.wake()
-	case *messages.PeerDown:
+	case *peer.Down:
 		t.down(m)
 	case *messages.TierLookup:
 		t.lookup(ctx, m)
@@ -218,7 +219,7 @@ func (t *Tier) Receive(ctx actor.Context) {
 	}
 }
 
-func (t *Tier) up(m *messages.PeerUp) {
+func (t *Tier) up(m *peer.Up) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
 			t.peers[i].pid = m.Session
@@ -254,7 +255,7 @@ func (t *Tier) allUp(nodes []string) bool {
 	return true
 }
 
-func (t *Tier) down(m *messages.PeerDown) {
+func (t *Tier) down(m *peer.Down) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
 			t.peers = append(t.peers[:i], t.peers[i+1:]...)
