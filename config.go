@@ -89,7 +89,7 @@ const (
 	DefaultBlockBytes      = 256 << 10
 	DefaultLeaseTTL        = 30 * time.Second
 	DefaultJobWorkers      = 1
-	DefaultEngineJobTimout = 300 * time.Second
+	DefaultEngineJobTimeout = 300 * time.Second
 	DefaultCallTimeout     = 10 * time.Second
 	DefaultEngineGrace     = 10 * time.Second
 )
@@ -112,10 +112,10 @@ func (c Config) WithDefaults() Config {
 		c.JobWorkers = DefaultJobWorkers
 	}
 	if c.LoadJobTimeout == 0 {
-		c.LoadJobTimeout = DefaultEngineJobTimout
+		c.LoadJobTimeout = DefaultEngineJobTimeout
 	}
 	if c.StoreJobTimeout == 0 {
-		c.StoreJobTimeout = DefaultEngineJobTimout
+		c.StoreJobTimeout = DefaultEngineJobTimeout
 	}
 	if c.CallTimeout == 0 {
 		c.CallTimeout = DefaultCallTimeout

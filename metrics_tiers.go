@@ -6,6 +6,7 @@ package kvtier
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -62,6 +63,8 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	s, err := c.node.TieringStats(ctx)
 	if err != nil {
+		// NB: said, not swallowed: a scrape must not read as "no tiers"
+		ch <- prometheus.NewInvalidMetric(c.descs["tier_blocks"], fmt.Errorf("kvtier metrics: reading tier stats: %w", err))
 		return
 	}
 	counter := func(name string, v float64, labels ...string) {

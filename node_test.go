@@ -507,7 +507,7 @@ func testBridgeRestartReleasesEngineState(t *testing.T, m mode) {
 	require.Zero(t, s.JobsInFlight)
 	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrUnknownJob, "and they never commit")
 	// Once no copy can still be running (the job deadline), they are freed.
-	h.clock.Advance(DefaultEngineJobTimout)
+	h.clock.Advance(DefaultEngineJobTimeout)
 	for h.stats().WritePending != 0 {
 		require.NoError(t, h.ctx.Err())
 	}

@@ -112,7 +112,7 @@ func (p PeersConfig) secret() ([]byte, error) {
 	}
 	b, err := os.ReadFile(p.SecretFile)
 	if err != nil {
-		return nil, fmt.Errorf("%w: peers: secret_file: %v", messages.ErrBadConfig, err)
+		return nil, fmt.Errorf("%w: peers: secret_file: %w", messages.ErrBadConfig, err)
 	}
 	return []byte(strings.TrimSpace(string(b))), nil
 }

@@ -82,7 +82,7 @@ func engineAccess(group string) (int, os.FileMode, error) {
 	if err != nil {
 		g, lerr := user.LookupGroup(group)
 		if lerr != nil {
-			return 0, 0, fmt.Errorf("%w: engine_group %q: %v", messages.ErrBadConfig, group, lerr)
+			return 0, 0, fmt.Errorf("%w: engine_group %q: %w", messages.ErrBadConfig, group, lerr)
 		}
 		gid, _ = strconv.Atoi(g.Gid)
 	}

@@ -152,6 +152,9 @@ func (p *Plane) Receive(ctx actor.Context) {
 		}
 	case *actor.Stopped:
 		p.ln.Close()
+	case *actor.Stopping, *actor.Restarting, *actor.Restart:
+	default:
+		p.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("peer: control plane dropped an unknown message")
 	}
 }
 

@@ -285,6 +285,9 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *actor.Restarting, *actor.Stopping:
 		s.cleanup(ctx)
 		return
+	case *actor.Stopped, *actor.Restart:
+	default:
+		s.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("peer: session dropped an unknown message")
 	}
 	if s.drain != nil && !s.drain.done {
 		s.checkDrained(ctx)
@@ -645,7 +648,7 @@ func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
 		chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}
 	if err := s.expectChunks(ctx, r.n, m.Corr, f); err != nil {
 		s.endRound(r)
-		fail(fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, err))
+		fail(fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err))
 		return
 	}
 	r.phase, r.corr, r.asker = roundFetching, m.Corr, ctx.Sender()
@@ -698,7 +701,7 @@ func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetc
 				// The canceled chunks' completions still come; the round
 				// stays until the last one so the slots are not freed early.
 				r := s.rounds[round]
-				r.reason = fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, err)
+				r.reason = fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err)
 				return nil
 			}
 			return err
@@ -757,7 +760,7 @@ func (s *Session) onArrived(ctx actor.Context, m *arrived) {
 	f.arrived[m.chunk] = true
 	f.waiting--
 	if m.c.Err != nil {
-		s.abortFetch(ctx, r, fmt.Errorf("%w: %v", messages.ErrPeerUnavailable, m.c.Err))
+		s.abortFetch(ctx, r, fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, m.c.Err))
 		return
 	}
 	if r.reason != nil {

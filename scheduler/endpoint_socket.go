@@ -55,7 +55,7 @@ func listen(o ListenOptions, logger zerolog.Logger, watch zmqx.ConnWatch) (*list
 	case "tcp":
 		host, _, err := net.SplitHostPort(rest)
 		if err != nil {
-			return nil, fmt.Errorf("%w: engine_listen %q: %v", messages.ErrBadConfig, o.Addr, err)
+			return nil, fmt.Errorf("%w: engine_listen %q: %w", messages.ErrBadConfig, o.Addr, err)
 		}
 		if !o.AllowRemote && !isLoopback(host) {
 			return nil, fmt.Errorf("%w: engine_listen %q is not a loopback address (set engine_allow_remote to serve other hosts)", messages.ErrBadConfig, o.Addr)

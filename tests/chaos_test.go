@@ -248,7 +248,7 @@ func TestSupervisorRestartsMidRunLoseNoCommittedBlock(t *testing.T) {
 			require.NoError(t, n.mgr.RequestFinished(n.ctx, r))
 		}
 		// Past the job deadline the quarantined slots are released.
-		n.clock.Advance(kvtier.DefaultEngineJobTimout)
+		n.clock.Advance(kvtier.DefaultEngineJobTimeout)
 		for {
 			st, err := n.mgr.Stats(n.ctx)
 			require.NoError(t, err)

@@ -47,7 +47,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Advertise != "" {
 		if err := checkAddr(c.Advertise); err != nil {
-			return c, fmt.Errorf("%w: rdma/tcp: advertise: %v", messages.ErrBadConfig, err)
+			return c, fmt.Errorf("%w: rdma/tcp: advertise: %w", messages.ErrBadConfig, err)
 		}
 	}
 	return c, nil

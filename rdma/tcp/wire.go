@@ -192,7 +192,7 @@ func decodeMeta(b []byte) (peerMeta, error) {
 		return peerMeta{}, fmt.Errorf("%w: geometry %d×%d", errMeta, m.Slots, m.SlotBytes)
 	}
 	if _, _, err := net.SplitHostPort(m.Addr); err != nil {
-		return peerMeta{}, fmt.Errorf("%w: address %q: %v", errMeta, m.Addr, err)
+		return peerMeta{}, fmt.Errorf("%w: address %q: %w", errMeta, m.Addr, err)
 	}
 	return m, nil
 }

@@ -221,7 +221,7 @@ func encodeStats(w *writer, s *messages.Stats) {
 func DecodeReply(frame []byte, op Op) (*Reply, error) {
 	rp, err := decodeReply(frame, op)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", messages.ErrBadReply, op, err)
+		return nil, fmt.Errorf("%w: %s: %w", messages.ErrBadReply, op, err)
 	}
 	return rp, nil
 }

@@ -369,7 +369,7 @@ func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
 	hash, err := r.bin(messages.MaxHashBytes)
 	if err != nil {
 		if c >= 0xc4 && c <= 0xc6 && err != errShort {
-			return k, fmt.Errorf("%w: %v", messages.ErrBadKey, err)
+			return k, fmt.Errorf("%w: %w", messages.ErrBadKey, err)
 		}
 		return k, err
 	}

@@ -113,7 +113,7 @@ func DecodeProvenance(src []byte) (*messages.Provenance, error) {
 		r.err = p.Validate()
 	}
 	if r.err != nil {
-		return nil, fmt.Errorf("%w: provenance: %v", messages.ErrInvalidBlock, r.err)
+		return nil, fmt.Errorf("%w: provenance: %w", messages.ErrInvalidBlock, r.err)
 	}
 	return p, nil
 }

@@ -74,7 +74,7 @@ func createRegion(path string) (*os.File, error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%w: %s: %v", ErrPoolInUse, path, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrPoolInUse, path, err)
 	}
 	if err := f.Truncate(0); err != nil {
 		f.Close()
@@ -93,7 +93,7 @@ func (p *Pool) allocate(size int64) error {
 	}
 	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return fmt.Errorf("%w: fallocate %d bytes: %v", ErrPoolTooLarge, size, err)
+			return fmt.Errorf("%w: fallocate %d bytes: %w", ErrPoolTooLarge, size, err)
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) {
 			return fmt.Errorf("fallocate pool: %w", err)

@@ -99,7 +99,7 @@ func (s *Store) writeFile(name string, prefix, src []byte) (err error) {
 // ioErr wraps an I/O error; out of space or quota becomes ErrTierFull.
 func ioErr(op string, err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fmt.Errorf("%w: %s: %v", messages.ErrTierFull, op, err)
+		return fmt.Errorf("%w: %s: %w", messages.ErrTierFull, op, err)
 	}
 	return fmt.Errorf("fs tier %s: %w", op, err)
 }

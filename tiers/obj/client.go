@@ -72,7 +72,7 @@ func NewMinio(ep Endpoint) (*Minio, error) {
 		MaxRetries: 1,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: obj endpoint %q: %v", messages.ErrBadConfig, ep.Endpoint, err)
+		return nil, fmt.Errorf("%w: obj endpoint %q: %w", messages.ErrBadConfig, ep.Endpoint, err)
 	}
 	return &Minio{ep: ep, client: c, core: &minio.Core{Client: c}, transport: tr}, nil
 }
