@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"github.com/kvtier/kvtier/internal/msgp"
 	"math"
 	"unicode"
 	"unicode/utf8"
@@ -136,7 +137,7 @@ func checkName(s string, max int) error {
 	case len(s) == 0:
 		return errorString("empty")
 	case len(s) > max:
-		return overBound("%d bytes (max %d)", len(s), max)
+		return msgp.OverBound("%d bytes (max %d)", len(s), max)
 	case !utf8.ValidString(s):
 		return errorString("not UTF-8")
 	}

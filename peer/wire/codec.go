@@ -194,7 +194,7 @@ func Decode(b []byte) (Frame, error) {
 	if len(b) == 0 {
 		return nil, malformed("", "", "empty frame")
 	}
-	d := decoder{r: reader{b: append(make([]byte, 0, len(b)), b...)}}
+	d := decoder{r: reader{B: append(make([]byte, 0, len(b)), b...)}}
 	return d.decode()
 }
 
@@ -230,12 +230,12 @@ type decoder struct {
 }
 
 func (d *decoder) decode() (Frame, error) {
-	n, err := d.r.mapLen(maxFields)
+	n, err := d.r.MapLen(maxFields)
 	if err != nil {
 		return nil, fieldErr("", "", err)
 	}
 	for range n {
-		name, err := d.r.strBytes(maxNameBytes)
+		name, err := d.r.StrBytes(maxNameBytes)
 		if err != nil {
 			return nil, fieldErr(d.opName, "", err)
 		}
@@ -247,7 +247,7 @@ func (d *decoder) decode() (Frame, error) {
 			if d.unknown == "" {
 				d.unknown = string(name)
 			}
-			if err := d.r.skip(0); err != nil {
+			if err := d.r.Skip(0); err != nil {
 				return nil, fieldErr(d.opName, strconv.Quote(string(name)), err)
 			}
 			continue
@@ -259,8 +259,8 @@ func (d *decoder) decode() (Frame, error) {
 			return nil, err
 		}
 	}
-	if d.r.left() != 0 {
-		return nil, malformed(d.opName, "", "%d bytes after the frame map", d.r.left())
+	if d.r.Left() != 0 {
+		return nil, malformed(d.opName, "", "%d bytes after the frame map", d.r.Left())
 	}
 	return d.finish()
 }
@@ -270,13 +270,13 @@ func (d *decoder) decode() (Frame, error) {
 func (d *decoder) field(f field) error {
 	switch f {
 	case fV:
-		v, err := d.r.uint(versionMax)
+		v, err := d.r.Uint(versionMax)
 		if err != nil {
 			return fieldErr(d.opName, "v", err)
 		}
 		d.version = v
 	case fOp:
-		name, err := d.r.strBytes(maxNameBytes)
+		name, err := d.r.StrBytes(maxNameBytes)
 		if err != nil {
 			return fieldErr("", "op", err)
 		}
@@ -292,9 +292,9 @@ func (d *decoder) field(f field) error {
 			}
 			return d.value(f)
 		}
-		d.offs[f] = d.r.off
+		d.offs[f] = d.r.Off
 		d.later |= f.bit()
-		if err := d.r.skip(0); err != nil {
+		if err := d.r.Skip(0); err != nil {
 			return fieldErr(d.opName, fieldNames[f], err)
 		}
 		return nil
@@ -329,7 +329,7 @@ func (d *decoder) finish() (Frame, error) {
 		if d.later&f.bit() == 0 {
 			continue
 		}
-		d.r.off = d.offs[f]
+		d.r.Off = d.offs[f]
 		if err := d.value(f); err != nil {
 			return nil, err
 		}
@@ -364,7 +364,7 @@ func (d *decoder) otherVersion() (Frame, error) {
 		if d.seen&f.bit() == 0 {
 			return nil, malformed(d.opName, "", "missing field %q", fieldNames[f])
 		}
-		d.r.off = d.offs[f]
+		d.r.Off = d.offs[f]
 		if err := d.value(f); err != nil {
 			return nil, err
 		}
@@ -401,39 +401,39 @@ func (d *decoder) value(f field) error {
 	var u uint64
 	switch f {
 	case fEpoch:
-		v.epoch, err = r.uint(math.MaxUint64)
+		v.epoch, err = r.Uint(math.MaxUint64)
 	case fRound:
-		v.round, err = r.uint(math.MaxUint64)
+		v.round, err = r.Uint(math.MaxUint64)
 	case fSeq:
-		v.seq, err = r.uint(math.MaxUint64)
+		v.seq, err = r.Uint(math.MaxUint64)
 	case fNode:
-		v.node, err = r.str(MaxNodeIDBytes)
+		v.node, err = r.Str(MaxNodeIDBytes)
 	case fTransport:
-		v.transport, err = r.str(MaxStringBytes)
+		v.transport, err = r.Str(MaxStringBytes)
 	case fReason:
-		v.reason, err = r.str(MaxStringBytes)
+		v.reason, err = r.Str(MaxStringBytes)
 	case fMsg:
-		v.msg, err = r.str(MaxStringBytes)
+		v.msg, err = r.Str(MaxStringBytes)
 	case fNonce:
-		v.nonce, err = r.binExact(NonceBytes)
+		v.nonce, err = r.BinExact(NonceBytes)
 	case fMAC:
-		v.mac, err = r.binExact(MACBytes)
+		v.mac, err = r.BinExact(MACBytes)
 	case fToken:
-		v.token, err = r.binExact(TokenBytes)
+		v.token, err = r.BinExact(TokenBytes)
 	case fMeta:
-		if v.meta, err = r.bin(MaxMetaBytes); len(v.meta) == 0 {
+		if v.meta, err = r.Bin(MaxMetaBytes); len(v.meta) == 0 {
 			v.meta = nil
 		}
 	case fNS:
 		v.ns, err = d.strings(MaxNamespaces, MaxStringBytes)
 	case fBlockBytes:
-		u, err = r.uint(MaxBlockBytes)
+		u, err = r.Uint(MaxBlockBytes)
 		v.blockBytes = int(u)
 	case fSlots:
-		u, err = r.uint(MaxSlots)
+		u, err = r.Uint(MaxSlots)
 		v.slots = int(u)
 	case fOK:
-		v.ok, err = r.bool()
+		v.ok, err = r.Bool()
 	case fKeys:
 		v.keys, err = d.keys()
 	case fHits:
@@ -452,13 +452,13 @@ func (d *decoder) value(f field) error {
 }
 
 func (d *decoder) strings(maxN, maxLen int) ([]string, error) {
-	n, err := d.r.arrayLen(maxN, 1)
+	n, err := d.r.ArrayLen(maxN, 1)
 	if err != nil || n == 0 {
 		return nil, err // empty as absent
 	}
 	out := make([]string, n)
 	for i := range out {
-		if out[i], err = d.r.str(maxLen); err != nil {
+		if out[i], err = d.r.Str(maxLen); err != nil {
 			return nil, indexErr(i, err)
 		}
 	}
@@ -479,7 +479,7 @@ func (e *elemError) Unwrap() error { return e.err }
 
 // keys reads an array of keys, each [namespace str, hash bin, group uint].
 func (d *decoder) keys() ([]Key, error) {
-	n, err := d.r.arrayLen(MaxKeys, minKeyBytes)
+	n, err := d.r.ArrayLen(MaxKeys, minKeyBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -494,14 +494,14 @@ func (d *decoder) keys() ([]Key, error) {
 
 func (d *decoder) key(k *Key) error {
 	r := &d.r
-	n, err := r.arrayLen(math.MaxInt32, 1)
+	n, err := r.ArrayLen(math.MaxInt32, 1)
 	if err != nil {
 		return err
 	}
 	if n != 3 {
 		return errKeyShape
 	}
-	ns, err := r.strBytes(MaxStringBytes)
+	ns, err := r.StrBytes(MaxStringBytes)
 	if err != nil {
 		return err
 	}
@@ -510,10 +510,10 @@ func (d *decoder) key(k *Key) error {
 		d.lastNS = string(ns)
 	}
 	k.Namespace = d.lastNS
-	if k.Hash, err = r.bin(maxHash); err != nil {
+	if k.Hash, err = r.Bin(maxHash); err != nil {
 		return err
 	}
-	g, err := r.uint(math.MaxUint32)
+	g, err := r.Uint(math.MaxUint32)
 	k.Group = uint32(g)
 	return err
 }
@@ -526,7 +526,7 @@ func (e errorString) Error() string { return string(e) }
 
 // hits reads a bin of one byte per key, 0 (miss) or 1 (hit).
 func (d *decoder) hits() ([]bool, error) {
-	p, err := d.r.bin(MaxKeys)
+	p, err := d.r.Bin(MaxKeys)
 	if err != nil || len(p) == 0 {
 		return nil, err
 	}
@@ -542,7 +542,7 @@ func (d *decoder) hits() ([]bool, error) {
 
 // crcs reads a bin of 4 bytes per key, each a little-endian uint32.
 func (d *decoder) crcs() ([]uint32, error) {
-	p, err := d.r.bin(4 * MaxKeys)
+	p, err := d.r.Bin(4 * MaxKeys)
 	if err != nil || len(p) == 0 {
 		return nil, err
 	}
@@ -558,13 +558,13 @@ func (d *decoder) crcs() ([]uint32, error) {
 
 // dest reads an array of slot indices.
 func (d *decoder) dest() ([]int, error) {
-	n, err := d.r.arrayLen(MaxKeys, 1)
+	n, err := d.r.ArrayLen(MaxKeys, 1)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	out := make([]int, n)
 	for i := range out {
-		u, err := d.r.uint(MaxSlots - 1)
+		u, err := d.r.Uint(MaxSlots - 1)
 		if err != nil {
 			return nil, indexErr(i, err)
 		}
@@ -575,14 +575,14 @@ func (d *decoder) dest() ([]int, error) {
 
 // provs reads an array of provenance maps or nils.
 func (d *decoder) provs() ([]*Provenance, error) {
-	n, err := d.r.arrayLen(MaxKeys, 1)
+	n, err := d.r.ArrayLen(MaxKeys, 1)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	out := make([]*Provenance, n)
 	var slab []Provenance
 	for i := range out {
-		if d.r.isNil() {
+		if d.r.IsNil() {
 			continue
 		}
 		// NB: provenances come from slabs, never more than the entries left.
@@ -603,7 +603,7 @@ func (d *decoder) provs() ([]*Provenance, error) {
 // slab is never larger than what is left of the frame could fill.
 func (d *decoder) int32s(n int) []int32 {
 	if len(d.tokens) < n {
-		d.tokens = make([]int32, max(n, min(4096, n+d.r.left()/4)))
+		d.tokens = make([]int32, max(n, min(4096, n+d.r.Left()/4)))
 	}
 	out := d.tokens[:n:n]
 	d.tokens = d.tokens[n:]
@@ -626,13 +626,13 @@ var provFields = map[string]int{
 
 func (d *decoder) provenance(p *Provenance) error {
 	r := &d.r
-	n, err := r.mapLen(maxFields)
+	n, err := r.MapLen(maxFields)
 	if err != nil {
 		return err
 	}
 	seen := 0
 	for range n {
-		name, err := r.strBytes(maxNameBytes)
+		name, err := r.StrBytes(maxNameBytes)
 		if err != nil {
 			return err
 		}
@@ -656,15 +656,15 @@ func (d *decoder) provField(p *Provenance, f int) error {
 	var err error
 	switch f {
 	case pParent:
-		if r.isNil() {
+		if r.IsNil() {
 			return nil
 		}
-		if p.ParentHash, err = r.bin(maxHash); len(p.ParentHash) == 0 {
+		if p.ParentHash, err = r.Bin(maxHash); len(p.ParentHash) == 0 {
 			p.ParentHash = nil
 		}
 	case pTokens:
 		var b []byte
-		if b, err = r.bin(4 * MaxTokenIDs); err != nil || len(b) == 0 {
+		if b, err = r.Bin(4 * MaxTokenIDs); err != nil || len(b) == 0 {
 			return err
 		}
 		if len(b)%4 != 0 {
@@ -676,14 +676,14 @@ func (d *decoder) provField(p *Provenance, f int) error {
 		}
 	case pBlockSize:
 		var u uint64
-		u, err = r.uint(MaxTokenIDs)
+		u, err = r.Uint(MaxTokenIDs)
 		p.BlockSize = int(u)
 	case pLoRAID:
 		var i int64
-		i, err = r.int(math.MinInt32, math.MaxInt32)
+		i, err = r.Int(math.MinInt32, math.MaxInt32)
 		p.LoRAID = int(i)
 	case pLoRAName:
-		p.LoRAName, err = r.str(MaxStringBytes)
+		p.LoRAName, err = r.Str(MaxStringBytes)
 	case pExtra:
 		p.ExtraKeys, err = d.strings(MaxExtraKeys, MaxStringBytes)
 	}

@@ -350,7 +350,7 @@ func TestBounds(t *testing.T) {
 			require.Equal(t, ReasonTooLarge, Reason(err), "%v", err)
 			var w writer
 			encode(&w, over)
-			f, err := Decode(w.b)
+			f, err := Decode(w.B)
 			require.Nil(t, f)
 			require.Equal(t, ReasonTooLarge, Reason(err), "%v", err)
 		})
@@ -384,8 +384,8 @@ func TestFrameSizeBound(t *testing.T) {
 	require.Equal(t, ReasonTooLarge, Reason(err), "%v", err)
 	var w writer
 	encode(&w, f)
-	require.Len(t, w.b, MaxFrameBytes+1)
-	_, err = Decode(w.b)
+	require.Len(t, w.B, MaxFrameBytes+1)
+	_, err = Decode(w.B)
 	require.Equal(t, ReasonTooLarge, Reason(err), "%v", err)
 }
 
@@ -411,7 +411,7 @@ func TestExactLengths(t *testing.T) {
 				require.Equal(t, ReasonMalformed, Reason(err), "%d: %v", n, err)
 				var w writer
 				encode(&w, tc.frame(n))
-				_, err = Decode(w.b)
+				_, err = Decode(w.B)
 				require.Equal(t, ReasonMalformed, Reason(err), "%d: %v", n, err)
 			}
 		})

@@ -10,12 +10,12 @@ func Encode(f Frame) ([]byte, error) {
 	if err := check(f); err != nil {
 		return nil, err
 	}
-	w := writer{b: make([]byte, 0, sizeHint(f))}
+	w := writer{B: make([]byte, 0, sizeHint(f))}
 	encode(&w, f)
-	if len(w.b) > MaxFrameBytes {
-		return nil, tooLarge(OpName(f), "", "frame of %d bytes (max %d)", len(w.b), MaxFrameBytes)
+	if len(w.B) > MaxFrameBytes {
+		return nil, tooLarge(OpName(f), "", "frame of %d bytes (max %d)", len(w.B), MaxFrameBytes)
 	}
-	return w.b, nil
+	return w.B, nil
 }
 
 // encode writes f without checking it (tests use it to build frames that
@@ -28,17 +28,17 @@ func encode(w *writer, f Frame) {
 		encodeHalf(w, opWelcome, f.Node, f.Epoch, f.Nonce, f.Namespaces, f.BlockBytes, f.Slots, f.Transport, f.DataMeta, f.MAC)
 	case *Auth:
 		header(w, 4, opAuth, f.Epoch)
-		w.str("mac")
-		w.bin(f.MAC)
+		w.Str("mac")
+		w.Bin(f.MAC)
 	case *Ready:
 		header(w, 3, opReady, f.Epoch)
 	case *Refuse:
 		header(w, 4+count(f.Msg != ""), opRefuse, f.Epoch)
-		w.str("reason")
-		w.str(f.Reason)
+		w.Str("reason")
+		w.Str(f.Reason)
 		if f.Msg != "" {
-			w.str("msg")
-			w.str(f.Msg)
+			w.Str("msg")
+			w.Str(f.Msg)
 		}
 	case *Lookup:
 		header(w, 5, opLookup, f.Epoch)
@@ -50,21 +50,21 @@ func encode(w *writer, f Frame) {
 		header(w, 7, opFetch, f.Epoch)
 		round(w, f.Round)
 		encodeKeys(w, f.Keys)
-		w.str("dest")
-		w.arrayLen(len(f.Dest))
+		w.Str("dest")
+		w.ArrayLen(len(f.Dest))
 		for _, s := range f.Dest {
-			w.uint(uint64(s))
+			w.Uint(uint64(s))
 		}
-		w.str("token")
-		w.bin(f.Token)
+		w.Str("token")
+		w.Bin(f.Token)
 	case *TransferDone:
 		header(w, 5+count(f.Reason != ""), opTransferDone, f.Epoch)
 		round(w, f.Round)
-		w.str("ok")
-		w.bool(f.OK)
+		w.Str("ok")
+		w.Bool(f.OK)
 		if f.Reason != "" {
-			w.str("reason")
-			w.str(f.Reason)
+			w.Str("reason")
+			w.Str(f.Reason)
 		}
 	case *Abort:
 		header(w, 4, opAbort, f.Epoch)
@@ -74,17 +74,17 @@ func encode(w *writer, f Frame) {
 		round(w, f.Round)
 	case *Ping:
 		header(w, 4, opPing, f.Epoch)
-		w.str("seq")
-		w.uint(f.Seq)
+		w.Str("seq")
+		w.Uint(f.Seq)
 	case *Pong:
 		header(w, 4, opPong, f.Epoch)
-		w.str("seq")
-		w.uint(f.Seq)
+		w.Str("seq")
+		w.Uint(f.Seq)
 	case *Bye:
 		header(w, 3+count(f.Reason != ""), opBye, f.Epoch)
 		if f.Reason != "" {
-			w.str("reason")
-			w.str(f.Reason)
+			w.Str("reason")
+			w.Str(f.Reason)
 		}
 	}
 }
@@ -98,85 +98,85 @@ func count(on bool) int {
 
 // header writes the map header and the fields every frame has: v, op, e.
 func header(w *writer, fields int, o op, epoch uint64) {
-	w.mapLen(fields)
-	w.str("v")
-	w.uint(Version)
-	w.str("op")
-	w.str(opNames[o])
-	w.str("e")
-	w.uint(epoch)
+	w.MapLen(fields)
+	w.Str("v")
+	w.Uint(Version)
+	w.Str("op")
+	w.Str(opNames[o])
+	w.Str("e")
+	w.Uint(epoch)
 }
 
 func round(w *writer, r uint64) {
-	w.str("round")
-	w.uint(r)
+	w.Str("round")
+	w.Uint(r)
 }
 
 func encodeHalf(w *writer, o op, node string, epoch uint64, nonce []byte, ns []string,
 	blockBytes, slots int, transport string, meta, mac []byte) {
 	header(w, 8+count(len(ns) > 0)+count(len(meta) > 0)+count(o == opWelcome), o, epoch)
-	w.str("node")
-	w.str(node)
-	w.str("nonce")
-	w.bin(nonce)
+	w.Str("node")
+	w.Str(node)
+	w.Str("nonce")
+	w.Bin(nonce)
 	if len(ns) > 0 {
-		w.str("ns")
+		w.Str("ns")
 		writeStrings(w, ns)
 	}
-	w.str("block_bytes")
-	w.uint(uint64(blockBytes))
-	w.str("slots")
-	w.uint(uint64(slots))
-	w.str("transport")
-	w.str(transport)
+	w.Str("block_bytes")
+	w.Uint(uint64(blockBytes))
+	w.Str("slots")
+	w.Uint(uint64(slots))
+	w.Str("transport")
+	w.Str(transport)
 	if len(meta) > 0 {
-		w.str("meta")
-		w.bin(meta)
+		w.Str("meta")
+		w.Bin(meta)
 	}
 	if o == opWelcome {
-		w.str("mac")
-		w.bin(mac)
+		w.Str("mac")
+		w.Bin(mac)
 	}
 }
 
 func writeStrings(w *writer, ss []string) {
-	w.arrayLen(len(ss))
+	w.ArrayLen(len(ss))
 	for _, s := range ss {
-		w.str(s)
+		w.Str(s)
 	}
 }
 
 // encodeKeys writes keys as an array of [namespace str, hash bin, group uint].
 func encodeKeys(w *writer, keys []Key) {
-	w.str("keys")
-	w.arrayLen(len(keys))
+	w.Str("keys")
+	w.ArrayLen(len(keys))
 	for i := range keys {
 		k := &keys[i]
-		w.b = append(w.b, 0x93)
-		w.str(k.Namespace)
-		w.bin(k.Hash)
-		w.uint(uint64(k.Group))
+		w.B = append(w.B, 0x93)
+		w.Str(k.Namespace)
+		w.Bin(k.Hash)
+		w.Uint(uint64(k.Group))
 	}
 }
 
 func encodeResp(w *writer, f *LookupResp) {
 	header(w, 6+count(len(f.Prov) > 0), opLookupResp, f.Epoch)
 	round(w, f.Round)
-	w.str("hits")
-	w.binHeader(len(f.Hits))
+	w.Str("hits")
+	w.BinHeader(len(f.Hits))
 	for _, h := range f.Hits {
-		w.b = append(w.b, byte(count(h)))
+		w.B = append(w.B, byte(count(h)))
 	}
-	w.str("crc")
-	w.binHeader(4 * len(f.Checksums))
+	w.Str("crc")
+	w.BinHeader(4 * len(f.Checksums))
 	for _, c := range f.Checksums {
-		w.b = binary.LittleEndian.AppendUint32(w.b, c)
+		w.B = binary.LittleEndian.AppendUint32(w.B, c)
 	}
 	if len(f.Prov) == 0 {
 		return
 	}
-	w.str("prov")
-	w.arrayLen(len(f.Prov))
+	w.Str("prov")
+	w.ArrayLen(len(f.Prov))
 	for _, p := range f.Prov {
 		encodeProv(w, p)
 	}
@@ -185,36 +185,36 @@ func encodeResp(w *writer, f *LookupResp) {
 // encodeProv writes p as a map of its non-zero fields, nil as msgpack nil.
 func encodeProv(w *writer, p *Provenance) {
 	if p == nil {
-		w.nil_()
+		w.Nil()
 		return
 	}
-	w.mapLen(count(len(p.ParentHash) > 0) + count(len(p.TokenIDs) > 0) + count(p.BlockSize != 0) +
+	w.MapLen(count(len(p.ParentHash) > 0) + count(len(p.TokenIDs) > 0) + count(p.BlockSize != 0) +
 		count(p.LoRAID != 0) + count(p.LoRAName != "") + count(len(p.ExtraKeys) > 0))
 	if len(p.ParentHash) > 0 {
-		w.str("parent")
-		w.bin(p.ParentHash)
+		w.Str("parent")
+		w.Bin(p.ParentHash)
 	}
 	if len(p.TokenIDs) > 0 {
-		w.str("tokens")
-		w.binHeader(4 * len(p.TokenIDs))
+		w.Str("tokens")
+		w.BinHeader(4 * len(p.TokenIDs))
 		for _, t := range p.TokenIDs {
-			w.b = binary.LittleEndian.AppendUint32(w.b, uint32(t))
+			w.B = binary.LittleEndian.AppendUint32(w.B, uint32(t))
 		}
 	}
 	if p.BlockSize != 0 {
-		w.str("block_size")
-		w.uint(uint64(p.BlockSize))
+		w.Str("block_size")
+		w.Uint(uint64(p.BlockSize))
 	}
 	if p.LoRAID != 0 {
-		w.str("lora_id")
-		w.int(int64(p.LoRAID))
+		w.Str("lora_id")
+		w.Int(int64(p.LoRAID))
 	}
 	if p.LoRAName != "" {
-		w.str("lora_name")
-		w.str(p.LoRAName)
+		w.Str("lora_name")
+		w.Str(p.LoRAName)
 	}
 	if len(p.ExtraKeys) > 0 {
-		w.str("extra")
+		w.Str("extra")
 		writeStrings(w, p.ExtraKeys)
 	}
 }

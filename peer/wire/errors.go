@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"github.com/kvtier/kvtier/internal/msgp"
 )
 
 // Sentinels. Every error Encode and Decode return is an *Error that wraps
@@ -112,7 +113,7 @@ func fieldErr(op, field string, err error) *Error {
 		return e
 	}
 	kind := ErrMalformed
-	var b *boundError
+	var b *msgp.BoundError
 	if errors.As(err, &b) {
 		kind = ErrTooLarge
 	}

@@ -19,34 +19,34 @@ type rawBin []byte
 func raw(v any) []byte {
 	var w writer
 	rawValue(&w, v)
-	return w.b
+	return w.B
 }
 
 func rawValue(w *writer, v any) {
 	switch v := v.(type) {
 	case nil:
-		w.nil_()
+		w.Nil()
 	case bool:
-		w.bool(v)
+		w.Bool(v)
 	case int:
-		w.int(int64(v))
+		w.Int(int64(v))
 	case uint64:
-		w.uint(v)
+		w.Uint(v)
 	case float64:
-		w.b = binary.BigEndian.AppendUint64(append(w.b, 0xcb), math.Float64bits(v))
+		w.B = binary.BigEndian.AppendUint64(append(w.B, 0xcb), math.Float64bits(v))
 	case string:
-		w.str(v)
+		w.Str(v)
 	case []byte:
-		w.bin(v)
+		w.Bin(v)
 	case rawBin:
-		w.b = append(w.b, v...)
+		w.B = append(w.B, v...)
 	case []any:
-		w.arrayLen(len(v))
+		w.ArrayLen(len(v))
 		for _, x := range v {
 			rawValue(w, x)
 		}
 	case kv:
-		w.mapLen(len(v) / 2)
+		w.MapLen(len(v) / 2)
 		for _, x := range v {
 			rawValue(w, x)
 		}

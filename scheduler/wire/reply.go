@@ -43,35 +43,35 @@ type Reply struct {
 
 // EncodeError encodes an error reply for request id.
 func EncodeError(id uint64, err error) []byte {
-	w := writer{b: make([]byte, 0, 128)}
-	w.mapLen(3)
-	w.str("v")
-	w.uint(Version)
-	w.str("id")
-	w.uint(id)
-	w.str("err")
-	w.mapLen(2)
-	w.str("code")
-	w.str(string(CodeOf(err)))
+	w := writer{B: make([]byte, 0, 128)}
+	w.MapLen(3)
+	w.Str("v")
+	w.Uint(Version)
+	w.Str("id")
+	w.Uint(id)
+	w.Str("err")
+	w.MapLen(2)
+	w.Str("code")
+	w.Str(string(CodeOf(err)))
 	msg := err.Error()
 	if len(msg) > maxErrorMsgBytes {
 		msg = msg[:maxErrorMsgBytes]
 	}
-	w.str("msg")
-	w.str(msg)
-	return w.b
+	w.Str("msg")
+	w.Str(msg)
+	return w.B
 }
 
 // EncodeReply encodes a successful reply to op. strip is removed from the
 // front of request ids in events (the endpoint's session prefix).
 func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
-	w := writer{b: make([]byte, 0, 64+16*len(rp.Status)+8*len(rp.Slots))}
+	w := writer{B: make([]byte, 0, 64+16*len(rp.Status)+8*len(rp.Slots))}
 	body := func(n int) {
-		w.mapLen(2 + n)
-		w.str("v")
-		w.uint(Version)
-		w.str("id")
-		w.uint(rp.ID)
+		w.MapLen(2 + n)
+		w.Str("v")
+		w.Uint(Version)
+		w.Str("id")
+		w.Uint(rp.ID)
 	}
 	switch op {
 	case OpHello:
@@ -79,12 +79,12 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		body(11)
 		kvUint(&w, "protocol", uint64(h.Protocol))
 		kvUint(&w, "session", h.Session)
-		w.str("pool_path")
-		w.str(h.PoolPath)
+		w.Str("pool_path")
+		w.Str(h.PoolPath)
 		kvUint(&w, "block_bytes", uint64(h.BlockBytes))
 		kvUint(&w, "slots", uint64(h.Slots))
-		w.str("namespace")
-		w.str(string(h.Namespace))
+		w.Str("namespace")
+		w.Str(string(h.Namespace))
 		kvUint(&w, "heartbeat_ms", uint64(h.Heartbeat/time.Millisecond))
 		kvUint(&w, "grace_ms", uint64(h.Grace/time.Millisecond))
 		kvUint(&w, "max_keys", uint64(h.MaxKeys))
@@ -92,10 +92,10 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		kvUint(&w, "job_workers", uint64(h.JobWorkers))
 	case OpLookup:
 		body(1)
-		w.str("status")
-		w.binHeader(len(rp.Status))
+		w.Str("status")
+		w.BinHeader(len(rp.Status))
 		for _, s := range rp.Status {
-			w.b = append(w.b, byte(s))
+			w.B = append(w.B, byte(s))
 		}
 	case OpPrepareLoad:
 		body(3)
@@ -107,24 +107,24 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		kvUint(&w, "job", uint64(rp.Job))
 		writeSlots(&w, rp.Slots)
 		kvUint(&w, "workers", uint64(rp.Workers))
-		w.str("to_store")
+		w.Str("to_store")
 		encodeKeys(&w, rp.ToStore)
-		w.str("evicted")
+		w.Str("evicted")
 		encodeKeys(&w, rp.Evicted)
 	case OpTakeEvents:
 		body(1)
-		w.str("events")
-		w.arrayLen(len(rp.Events))
+		w.Str("events")
+		w.ArrayLen(len(rp.Events))
 		for i := range rp.Events {
 			encodeEvent(&w, &rp.Events[i], strip)
 		}
 	case OpHasPendingWork:
 		body(1)
-		w.str("pending")
-		w.bool(rp.Pending)
+		w.Str("pending")
+		w.Bool(rp.Pending)
 	case OpStats:
 		body(1)
-		w.str("stats")
+		w.Str("stats")
 		encodeStats(&w, &rp.Stats)
 	case OpBye:
 		body(2)
@@ -133,38 +133,38 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	default:
 		body(0)
 	}
-	return w.b
+	return w.B
 }
 
 func kvUint(w *writer, k string, v uint64) {
-	w.str(k)
-	w.uint(v)
+	w.Str(k)
+	w.Uint(v)
 }
 
 func writeSlots(w *writer, slots []int) {
-	w.str("slots")
-	w.arrayLen(len(slots))
+	w.Str("slots")
+	w.ArrayLen(len(slots))
 	for _, s := range slots {
-		w.uint(uint64(s))
+		w.Uint(uint64(s))
 	}
 }
 
 func encodeEvent(w *writer, e *messages.Event, strip func(string) string) {
-	w.mapLen(5)
-	w.str("kind")
-	w.str(e.Kind.String())
-	w.str("keys")
+	w.MapLen(5)
+	w.Str("kind")
+	w.Str(e.Kind.String())
+	w.Str("keys")
 	encodeKeys(w, e.Keys)
-	w.str("medium")
-	w.str(e.Medium)
-	w.str("req")
+	w.Str("medium")
+	w.Str(e.Medium)
+	w.Str("req")
 	prefix := ""
 	if e.Ctx != nil && strip != nil {
 		prefix = e.Ctx.RequestID[:len(e.Ctx.RequestID)-len(strip(e.Ctx.RequestID))]
 	}
 	encodeReqContext(w, e.Ctx, prefix)
-	w.str("at_ns")
-	w.int(e.At.UnixNano())
+	w.Str("at_ns")
+	w.Int(e.At.UnixNano())
 }
 
 // statFields names every Stats field on the wire.
@@ -201,16 +201,16 @@ var statFields = []struct {
 }
 
 func encodeStats(w *writer, s *messages.Stats) {
-	w.mapLen(len(statFields))
+	w.MapLen(len(statFields))
 	for _, f := range statFields {
-		w.str(f.name)
+		w.Str(f.name)
 		switch p := f.ptr(s).(type) {
 		case *int:
-			w.int(int64(*p))
+			w.Int(int64(*p))
 		case *uint64:
-			w.uint(*p)
+			w.Uint(*p)
 		case *bool:
-			w.bool(*p)
+			w.Bool(*p)
 		}
 	}
 }
@@ -228,20 +228,20 @@ func DecodeReply(frame []byte, op Op) (*Reply, error) {
 
 // ReplyID reads only the id of a reply frame (to find its caller).
 func ReplyID(frame []byte) (uint64, error) {
-	r := reader{b: frame}
-	n, err := r.mapLen(64)
+	r := reader{B: frame}
+	n, err := r.MapLen(64)
 	if err != nil {
 		return 0, err
 	}
 	for range n {
-		k, err := r.str(64)
+		k, err := r.Str(64)
 		if err != nil {
 			return 0, err
 		}
 		if k == "id" {
-			return r.uint(math.MaxUint64)
+			return r.Uint(math.MaxUint64)
 		}
-		if err := r.skip(0); err != nil {
+		if err := r.Skip(0); err != nil {
 			return 0, err
 		}
 	}
@@ -252,14 +252,14 @@ func decodeReply(frame []byte, op Op) (*Reply, error) {
 	if len(frame) > MaxFrameBytes {
 		return nil, fmt.Errorf("frame of %d bytes", len(frame))
 	}
-	r := &reader{b: frame}
-	n, err := r.mapLen(64)
+	r := &reader{B: frame}
+	n, err := r.MapLen(64)
 	if err != nil {
 		return nil, err
 	}
 	rp := &Reply{}
 	for range n {
-		k, err := r.str(64)
+		k, err := r.Str(64)
 		if err != nil {
 			return nil, err
 		}
@@ -274,7 +274,7 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 	var err error
 	u := func(max uint64) int {
 		var v uint64
-		v, err = r.uint(max)
+		v, err = r.Uint(max)
 		return int(v)
 	}
 	if op == OpHello && k != "v" && k != "id" && k != "err" {
@@ -286,12 +286,12 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 			return fmt.Errorf("protocol version %d, want %d", v, Version)
 		}
 	case "id":
-		rp.ID, err = r.uint(math.MaxUint64)
+		rp.ID, err = r.Uint(math.MaxUint64)
 	case "err":
 		rp.Err, err = decodeRemoteError(r)
 	case "status":
 		var p []byte
-		if p, err = r.bin(MaxKeys); err == nil {
+		if p, err = r.Bin(MaxKeys); err == nil {
 			rp.Status = make([]messages.LookupStatus, len(p))
 			for i, c := range p {
 				if c > byte(messages.Retry) {
@@ -302,11 +302,11 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 		}
 	case "job":
 		var v uint64
-		v, err = r.uint(math.MaxUint64)
+		v, err = r.Uint(math.MaxUint64)
 		rp.Job = messages.JobID(v)
 	case "slots":
 		var n int
-		if n, err = r.arrayLen(MaxKeys); err == nil {
+		if n, err = r.ArrayLen(MaxKeys, 1); err == nil {
 			rp.Slots = make([]int, n)
 			for i := range rp.Slots {
 				if rp.Slots[i] = u(math.MaxInt32); err != nil {
@@ -323,7 +323,7 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 	case "events":
 		rp.Events, err = decodeEvents(r)
 	case "pending":
-		rp.Pending, err = r.bool()
+		rp.Pending, err = r.Bool()
 	case "stats":
 		err = decodeStats(r, &rp.Stats)
 	case "requests":
@@ -331,32 +331,32 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 	case "jobs":
 		rp.Released.Jobs = u(math.MaxInt32)
 	default:
-		return r.skip(0)
+		return r.Skip(0)
 	}
 	return err
 }
 
 func decodeRemoteError(r *reader) (*RemoteError, error) {
-	if r.isNil() {
+	if r.IsNil() {
 		return nil, nil
 	}
-	n, err := r.mapLen(8)
+	n, err := r.MapLen(8)
 	if err != nil {
 		return nil, err
 	}
 	var code, msg string
 	for range n {
-		k, err := r.str(16)
+		k, err := r.Str(16)
 		if err != nil {
 			return nil, err
 		}
 		switch k {
 		case "code":
-			code, err = r.str(64)
+			code, err = r.Str(64)
 		case "msg":
-			msg, err = r.str(maxErrorMsgBytes)
+			msg, err = r.Str(maxErrorMsgBytes)
 		default:
-			err = r.skip(0)
+			err = r.Skip(0)
 		}
 		if err != nil {
 			return nil, err
@@ -370,7 +370,7 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 	var err error
 	u := func(max uint64) uint64 {
 		var v uint64
-		v, err = r.uint(max)
+		v, err = r.Uint(max)
 		return v
 	}
 	switch k {
@@ -379,14 +379,14 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 	case "session":
 		h.Session = u(math.MaxUint64)
 	case "pool_path":
-		h.PoolPath, err = r.str(4096)
+		h.PoolPath, err = r.Str(4096)
 	case "block_bytes":
 		h.BlockBytes = int(u(math.MaxInt32))
 	case "slots":
 		h.Slots = int(u(math.MaxInt32))
 	case "namespace":
 		var ns string
-		ns, err = r.str(MaxNamespaceBytes)
+		ns, err = r.Str(MaxNamespaceBytes)
 		h.Namespace = messages.Namespace(ns)
 	case "heartbeat_ms":
 		h.Heartbeat = time.Duration(u(math.MaxUint32)) * time.Millisecond
@@ -399,24 +399,24 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 	case "job_workers":
 		h.JobWorkers = int(u(MaxWorkers))
 	default:
-		return r.skip(0)
+		return r.Skip(0)
 	}
 	return err
 }
 
 func decodeEvents(r *reader) ([]messages.Event, error) {
-	n, err := r.arrayLen(1 << 20)
+	n, err := r.ArrayLen(1 << 20, 1)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]messages.Event, n)
 	for i := range out {
-		m, err := r.mapLen(16)
+		m, err := r.MapLen(16)
 		if err != nil {
 			return nil, err
 		}
 		for range m {
-			k, err := r.str(32)
+			k, err := r.Str(32)
 			if err != nil {
 				return nil, err
 			}
@@ -424,24 +424,24 @@ func decodeEvents(r *reader) ([]messages.Event, error) {
 			switch k {
 			case "kind":
 				var s string
-				if s, err = r.str(32); err == nil {
+				if s, err = r.Str(32); err == nil {
 					e.Kind = eventKind(s)
 				}
 			case "keys":
 				e.Keys, err = decodeKeys(r, MaxKeys)
 			case "medium":
-				e.Medium, err = r.str(32)
+				e.Medium, err = r.Str(32)
 			case "req":
-				if !r.isNil() {
+				if !r.IsNil() {
 					e.Ctx, err = decodeReqContext(r)
 				}
 			case "at_ns":
 				var ns int64
-				if ns, err = r.int(math.MinInt64, math.MaxInt64); err == nil {
+				if ns, err = r.Int(math.MinInt64, math.MaxInt64); err == nil {
 					e.At = time.Unix(0, ns)
 				}
 			default:
-				err = r.skip(0)
+				err = r.Skip(0)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("event %d: %s: %w", i, k, err)
@@ -461,12 +461,12 @@ func eventKind(s string) messages.EventKind {
 }
 
 func decodeStats(r *reader, s *messages.Stats) error {
-	n, err := r.mapLen(256)
+	n, err := r.MapLen(256)
 	if err != nil {
 		return err
 	}
 	for range n {
-		k, err := r.str(64)
+		k, err := r.Str(64)
 		if err != nil {
 			return err
 		}
@@ -479,17 +479,17 @@ func decodeStats(r *reader, s *messages.Stats) error {
 			switch p := f.ptr(s).(type) {
 			case *int:
 				var v int64
-				v, err = r.int(math.MinInt32, math.MaxInt32)
+				v, err = r.Int(math.MinInt32, math.MaxInt32)
 				*p = int(v)
 			case *uint64:
-				*p, err = r.uint(math.MaxUint64)
+				*p, err = r.Uint(math.MaxUint64)
 			case *bool:
-				*p, err = r.bool()
+				*p, err = r.Bool()
 			}
 			break
 		}
 		if !found {
-			err = r.skip(0)
+			err = r.Skip(0)
 		}
 		if err != nil {
 			return fmt.Errorf("stats.%s: %w", k, err)

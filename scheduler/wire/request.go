@@ -143,7 +143,7 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	if len(frame) > MaxFrameBytes {
 		return nil, &DecodeError{Code: CodeBadRequest, Msg: fmt.Sprintf("frame of %d bytes (max %d)", len(frame), MaxFrameBytes)}
 	}
-	d := requestDecoder{r: reader{b: frame}}
+	d := requestDecoder{r: reader{B: frame}}
 	return d.decode()
 }
 
@@ -160,7 +160,7 @@ func (d *requestDecoder) fail(code Code, format string, a ...any) error {
 }
 
 func (d *requestDecoder) decode() (*Request, error) {
-	n, err := d.r.mapLen(maxFields)
+	n, err := d.r.MapLen(maxFields)
 	if err != nil {
 		return nil, d.fail(CodeBadRequest, "request: %v", err)
 	}
@@ -171,7 +171,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 	var late error // a field error found before "id" was read: reported after the scan, with the id
 	d.offsets = make(map[field]int, n)
 	for range n {
-		name, err := d.r.str(32)
+		name, err := d.r.Str(32)
 		if err != nil {
 			return nil, d.fail(CodeBadRequest, "field name: %v", err)
 		}
@@ -190,16 +190,16 @@ func (d *requestDecoder) decode() (*Request, error) {
 			late = fmt.Errorf("field %q repeated", name)
 		case ok:
 			seen |= f
-			d.offsets[f] = d.r.off
+			d.offsets[f] = d.r.Off
 		}
 		// NB: skip the value either way, so that an "id" after a bad field is
 		// still read and the error reply names the request.
-		if err := d.r.skip(0); err != nil {
+		if err := d.r.Skip(0); err != nil {
 			return nil, d.fail(CodeBadRequest, "field %q: %v", name, err)
 		}
 	}
-	if d.r.left() != 0 {
-		return nil, d.fail(CodeBadRequest, "%d bytes after the request map", d.r.left())
+	if d.r.Left() != 0 {
+		return nil, d.fail(CodeBadRequest, "%d bytes after the request map", d.r.Left())
 	}
 	if late != nil {
 		return nil, d.fail(CodeBadRequest, "%v", late)
@@ -232,7 +232,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 		if !ok {
 			continue
 		}
-		d.r.off = off
+		d.r.Off = off
 		if err := d.field(f); err != nil {
 			code := CodeBadRequest
 			if errors.Is(err, messages.ErrBadKey) {
@@ -252,7 +252,7 @@ func (d *requestDecoder) header(name string, version *uint64, hasV, hasOp *bool)
 			return d.fail(CodeBadRequest, "field \"v\" repeated")
 		}
 		*hasV = true
-		if *version, err = d.r.uint(math.MaxUint32); err != nil {
+		if *version, err = d.r.Uint(math.MaxUint32); err != nil {
 			return d.fail(CodeBadRequest, "field \"v\": %v", err)
 		}
 	case "op":
@@ -260,14 +260,14 @@ func (d *requestDecoder) header(name string, version *uint64, hasV, hasOp *bool)
 			return d.fail(CodeBadRequest, "field \"op\" repeated")
 		}
 		*hasOp = true
-		if d.opName, err = d.r.str(32); err != nil {
+		if d.opName, err = d.r.Str(32); err != nil {
 			return d.fail(CodeBadRequest, "field \"op\": %v", err)
 		}
 	case "id":
 		if d.hasID {
 			return d.fail(CodeBadRequest, "field \"id\" repeated")
 		}
-		id, err := d.r.uint(math.MaxUint64)
+		id, err := d.r.Uint(math.MaxUint64)
 		if err != nil {
 			return d.fail(CodeBadRequest, "field \"id\": %v", err)
 		}
@@ -291,7 +291,7 @@ func (d *requestDecoder) field(f field) error {
 	switch f {
 	case fTimeout:
 		var ms uint64
-		if ms, err = r.uint(uint64(MaxTimeout / time.Millisecond)); err == nil {
+		if ms, err = r.Uint(uint64(MaxTimeout / time.Millisecond)); err == nil {
 			if ms == 0 {
 				return fmt.Errorf("timeout_ms must be positive")
 			}
@@ -302,34 +302,34 @@ func (d *requestDecoder) field(f field) error {
 	case fKeys:
 		q.Keys, err = decodeKeys(r, MaxKeys)
 	case fPrefix:
-		q.Prefix, err = r.bool()
+		q.Prefix, err = r.Bool()
 	case fOK:
-		q.OK, err = r.bool()
+		q.OK, err = r.Bool()
 	case fJob:
 		var id uint64
-		id, err = r.uint(math.MaxUint64)
+		id, err = r.Uint(math.MaxUint64)
 		q.Job = messages.JobID(id)
 	case fWorker:
 		var w uint64
-		w, err = r.uint(MaxWorkers - 1)
+		w, err = r.Uint(MaxWorkers - 1)
 		q.Worker = int(w)
 	case fClear:
-		q.Clear, err = r.bool()
+		q.Clear, err = r.Bool()
 	case fClient:
-		q.Client, err = r.str(MaxNameBytes)
+		q.Client, err = r.Str(MaxNameBytes)
 	}
 	return err
 }
 
 // decodeKeys reads an array of keys, each [namespace str, hash bin, group uint].
 func decodeKeys(r *reader, max int) ([]messages.Key, error) {
-	n, err := r.arrayLen(max)
+	n, err := r.ArrayLen(max, 1)
 	if err != nil {
 		return nil, err
 	}
 	// Each key takes at least 4 bytes (fixarray, fixstr, bin8 header): the
 	// allocation is bounded by the frame, not by the claimed count alone.
-	if 4*n > r.left() {
+	if 4*n > r.Left() {
 		return nil, errShort
 	}
 	keys := make([]messages.Key, n)
@@ -344,36 +344,32 @@ func decodeKeys(r *reader, max int) ([]messages.Key, error) {
 
 func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
 	var k messages.Key
-	n, err := r.arrayLen(3)
+	n, err := r.ArrayLen(3, 1)
 	if err != nil {
 		return k, err
 	}
 	if n != 3 {
 		return k, fmt.Errorf("a key is [namespace, hash, group], got %d elements", n)
 	}
-	nsLen, err := r.strLen()
+	ns, err := r.StrBytes(MaxNamespaceBytes)
 	if err != nil {
-		return k, err
+		return k, fmt.Errorf("namespace: %w", err)
 	}
-	if nsLen > MaxNamespaceBytes {
-		return k, fmt.Errorf("namespace of %d bytes (max %d)", nsLen, MaxNamespaceBytes)
-	}
-	ns, _ := r.next(nsLen)
 	// NB: keys of one call nearly always share a namespace: reuse the string.
 	if string(ns) != *lastNS {
 		*lastNS = string(ns)
 	}
 	// NB: an empty hash decodes; the node refuses it with ErrBadKey, as it
 	// does in process. A hash too long to be one is refused here, as BAD_KEY.
-	c, _ := r.peek()
-	hash, err := r.bin(messages.MaxHashBytes)
+	c, _ := r.Peek()
+	hash, err := r.Bin(messages.MaxHashBytes)
 	if err != nil {
 		if c >= 0xc4 && c <= 0xc6 && err != errShort {
 			return k, fmt.Errorf("%w: %w", messages.ErrBadKey, err)
 		}
 		return k, err
 	}
-	g, err := r.uint(math.MaxUint32)
+	g, err := r.Uint(math.MaxUint32)
 	if err != nil {
 		return k, err
 	}
@@ -382,14 +378,14 @@ func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
 
 // decodeReqContext reads a ReqContext map; only "id" is required.
 func decodeReqContext(r *reader) (*messages.ReqContext, error) {
-	n, err := r.mapLen(16)
+	n, err := r.MapLen(16)
 	if err != nil {
 		return nil, err
 	}
 	c := &messages.ReqContext{}
 	seen := map[string]bool{}
 	for range n {
-		name, err := r.str(32)
+		name, err := r.Str(32)
 		if err != nil {
 			return nil, err
 		}
@@ -411,26 +407,26 @@ func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 	var err error
 	switch name {
 	case "id":
-		c.RequestID, err = r.str(MaxRequestIDBytes)
+		c.RequestID, err = r.Str(MaxRequestIDBytes)
 	case "workers":
 		var w uint64
-		w, err = r.uint(MaxWorkers)
+		w, err = r.Uint(MaxWorkers)
 		c.Workers = int(w)
 	case "tiers":
 		c.TierFilter, err = decodeStrings(r, MaxTiers, MaxTierBytes)
 	case "peers":
 		c.PeerSources, err = decodeStrings(r, MaxTiers, MaxTierBytes)
 	case "parent":
-		if r.isNil() {
+		if r.IsNil() {
 			return nil
 		}
 		var p []byte
-		if p, err = r.bin(messages.MaxHashBytes); err == nil {
+		if p, err = r.Bin(messages.MaxHashBytes); err == nil {
 			c.ParentBlockHash = append([]byte(nil), p...)
 		}
 	case "tokens":
 		var p []byte
-		if p, err = r.bin(4 * MaxTokens); err != nil {
+		if p, err = r.Bin(4 * MaxTokens); err != nil {
 			return err
 		}
 		if len(p)%4 != 0 {
@@ -445,14 +441,14 @@ func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 		}
 	case "block_size":
 		var b uint64
-		b, err = r.uint(1 << 20)
+		b, err = r.Uint(1 << 20)
 		c.BlockSize = int(b)
 	case "lora_id":
 		var id int64
-		id, err = r.int(math.MinInt32, math.MaxInt32)
+		id, err = r.Int(math.MinInt32, math.MaxInt32)
 		c.LoRAID = int(id)
 	case "lora_name":
-		c.LoRAName, err = r.str(MaxNameBytes)
+		c.LoRAName, err = r.Str(MaxNameBytes)
 	case "extra":
 		c.ExtraKeys, err = decodeStrings(r, MaxExtraKeys, MaxExtraKeyBytes)
 	default:
@@ -462,13 +458,13 @@ func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 }
 
 func decodeStrings(r *reader, maxN, maxLen int) ([]string, error) {
-	n, err := r.arrayLen(maxN)
+	n, err := r.ArrayLen(maxN, 1)
 	if err != nil || n == 0 {
 		return nil, err // empty as absent: the encoder leaves empty lists out
 	}
 	out := make([]string, n)
 	for i := range out {
-		if out[i], err = r.str(maxLen); err != nil {
+		if out[i], err = r.Str(maxLen); err != nil {
 			return nil, err
 		}
 	}
@@ -477,7 +473,7 @@ func decodeStrings(r *reader, maxN, maxLen int) ([]string, error) {
 
 // EncodeRequest encodes q as a request frame of protocol Version.
 func EncodeRequest(q *Request) []byte {
-	w := writer{b: make([]byte, 0, 64+len(q.Keys)*48)}
+	w := writer{B: make([]byte, 0, 64+len(q.Keys)*48)}
 	s := schema[q.Op]
 	nf := 3
 	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
@@ -491,49 +487,49 @@ func EncodeRequest(q *Request) []byte {
 			nf++
 		}
 	}
-	w.mapLen(nf)
-	w.str("v")
-	w.uint(Version)
-	w.str("op")
-	w.str(q.Op.String())
-	w.str("id")
-	w.uint(q.ID)
+	w.MapLen(nf)
+	w.Str("v")
+	w.Uint(Version)
+	w.Str("op")
+	w.Str(q.Op.String())
+	w.Str("id")
+	w.Uint(q.ID)
 	for _, x := range fields {
 		if !set(x.f, x.on) {
 			continue
 		}
-		w.str(fieldName(x.f))
+		w.Str(fieldName(x.f))
 		switch x.f {
 		case fTimeout:
-			w.uint(uint64(max(q.Timeout/time.Millisecond, 1)))
+			w.Uint(uint64(max(q.Timeout/time.Millisecond, 1)))
 		case fReq:
 			encodeReqContext(&w, q.Req, "")
 		case fKeys:
 			encodeKeys(&w, q.Keys)
 		case fPrefix:
-			w.bool(q.Prefix)
+			w.Bool(q.Prefix)
 		case fOK:
-			w.bool(q.OK)
+			w.Bool(q.OK)
 		case fJob:
-			w.uint(uint64(q.Job))
+			w.Uint(uint64(q.Job))
 		case fWorker:
-			w.uint(uint64(q.Worker))
+			w.Uint(uint64(q.Worker))
 		case fClear:
-			w.bool(q.Clear)
+			w.Bool(q.Clear)
 		case fClient:
-			w.str(q.Client)
+			w.Str(q.Client)
 		}
 	}
-	return w.b
+	return w.B
 }
 
 func encodeKeys(w *writer, keys []messages.Key) {
-	w.arrayLen(len(keys))
+	w.ArrayLen(len(keys))
 	for _, k := range keys {
-		w.arrayLen(3)
-		w.str(string(k.Namespace))
-		w.binString(k.Hash)
-		w.uint(uint64(k.Group))
+		w.ArrayLen(3)
+		w.Str(string(k.Namespace))
+		w.BinString(k.Hash)
+		w.Uint(uint64(k.Group))
 	}
 }
 
@@ -541,7 +537,7 @@ func encodeKeys(w *writer, keys []messages.Key) {
 // removed from the front of the request id.
 func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	if c == nil {
-		w.nil_()
+		w.Nil()
 		return
 	}
 	n := 1
@@ -559,57 +555,57 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	count(c.LoRAID != 0)
 	count(c.LoRAName != "")
 	count(len(c.ExtraKeys) > 0)
-	w.mapLen(n)
-	w.str("id")
+	w.MapLen(n)
+	w.Str("id")
 	id := c.RequestID
 	if strip != "" && len(id) >= len(strip) && id[:len(strip)] == strip {
 		id = id[len(strip):]
 	}
-	w.str(id)
+	w.Str(id)
 	if c.Workers != 0 {
-		w.str("workers")
-		w.uint(uint64(c.Workers))
+		w.Str("workers")
+		w.Uint(uint64(c.Workers))
 	}
 	if len(c.TierFilter) > 0 {
-		w.str("tiers")
+		w.Str("tiers")
 		writeStrings(w, c.TierFilter)
 	}
 	if len(c.PeerSources) > 0 {
-		w.str("peers")
+		w.Str("peers")
 		writeStrings(w, c.PeerSources)
 	}
 	if c.ParentBlockHash != nil {
-		w.str("parent")
-		w.bin(c.ParentBlockHash)
+		w.Str("parent")
+		w.Bin(c.ParentBlockHash)
 	}
 	if len(c.TokenIDs) > 0 {
-		w.str("tokens")
-		w.binHeader(4 * len(c.TokenIDs))
+		w.Str("tokens")
+		w.BinHeader(4 * len(c.TokenIDs))
 		for _, t := range c.TokenIDs {
-			w.b = binary.LittleEndian.AppendUint32(w.b, uint32(t))
+			w.B = binary.LittleEndian.AppendUint32(w.B, uint32(t))
 		}
 	}
 	if c.BlockSize != 0 {
-		w.str("block_size")
-		w.uint(uint64(c.BlockSize))
+		w.Str("block_size")
+		w.Uint(uint64(c.BlockSize))
 	}
 	if c.LoRAID != 0 {
-		w.str("lora_id")
-		w.int(int64(c.LoRAID))
+		w.Str("lora_id")
+		w.Int(int64(c.LoRAID))
 	}
 	if c.LoRAName != "" {
-		w.str("lora_name")
-		w.str(c.LoRAName)
+		w.Str("lora_name")
+		w.Str(c.LoRAName)
 	}
 	if len(c.ExtraKeys) > 0 {
-		w.str("extra")
+		w.Str("extra")
 		writeStrings(w, c.ExtraKeys)
 	}
 }
 
 func writeStrings(w *writer, ss []string) {
-	w.arrayLen(len(ss))
+	w.ArrayLen(len(ss))
 	for _, s := range ss {
-		w.str(s)
+		w.Str(s)
 	}
 }
