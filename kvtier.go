@@ -48,45 +48,48 @@ type Node struct {
 	stopped   chan struct{} // closed once the actors were stopped: calls fail fast
 }
 
-// Open validates cfg, maps the CPU pool and starts the node's actors.
-func Open(ctx context.Context, cfg Config) (*Node, error) {
+// Open validates cfg, maps the CPU pool and starts the node's actors. Its
+// components open in order (pool, engine endpoint, events, peers, tiers,
+// actors); if one fails, those already open close in reverse.
+func Open(ctx context.Context, cfg Config) (n *Node, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
 	slots := int(cfg.PoolBytes / int64(cfg.BlockBytes))
 	pool, err := cpu.OpenPool(cfg.PoolPath, slots, cfg.BlockBytes)
 	if err != nil {
 		return nil, fmt.Errorf("kvtier: open pool: %w", err)
 	}
+	undo.push(func() { _ = pool.Close() })
 	state, err := cpu.NewState(slots, cfg.Policy, cfg.Clock.Now)
 	if err != nil {
-		pool.Close()
 		return nil, err
 	}
-	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
-	if err := n.openEndpoint(); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if err := n.openEvents(); err != nil {
-		_ = n.closeEndpoint()
-		pool.Close()
-		return nil, err
-	}
-	if err := n.openPeers(); err != nil {
-		_ = n.closeEndpoint()
-		_ = n.closeEvents(ctx)
-		pool.Close()
-		return nil, err
-	}
-	if err := n.start(ctx, state); err != nil {
-		_ = n.closeTiers(ctx)
-		_ = n.closePeers()
-		_ = n.closeEndpoint()
-		_ = n.closeEvents(ctx)
-		pool.Close()
-		return nil, err
+	n = &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
+	for _, c := range []struct {
+		open  func() error
+		close func()
+	}{
+		{n.openEndpoint, func() { _ = n.closeEndpoint() }},
+		{n.openEvents, func() { _ = n.closeEvents(ctx) }},
+		{n.openPeers, func() { _ = n.closePeers() }},
+		// NB: closeTiers also closes what a failed openTiers opened.
+		{func() error { undo.push(func() { _ = n.closeTiers(ctx) }); return n.openTiers() }, nil},
+		{func() error { return n.start(ctx, state) }, nil},
+	} {
+		if err := c.open(); err != nil {
+			return nil, err
+		}
+		if c.close != nil {
+			undo.push(c.close)
+		}
 	}
 	n.manager = &embedded{node: n}
 	n.registry, n.metrics = newNodeMetrics(n.manager.Stats, cfg.CallTimeout)
@@ -101,9 +104,6 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 
 func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	log := *n.cfg.Logger
-	if err := n.openTiers(); err != nil {
-		return err
-	}
 	n.system = actors.NewSystem(log)
 	supervision.AttachFaults(n.system, n.cfg.Faults) // chaos tests only; nil: nothing
 	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
@@ -284,4 +284,15 @@ func (n *Node) stopActors(ctx context.Context) error {
 	n.system.Shutdown()
 	supervision.DetachFaults(n.system)
 	return err
+}
+
+// undoStack holds the closes of what Open opened so far, run in reverse.
+type undoStack []func()
+
+func (u *undoStack) push(f func()) { *u = append(*u, f) }
+
+func (u undoStack) run() {
+	for i := len(u) - 1; i >= 0; i-- {
+		u[i]()
+	}
 }
