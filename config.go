@@ -85,13 +85,13 @@ type Config struct {
 
 // Defaults: a laptop-sized pool.
 const (
-	DefaultPoolBytes       = 1 << 30
-	DefaultBlockBytes      = 256 << 10
-	DefaultLeaseTTL        = 30 * time.Second
-	DefaultJobWorkers      = 1
+	DefaultPoolBytes        = 1 << 30
+	DefaultBlockBytes       = 256 << 10
+	DefaultLeaseTTL         = 30 * time.Second
+	DefaultJobWorkers       = 1
 	DefaultEngineJobTimeout = 300 * time.Second
-	DefaultCallTimeout     = 10 * time.Second
-	DefaultEngineGrace     = 10 * time.Second
+	DefaultCallTimeout      = 10 * time.Second
+	DefaultEngineGrace      = 10 * time.Second
 )
 
 // WithDefaults returns c with zero fields set to their defaults.

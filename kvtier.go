@@ -80,8 +80,7 @@ func Open(ctx context.Context, cfg Config) (n *Node, err error) {
 		{n.openEndpoint, func() { _ = n.closeEndpoint() }},
 		{n.openEvents, func() { _ = n.closeEvents(ctx) }},
 		{n.openPeers, func() { _ = n.closePeers() }},
-		// NB: closeTiers also closes what a failed openTiers opened.
-		{func() error { undo.push(func() { _ = n.closeTiers(ctx) }); return n.openTiers() }, nil},
+		{n.openTiers, func() { _ = n.closeTiers(ctx) }}, // a failed openTiers closes what it opened
 		{func() error { return n.start(ctx, state) }, nil},
 	} {
 		if err := c.open(); err != nil {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/cpu"
@@ -28,10 +27,9 @@ import (
 
 // eventsState is the node's events wiring; zero when events are off.
 type eventsState struct {
-	pub        *events.Publisher
-	hub        *actor.PID // wired before spawn, checked after
-	counters   events.Counters
-	unregister func() // the hub's announce registration; nil without
+	pub      *events.Publisher
+	hub      *actor.PID // wired before spawn, checked after
+	counters events.Counters
 }
 
 // openEvents binds the events sockets when configured.
@@ -57,7 +55,6 @@ func (n *Node) eventsChildren() []actors.Child {
 	}
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
 	n.events.hub = actor.NewPID(n.system.Address(), "kvtier/events")
-	n.events.unregister = announce.Register(n.system, n.events.hub)
 	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
 		Format: format, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
@@ -113,9 +110,6 @@ func (n *Node) FlushEvents(ctx context.Context) (next uint64, err error) {
 func (n *Node) closeEvents(ctx context.Context) error {
 	if n.events.pub == nil {
 		return nil
-	}
-	if n.events.unregister != nil {
-		n.events.unregister()
 	}
 	c := &n.events.counters
 	n.cfg.Logger.Info().Uint64("batches", c.Batches.Load()).Uint64("events", c.Events.Load()).

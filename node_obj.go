@@ -27,5 +27,5 @@ func openObjTier(tc TierConfig, name string, cfg Config, log zerolog.Logger) (op
 	if err != nil {
 		return openedTier{}, err
 	}
-	return openedTier{name: name, kind: tc.Kind, props: t.Props(), close: t.Close}, nil
+	return openedTier{name: name, kind: tc.Kind, props: t.Props, close: t.Close}, nil
 }

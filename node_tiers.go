@@ -22,7 +22,7 @@ import (
 // openedTier is a secondary tier ready to be spawned.
 type openedTier struct {
 	name, kind string
-	props      *actor.Props
+	props      func(hub *actor.PID) *actor.Props // hub: the node's event hub, nil when events are off
 	close      func(context.Context) error
 }
 
@@ -45,7 +45,7 @@ func (n *Node) openTiers() error {
 				_ = n.closeTiers(context.Background())
 				return fmt.Errorf("kvtier: secondary tier %s: %w", names[i], err)
 			}
-			n.tiers.opened = append(n.tiers.opened, openedTier{name: names[i], kind: tc.Kind, props: t.Props(), close: t.Close})
+			n.tiers.opened = append(n.tiers.opened, openedTier{name: names[i], kind: tc.Kind, props: t.Props, close: t.Close})
 		case tiers.KindObj:
 			t, err := openObjTier(tc, names[i], n.cfg, log)
 			if err != nil {
@@ -69,7 +69,7 @@ func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
 	var ts []tiering.Tier
 	for _, t := range n.tiers.opened {
 		name := "tier-" + t.name
-		children = append(children, actors.Child{Name: name, Props: t.props})
+		children = append(children, actors.Child{Name: name, Props: t.props(n.events.hub)})
 		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: actor.NewPID(n.system.Address(), "kvtier/"+name)})
 	}
 	if peers != nil {

@@ -14,9 +14,9 @@
 //     owned by goroutines that block on their inputs, with a bounded replay
 //     buffer and a bounded shutdown flush (Publisher);
 //
-// plus a decoder of the wire format (Decode) for `kvtier events tail`, and
-// (events/announce) the registry through which tiers opened before the hub
-// exists find it.
+// plus a decoder of the wire format (Decode) for `kvtier events tail`.
+// Tiers are handed the hub's PID through their Props when the node spawns
+// them.
 //
 // It must not touch tier state: tiers announce events by sending them to
 // the hub; the hub never asks a tier anything.

@@ -216,7 +216,7 @@ func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions) (write,
 	if err != nil {
 		return 0, 0, err
 	}
-	return driveTier(ctx, tierDrive{name: "fs", props: tier.Props(), close: tier.Close, blockBytes: o.BlockBytes,
+	return driveTier(ctx, tierDrive{name: "fs", props: tier.Props(nil), close: tier.Close, blockBytes: o.BlockBytes,
 		blocks: o.Blocks, window: o.Window, beforeRead: o.coldCache}, src)
 }
 

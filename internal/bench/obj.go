@@ -223,6 +223,6 @@ func tierObjIO(ctx context.Context, ep obj.Endpoint, prefix string, src [][]byte
 	if err != nil {
 		return 0, 0, err
 	}
-	return driveTier(ctx, tierDrive{name: "obj", props: tier.Props(), close: tier.Close, blockBytes: o.BlockBytes,
+	return driveTier(ctx, tierDrive{name: "obj", props: tier.Props(nil), close: tier.Close, blockBytes: o.BlockBytes,
 		blocks: o.Blocks, window: o.Window}, src)
 }

@@ -405,7 +405,7 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 }
 
 func decodeEvents(r *reader) ([]messages.Event, error) {
-	n, err := r.ArrayLen(1 << 20, 1)
+	n, err := r.ArrayLen(1<<20, 1)
 	if err != nil {
 		return nil, err
 	}

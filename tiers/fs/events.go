@@ -6,7 +6,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -50,10 +49,9 @@ type introDone struct {
 	errs  []error
 }
 
-// started finds the hub and, the first time, begins the introduction; after
-// a restart the batch that was in flight is read again.
+// started begins the introduction the first time; after a restart the
+// batch that was in flight is read again.
 func (a *Actor) started(ctx actor.Context) {
-	a.hub = announce.Hub(ctx.ActorSystem())
 	in := &a.t.intro
 	if a.hub == nil {
 		*in = intro{begun: true} // nobody to announce to

@@ -23,7 +23,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
-	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
@@ -66,12 +65,10 @@ func openFS(t *testing.T, root string, capacity int64) *fsHarness {
 	system := actors.NewSystem(zerolog.Nop())
 	h := &fsHarness{t: t, ctx: ctx, system: system, tier: tier, events: make(hubProbe, 1024)}
 	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h.events }))
-	unregister := announce.Register(system, hub)
-	h.pid = system.Root.Spawn(tier.Props())
+	h.pid = system.Root.Spawn(tier.Props(hub))
 	t.Cleanup(func() {
 		require.NoError(t, actors.StopAndWait(ctx, system, h.pid))
 		require.NoError(t, actors.StopAndWait(ctx, system, hub))
-		unregister()
 		require.NoError(t, tier.Close(ctx))
 		system.Shutdown()
 		cancel()

@@ -113,9 +113,10 @@ func (t *Tier) Name() string { return t.cfg.Name }
 // ends. Call it after the actor stopped.
 func (t *Tier) Close(ctx context.Context) error { return t.workers.Close(ctx) }
 
-// Props builds the tier's actor over t (which survives restarts).
-func (t *Tier) Props() *actor.Props {
-	a := &Actor{t: t, log: t.cfg.Log.With().Str("tier", t.cfg.Name).Logger()}
+// Props builds the tier's actor over t (which survives restarts); it
+// announces what the tier holds to hub (nil: events off, nothing announced).
+func (t *Tier) Props(hub *actor.PID) *actor.Props {
+	a := &Actor{t: t, hub: hub, log: t.cfg.Log.With().Str("tier", t.cfg.Name).Logger()}
 	return actor.PropsFromProducer(func() actor.Actor { return a },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }

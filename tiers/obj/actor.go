@@ -9,7 +9,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
-	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
@@ -155,7 +154,6 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.TierStatsQuery:
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
 	case *actor.Started:
-		a.hub = announce.Hub(ctx.ActorSystem())
 		// NB: one probe at start, so a wrong endpoint, bucket or key shows
 		// in the log and in tier_healthy before the first block needs it.
 		if !a.probing {

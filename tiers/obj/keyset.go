@@ -70,4 +70,3 @@ func (s *keySet) remove(k messages.Key) bool {
 	}
 	return false
 }
-

@@ -158,9 +158,11 @@ func (t *Tier) Close(ctx context.Context) error {
 	return err
 }
 
-// Props builds the tier's actor over t (its state survives restarts).
-func (t *Tier) Props() *actor.Props {
+// Props builds the tier's actor over t (its state survives restarts); it
+// announces what the tier holds to hub (nil: events off, nothing announced).
+func (t *Tier) Props(hub *actor.PID) *actor.Props {
 	a := t.actor
+	a.hub = hub
 	return actor.PropsFromProducer(func() actor.Actor { return a },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }

@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
-	"github.com/kvtier/kvtier/events/announce"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
@@ -92,13 +91,11 @@ func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHar
 	system := actors.NewSystem(zerolog.Nop())
 	events := make(hubProbe, 4096)
 	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return events }))
-	unregister := announce.Register(system, hub)
-	pid, err := system.Root.SpawnNamed(tier.Props(), "obj")
+	pid, err := system.Root.SpawnNamed(tier.Props(hub), "obj")
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, actors.StopAndWait(ctx, system, pid))
 		require.NoError(t, actors.StopAndWait(ctx, system, hub))
-		unregister()
 		require.NoError(t, tier.Close(ctx))
 		system.Shutdown()
 		cancel()
