@@ -105,7 +105,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	log := *n.cfg.Logger
 	n.system = actors.NewSystem(log)
 	supervision.AttachFaults(n.system, n.cfg.Faults) // chaos tests only; nil: nothing
-	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
+	cpuPID := n.pidOf("cpu")
 	n.cpu = cpuPID
 	hub := n.eventsChildren()
 	tierKids := n.tierChildren(cpuPID)
@@ -126,7 +126,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	children = append(children, peerKids...)
 	children = append(hub, children...)
 	spawned := make(chan map[string]*actor.PID, 1)
-	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), "kvtier")
+	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), guardianName)
 	if err != nil {
 		n.system.Shutdown()
 		return fmt.Errorf("spawn guardian: %w", err)

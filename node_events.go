@@ -54,7 +54,7 @@ func (n *Node) eventsChildren() []actors.Child {
 		return nil
 	}
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
-	n.events.hub = actor.NewPID(n.system.Address(), "kvtier/events")
+	n.events.hub = n.pidOf("events")
 	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
 		Format: format, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
@@ -155,7 +155,7 @@ func (n *Node) Inventory(ctx context.Context) (map[string][]messages.Key, error)
 	pids := []*actor.PID{n.cpu}
 	for _, t := range n.tiers.opened {
 		if t.kind == tiers.KindFS || t.kind == tiers.KindObj {
-			pids = append(pids, actor.NewPID(n.system.Address(), "kvtier/tier-"+t.name))
+			pids = append(pids, n.pidOf("tier-"+t.name))
 		}
 	}
 	sets := map[string]map[messages.Key]struct{}{}

@@ -135,7 +135,7 @@ func (n *Node) peerTier() *tiering.Tier {
 	if name == "" {
 		name = p2p.DefaultName
 	}
-	n.peers.tier = actor.NewPID(n.system.Address(), "kvtier/p2p")
+	n.peers.tier = n.pidOf("p2p")
 	return &tiering.Tier{Name: name, Kind: p2p.Kind, PID: n.peers.tier, Batched: true, NoCascade: true}
 }
 
@@ -147,7 +147,7 @@ func (n *Node) peerChildren(cpuPID *actor.PID) []actors.Child {
 	}
 	cfg := n.peers.cfg
 	cfg.CPU, cfg.Tier = cpuPID, n.peers.tier
-	n.peers.plane = actor.NewPID(n.system.Address(), "kvtier/peers")
+	n.peers.plane = n.pidOf("peers")
 	return []actors.Child{
 		{Name: "p2p", Props: p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
 			Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},

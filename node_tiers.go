@@ -58,8 +58,9 @@ func (n *Node) openTiers() error {
 	return nil
 }
 
-// tierChildren are the tier actors and the tiering actor, spawned after the
-// CPU tier and before the bridge.
+// tierChildren are the tier actors and the tiering actor (topology.go: after
+// the bridge and the endpoint). It sets n.tiers.tiering, which the bridge's
+// configuration names, so start calls it before building the bridge's.
 func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
 	peers := n.peerTier()
 	if len(n.tiers.opened) == 0 && peers == nil {
@@ -70,13 +71,13 @@ func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
 	for _, t := range n.tiers.opened {
 		name := "tier-" + t.name
 		children = append(children, actors.Child{Name: name, Props: t.props(n.events.hub)})
-		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: actor.NewPID(n.system.Address(), "kvtier/"+name)})
+		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: n.pidOf(name)})
 	}
 	if peers != nil {
 		// Last: a local copy (fs, obj) is preferred to a peer's.
 		ts = append(ts, *peers)
 	}
-	n.tiers.tiering = actor.NewPID(n.system.Address(), "kvtier/tiering")
+	n.tiers.tiering = n.pidOf("tiering")
 	children = append(children, actors.Child{Name: "tiering", Props: tiering.Props(tiering.Config{
 		CPU: cpuPID, Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
 		LookupDeadline: n.cfg.SecondaryLookupDeadline, CascadeQueue: n.cfg.CascadeQueue,

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -22,8 +20,7 @@ func (n *Node) VerifyBlock(ctx context.Context, key messages.Key) error {
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
 		defer cancel()
 	}
-	cpuPID := actor.NewPID(n.system.Address(), "kvtier/cpu")
-	r, err := actors.Ask(ctx, n.system, cpuPID, &messages.VerifyBlock{Corr: 1, Key: key})
+	r, err := actors.Ask(ctx, n.system, n.cpu, &messages.VerifyBlock{Corr: 1, Key: key})
 	if err != nil {
 		return fmt.Errorf("kvtier: verify %v: %w", key, err)
 	}
