@@ -467,7 +467,9 @@ func TestLifecycleShutdownUnderPeerLoad(t *testing.T) {
 
 	require.NoError(t, cons.node.Close(ctx))
 	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
-	require.Equal(t, sockets, socketFDs(t), "no socket outlives the nodes")
+	// NB: at most as many as before: a socket of an earlier test in this
+	// process may still have been closing when this one began.
+	require.LessOrEqual(t, socketFDs(t), sockets, "no socket outlives the nodes")
 }
 
 func countFiles(t *testing.T, root string) int {
