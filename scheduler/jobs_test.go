@@ -1,0 +1,111 @@
+package scheduler
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// The bridge's job registry is plain data; these drive it with no actor.
+
+func k(i int) messages.Key {
+	return messages.Key{Namespace: "ns", Hash: string(rune('a' + i))}
+}
+
+type stopCount struct{ n *int }
+
+func (s stopCount) Stop() bool { *s.n++; return true }
+
+func newJob(id messages.JobID, kind messages.JobKind, req string, keys ...messages.Key) *job {
+	j := &job{id: id, kind: kind, req: &messages.ReqContext{RequestID: req}, keys: keys,
+		open: map[messages.Key]struct{}{}, slots: map[messages.Key]int{}}
+	for i, key := range keys {
+		j.open[key] = struct{}{}
+		j.slots[key] = i
+	}
+	return j
+}
+
+func TestRegistryClaimsEachKeyOnceFromTheJobThatOwnsIt(t *testing.T) {
+	type call struct {
+		req  string
+		kind messages.JobKind
+		keys []messages.Key
+		ok   bool
+	}
+	cases := []struct {
+		name  string
+		calls []call
+		open  map[messages.JobID]int // keys still open per job afterwards
+	}{
+		{"one job, all keys", []call{{"r", messages.JobStore, []messages.Key{k(0), k(1)}, true}},
+			map[messages.JobID]int{1: 0, 2: 1}},
+		{"keys of two jobs of one request", []call{{"r", messages.JobStore, []messages.Key{k(0), k(2)}, true}},
+			map[messages.JobID]int{1: 1, 2: 0}},
+		{"a second completion of the same key is refused", []call{
+			{"r", messages.JobStore, []messages.Key{k(0)}, true},
+			{"r", messages.JobStore, []messages.Key{k(0)}, false}},
+			map[messages.JobID]int{1: 1, 2: 1}},
+		{"all or nothing: one unowned key claims nothing", []call{{"r", messages.JobStore, []messages.Key{k(0), k(9)}, false}},
+			map[messages.JobID]int{1: 2, 2: 1}},
+		{"a key twice in one call is refused", []call{{"r", messages.JobStore, []messages.Key{k(0), k(0)}, false}},
+			map[messages.JobID]int{1: 2, 2: 1}},
+		{"another request's keys are not ours", []call{{"other", messages.JobStore, []messages.Key{k(0)}, false}},
+			map[messages.JobID]int{1: 2, 2: 1}},
+		{"a load completion does not end a store", []call{{"r", messages.JobLoad, []messages.Key{k(0)}, false}},
+			map[messages.JobID]int{1: 2, 2: 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRegistry()
+			j1, j2 := newJob(1, messages.JobStore, "r", k(0), k(1)), newJob(2, messages.JobStore, "r", k(2))
+			r.add(j1)
+			r.add(j2)
+			for i, cl := range c.calls {
+				byJob, missing, ok := r.claim(cl.req, cl.kind, cl.keys)
+				require.Equal(t, cl.ok, ok, "call %d", i)
+				if !ok {
+					assert.Nil(t, byJob)
+					assert.Contains(t, cl.keys, missing, "the refusal names a key of the call")
+					continue
+				}
+				n := 0
+				for _, ks := range byJob {
+					n += len(ks)
+				}
+				assert.Equal(t, len(cl.keys), n, "every key claimed exactly once")
+			}
+			assert.Len(t, j1.open, c.open[1])
+			assert.Len(t, j2.open, c.open[2])
+		})
+	}
+}
+
+func TestRegistryRemoveForgetsTheJobAndStopsItsTimer(t *testing.T) {
+	r := newRegistry()
+	stops := 0
+	j := newJob(7, messages.JobLoad, "r", k(0))
+	j.timer = stopCount{&stops}
+	r.add(j)
+	other := newJob(8, messages.JobLoad, "r", k(1))
+	r.add(other)
+	r.remove(j)
+	assert.Equal(t, 1, stops, "a removed job's deadline is disarmed")
+	assert.NotContains(t, r.jobs, messages.JobID(7))
+	_, _, ok := r.claim("r", messages.JobLoad, []messages.Key{k(0)})
+	assert.False(t, ok, "a removed job's keys cannot be completed (a late report)")
+	r.remove(other)
+	assert.Empty(t, r.byReq, "a request with no job left holds nothing")
+}
+
+func TestJobPlacedOrdersKeysByTheirPlaceInTheCall(t *testing.T) {
+	j := newJob(1, messages.JobStore, "r", k(0), k(1), k(2))
+	j.place = placeMap{k(0): {Index: 2}, k(1): {Index: 0}, k(2): {Index: 1, Parent: "x"}}
+	keys, place := j.placed([]messages.Key{k(0), k(1), k(2)})
+	assert.Equal(t, []messages.Key{k(1), k(2), k(0)}, keys, "parents before children")
+	assert.Equal(t, []int{0, 1, 2}, []int{place[0].Index, place[1].Index, place[2].Index})
+	assert.Equal(t, "x", place[1].Parent)
+}
