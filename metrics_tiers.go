@@ -29,6 +29,7 @@ var tierMetricHelp = map[string]string{
 	"tier_writes_full_total":            "Writes refused for lack of room (capacity, ENOSPC).",
 	"tier_evictions_total":              "Blocks evicted from a secondary tier for capacity.",
 	"promotions_full_total":             "Promotions refused because the CPU tier had no slot.",
+	"promotions_busy_total":             "Promotion reads a tier refused for back-pressure (I/O queue full): asked again later, never taken as absent.",
 	"secondary_lookups_timed_out_total": "Keys whose secondary lookup passed its deadline (answered MISS).",
 	"stalled_promotions_total":          "Promotion jobs reaped at their deadline.",
 	"stalled_cascades_total":            "Cascade jobs reaped at their deadline.",
@@ -43,7 +44,7 @@ func (n *Node) registerTierMetrics() {
 	for name, help := range tierMetricHelp {
 		var labels []string
 		switch name {
-		case "promotions_full_total", "secondary_lookups_timed_out_total", "stalled_promotions_total", "stalled_cascades_total":
+		case "promotions_full_total", "promotions_busy_total", "secondary_lookups_timed_out_total", "stalled_promotions_total", "stalled_cascades_total":
 		default:
 			labels = []string{"tier"}
 		}
@@ -91,6 +92,7 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge("tier_healthy", healthy, t.Name)
 	}
 	counter("promotions_full_total", float64(s.PromotionsFull))
+	counter("promotions_busy_total", float64(s.PromotionsBusy))
 	counter("secondary_lookups_timed_out_total", float64(s.LookupsTimedOut))
 	counter("stalled_promotions_total", float64(s.PromotionsReaped))
 	counter("stalled_cascades_total", float64(s.CascadesReaped))

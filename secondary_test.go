@@ -349,3 +349,27 @@ func TestSecondaryMetrics(t *testing.T) {
 	require.Equal(t, 2.0, got["kvtier_tier_blocks"])
 	require.Equal(t, 1.0, got["kvtier_tier_healthy"])
 }
+
+// A prefix longer than the fs tier's I/O queue (256) is promoted whole in
+// one request: a full queue is back-pressure, never a reason to call a block
+// on disk absent (which made the engine recompute what the disk held).
+func TestSecondaryPromotesAPrefixLongerThanTheIOQueueWhole(t *testing.T) {
+	const n = 400
+	root := t.TempDir()
+	h := open(t, n, withFS(root))
+	h.store(&messages.ReqContext{RequestID: "w"}, ids(0, n)...)
+	h.idle()
+	require.Equal(t, uint64(n), h.tiering().CascadeWritten["fs"])
+	h.evictAll(n)
+	h.quiet()
+
+	req := &messages.ReqContext{RequestID: "r"}
+	ks := keys(ids(0, n)...)
+	require.Equal(t, messages.Retry, h.lookup(req, ks, true)[0])
+	h.idle()
+	require.Equal(t, statuses(n, messages.Hit), h.lookup(req, ks, true), "every block promoted in one go")
+	h.loadAndVerify(req, ids(0, n)...)
+	ts := h.tiering()
+	require.Equal(t, uint64(n), ts.Promoted["fs"])
+	require.Zero(t, ts.NegativeEntries, "nothing on disk was called absent")
+}

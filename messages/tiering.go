@@ -2,6 +2,7 @@ package messages
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -24,6 +25,9 @@ var (
 	// ErrTierUnavailable: the tier is unhealthy (endpoint unreachable, disk
 	// failing) or overloaded; the operation was shed.
 	ErrTierUnavailable = errors.New("kvtier: secondary tier unavailable")
+	// ErrTierBusy: the tier's I/O queue is full. Back-pressure, not absence:
+	// the block is still there; ask again later. It is an ErrTierUnavailable.
+	ErrTierBusy = fmt.Errorf("%w: I/O queue full", ErrTierUnavailable)
 	// ErrInvalidBlock: a stored block failed validation (bad magic, wrong
 	// key or length, checksum mismatch); it was removed and never served.
 	ErrInvalidBlock = errors.New("kvtier: invalid stored block")
@@ -176,6 +180,7 @@ type TieringStats struct {
 	Promoted            map[string]uint64 `json:"promoted"`             // blocks promoted into the CPU tier, by source tier
 	PromotionsFailed    map[string]uint64 `json:"promotions_failed"`    // promotions that failed (I/O, corrupt), by tier
 	PromotionsFull      uint64            `json:"promotions_full"`      // promotions refused: no CPU slots
+	PromotionsBusy      uint64            `json:"promotions_busy"`      // promotion reads the tier refused for back-pressure (asked again later, never marked absent)
 	PromotionsReaped    uint64            `json:"promotions_reaped"`    // promotion jobs past their deadline
 	CascadeWritten      map[string]uint64 `json:"cascade_written"`      // blocks written by cascades, by tier
 	CascadeDropped      map[string]uint64 `json:"cascade_dropped"`      // cascade writes shed (queue full, unhealthy, evicted first), by tier

@@ -246,7 +246,7 @@ func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
 		root.Send(self, &readDone{req: m, sender: sender, sum: sum, prov: prov, err: err})
 	}) {
 		a.t.stats.ReadFailures++
-		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s: I/O queue full", messages.ErrTierUnavailable, a.t.cfg.Name)})
+		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s", messages.ErrTierBusy, a.t.cfg.Name)})
 	}
 }
 

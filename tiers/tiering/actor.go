@@ -118,6 +118,8 @@ type Actor struct {
 	batches   map[uint64]*batch
 	negative  map[messages.Key]negEntry
 	promoting map[messages.Key]*promotion
+	reading   []int        // per tier: promotion reads in flight (≤ maxReadsPerTier)
+	readQueue [][]readTask // per tier: promotion reads waiting for budget, in order
 	proms     map[messages.JobID]*promotion
 	cascades  map[messages.JobID]*cascade
 	queued    []int           // per tier: cascade writes in flight (pinned or being pinned)
@@ -157,10 +159,24 @@ type promotion struct {
 	ok          []bool
 	prov        []*messages.Provenance // per key once a read brought one: its stored provenance
 	outstanding int
+	issued      int // reads sent to the tier and not yet answered (they hold read budget)
 	reserved    bool
 	reaped      bool
 	timer       supervision.Timer
 }
+
+// readTask is one key of a promotion waiting for its tier's read budget.
+type readTask struct {
+	prom *promotion
+	idx  int
+}
+
+// maxReadsPerTier bounds the promotion reads in flight to one per-key tier
+// (fs, obj): the rest wait here, in order, so a prefix longer than the
+// tier's I/O queue is promoted whole instead of overflowing it (reads the
+// tier sheds would read as absent). Below the tiers' queue (256), with room
+// for cascades (maxInFlight) and lookups.
+const maxReadsPerTier = 64
 
 type cascadeItem struct {
 	key messages.Key
@@ -231,7 +247,8 @@ func newActor(cfg Config) *Actor {
 		looking: map[messages.Key]*batch{}, batches: map[uint64]*batch{},
 		negative: map[messages.Key]negEntry{}, promoting: map[messages.Key]*promotion{},
 		proms: map[messages.JobID]*promotion{}, cascades: map[messages.JobID]*cascade{},
-		queued: make([]int, n), waiting: make([][]cascadeItem, n), pending: map[uint64]pendingReply{}}
+		queued: make([]int, n), waiting: make([][]cascadeItem, n), pending: map[uint64]pendingReply{},
+		reading: make([]int, n), readQueue: make([][]readTask, n)}
 	a.stats.Promoted, a.stats.PromotionsFailed = map[string]uint64{}, map[string]uint64{}
 	a.stats.CascadeWritten, a.stats.CascadeDropped, a.stats.CascadeFailed = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
 	return a
@@ -572,10 +589,40 @@ func (a *Actor) onReserve(ctx actor.Context, m *messages.ReserveResult) {
 	for i, k := range prom.keys {
 		a.promoting[k] = prom
 		prom.outstanding++
-		dest := a.cfg.Slot(prom.slots[i])
-		a.request(ctx, tier.PID, pendingReply{kind: replyRead, prom: prom, idx: i}, func(corr uint64) any {
+		a.readQueue[prom.tier] = append(a.readQueue[prom.tier], readTask{prom: prom, idx: i})
+	}
+	a.pumpReads(ctx, prom.tier)
+}
+
+// pumpReads sends waiting promotion reads while tier t has read budget;
+// a waiting read of a reaped promotion is dropped, not sent.
+func (a *Actor) pumpReads(ctx actor.Context, t int) {
+	for a.reading[t] < maxReadsPerTier && len(a.readQueue[t]) > 0 {
+		task := a.readQueue[t][0]
+		a.readQueue[t] = a.readQueue[t][1:]
+		prom := task.prom
+		if prom.reaped {
+			prom.outstanding--
+			a.finishReaped(ctx, prom)
+			continue
+		}
+		a.reading[t]++
+		prom.issued++
+		k, dest := prom.keys[task.idx], a.cfg.Slot(prom.slots[task.idx])
+		a.request(ctx, a.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
 			return &messages.TierRead{Corr: corr, Key: k, Dest: dest}
 		})
+	}
+	if len(a.readQueue[t]) == 0 {
+		a.readQueue[t] = nil // let the backing array go
+	}
+}
+
+// finishReaped ends a reaped promotion once nothing can write its slots.
+func (a *Actor) finishReaped(ctx actor.Context, prom *promotion) {
+	if prom.outstanding == 0 {
+		a.release(ctx, prom.id)
+		a.endPromotion(prom)
 	}
 }
 
@@ -617,7 +664,13 @@ func (a *Actor) onRead(ctx actor.Context, m *messages.TierReadResult) {
 	if !ok {
 		return
 	}
-	a.readDone(ctx, p.prom, p.idx, m)
+	prom := p.prom
+	prom.issued--
+	if !prom.reaped { // a reaped promotion gave its budget back when reaped
+		a.reading[prom.tier]--
+	}
+	a.readDone(ctx, prom, p.idx, m)
+	a.pumpReads(ctx, prom.tier)
 }
 
 // readDone records one key's read of a promotion; the last one commits it.
@@ -632,6 +685,10 @@ func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *message
 			}
 			prom.prov[idx] = m.Prov
 		}
+	} else if errors.Is(m.Err, messages.ErrTierBusy) {
+		// Back-pressure, not absence: the slot is freed with the promotion's
+		// failed keys and the key is asked for again on the next lookup.
+		a.stats.PromotionsBusy++
 	} else {
 		// No livelock: a failed copy is a miss for this tier until the
 		// negative entry expires, and a bad copy is deleted.
@@ -709,6 +766,9 @@ func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
 	for _, k := range prom.keys {
 		a.markAbsent(k, 1<<prom.tier, until)
 	}
+	// Reads sent and unanswered give their budget back now: a tier that
+	// never answers them must not starve later promotions.
+	a.reading[prom.tier] -= prom.issued
 	switch {
 	case !prom.reserved:
 		// The reservation answer is still to come; onReserve frees it.
@@ -720,6 +780,9 @@ func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
 	// Otherwise reads are still running into the reserved slots: the job
 	// stays (its keys answer MISS here, HIT_PENDING at the CPU tier) and is
 	// released by onRead when the last one returns.
+	// Its reads still waiting for budget are dropped (and it ends) here, and
+	// the budget it gave back goes to the promotions behind it.
+	a.pumpReads(ctx, prom.tier)
 }
 
 // --- cascade --------------------------------------------------------------

@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"context"
+	"hash/crc32"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,6 +171,24 @@ func TestStalledPromotionIsReapedAndItsSlotFreedWhenTheReadReturns(t *testing.T)
 	st := r.cpuStats()
 	require.Zero(t, st.WritePending, "released once the read returned")
 	require.Zero(t, st.Ready, "a reaped promotion is never readable")
+}
+
+// A read the tier refuses because its I/O queue is full is back-pressure,
+// not absence: the slot is freed, the key is not remembered as absent, and
+// the next lookup promotes it.
+func TestBusyTierReadIsAskedAgainNotCachedAbsent(t *testing.T) {
+	r := newRig(t, true)
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(3)))
+	held := <-r.reads
+	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key, Err: messages.ErrTierBusy})
+	r.idle()
+	require.Zero(t, r.cpuStats().WritePending, "the refused read's slot is freed")
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(3)), "asked again, not a MISS")
+	held = <-r.reads
+	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key,
+		Checksum: crc32.Checksum(make([]byte, 64), crc32.MakeTable(crc32.Castagnoli))})
+	r.idle()
+	require.Equal(t, 1, r.cpuStats().Ready, "promoted on the second ask")
 }
 
 type atomicCounter struct{ atomic.Uint64 }
