@@ -3,6 +3,7 @@ package events
 import (
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/kvtier/kvtier/messages"
 )
@@ -19,12 +20,16 @@ import (
 //   - a BlockStored for k in m is emitted only when copies[m][k] goes 0 → 1,
 //     a BlockRemoved only when it goes 1 → 0: the wire's stored-minus-removed
 //     per medium is exactly the keys of copies[m].
-//   - parents first: a stored block whose parent p is not announced in m but
-//     is being written there (a BlockWriting note, not yet stored or
-//     aborted) or is itself held, is held (waiting[m][p]) and announced
-//     right after p is — or, when p's writes all end unreadable, announced
-//     as it is (kvtier does not hold p then). Holding never forms a cycle,
-//     so every held block is released once its ancestors' writes end.
+//   - parents first, across media: a stored block whose parent p is not
+//     announced in any medium but is being written in one (a BlockWriting
+//     note, not yet stored or aborted) or is itself held in one, is held
+//     (waiting[m][p], in the block's own medium m) and announced right after
+//     p is announced in any medium — or, when p's writes all end unreadable
+//     everywhere, announced as it is (kvtier does not hold p then). So a
+//     router that resolves chains by parent never sees a block before its
+//     parent (a STORAGE copy landing while its parent's CPU copy is still
+//     held, say). Holding never forms a cycle, so every held block is
+//     released once its ancestors' writes end.
 //   - a held copy that is removed before it was announced is dropped
 //     silently: the wire never saw it. One removal (or clear) is one step:
 //     its copies all go before anything waiting is released, so a held
@@ -62,6 +67,7 @@ type medium struct {
 
 // block is one stored copy on its way to the wire.
 type block struct {
+	med      string // its medium
 	key      messages.Key
 	owner    string
 	locality string
@@ -197,9 +203,9 @@ func (t *Translator) Apply(e *messages.Event) []Event {
 	case messages.BlockStored:
 		var out []*block
 		for i, k := range e.Keys {
-			out = t.stored(m, &block{key: k, owner: e.Ownership, locality: e.Locality, src: sourceOf(e, i)}, out)
+			out = t.stored(m, &block{med: med, key: k, owner: e.Ownership, locality: e.Locality, src: sourceOf(e, i)}, out)
 		}
-		return t.storedEvents(med, out)
+		return t.storedEvents(out)
 	case messages.BlockRemoved:
 		return t.removed(m, e, med, e.Keys)
 	case messages.AllBlocksCleared:
@@ -212,9 +218,9 @@ func (t *Translator) Apply(e *messages.Event) []Event {
 		var out []*block
 		for _, k := range e.Keys {
 			m.endWrite(e.Ownership, k)
-			out = t.settle(m, k, out)
+			out = t.settle(k, out)
 		}
-		return t.storedEvents(med, out)
+		return t.storedEvents(out)
 	}
 	return nil
 }
@@ -237,26 +243,48 @@ func (m *medium) endWrite(owner string, k messages.Key) {
 	}
 }
 
-// blocking reports whether k's children must wait: k is not announced in
-// the medium but is being written or held there.
-func (m *medium) blocking(k messages.Key) bool {
-	return m.copies[k] == 0 && (m.writers[k] > 0 || m.held[k] > 0)
+// blocking reports whether k's children must wait: no medium announces k,
+// but some medium is writing it or holds it back.
+func (t *Translator) blocking(k messages.Key) bool {
+	pending := false
+	for _, m := range t.media {
+		if m.copies[k] > 0 {
+			return false
+		}
+		pending = pending || m.writers[k] > 0 || m.held[k] > 0
+	}
+	return pending
 }
 
 // closesCycle reports whether holding k on parent p would close a cycle of
-// held blocks (only hashes that are not a prefix chain can do that).
-func (m *medium) closesCycle(k, p messages.Key) bool {
-	for range len(m.heldOn) + 1 {
+// held blocks, in any media (only hashes that are not a prefix chain can do
+// that).
+func (t *Translator) closesCycle(k, p messages.Key) bool {
+	limit := 1
+	for _, m := range t.media {
+		limit += len(m.heldOn)
+	}
+	for range limit {
 		if p == k {
 			return true
 		}
-		next, held := m.heldOn[p]
+		next, held := t.heldOn(p)
 		if !held {
 			return false
 		}
 		p = next
 	}
 	return true // a loop not through k: never hold onto it
+}
+
+// heldOn is the parent a held copy of k waits for, in whichever medium.
+func (t *Translator) heldOn(k messages.Key) (messages.Key, bool) {
+	for _, m := range t.media {
+		if p, ok := m.heldOn[k]; ok {
+			return p, true
+		}
+	}
+	return messages.Key{}, false
 }
 
 // add records an announced copy; it reports whether the copy is new and
@@ -340,13 +368,13 @@ func (t *Translator) stored(m *medium, b *block, out []*block) []*block {
 	m.endWrite(b.owner, b.key)
 	if _, have := m.owners[b.owner][b.key]; have || m.isHeld(b.owner, b.key) {
 		t.Duplicates++
-		return t.settle(m, b.key, out)
+		return t.settle(b.key, out)
 	}
 	if ph, ok := b.src.parent(); ok && ph != "" {
 		p := messages.Key{Namespace: b.key.Namespace, Hash: ph, Group: b.key.Group}
 		// NB: a key another copy of which waits on a different parent
 		// (inconsistent provenance) is not held on two: it goes now.
-		if other, held := m.heldOn[b.key]; (!held || other == p) && m.blocking(p) && !m.closesCycle(b.key, p) {
+		if other, held := m.heldOn[b.key]; (!held || other == p) && t.blocking(p) && !t.closesCycle(b.key, p) {
 			m.waiting[p] = append(m.waiting[p], b)
 			m.heldOn[b.key] = p
 			m.held[b.key]++
@@ -367,41 +395,58 @@ func (t *Translator) announce(m *medium, b *block, out []*block) []*block {
 	if first {
 		out = append(out, b)
 	}
-	return t.settle(m, b.key, out)
+	return t.settle(b.key, out)
 }
 
-// settle releases, breadth first, the blocks waiting for k once k no
-// longer blocks them (announced, or no longer written nor held).
-func (t *Translator) settle(m *medium, k messages.Key, out []*block) []*block {
+// settle releases, breadth first, the blocks waiting for k in every medium
+// once k no longer blocks them (announced in some medium, or no longer
+// written nor held in any).
+func (t *Translator) settle(k messages.Key, out []*block) []*block {
 	queue := []messages.Key{k}
 	for len(queue) > 0 {
 		x := queue[0]
 		queue = queue[1:]
-		kids := m.waiting[x]
-		if len(kids) == 0 || m.blocking(x) {
+		if t.blocking(x) {
 			continue
 		}
-		delete(m.waiting, x)
-		for _, b := range kids {
-			m.released(b.key)
-			added, first := m.add(b.owner, b.key)
-			if !added {
-				t.Duplicates++
+		for _, name := range t.names() {
+			m := t.media[name]
+			kids := m.waiting[x]
+			if len(kids) == 0 {
+				continue
 			}
-			if first {
-				out = append(out, b)
+			delete(m.waiting, x)
+			for _, b := range kids {
+				m.released(b.key)
+				added, first := m.add(b.owner, b.key)
+				if !added {
+					t.Duplicates++
+				}
+				if first {
+					out = append(out, b)
+				}
+				queue = append(queue, b.key)
 			}
-			queue = append(queue, b.key)
 		}
 	}
 	return out
 }
 
-// storedEvents groups announced blocks into BlockStored events: a block
-// joins the event before it when it is that event's last block's child in
-// the same group and tier, with the same block size and LoRA, and with
-// tokens exactly when the others have them.
-func (t *Translator) storedEvents(med string, blocks []*block) []Event {
+// names are the media in a fixed order, so releases are deterministic.
+func (t *Translator) names() []string {
+	out := make([]string, 0, len(t.media))
+	for name := range t.media {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// storedEvents groups announced blocks, in order, into BlockStored events:
+// a block joins the event before it when it is that event's last block's
+// child in the same medium, group and tier, with the same block size and
+// LoRA, and with tokens exactly when the others have them.
+func (t *Translator) storedEvents(blocks []*block) []Event {
 	var out []Event
 	var r run
 	for _, b := range blocks {
@@ -409,7 +454,7 @@ func (t *Translator) storedEvents(med string, blocks []*block) []Event {
 			if r.open() {
 				out = append(out, t.finish(&r))
 			}
-			r = t.start(med, b)
+			r = t.start(b)
 			continue
 		}
 		r.add(b, t.format)
@@ -435,9 +480,9 @@ type run struct {
 
 func (r *run) open() bool { return len(r.ev.BlockHashes) > 0 }
 
-func (t *Translator) start(med string, b *block) run {
+func (t *Translator) start(b *block) run {
 	g := b.key.Group
-	r := run{ev: Event{Type: TypeBlockStored, Medium: med, GroupIdx: &g, Locality: b.locality, Ownership: b.owner},
+	r := run{ev: Event{Type: TypeBlockStored, Medium: b.med, GroupIdx: &g, Locality: b.locality, Ownership: b.owner},
 		meta: b.src.meta()}
 	r.ev.BlockSize, r.ev.LoRAName = r.meta.blockSize, r.meta.loraName
 	if r.meta.loraID != 0 {
@@ -463,7 +508,7 @@ func (t *Translator) start(med string, b *block) run {
 
 // accepts reports whether b continues the run's chain.
 func (r *run) accepts(b *block) bool {
-	if !r.open() || b.key.Group != r.last.Group || b.owner != r.ev.Ownership || b.locality != r.ev.Locality {
+	if !r.open() || b.med != r.ev.Medium || b.key.Group != r.last.Group || b.owner != r.ev.Ownership || b.locality != r.ev.Locality {
 		return false
 	}
 	if ph, ok := b.src.parent(); !ok || ph != r.last.Hash {
@@ -533,24 +578,26 @@ func (t *Translator) removed(m *medium, e *messages.Event, med string, keys []me
 	}
 	var released []*block
 	for _, k := range keys {
-		released = t.settle(m, k, released)
+		released = t.settle(k, released)
 	}
-	gone, released = stayed(gone, released)
-	return append(t.removals(e, med, gone), t.storedEvents(med, released)...)
+	gone, released = stayed(med, gone, released)
+	return append(t.removals(e, med, gone), t.storedEvents(released)...)
 }
 
-// stayed takes out of gone (keys whose last announced copy went) and
-// released (copies announced as their medium's first) the keys in both: one
-// tier's copy went and another's, held until now, took its place in the
-// same step, so the medium never stopped holding the key and the wire need
-// not say anything about it.
-func stayed(gone []messages.Key, released []*block) ([]messages.Key, []*block) {
+// stayed takes out of gone (keys whose last announced copy in med went)
+// and released (copies announced as their medium's first) the keys in both
+// in med: one tier's copy went and another's, held until now, took its place
+// in the same step, so the medium never stopped holding the key and the wire
+// need not say anything about it.
+func stayed(med string, gone []messages.Key, released []*block) ([]messages.Key, []*block) {
 	if len(gone) == 0 || len(released) == 0 {
 		return gone, released
 	}
 	back := make(map[messages.Key]bool, len(released))
 	for _, b := range released {
-		back[b.key] = true
+		if b.med == med {
+			back[b.key] = true
+		}
 	}
 	both := map[messages.Key]bool{}
 	var keptGone []messages.Key
@@ -566,7 +613,7 @@ func stayed(gone []messages.Key, released []*block) ([]messages.Key, []*block) {
 	}
 	var keptReleased []*block
 	for _, b := range released {
-		if !both[b.key] {
+		if b.med != med || !both[b.key] {
 			keptReleased = append(keptReleased, b)
 		}
 	}
@@ -623,10 +670,10 @@ func (t *Translator) cleared(m *medium, e *messages.Event, med string) []Event {
 	}
 	var released []*block
 	for _, k := range unheld {
-		released = t.settle(m, k, released)
+		released = t.settle(k, released)
 	}
-	gone, released = stayed(gone, released)
-	after := t.storedEvents(med, released)
+	gone, released = stayed(med, gone, released)
+	after := t.storedEvents(released)
 	for _, other := range t.media {
 		if len(other.copies) > 0 {
 			return append(t.removals(e, med, gone), after...)
