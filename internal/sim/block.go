@@ -21,12 +21,25 @@ var DefaultLayout = messages.Layout{
 // per 512-token block).
 const TokensPerBlock = 512
 
-// KeyFor returns the key of block id in namespace ns: the hash is the id as
-// 8 bytes big-endian, group 0.
+// KeyFor returns the key of block id in namespace ns: the hash is
+// BlockHash(id) as 8 bytes big-endian, group 0.
 func KeyFor(ns messages.Namespace, id uint64) messages.Key {
 	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], id)
+	binary.BigEndian.PutUint64(b[:], BlockHash(id))
 	return messages.Key{Namespace: ns, Hash: string(b[:]), Group: 0}
+}
+
+// BlockHash is the 64-bit hash of block id, as realistic as an engine's:
+// uniform over 64 bits (vLLM's are the low 64 bits of sha256 or xxh3) and
+// never 0 for a workload's ids, so KV events carry it in msgpack's 64-bit
+// form and no block's hash reads as "no parent". A workload's id already
+// names a block with its whole prefix (equal ids are a reusable prefix
+// block, as in the traces), so a bijective mix of the id is a chained hash.
+func BlockHash(id uint64) uint64 {
+	z := id + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // seedOf is the FNV-1a digest of everything in key, the seed of its bytes.

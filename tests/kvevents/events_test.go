@@ -340,15 +340,15 @@ func TestSimulatorEventsMatchTheNodesInventory(t *testing.T) {
 		require.Equal(t, uint64(i), b.seq, "sequence continuity from 0")
 	}
 
-	// Provenance: the predecessor of every block id in the workload.
+	// Provenance: the predecessor of every block in the workload, by hash.
 	pred := map[uint64]*uint64{}
 	for _, r := range reqs {
 		for i, id := range r.Blocks {
 			if i == 0 {
-				pred[id] = nil
+				pred[sim.BlockHash(id)] = nil
 			} else {
-				p := r.Blocks[i-1]
-				pred[id] = &p
+				p := sim.BlockHash(r.Blocks[i-1])
+				pred[sim.BlockHash(id)] = &p
 			}
 		}
 	}

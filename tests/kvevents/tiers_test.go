@@ -83,10 +83,10 @@ func newProvenanceCheck(t *testing.T, reqs []sim.Request) *provenanceCheck {
 	for _, r := range reqs {
 		for i, id := range r.Blocks {
 			if i == 0 {
-				c.pred[id] = nil
+				c.pred[sim.BlockHash(id)] = nil
 			} else {
-				p := r.Blocks[i-1]
-				c.pred[id] = &p
+				p := sim.BlockHash(r.Blocks[i-1])
+				c.pred[sim.BlockHash(id)] = &p
 			}
 		}
 	}
