@@ -28,6 +28,9 @@ type EventsConfig struct {
 	// HashFormat is "int" (default, vLLM's: the low 64 bits as an unsigned
 	// int) or "bytes" (the raw hash).
 	HashFormat string `yaml:"hash_format"`
+	// SpecKind is the kv_cache_spec_kind (vLLM 0.33) of stored blocks whose
+	// request does not say, e.g. "full_attention"; default: omitted.
+	SpecKind string `yaml:"kv_cache_spec_kind"`
 	// BufferBatches bounds the replay buffer (default 10,000 batches; it is
 	// also bounded to 256 MiB of payload).
 	BufferBatches int `yaml:"buffer_batches"`

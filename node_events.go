@@ -56,7 +56,7 @@ func (n *Node) eventsChildren() []actors.Child {
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
 	n.events.hub = n.pidOf("events")
 	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
-		Format: format, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
+		Format: format, SpecKind: n.cfg.Events.SpecKind, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
 		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
 	})}}

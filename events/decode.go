@@ -485,10 +485,16 @@ func (d *reader) field(e *Event, name string) bool {
 			g := uint32(*v)
 			e.GroupIdx = &g
 		}
+	case "kv_cache_spec_kind":
+		e.SpecKind = d.optStr(name)
+	case "kv_cache_spec_sliding_window":
+		e.Window = d.optInt(name)
 	case "locality":
 		e.Locality = d.optStr(name)
 	case "ownership":
 		e.Ownership = d.optStr(name)
+	case "session_id":
+		e.SessionID = d.optStr(name)
 	default:
 		return false
 	}

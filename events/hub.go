@@ -49,6 +49,7 @@ type Entry struct {
 // HubConfig is what the hub needs.
 type HubConfig struct {
 	Format         HashFormat       // block hash form on the wire
+	SpecKind       string           // kv_cache_spec_kind of stored blocks whose request does not say; "" = omitted
 	DPRank         int64            // data_parallel_rank of every batch
 	MaxBatchEvents int              // events per batch at most; 0 = DefaultMaxBatchEvents
 	Sink           Sink             // where batches go
@@ -102,6 +103,7 @@ func HubProps(cfg HubConfig) *actor.Props {
 		cfg.Counters = &Counters{}
 	}
 	st := &hubState{tr: NewTranslator(cfg.Format)}
+	st.tr.SpecKind = cfg.SpecKind
 	return actor.PropsFromProducer(func() actor.Actor { return &Hub{cfg: cfg, st: st} },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }

@@ -374,3 +374,31 @@ func BenchmarkTranslatorStoreCycle(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/block")
 }
+
+// vLLM 0.33's BlockStored fields: the spec kind, sliding window and session
+// the request gave, else the configured kind; a stored block's provenance
+// (promoted, from a peer) carries none of them. They survive the wire.
+func TestSpecKindWindowAndSessionReachTheWire(t *testing.T) {
+	tr := NewTranslator(HashInt)
+	tr.SpecKind = "full_attention"
+	ctx := &messages.ReqContext{RequestID: "r", BlockSize: 2, TokenIDs: []int32{1, 2},
+		SpecKind: "sliding_window", SlidingWindow: 4096, SessionID: "chat-7"}
+	out := tr.Apply(&messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: []messages.Key{chainKey(0)},
+		Ctx: ctx, Place: []messages.Placement{{Index: 0}}})
+	require.Len(t, out, 1)
+	assert.Equal(t, "sliding_window", out[0].SpecKind)
+	require.NotNil(t, out[0].Window)
+	assert.Equal(t, int64(4096), *out[0].Window)
+	assert.Equal(t, "chat-7", out[0].SessionID)
+	out = append(out, tr.Apply(storedProv("CPU", "", 1))...)
+	require.Len(t, out, 2, "other meta: another event")
+	assert.Equal(t, "full_attention", out[1].SpecKind, "the configured kind when the source says none")
+	assert.Nil(t, out[1].Window)
+	assert.Empty(t, out[1].SessionID)
+
+	payload, err := EncodeBatch(&Batch{TS: 1, Events: out})
+	require.NoError(t, err)
+	back, err := DecodeBatch(payload)
+	require.NoError(t, err)
+	assert.Equal(t, out, back.Events)
+}

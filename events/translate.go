@@ -42,6 +42,9 @@ import (
 type Translator struct {
 	format HashFormat
 	media  map[string]*medium
+	// SpecKind is the kv_cache_spec_kind of stored blocks whose request did
+	// not say (events.kv_cache_spec_kind); "" = omitted.
+	SpecKind string
 	// Counters (monotonic).
 	Placeholders    uint64 // blocks announced without full provenance
 	UnknownRemovals uint64 // removals of keys the translator never saw stored
@@ -126,14 +129,19 @@ type meta struct {
 	blockSize int
 	loraID    int
 	loraName  string
+	specKind  string // "" = unknown (the translator's default applies)
+	window    int
+	session   string
 }
 
 func (s source) meta() meta {
 	switch {
 	case s.prov != nil:
-		return meta{s.prov.BlockSize, s.prov.LoRAID, s.prov.LoRAName}
+		// NB: a block's stored provenance (promoted, fetched from a peer) has
+		// no spec kind, window or session: those come with requests only.
+		return meta{blockSize: s.prov.BlockSize, loraID: s.prov.LoRAID, loraName: s.prov.LoRAName}
 	case s.ctx != nil:
-		return meta{s.ctx.BlockSize, s.ctx.LoRAID, s.ctx.LoRAName}
+		return meta{s.ctx.BlockSize, s.ctx.LoRAID, s.ctx.LoRAName, s.ctx.SpecKind, s.ctx.SlidingWindow, s.ctx.SessionID}
 	}
 	return meta{}
 }
@@ -485,6 +493,14 @@ func (t *Translator) start(b *block) run {
 	r := run{ev: Event{Type: TypeBlockStored, Medium: b.med, GroupIdx: &g, Locality: b.locality, Ownership: b.owner},
 		meta: b.src.meta()}
 	r.ev.BlockSize, r.ev.LoRAName = r.meta.blockSize, r.meta.loraName
+	r.ev.SpecKind, r.ev.SessionID = r.meta.specKind, r.meta.session
+	if r.ev.SpecKind == "" {
+		r.ev.SpecKind = t.SpecKind
+	}
+	if r.meta.window > 0 {
+		w := int64(r.meta.window)
+		r.ev.Window = &w
+	}
 	if r.meta.loraID != 0 {
 		id := int64(r.meta.loraID)
 		r.ev.LoRAID = &id

@@ -98,18 +98,21 @@ func (h Hash) Equal(o Hash) bool {
 // Event is one KV event as published, with vLLM's field names. Optional
 // fields are written only when set (see docs/PROTOCOL.md).
 type Event struct {
-	Type        string     `json:"type"`                        // TypeBlockStored, TypeBlockRemoved or TypeAllBlocksCleared
-	BlockHashes []Hash     `json:"block_hashes,omitempty"`      // stored: in chain order; removed: any order
-	Parent      *Hash      `json:"parent_block_hash,omitempty"` // stored: parent of BlockHashes[0]; nil = none
-	TokenIDs    []int32    `json:"token_ids,omitempty"`         // stored: BlockSize tokens per block, concatenated
-	BlockSize   int        `json:"block_size,omitempty"`        // stored: tokens per block
-	LoRAID      *int64     `json:"lora_id,omitempty"`           // stored: nil = none
-	Medium      string     `json:"medium,omitempty"`            // "CPU" or "STORAGE"; "" = None
-	LoRAName    string     `json:"lora_name,omitempty"`         // stored: "" = None
-	ExtraKeys   [][]string `json:"extra_keys,omitempty"`        // stored: one entry per block; nil = omitted
-	GroupIdx    *uint32    `json:"group_idx,omitempty"`         // KV-cache group; nil = omitted
-	Locality    string     `json:"locality,omitempty"`          // "LOCAL" / "REMOTE"; "" = omitted
-	Ownership   string     `json:"ownership,omitempty"`         // secondary tier id; "" = omitted
+	Type        string     `json:"type"`                                   // TypeBlockStored, TypeBlockRemoved or TypeAllBlocksCleared
+	BlockHashes []Hash     `json:"block_hashes,omitempty"`                 // stored: in chain order; removed: any order
+	Parent      *Hash      `json:"parent_block_hash,omitempty"`            // stored: parent of BlockHashes[0]; nil = none
+	TokenIDs    []int32    `json:"token_ids,omitempty"`                    // stored: BlockSize tokens per block, concatenated
+	BlockSize   int        `json:"block_size,omitempty"`                   // stored: tokens per block
+	LoRAID      *int64     `json:"lora_id,omitempty"`                      // stored: nil = none
+	Medium      string     `json:"medium,omitempty"`                       // "CPU" or "STORAGE"; "" = None
+	LoRAName    string     `json:"lora_name,omitempty"`                    // stored: "" = None
+	ExtraKeys   [][]string `json:"extra_keys,omitempty"`                   // stored: one entry per block; nil = omitted
+	GroupIdx    *uint32    `json:"group_idx,omitempty"`                    // KV-cache group; nil = omitted
+	SpecKind    string     `json:"kv_cache_spec_kind,omitempty"`           // stored: the group's KV-cache spec kind (vLLM 0.33); "" = omitted
+	Window      *int64     `json:"kv_cache_spec_sliding_window,omitempty"` // stored: the group's sliding window; nil = omitted
+	Locality    string     `json:"locality,omitempty"`                     // "LOCAL" / "REMOTE"; "" = omitted
+	Ownership   string     `json:"ownership,omitempty"`                    // secondary tier id; "" = omitted
+	SessionID   string     `json:"session_id,omitempty"`                   // stored: the session of the request that stored it; "" = omitted
 }
 
 // Batch is one published message's payload.
@@ -188,7 +191,8 @@ func (w *writer) event(e *Event) {
 	n := 1
 	switch e.Type {
 	case TypeBlockStored:
-		n = 8 + countSet(e.ExtraKeys != nil, e.GroupIdx != nil, e.Locality != "", e.Ownership != "")
+		n = 8 + countSet(e.ExtraKeys != nil, e.GroupIdx != nil, e.SpecKind != "", e.Window != nil,
+			e.Locality != "", e.Ownership != "", e.SessionID != "")
 	case TypeBlockRemoved:
 		n = 3 + countSet(e.GroupIdx != nil, e.Locality != "", e.Ownership != "")
 	}
@@ -236,22 +240,40 @@ func (w *writer) event(e *Event) {
 				}
 			}
 		}
-		w.tail(e)
+		w.group(e)
+		if e.SpecKind != "" {
+			w.str("kv_cache_spec_kind")
+			w.str(e.SpecKind)
+		}
+		if e.Window != nil {
+			w.str("kv_cache_spec_sliding_window")
+			w.int(*e.Window)
+		}
+		w.where(e)
+		if e.SessionID != "" {
+			w.str("session_id")
+			w.str(e.SessionID)
+		}
 	case TypeBlockRemoved:
 		w.str("block_hashes")
 		w.hashes(e.BlockHashes)
 		w.str("medium")
 		w.optStr(e.Medium)
-		w.tail(e)
+		w.group(e)
+		w.where(e)
 	}
 }
 
-// tail writes the optional fields stored and removed events share.
-func (w *writer) tail(e *Event) {
+// group writes the optional group_idx stored and removed events share.
+func (w *writer) group(e *Event) {
 	if e.GroupIdx != nil {
 		w.str("group_idx")
 		w.uint(uint64(*e.GroupIdx))
 	}
+}
+
+// where writes the optional locality and ownership both events share.
+func (w *writer) where(e *Event) {
 	if e.Locality != "" {
 		w.str("locality")
 		w.str(e.Locality)

@@ -19,6 +19,9 @@ type ReqContext struct {
 	LoRAID          int      // LoRA adapter id; 0 = none
 	LoRAName        string   // LoRA adapter name; "" = none
 	ExtraKeys       []string // extra hash inputs (multimodal hashes, cache salt)
+	SpecKind        string   // KV-cache spec kind of the blocks' group (vLLM 0.33 KVCacheSpecKind, e.g. "full_attention"); "" = unknown
+	SlidingWindow   int      // the group's sliding window in tokens; 0 = none
+	SessionID       string   // the session the request belongs to (vLLM 0.33 session_id); "" = none
 }
 
 // Holder returns the lease holder that stands for this request.

@@ -451,6 +451,14 @@ func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 		c.LoRAName, err = r.Str(MaxNameBytes)
 	case "extra":
 		c.ExtraKeys, err = decodeStrings(r, MaxExtraKeys, MaxExtraKeyBytes)
+	case "kv_cache_spec_kind":
+		c.SpecKind, err = r.Str(MaxTierBytes)
+	case "sliding_window":
+		var v uint64
+		v, err = r.Uint(1 << 30)
+		c.SlidingWindow = int(v)
+	case "session_id":
+		c.SessionID, err = r.Str(MaxRequestIDBytes)
 	default:
 		return fmt.Errorf("unknown field")
 	}
@@ -555,6 +563,9 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	count(c.LoRAID != 0)
 	count(c.LoRAName != "")
 	count(len(c.ExtraKeys) > 0)
+	count(c.SpecKind != "")
+	count(c.SlidingWindow != 0)
+	count(c.SessionID != "")
 	w.MapLen(n)
 	w.Str("id")
 	id := c.RequestID
@@ -600,6 +611,18 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	if len(c.ExtraKeys) > 0 {
 		w.Str("extra")
 		writeStrings(w, c.ExtraKeys)
+	}
+	if c.SpecKind != "" {
+		w.Str("kv_cache_spec_kind")
+		w.Str(c.SpecKind)
+	}
+	if c.SlidingWindow != 0 {
+		w.Str("sliding_window")
+		w.Uint(uint64(c.SlidingWindow))
+	}
+	if c.SessionID != "" {
+		w.Str("session_id")
+		w.Str(c.SessionID)
 	}
 }
 

@@ -167,11 +167,13 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func corpusSeeds() [][]byte {
 	ctx := &messages.ReqContext{RequestID: "r", TokenIDs: []int32{1, 2}, ParentBlockHash: []byte{9}}
+	ctx033 := &messages.ReqContext{RequestID: "s", SpecKind: "sliding_window", SlidingWindow: 4096, SessionID: "chat-1"}
 	var seeds [][]byte
 	for _, q := range []Request{
 		{Op: OpHello, ID: 1, Client: "x"}, {Op: OpLookup, ID: 2, Req: ctx, Keys: testKeys(3), Prefix: true},
 		{Op: OpJobDone, ID: 3, Job: 4, Worker: 1, OK: true}, {Op: OpPause, ID: 4, Clear: true},
 		{Op: OpCompleteStore, ID: 5, Req: ctx, Keys: testKeys(1), OK: true, Timeout: time.Second},
+		{Op: OpPrepareStore, ID: 6, Req: ctx033, Keys: testKeys(2)},
 	} {
 		seeds = append(seeds, EncodeRequest(&q))
 	}

@@ -45,6 +45,9 @@ class Request:
     lora_id: int = 0
     lora_name: str = ""
     extra: Sequence[str] = ()
+    kv_cache_spec_kind: str = ""  # vLLM 0.33 KVCacheSpecKind value, e.g. "full_attention"
+    sliding_window: int = 0       # the group's sliding window in tokens; 0 = none
+    session_id: str = ""
 
     def wire(self) -> dict:
         m: dict = {"id": self.id}
@@ -66,6 +69,12 @@ class Request:
             m["lora_name"] = self.lora_name
         if self.extra:
             m["extra"] = list(self.extra)
+        if self.kv_cache_spec_kind:
+            m["kv_cache_spec_kind"] = self.kv_cache_spec_kind
+        if self.sliding_window:
+            m["sliding_window"] = self.sliding_window
+        if self.session_id:
+            m["session_id"] = self.session_id
         return m
 
 

@@ -70,7 +70,8 @@ def test_vllms_decoder_reads_every_event_and_they_add_up_to_the_inventory(
             for i in range(3):
                 parent = hashlib.sha256(parent + bytes([r, i])).digest()
                 chain.append(("ns", parent, 0))
-            req = Request(f"w{r}", tokens=list(range(3 * TOKENS)), block_size=TOKENS)
+            req = Request(f"w{r}", tokens=list(range(3 * TOKENS)), block_size=TOKENS,
+                          kv_cache_spec_kind="full_attention", session_id=f"s{r % 2}")
             plan = c.prepare_store(req, chain)
             c.complete_store(req, plan.to_store, True)
             c.request_finished(req)
@@ -95,6 +96,9 @@ def test_vllms_decoder_reads_every_event_and_they_add_up_to_the_inventory(
                 assert e.medium in live, e
                 assert e.block_size == TOKENS
                 assert len(e.token_ids) == TOKENS * len(e.block_hashes)
+                if e.medium == "CPU":  # what the storing request said (vLLM 0.33 fields)
+                    assert e.kv_cache_spec_kind == "full_attention", e
+                    assert e.session_id in ("s0", "s1"), e
                 live[e.medium].update(e.block_hashes)
             elif isinstance(e, BlockRemoved):
                 assert e.medium in live, e
