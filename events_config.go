@@ -36,6 +36,11 @@ type EventsConfig struct {
 	BufferBatches int `yaml:"buffer_batches"`
 	// DataParallelRank is the third element of every batch (default 0).
 	DataParallelRank int `yaml:"data_parallel_rank"`
+	// BatchWindow is how long the hub gathers events into one batch after
+	// the first (default 10ms; negative: only what its mailbox holds at
+	// once). vLLM publishes one batch per engine step; one per event would
+	// cost a message each and fill the replay buffer ten times sooner.
+	BatchWindow time.Duration `yaml:"batch_window"`
 	// Linger bounds how long Close waits after the last send for ZeroMQ to
 	// hand queued batches to subscribers (default 100ms; negative: none).
 	Linger time.Duration `yaml:"linger"`
@@ -68,6 +73,9 @@ func (c EventsConfig) withDefaults() EventsConfig {
 	}
 	if c.Linger == 0 {
 		c.Linger = events.DefaultLinger
+	}
+	if c.BatchWindow == 0 {
+		c.BatchWindow = events.DefaultBatchWindow
 	}
 	return c
 }

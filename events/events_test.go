@@ -13,6 +13,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -290,4 +291,31 @@ func TestPublisherHasNoIdleWakeups(t *testing.T) {
 	defer idle.Stop()
 	<-idle.C
 	assert.Equal(t, woke, p.Wakeups.Load(), "no wakeup while idle")
+}
+
+// A batch gathers every event that arrives within its window: a burst of
+// stores is one batch (as vLLM publishes one per engine step), not one each.
+// The window here is an hour, so the batch closes only on Flush: nothing in
+// the test depends on how fast the events come.
+func TestHubGathersEventsWithinItsWindowIntoOneBatch(t *testing.T) {
+	sink := make(chanSink, 16)
+	system := actors.NewSystem(zerolog.Nop())
+	defer system.Shutdown()
+	pid := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, BatchWindow: time.Hour, Log: zerolog.Nop()}))
+	const n = 50
+	for i := range n {
+		k := key(string(rune('A'+i)), 0)
+		system.Root.Send(pid, &messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: []messages.Key{k},
+			Ctx: ctxOf(1, ""), Place: messages.Place([]messages.Key{k}, []messages.Key{k}, nil)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := actors.Ask(ctx, system, pid, &Flush{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), r.(*Flushed).Seq, "one batch for the burst")
+	e := <-sink
+	b, err := DecodeBatch(e.Payload)
+	require.NoError(t, err)
+	assert.Len(t, b.Events, n)
+	require.NoError(t, actors.StopAndWait(ctx, system, pid))
 }

@@ -52,6 +52,7 @@ type HubConfig struct {
 	SpecKind       string           // kv_cache_spec_kind of stored blocks whose request does not say; "" = omitted
 	DPRank         int64            // data_parallel_rank of every batch
 	MaxBatchEvents int              // events per batch at most; 0 = DefaultMaxBatchEvents
+	BatchWindow    time.Duration    // how long a batch gathers events after its first; ≤ 0 = what the mailbox holds at once
 	Sink           Sink             // where batches go
 	Now            func() time.Time // batch timestamps
 	Counters       *Counters        // shared with the node; may be nil
@@ -60,6 +61,9 @@ type HubConfig struct {
 
 // DefaultMaxBatchEvents bounds a batch.
 const DefaultMaxBatchEvents = 1024
+
+// DefaultBatchWindow is how long a batch gathers events by default.
+const DefaultBatchWindow = 10 * time.Millisecond
 
 // Counters are the hub's monotonic counters, readable from any goroutine.
 type Counters struct {
@@ -76,7 +80,8 @@ type hubState struct {
 	seq         uint64 // next sequence number
 	pending     []Event
 	flushQueued bool
-	warned      bool // a placeholder was logged once
+	window      *time.Timer // armed while a batch gathers (BatchWindow > 0)
+	warned      bool        // a placeholder was logged once
 }
 
 // Messages the hub takes besides *messages.Event.
@@ -127,6 +132,9 @@ func (h *Hub) Receive(ctx actor.Context) {
 			ctx.Send(ctx.Self(), &flushBatch{})
 		}
 	case *actor.Stopping:
+		if h.st.window != nil {
+			h.st.window.Stop()
+		}
 		h.flush()
 	case *actor.Stopped, *actor.Restarting, *actor.Restart:
 	default:
@@ -163,7 +171,14 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	}
 	if len(h.st.pending) > 0 && !h.st.flushQueued {
 		h.st.flushQueued = true
-		ctx.Send(ctx.Self(), &flushBatch{})
+		if h.cfg.BatchWindow <= 0 {
+			ctx.Send(ctx.Self(), &flushBatch{})
+			return
+		}
+		// NB: wall time, not the node's clock: batching is not semantics, and
+		// a test's manual clock must not hold events back.
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		h.st.window = time.AfterFunc(h.cfg.BatchWindow, func() { root.Send(self, &flushBatch{}) })
 	}
 }
 
