@@ -36,6 +36,10 @@ type EventsConfig struct {
 	BufferBatches int `yaml:"buffer_batches"`
 	// DataParallelRank is the third element of every batch (default 0).
 	DataParallelRank int `yaml:"data_parallel_rank"`
+	// Encoding is "map" (default: each event a map tagged by "type", as
+	// vLLM writes them since PR #42892) or "array" (vLLM's legacy positional
+	// arrays, for routers that read only those; newer fields left out).
+	Encoding string `yaml:"encoding"`
 	// BatchWindow is how long the hub gathers events into one batch after
 	// the first (default 10ms; negative: only what its mailbox holds at
 	// once). vLLM publishes one batch per engine step; one per event would
@@ -98,6 +102,9 @@ func (c EventsConfig) validate() error {
 	}
 	if _, err := events.ParseHashFormat(c.HashFormat); err != nil {
 		return fmt.Errorf("events: %w", err)
+	}
+	if _, err := events.ParseEncoding(c.Encoding); err != nil {
+		return bad("%v", err)
 	}
 	return nil
 }

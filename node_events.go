@@ -54,11 +54,12 @@ func (n *Node) eventsChildren() []actors.Child {
 		return nil
 	}
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
+	encoding, _ := events.ParseEncoding(n.cfg.Events.Encoding)   // validated
 	n.events.hub = n.pidOf("events")
 	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
 		Format: format, SpecKind: n.cfg.Events.SpecKind, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
-		BatchWindow: n.cfg.Events.BatchWindow,
-		Now:         n.cfg.Clock.Now, Counters: &n.events.counters,
+		BatchWindow: n.cfg.Events.BatchWindow, Encoding: encoding,
+		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
 		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
 	})}}
 }

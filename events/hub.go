@@ -53,6 +53,7 @@ type HubConfig struct {
 	DPRank         int64            // data_parallel_rank of every batch
 	MaxBatchEvents int              // events per batch at most; 0 = DefaultMaxBatchEvents
 	BatchWindow    time.Duration    // how long a batch gathers events after its first; ≤ 0 = what the mailbox holds at once
+	Encoding       Encoding         // events as tagged maps (default) or legacy arrays
 	Sink           Sink             // where batches go
 	Now            func() time.Time // batch timestamps
 	Counters       *Counters        // shared with the node; may be nil
@@ -189,7 +190,7 @@ func (h *Hub) flush() {
 	}
 	b := Batch{TS: Timestamp(h.cfg.Now()), Events: h.st.pending, DPRank: h.cfg.DPRank, HasDPRank: true}
 	h.st.pending = nil
-	payload, err := EncodeBatch(&b)
+	payload, err := EncodeBatchAs(&b, h.cfg.Encoding)
 	if err != nil {
 		h.cfg.Counters.EncodeErrors.Add(1)
 		h.cfg.Log.Error().Err(err).Int("events", len(b.Events)).Msg("events hub: batch dropped")

@@ -123,9 +123,39 @@ type Batch struct {
 	HasDPRank bool    `json:"-"` // false for legacy two-element batches
 }
 
+// Encoding is how events are written inside a batch.
+type Encoding int
+
+const (
+	// EncodingMap writes each event as a map tagged by "type" (vLLM since PR
+	// #42892; the default).
+	EncodingMap Encoding = iota
+	// EncodingArray writes each event as vLLM's legacy positional array:
+	// [type, block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+	// medium] for a store, [type, block_hashes, medium] for a removal,
+	// [type] for a clear. The fields the legacy form did not have (LoRA
+	// name, extra keys, group, spec kind, locality, ownership, session) are
+	// left out, for routers that read arrays only.
+	EncodingArray
+)
+
+// ParseEncoding reads "map" or "array" ("" is map).
+func ParseEncoding(s string) (Encoding, error) {
+	switch s {
+	case "", "map":
+		return EncodingMap, nil
+	case "array":
+		return EncodingArray, nil
+	}
+	return 0, fmt.Errorf("events encoding %q: want map or array", s)
+}
+
 // EncodeBatch writes b as msgpack: the array [ts, events, data_parallel_rank]
 // with each event a map tagged by "type".
-func EncodeBatch(b *Batch) ([]byte, error) {
+func EncodeBatch(b *Batch) ([]byte, error) { return EncodeBatchAs(b, EncodingMap) }
+
+// EncodeBatchAs writes b with its events in the given encoding.
+func EncodeBatchAs(b *Batch, e Encoding) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	w := writer{enc: enc}
@@ -133,7 +163,11 @@ func EncodeBatch(b *Batch) ([]byte, error) {
 	w.float(b.TS)
 	w.arrayLen(len(b.Events))
 	for i := range b.Events {
-		w.event(&b.Events[i])
+		if e == EncodingArray {
+			w.legacyEvent(&b.Events[i])
+		} else {
+			w.event(&b.Events[i])
+		}
 	}
 	w.int(b.DPRank)
 	if w.err != nil {
@@ -261,6 +295,40 @@ func (w *writer) event(e *Event) {
 		w.optStr(e.Medium)
 		w.group(e)
 		w.where(e)
+	}
+}
+
+// legacyEvent writes one event as vLLM's legacy positional array.
+func (w *writer) legacyEvent(e *Event) {
+	switch e.Type {
+	case TypeBlockStored:
+		w.arrayLen(7)
+		w.str(e.Type)
+		w.hashes(e.BlockHashes)
+		if e.Parent == nil {
+			w.nil_()
+		} else {
+			w.hash(*e.Parent)
+		}
+		w.arrayLen(len(e.TokenIDs))
+		for _, t := range e.TokenIDs {
+			w.int(int64(t))
+		}
+		w.int(int64(e.BlockSize))
+		if e.LoRAID == nil {
+			w.nil_()
+		} else {
+			w.int(*e.LoRAID)
+		}
+		w.optStr(e.Medium)
+	case TypeBlockRemoved:
+		w.arrayLen(3)
+		w.str(e.Type)
+		w.hashes(e.BlockHashes)
+		w.optStr(e.Medium)
+	default:
+		w.arrayLen(1)
+		w.str(e.Type)
 	}
 }
 

@@ -478,3 +478,97 @@ func tailJSON(ctx context.Context, t *testing.T, endpoint, replayAddr string) in
 	require.Positive(t, lines, fmt.Sprintf("stderr: %s", stderr.String()))
 	return inv
 }
+
+// events.encoding: array writes vLLM's legacy positional arrays, which an
+// independent decoder (a generic msgpack reader, field by position) reads,
+// and which still add up to what the node holds.
+func TestArrayEncodingIsVLLMsLegacyForm(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const blockBytes, slots = 4 << 10, 200
+	node, err := kvtier.Open(ctx, kvtier.Config{PoolBytes: slots * blockBytes, BlockBytes: blockBytes,
+		Events: kvtier.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Encoding: "array"}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, node.Close(context.Background())) }()
+	reqs := sim.Synthetic(sim.DefaultSynthetic(4, 150))
+	cfg := sim.DefaultConfig()
+	cfg.GPUBlocks = 32
+	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
+	require.NoError(t, err)
+	require.True(t, sum.Healthy(), "%+v", sum)
+	_, err = node.FlushEvents(ctx)
+	require.NoError(t, err)
+	inv, err := node.Inventory(ctx)
+	require.NoError(t, err)
+
+	live := map[uint64]bool{}
+	stored, removed := 0, 0
+	for _, fr := range replay(ctx, t, node.EventsReplayEndpoint(), 0) {
+		var batch []any
+		require.NoError(t, msgpack.Unmarshal(fr.payload, &batch))
+		require.Len(t, batch, 3)
+		for _, raw := range batch[1].([]any) {
+			ev, ok := raw.([]any)
+			require.True(t, ok, "an event is an array, not a map: %T", raw)
+			hashes := func(v any) []uint64 {
+				var out []uint64
+				for _, h := range v.([]any) {
+					out = append(out, toU64(t, h))
+				}
+				return out
+			}
+			switch ev[0] {
+			case "BlockStored":
+				require.Len(t, ev, 7, "type, hashes, parent, tokens, block_size, lora_id, medium")
+				assert.Equal(t, "CPU", ev[6])
+				assert.EqualValues(t, sim.TokensPerBlock, toU64(t, ev[4]))
+				hs := hashes(ev[1])
+				assert.Len(t, ev[3], sim.TokensPerBlock*len(hs))
+				for _, h := range hs {
+					live[h] = true
+				}
+				stored++
+			case "BlockRemoved":
+				require.Len(t, ev, 3, "type, hashes, medium")
+				for _, h := range hashes(ev[1]) {
+					delete(live, h)
+				}
+				removed++
+			default:
+				t.Fatalf("event %v", ev)
+			}
+		}
+	}
+	require.Positive(t, stored)
+	require.Positive(t, removed, "the scenario must evict")
+	got := make([]uint64, 0, len(live))
+	for h := range live {
+		got = append(got, h)
+	}
+	sort.Slice(got, func(i, j int) bool { return got[i] < got[j] })
+	assert.Equal(t, nodeHashes(inv["CPU"]), got, "stored − removed = what the node holds")
+}
+
+func toU64(t *testing.T, v any) uint64 {
+	t.Helper()
+	switch x := v.(type) {
+	case uint64:
+		return x
+	case int64:
+		return uint64(x)
+	case uint8:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint32:
+		return uint64(x)
+	case int8:
+		return uint64(x)
+	case int16:
+		return uint64(x)
+	case int32:
+		return uint64(x)
+	}
+	t.Fatalf("not an integer: %T", v)
+	return 0
+}
