@@ -28,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 )
@@ -112,7 +113,9 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 			return res, err
 		}
 		o.Child = func(args ...string) *exec.Cmd {
-			return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
+			cmd := exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
+			proc.DieWithParent(cmd)
+			return cmd
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)

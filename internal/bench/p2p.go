@@ -24,6 +24,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/kvtier/kvtier/internal/proc"
 )
 
 // P2POptions size the P2P scenarios.
@@ -114,6 +116,7 @@ func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stderr = os.Stderr
 	cmd.WaitDelay = 5 * time.Second
+	proc.DieWithParent(cmd)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
@@ -100,6 +101,7 @@ func (s *Server) start(ctx context.Context) error {
 		"--quiet", "posix", s.Dir)
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = &lockedWriter{w: out}, &lockedWriter{w: out}
+	proc.DieWithParent(cmd) // a harness that dies leaves no S3 server behind
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("objtest: start %s: %w", s.bin, err)
 	}
