@@ -41,6 +41,10 @@ type Summary struct {
 	TierPromoted       map[string]uint64 `json:"tier_promoted_blocks,omitempty"`
 	TierKinds          map[string]string `json:"-"`
 	CascadeDropped     uint64            `json:"cascade_dropped,omitempty"`
+	// PromotionFailures counts promotions that did not land, by reason:
+	// "full" (no CPU slot), "busy" (a tier shed the read: asked again, never
+	// a lost hit), "failed" (I/O or verification), "reaped" (deadline).
+	PromotionFailures map[string]uint64 `json:"promotion_failures,omitempty"`
 	TierSettles        int               `json:"tier_settles,omitempty"` // steps after which the run waited for secondary lookups to finish
 
 	Lookups       int `json:"lookups"`        // Lookup calls
@@ -114,8 +118,8 @@ func (s Summary) WriteText(w io.Writer) {
 	p("prompt blocks   %d", s.PromptBlocks)
 	p("hit rate        %.2f%%  (gpu %.2f%%, cpu %.2f%%)", 100*s.HitRate, 100*s.GPUHitRate, 100*s.CPUHitRate)
 	if s.TierPromoted != nil {
-		p("secondary       %.2f%% of blocks loaded after promotion (fs %.2f%%, obj %.2f%%); promoted %v; cascade dropped %d",
-			100*s.SecondaryHitRate, 100*s.FSHitRate, 100*s.ObjHitRate, s.TierPromoted, s.CascadeDropped)
+		p("secondary       %.2f%% of blocks loaded after promotion (fs %.2f%%, obj %.2f%%); promoted %v; cascade dropped %d; promotion failures %v",
+			100*s.SecondaryHitRate, 100*s.FSHitRate, 100*s.ObjHitRate, s.TierPromoted, s.CascadeDropped, s.PromotionFailures)
 	}
 	if s.IdealHitRate != nil {
 		p("ideal hit rate  %.2f%%  (unbounded cache, prefix semantics)", 100**s.IdealHitRate)

@@ -65,5 +65,11 @@ func (e *engine) tierSummary(ctx context.Context) error {
 	for _, n := range ts.CascadeDropped {
 		e.sum.CascadeDropped += n
 	}
+	var failed uint64
+	for _, n := range ts.PromotionsFailed {
+		failed += n
+	}
+	e.sum.PromotionFailures = map[string]uint64{"full": ts.PromotionsFull, "busy": ts.PromotionsBusy,
+		"failed": failed, "reaped": ts.PromotionsReaped}
 	return nil
 }
