@@ -39,6 +39,10 @@ type Bridge struct {
 	restart  bool
 	resetGen uint64
 	commits  int // CommitSlots sent or being checksummed, not yet acknowledged
+	// carry holds events drained from the CPU tier for a TakeEvents that a
+	// restart failed; the next TakeEvents returns them first. It outlives
+	// restarts (every incarnation gets the same one).
+	carry *[]messages.Event
 }
 
 // Config is what a Bridge needs from the node. The pointers survive actor
@@ -98,9 +102,14 @@ var ErrRestarted = fmt.Errorf("%w: bridge restarted", messages.ErrClosed)
 // producer ran, so a restarted bridge knows it is one.
 func Props(cfg Config) *actor.Props {
 	var incarnation atomic.Uint64
+	carry := new([]messages.Event)
 	return actor.PropsFromProducer(func() actor.Actor {
+		n := incarnation.Add(1)
+		// NB: each incarnation numbers its CPU-tier calls in a range of its
+		// own, so an answer to a call of the one before (still in the
+		// mailbox) never resumes a new call of another kind.
 		return &Bridge{cfg: cfg, reg: newRegistry(), pending: map[uint64]pendingCall{},
-			restart: incarnation.Add(1) > 1}
+			restart: n > 1, corr: (n - 1) << 40, carry: carry}
 	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
@@ -162,6 +171,12 @@ func (b *Bridge) Receive(ctx actor.Context) {
 	case *messages.Ack:
 		b.resumeAck(m)
 	case *messages.TierEvents:
+		if _, asked := b.pending[m.Corr]; !asked {
+			// Drained for a TakeEvents the last restart failed: kept for the
+			// next one, never lost.
+			*b.carry = append(*b.carry, m.Events...)
+			return
+		}
 		b.resume(m.Corr, m)
 	case *messages.TierStatsResult:
 		b.resume(m.Corr, m)
@@ -551,7 +566,14 @@ func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
 
 func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
 	b.ask(ctx, func(corr uint64) any { return &messages.TakeTierEvents{Corr: corr} },
-		func(r any) { m.Reply.Answer(r.(*messages.TierEvents).Events, nil) },
+		func(r any) {
+			events := r.(*messages.TierEvents).Events
+			if len(*b.carry) > 0 {
+				events = append(*b.carry, events...)
+				*b.carry = nil
+			}
+			m.Reply.Answer(events, nil)
+		},
 		func(err error) { m.Reply.Answer(nil, err) })
 }
 

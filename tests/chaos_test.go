@@ -349,3 +349,46 @@ func TestChaosCLIReportsAsJSON(t *testing.T) {
 		require.Error(t, runErr, "violations make the command fail")
 	}
 }
+
+// A bridge restart while the engine's TakeEvents drain is in flight fails
+// that call, but loses nothing: the events the CPU tier already drained for
+// it come with the next TakeEvents.
+func TestBridgeRestartDuringTakeEventsLosesNoEvent(t *testing.T) {
+	n := openRestartNode(t, 16)
+	keys := restartKeys(300, 304)
+	n.store(keys)
+	var once atomic.Bool
+	remove := n.inj.Inject(func(d supervision.Delivery) supervision.Decision {
+		if _, take := d.Msg.(*messages.TakeEvents); take && d.Target == "kvtier/bridge" && once.CompareAndSwap(false, true) {
+			return supervision.Decision{Kind: supervision.FaultPanic}
+		}
+		return supervision.Decision{}
+	})
+	first, err := n.mgr.TakeEvents(n.ctx) // handled, then the bridge fails before the CPU tier answers
+	remove()
+	got := map[string]bool{}
+	if err == nil { // the answer won the race with the panic: nothing to lose either way
+		for _, e := range first {
+			for _, k := range e.Keys {
+				got[k.Hash] = true
+			}
+		}
+	} else {
+		require.ErrorIs(t, err, messages.ErrClosed, "the drain failed with the bridge")
+	}
+	for len(got) < len(keys) {
+		more, err := n.mgr.TakeEvents(n.ctx)
+		require.NoError(t, err)
+		for _, e := range more {
+			if e.Kind == messages.BlockStored {
+				for _, k := range e.Keys {
+					got[k.Hash] = true
+				}
+			}
+		}
+		require.NoError(t, n.ctx.Err(), "stored events lost across the restart: have %d of %d", len(got), len(keys))
+	}
+	for _, k := range keys {
+		assert.True(t, got[k.Hash], "event of %x", k.Hash)
+	}
+}
