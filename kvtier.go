@@ -51,7 +51,7 @@ type Node struct {
 // Open validates cfg, maps the CPU pool and starts the node's actors. Its
 // components open in order (pool, engine endpoint, events, peers, tiers,
 // actors); if one fails, those already open close in reverse.
-func Open(ctx context.Context, cfg Config) (n *Node, err error) {
+func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -72,7 +72,9 @@ func Open(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
+	// NB: a local, not the named result: a failed return sets the result to
+	// nil before the deferred undo runs, and the closes below need the node.
+	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
 	for _, c := range []struct {
 		open  func() error
 		close func()

@@ -1,0 +1,34 @@
+package kvtier
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// Open fails late (a secondary tier whose root is a file), after the pool,
+// the engine endpoint and the events publisher were opened: they close in
+// reverse, the error comes back (no panic), and nothing is left behind.
+func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	dir := t.TempDir()
+	notADir := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(notADir, []byte("x"), 0o600))
+	pool := filepath.Join(dir, "pool")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node, err := Open(ctx, Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock, PoolPath: pool,
+		EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
+		Events:       EventsConfig{Endpoint: "tcp://127.0.0.1:0"},
+		SecondaryTiers: []TierConfig{{Kind: "fs", Root: notADir}}})
+	require.Error(t, err)
+	require.Nil(t, node)
+	_, statErr := os.Stat(pool)
+	require.ErrorIs(t, statErr, os.ErrNotExist, "the pool file is removed")
+	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
