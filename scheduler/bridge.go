@@ -455,7 +455,12 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 	if m.by != b {
 		// A previous incarnation's commit: this one never counted it, and
 		// the job's slots are quarantined by the CPU tier (ReleaseOrigin).
+		// The engine call that waited on it is answered now, not at its
+		// deadline.
 		b.cfg.Log.Warn().Uint64("job", uint64(m.job.ID)).Msg("bridge: commit of a previous incarnation dropped")
+		if m.then != nil {
+			m.then(ErrRestarted)
+		}
 		return
 	}
 	b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)

@@ -392,3 +392,28 @@ func TestBridgeRestartDuringTakeEventsLosesNoEvent(t *testing.T) {
 		assert.True(t, got[k.Hash], "event of %x", k.Hash)
 	}
 }
+
+// A store's last report waits for its blocks' commit; if the bridge
+// restarts in between, the report is answered at once with the restart
+// (messages.ErrClosed), not left to its caller's deadline.
+func TestBridgeRestartAnswersACallWaitingOnACommit(t *testing.T) {
+	n := openRestartNode(t, 16)
+	req := n.req()
+	plan := n.prepareStore(req, restartKeys(400, 404))
+	var once atomic.Bool
+	remove := n.inj.Inject(func(d supervision.Delivery) supervision.Decision {
+		if _, done := d.Msg.(*messages.JobDone); done && d.Target == "kvtier/bridge" && once.CompareAndSwap(false, true) {
+			return supervision.Decision{Kind: supervision.FaultPanic} // right after the report was handled
+		}
+		return supervision.Decision{}
+	})
+	defer remove()
+	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second) // the failure this test guards against is waiting this out
+	defer cancel()
+	err := n.mgr.JobDone(ctx, plan.Job, 0, true)
+	if err == nil {
+		return // the commit landed before the bridge failed: nothing was left waiting
+	}
+	require.ErrorIs(t, err, messages.ErrClosed, "answered with the restart, not at the deadline: %v", err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+}
