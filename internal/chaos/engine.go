@@ -114,6 +114,12 @@ func (e *engine) loop(ctx context.Context, stop <-chan struct{}) {
 	defer t.Stop()
 	for {
 		e.node.life.RLock()
+		if e.node.down.Load() {
+			// A peer-kill could not reopen the node: what it had in flight
+			// died with it, and its pool must not be touched.
+			e.node.life.RUnlock()
+			return
+		}
 		e.follow()
 		stopping := closed(stop)
 		if stopping && len(e.reqs) == 0 && len(e.jobs) == 0 {

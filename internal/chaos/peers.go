@@ -240,6 +240,7 @@ func (pn *peerNet) kill(rs *runState, e *env, n *nodeUnderTest) {
 	ctx, cancel = context.WithTimeout(context.Background(), peerUpTimeout)
 	defer cancel()
 	if err := pn.openNode(ctx, rs, e, n); err != nil {
+		n.down.Store(true) // its engines stop: the closed node's pool is gone
 		rs.violate(n, invPeersBack, "restart after a kill: %v", err)
 		return
 	}

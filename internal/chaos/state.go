@@ -100,6 +100,9 @@ type nodeUnderTest struct {
 	life  sync.RWMutex
 	gen   atomic.Uint64
 	kills atomic.Int64
+	// down is set when a peer-kill could not bring the node back: it is
+	// closed (its pool unmapped), so its engines stop rather than touch it.
+	down atomic.Bool
 	// The data plane's flipped payloads: landed (faulty's count) and
 	// caught by this node's checksums (its sessions' Corrupt), summed over
 	// incarnations; dataPlane is the current incarnation's wrapper.
