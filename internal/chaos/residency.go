@@ -142,6 +142,11 @@ type subscriber struct {
 	seen   chan struct{} // signalled (without blocking) on every batch
 	cancel context.CancelFunc
 	done   chan error
+	// stopped makes stop idempotent: a node whose peer-kill restart failed
+	// is stopped at its kill and again at the end of the run, and the
+	// goroutine's result can be read only once (a second read hung the run).
+	stopped sync.Once
+	result  error
 }
 
 func subscribe(pub, replay string) *subscriber {
@@ -183,12 +188,14 @@ func (s *subscriber) waitFor(next uint64, timeout time.Duration) error {
 	return nil
 }
 
-// stop ends the subscription and waits for its goroutine.
+// stop ends the subscription and waits for its goroutine; stopping again
+// returns the same result at once.
 func (s *subscriber) stop() error {
-	s.cancel()
-	err := <-s.done
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
+	s.stopped.Do(func() {
+		s.cancel()
+		if err := <-s.done; !errors.Is(err, context.Canceled) {
+			s.result = err
+		}
+	})
+	return s.result
 }
