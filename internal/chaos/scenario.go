@@ -131,7 +131,7 @@ func openNode(ctx context.Context, rs *runState, e *env, name string) (*nodeUnde
 func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir string, tweak func(*kvtier.Config)) error {
 	name := n.name
 	bucket := fmt.Sprintf("chaos-%d-%d-%s", rs.opts.Seed, bucketSeq.Add(1), name)
-	if err := e.s3.MakeBucket(ctx, bucket); err != nil {
+	if err := makeBucket(ctx, e.s3, bucket); err != nil {
 		return err
 	}
 	s3, err := obj.NewMinio(obj.Endpoint{Endpoint: e.s3.Endpoint, Bucket: bucket,
@@ -165,4 +165,25 @@ func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir s
 	n.takeLost.Store(false)
 	n.pub = subscribe(node.EventsEndpoint(), node.EventsReplayEndpoint())
 	return nil
+}
+
+// makeBucket creates bucket, retrying while the S3 server is down — an
+// obj-outage fault may be under way when a peer-kill reopens a node, and it
+// lasts seconds — until ctx ends.
+func makeBucket(ctx context.Context, s3 *objtest.Server, bucket string) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := s3.MakeBucket(ctx, bucket)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last try: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
