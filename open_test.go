@@ -23,8 +23,8 @@ func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	node, err := Open(ctx, Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock, PoolPath: pool,
-		EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
-		Events:       EventsConfig{Endpoint: "tcp://127.0.0.1:0"},
+		EngineListen:   "ipc://" + filepath.Join(dir, "engine.sock"),
+		Events:         EventsConfig{Endpoint: "tcp://127.0.0.1:0"},
 		SecondaryTiers: []TierConfig{{Kind: "fs", Root: notADir}}})
 	require.Error(t, err)
 	require.Nil(t, node)

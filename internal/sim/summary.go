@@ -45,7 +45,7 @@ type Summary struct {
 	// "full" (no CPU slot), "busy" (a tier shed the read: asked again, never
 	// a lost hit), "failed" (I/O or verification), "reaped" (deadline).
 	PromotionFailures map[string]uint64 `json:"promotion_failures,omitempty"`
-	TierSettles        int               `json:"tier_settles,omitempty"` // steps after which the run waited for secondary lookups to finish
+	TierSettles       int               `json:"tier_settles,omitempty"` // steps after which the run waited for secondary lookups to finish
 
 	Lookups       int `json:"lookups"`        // Lookup calls
 	LookupWaits   int `json:"lookup_waits"`   // steps a request waited on RETRY or HIT_PENDING
