@@ -30,25 +30,35 @@ import (
 var schemes = map[string]string{"ipc": "kvtier+ipc", "tcp": "kvtier+tcp"}
 
 func init() {
-	for zmq, ours := range schemes {
+	register(schemes, func(network string) transport.Transport { return closingTransport{transport.New(network)} })
+}
+
+// register installs, once per process, a transport of ours for each of
+// zmq4's ipc and tcp schemes, under the names in ours.
+func register(ours map[string]string, build func(network string) transport.Transport) {
+	for zmq, name := range ours {
 		network := map[string]string{"ipc": "unix", "tcp": "tcp"}[zmq]
-		if err := zmq4.RegisterTransport(ours, closingTransport{transport.New(network)}); err != nil {
+		if err := zmq4.RegisterTransport(name, build(network)); err != nil {
 			panic(err) // registered once per process, at init: cannot collide
 		}
 	}
+}
+
+// rewrite points an ipc:// or tcp:// address at our transport for its
+// scheme; any other address is left for zmq4 to accept or refuse.
+func rewrite(addr string, ours map[string]string) string {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if name, known := ours[scheme]; ok && known {
+		return name + "://" + rest
+	}
+	return addr
 }
 
 // ClosingDialAddr rewrites ipc:// and tcp:// to the closing transports; any
 // other address is left for zmq4 to accept or refuse. Dial it instead of
 // addr so that the socket's Close (or a handshake deadline that closes it)
 // reaches a connection whose ZMTP handshake never ends.
-func ClosingDialAddr(addr string) string {
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if ours, known := schemes[scheme]; ok && known {
-		return ours + "://" + rest
-	}
-	return addr
-}
+func ClosingDialAddr(addr string) string { return rewrite(addr, schemes) }
 
 // closingTransport is a zmq4 transport whose connections close when the
 // dialing socket's context ends.

@@ -7,11 +7,9 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
 )
 
@@ -37,12 +35,7 @@ const handshakeTimeout = 5 * time.Second
 var watchSchemes = map[string]string{"ipc": "kvtier-endpoint+ipc", "tcp": "kvtier-endpoint+tcp"}
 
 func init() {
-	for zmq, ours := range watchSchemes {
-		network := map[string]string{"ipc": "unix", "tcp": "tcp"}[zmq]
-		if err := zmq4.RegisterTransport(ours, watchTransport{transport.New(network)}); err != nil {
-			panic(err) // registered once per process, at init: cannot collide
-		}
-	}
+	register(watchSchemes, func(network string) transport.Transport { return watchTransport{transport.New(network)} })
 }
 
 // ConnWatch receives the end of every connection whose identity is known.
@@ -63,13 +56,7 @@ func WithConnWatch(ctx context.Context, w ConnWatch) context.Context {
 // listening on it runs each connection's ZMTP handshake under a deadline
 // (handshakeTimeout): one connection that never greets cannot hold zmq4's
 // single accept loop.
-func BoundedListenAddr(addr string) string {
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if ours, known := watchSchemes[scheme]; ok && known {
-		return ours + "://" + rest
-	}
-	return addr
-}
+func BoundedListenAddr(addr string) string { return rewrite(addr, watchSchemes) }
 
 type watchTransport struct{ transport.Transport }
 
