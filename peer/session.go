@@ -153,38 +153,6 @@ const (
 	roundVerified // bytes verified; waiting for the producer's TransferDone
 )
 
-// inbound is the session the peer dialed into our ROUTER.
-type inbound struct {
-	epoch    uint64
-	hello    *wire.Hello
-	welcome  *wire.Welcome
-	ready    bool
-	shared   map[string]bool // namespaces both sides serve; nil = any
-	maxRound uint64
-	rounds   map[uint64]*inRound
-}
-
-// inRound is one of the peer's rounds we serve.
-type inRound struct {
-	n      uint64
-	holder messages.Holder
-	hits   map[messages.Key]bool
-	phase  roundPhase // looking, leased, fetching (pinning or writing)
-	job    messages.JobRef
-	keys   []messages.Key // fetched keys
-	dest   []int
-	token  rdma.Token
-	abort  bool // an Abort came while writing: AbortAck when done
-}
-
-// cpuCall is what a CPU-tier answer belongs to.
-type cpuCall struct {
-	epoch  uint64
-	round  uint64
-	holder messages.Holder // the round's lease holder
-	job    messages.JobRef // the pin job, for LeaseToPin
-}
-
 // Messages a session sends itself.
 type (
 	inboundFrame struct {
@@ -919,11 +887,11 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 	}
 	switch f := m.frame.(type) {
 	case *wire.Lookup:
-		s.serveLookup(ctx, f)
+		s.carry(ctx, s.in.lookup(f, s.drain != nil))
 	case *wire.Fetch:
-		s.serveFetch(ctx, f)
+		s.carry(ctx, s.in.fetch(f, messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}))
 	case *wire.Abort:
-		s.serveAbort(ctx, f)
+		s.carry(ctx, s.in.abort(f))
 	case *wire.Ping:
 		s.sendInbound(&wire.Pong{Epoch: f.Epoch, Seq: f.Seq})
 	case *wire.Bye:
@@ -967,8 +935,7 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// NB: the current session (if any) keeps serving until this handshake
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
-	s.hs = &inbound{epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(s.cfg.Namespaces, h.Namespaces),
-		rounds: map[uint64]*inRound{}}
+	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL)
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }
@@ -1014,11 +981,7 @@ func (s *Session) dropIn(ctx actor.Context, reason string) {
 	if s.in == nil {
 		return
 	}
-	for _, r := range s.in.rounds {
-		if r.phase != roundFetching {
-			ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
-		}
-	}
+	s.carry(ctx, s.in.close())
 	s.log.Info().Str("reason", reason).Uint64("epoch", s.in.epoch).Msg("peer: inbound session ended")
 	s.in = nil
 	s.pc.serving.Store(false)
@@ -1027,6 +990,11 @@ func (s *Session) dropIn(ctx actor.Context, reason string) {
 
 func (s *Session) sendInbound(f wire.Frame) {
 	b, err := wire.Encode(f)
+	if resp, ok := f.(*wire.LookupResp); ok && err != nil && resp.Prov != nil {
+		// NB: provenance is a courtesy; an answer too big with it goes without.
+		resp.Prov = nil
+		b, err = wire.Encode(resp)
+	}
 	if err != nil {
 		s.log.Error().Err(err).Msg("peer: encode")
 		return
@@ -1034,47 +1002,41 @@ func (s *Session) sendInbound(f wire.Frame) {
 	s.sendIn(b)
 }
 
-// --- inbound: rounds (we are the producer) ----------------------------------
+// --- inbound: rounds (we are the producer; producer.go decides) ------------
 
-func (s *Session) serveLookup(ctx actor.Context, f *wire.Lookup) {
-	if f.Round <= s.in.maxRound {
-		s.ctr.drop("replayed_round")
-		return
+// carry does what a producer decision asks, in its order.
+func (s *Session) carry(ctx actor.Context, o served) {
+	for _, reason := range o.drops {
+		s.ctr.drop(reason)
 	}
-	s.in.maxRound = f.Round
-	if s.drain != nil {
-		// Shutting down: every key is a miss, at once (no lease taken).
-		s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: f.Round, Hits: make([]bool, len(f.Keys)), Checksums: make([]uint32, len(f.Keys))})
-		return
-	}
-	keys := make([]messages.Key, 0, len(f.Keys))
-	foreign := 0
-	for _, k := range f.Keys {
-		if s.in.shared != nil && !s.in.shared[k.Namespace] {
-			foreign++
-			// NB: kept in place (a key no namespace of ours can hit) so the
-			// answer stays positional.
+	for _, m := range o.cpu {
+		if m.call != nil {
+			s.corr++
+			s.pending[s.corr] = *m.call
+			setCorr(m.msg, s.corr)
 		}
-		keys = append(keys, messages.Key{Namespace: messages.Namespace(k.Namespace), Hash: string(k.Hash), Group: k.Group})
+		ctx.Request(s.cfg.CPU, m.msg)
 	}
-	if foreign > 0 {
-		s.ctr.drop("foreign_namespace_keys")
-		for i, k := range f.Keys {
-			if !s.in.shared[k.Namespace] {
-				keys[i].Namespace = "" // never stored: always a miss
-			}
-		}
+	for _, f := range o.frames {
+		s.sendInbound(f)
 	}
-	r := &inRound{n: f.Round, phase: roundLooking,
-		holder: messages.Holder{Origin: messages.OriginPeer, ID: fmt.Sprintf("peer:%s:%x:%d", s.node, s.in.epoch, f.Round)}}
-	s.in.rounds[r.n] = r
-	s.corr++
-	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, holder: r.holder}
-	ctx.Request(s.cfg.CPU, &messages.LookupAndLease{Corr: s.corr, Holder: r.holder, Keys: keys, TTL: s.cfg.LeaseTTL, WantChecksums: true, WantProv: true})
-	r.keys = keys
+	if w := o.write; w != nil {
+		s.writeChunks(ctx, w.round, &w.done, w.src)
+	}
 }
 
-// onLeased answers the peer's Lookup from the CPU tier's answer.
+func setCorr(msg any, corr uint64) {
+	switch m := msg.(type) {
+	case *messages.LookupAndLease:
+		m.Corr = corr
+	case *messages.LeaseToPin:
+		m.Corr = corr
+	default:
+		panic(fmt.Sprintf("peer: %T is not a request to the CPU tier", msg))
+	}
+}
+
+// onLeased: the CPU tier leased (or not) a Lookup's keys.
 func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
@@ -1085,96 +1047,10 @@ func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 		}
 		return
 	}
-	r := s.inRound(call)
-	if r == nil {
-		// The session ended meanwhile: nothing will fetch these leases.
-		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
-		return
-	}
-	if s.drain != nil {
-		// Stopping: nothing is leased out any more; every key a miss.
-		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
-		delete(s.in.rounds, r.n)
-		s.sendInbound(&wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: make([]bool, len(r.keys)), Checksums: make([]uint32, len(r.keys))})
-		return
-	}
-	hits, sums := make([]bool, len(r.keys)), make([]uint32, len(r.keys))
-	var prov []*wire.Provenance
-	r.hits = map[messages.Key]bool{}
-	for i, st := range m.Status {
-		if st == messages.Hit && i < len(m.Checksums) {
-			hits[i], sums[i] = true, m.Checksums[i]
-			r.hits[r.keys[i]] = true
-			if i < len(m.Prov) && m.Prov[i] != nil {
-				if prov == nil {
-					prov = make([]*wire.Provenance, len(r.keys))
-				}
-				prov[i] = toWireProv(m.Prov[i])
-			}
-		}
-	}
-	r.keys, r.phase = nil, roundLeased
-	if len(r.hits) == 0 {
-		delete(s.in.rounds, r.n)
-	}
-	resp := &wire.LookupResp{Epoch: s.in.epoch, Round: r.n, Hits: hits, Checksums: sums, Prov: prov}
-	b, err := wire.Encode(resp)
-	if err != nil && prov != nil {
-		// NB: provenance is a courtesy; an answer too big with it goes without.
-		resp.Prov = nil
-		b, err = wire.Encode(resp)
-	}
-	if err != nil {
-		s.log.Error().Err(err).Msg("peer: encode lookup answer")
-		return
-	}
-	s.sendIn(b)
+	s.carry(ctx, s.in.leased(call, m, s.drain != nil))
 }
 
-// inRound is the inbound round a CPU answer belongs to, if it still exists.
-func (s *Session) inRound(c cpuCall) *inRound {
-	if s.in == nil || s.in.epoch != c.epoch {
-		return nil
-	}
-	return s.in.rounds[c.round]
-}
-
-func (s *Session) serveFetch(ctx actor.Context, f *wire.Fetch) {
-	r := s.in.rounds[f.Round]
-	if r == nil || r.phase != roundLeased {
-		s.ctr.drop("unknown_round")
-		s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: f.Round, Reason: "unknown_round"})
-		return
-	}
-	keys := make([]messages.Key, len(f.Keys))
-	seen := make(map[int]bool, len(f.Dest))
-	bad := ""
-	for i, k := range f.Keys {
-		keys[i] = messages.Key{Namespace: messages.Namespace(k.Namespace), Hash: string(k.Hash), Group: k.Group}
-		switch {
-		case !r.hits[keys[i]]:
-			bad = "not_leased"
-		case f.Dest[i] < 0 || f.Dest[i] >= s.in.hello.Slots || seen[f.Dest[i]]:
-			bad = "bad_slot"
-		}
-		seen[f.Dest[i]] = true
-	}
-	if bad != "" {
-		s.ctr.drop(bad)
-		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
-		delete(s.in.rounds, r.n)
-		s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: r.n, Reason: bad})
-		return
-	}
-	r.phase, r.keys, r.dest = roundFetching, keys, f.Dest
-	copy(r.token[:], f.Token)
-	r.job = messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}
-	s.corr++
-	s.pending[s.corr] = cpuCall{epoch: s.in.epoch, round: r.n, holder: r.holder, job: r.job}
-	ctx.Request(s.cfg.CPU, &messages.LeaseToPin{Corr: s.corr, Holder: r.holder, Job: r.job, Keys: keys})
-}
-
-// onPinned starts the data-plane write of the pinned slots.
+// onPinned: the CPU tier pinned (or not) a Fetch's leased keys.
 func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
@@ -1186,21 +1062,7 @@ func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
 		}
 		return
 	}
-	r := s.inRound(call)
-	if r == nil {
-		// The session ended while pinning: nothing will be written.
-		if m.Err == nil {
-			ctx.Request(s.cfg.CPU, &messages.ReleaseJob{Job: call.job})
-		}
-		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: call.holder})
-		return
-	}
-	epoch := s.in.epoch
-	if m.Err != nil {
-		s.endInRound(ctx, r, false, "lease_lost")
-		return
-	}
-	s.writeChunks(ctx, r, &written{epoch: epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}, m.Slots)
+	s.carry(ctx, s.in.pinned(call, m))
 }
 
 // writeChunks writes the pinned slots into the consumer's, chunk by chunk
@@ -1232,50 +1094,12 @@ func (s *Session) writeChunks(ctx actor.Context, r *inRound, done *written, src 
 	}
 }
 
-// onWritten: the transport is done with the round's pinned slots.
+// onWritten: the transport is done with a round's pinned slots.
 func (s *Session) onWritten(ctx actor.Context, m *written) {
-	ctx.Request(s.cfg.CPU, &messages.UnpinKeys{Job: m.job, Keys: m.keys})
-	ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: m.holder})
 	if m.c.Err == nil {
 		s.pc.served.Add(uint64(len(m.keys)))
 	}
-	if s.in == nil || s.in.epoch != m.epoch {
-		return
-	}
-	r := s.in.rounds[m.round]
-	if r == nil {
-		return
-	}
-	delete(s.in.rounds, r.n)
-	reason := ""
-	if m.c.Err != nil {
-		reason = "transfer_failed"
-	}
-	s.sendInbound(&wire.TransferDone{Epoch: m.epoch, Round: r.n, OK: m.c.Err == nil, Reason: reason})
-	if r.abort {
-		s.sendInbound(&wire.AbortAck{Epoch: m.epoch, Round: r.n})
-	}
-}
-
-// endInRound ends a round that holds no pins: leases released, answered.
-func (s *Session) endInRound(ctx actor.Context, r *inRound, ok bool, reason string) {
-	ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
-	delete(s.in.rounds, r.n)
-	s.sendInbound(&wire.TransferDone{Epoch: s.in.epoch, Round: r.n, OK: ok, Reason: reason})
-}
-
-func (s *Session) serveAbort(ctx actor.Context, f *wire.Abort) {
-	r := s.in.rounds[f.Round]
-	switch {
-	case r == nil:
-	case r.phase == roundFetching:
-		r.abort = true // the write ends on its own (the consumer canceled); acked then
-		return
-	default:
-		ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
-		delete(s.in.rounds, r.n)
-	}
-	s.sendInbound(&wire.AbortAck{Epoch: f.Epoch, Round: f.Round})
+	s.carry(ctx, writeDone(s.in, m))
 }
 
 // --- both -------------------------------------------------------------------
@@ -1416,12 +1240,7 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 		// consumer that died would hold the drain to its deadline. A Fetch
 		// that still comes is refused (unknown round); writes in flight
 		// finish.
-		for _, r := range s.in.rounds {
-			if r.phase == roundLeased {
-				ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: r.holder})
-				delete(s.in.rounds, r.n)
-			}
-		}
+		s.carry(ctx, s.in.releaseLeased())
 	}
 	if s.out.phase != outReady && s.out.timer != nil {
 		s.out.timer.Stop() // no redial, no handshake to finish

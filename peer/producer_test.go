@@ -1,0 +1,392 @@
+package peer
+
+import (
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/rdma"
+)
+
+// The producer's book driven one event at a time, as the Session does,
+// with the CPU tier's answers written by hand.
+
+func testInbound(t *testing.T, ours, theirs []string) *inbound {
+	t.Helper()
+	h := &wire.Hello{Epoch: 7, Namespaces: theirs, Slots: 4}
+	return newInbound("b", h, &wire.Welcome{Epoch: 7}, ours, time.Minute)
+}
+
+func wkeys(ns string, hashes ...string) []wire.Key {
+	out := make([]wire.Key, len(hashes))
+	for i, h := range hashes {
+		out[i] = wire.Key{Namespace: ns, Hash: []byte(h)}
+	}
+	return out
+}
+
+// asked returns the one request a decision made of the CPU tier.
+func asked[T any](t *testing.T, o served) (T, cpuCall) {
+	t.Helper()
+	var asks []cpuMsg
+	for _, m := range o.cpu {
+		if m.call != nil {
+			asks = append(asks, m)
+		}
+	}
+	if len(asks) != 1 {
+		t.Fatalf("want one request to the CPU tier, got %d: %+v", len(asks), o.cpu)
+	}
+	msg, ok := asks[0].msg.(T)
+	if !ok {
+		t.Fatalf("asked %T, want %T", asks[0].msg, msg)
+	}
+	return msg, *asks[0].call
+}
+
+func released(o served) []messages.Holder {
+	var out []messages.Holder
+	for _, m := range o.cpu {
+		if r, ok := m.msg.(*messages.ReleaseHolder); ok {
+			out = append(out, r.Holder)
+		}
+	}
+	return out
+}
+
+func frameTypes(o served) []string {
+	var out []string
+	for _, f := range o.frames {
+		out = append(out, reflect.TypeOf(f).Elem().Name())
+	}
+	return out
+}
+
+func lease(call cpuCall, lookup *messages.LookupAndLease, hit ...bool) *messages.LookupResult {
+	m := &messages.LookupResult{Holder: call.holder, Status: make([]messages.LookupStatus, len(lookup.Keys)),
+		Checksums: make([]uint32, len(lookup.Keys))}
+	for i, h := range hit {
+		if h {
+			m.Status[i], m.Checksums[i] = messages.Hit, uint32(100+i)
+		}
+	}
+	return m
+}
+
+// leasedRound runs a Lookup of keys a..c whose first two hit.
+func leasedRound(t *testing.T, in *inbound, round uint64) cpuCall {
+	t.Helper()
+	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: round, Keys: wkeys("ns", "a", "b", "c")}, false))
+	o := in.leased(call, lease(call, lk, true, true, false), false)
+	if len(o.frames) != 1 || len(released(o)) != 0 {
+		t.Fatalf("leased: %+v", o)
+	}
+	return call
+}
+
+func TestProducerServesARoundNumberOnce(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 5, Keys: wkeys("ns", "a")}, false))
+	if call.round != 5 || lk.Holder != call.holder || !lk.WantChecksums || lk.TTL != time.Minute {
+		t.Fatalf("lookup asked %+v for %+v", lk, call)
+	}
+	for _, replay := range []uint64{5, 4, 1} {
+		o := in.lookup(&wire.Lookup{Epoch: 7, Round: replay, Keys: wkeys("ns", "a")}, false)
+		if !reflect.DeepEqual(o.drops, []string{"replayed_round"}) || len(o.cpu)+len(o.frames) != 0 {
+			t.Fatalf("round %d after 5: %+v, want a drop and nothing else", replay, o)
+		}
+	}
+	if _, c := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 6, Keys: wkeys("ns", "a")}, false)); c.holder == call.holder {
+		t.Fatal("two rounds share a lease holder")
+	}
+}
+
+func TestProducerAnswersPositionallyAndNeverLeasesForeignNamespaces(t *testing.T) {
+	in := testInbound(t, []string{"ns", "mine"}, []string{"ns", "theirs"})
+	o := in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: append(wkeys("theirs", "x"), wkeys("ns", "a", "b")...)}, false)
+	if !reflect.DeepEqual(o.drops, []string{"foreign_namespace_keys"}) {
+		t.Fatalf("drops %v", o.drops)
+	}
+	lk, call := asked[*messages.LookupAndLease](t, o)
+	if len(lk.Keys) != 3 || lk.Keys[0].Namespace != "" || lk.Keys[1].Namespace != "ns" {
+		t.Fatalf("asked keys %+v: the foreign key must stay in place as an unhittable one", lk.Keys)
+	}
+	o = in.leased(call, lease(call, lk, false, false, true), false)
+	resp := o.frames[0].(*wire.LookupResp)
+	if !reflect.DeepEqual(resp.Hits, []bool{false, false, true}) || resp.Checksums[2] != 102 || resp.Round != 1 {
+		t.Fatalf("answer %+v", resp)
+	}
+	if in.rounds[1] == nil || in.rounds[1].phase != roundLeased {
+		t.Fatal("a round with a hit must stay leased for its Fetch")
+	}
+}
+
+func TestProducerRoundThatHitNothingEndsWithoutARelease(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
+	o := in.leased(call, lease(call, lk, false), false)
+	if len(in.rounds) != 0 || len(released(o)) != 0 || len(o.frames) != 1 {
+		t.Fatalf("%+v; rounds %v", o, in.rounds)
+	}
+}
+
+func TestProducerDrainingAnswersMissesAndLeasesNothing(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	o := in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a", "b")}, true)
+	if len(o.cpu) != 0 || len(o.frames) != 1 || o.frames[0].(*wire.LookupResp).Hits[0] {
+		t.Fatalf("draining lookup: %+v", o)
+	}
+	// A lookup already at the CPU tier when the drain began: its leases go back.
+	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 2, Keys: wkeys("ns", "a")}, false))
+	o = in.leased(call, lease(call, lk, true), true)
+	if !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || o.frames[0].(*wire.LookupResp).Hits[0] || len(in.rounds) != 0 {
+		t.Fatalf("lease answered while draining: %+v", o)
+	}
+}
+
+func TestProducerRefusesABadFetchOnceAndReleasesItsLeases(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		keys   []wire.Key
+		dest   []int
+		reason string
+	}{
+		{"a key the round did not lease", wkeys("ns", "a", "c"), []int{0, 1}, "not_leased"},
+		{"a slot past the consumer's pool", wkeys("ns", "a"), []int{4}, "bad_slot"},
+		{"a negative slot", wkeys("ns", "a"), []int{-1}, "bad_slot"},
+		{"one slot named twice", wkeys("ns", "a", "b"), []int{2, 2}, "bad_slot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInbound(t, []string{"ns"}, []string{"ns"})
+			call := leasedRound(t, in, 1)
+			o := in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: tc.keys, Dest: tc.dest}, messages.JobRef{ID: 1})
+			done, ok := o.frames[0].(*wire.TransferDone)
+			if len(o.frames) != 1 || !ok || done.OK || done.Reason != tc.reason {
+				t.Fatalf("frames %+v, want one TransferDone{%s}", o.frames, tc.reason)
+			}
+			if !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || len(o.cpu) != 1 || o.write != nil {
+				t.Fatalf("cpu %+v: want the round's leases released, nothing pinned", o.cpu)
+			}
+			if len(in.rounds) != 0 {
+				t.Fatal("a refused round must end")
+			}
+			again := in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 2})
+			if !reflect.DeepEqual(frameTypes(again), []string{"TransferDone"}) || len(again.cpu) != 0 {
+				t.Fatalf("a second Fetch of the ended round: %+v", again)
+			}
+		})
+	}
+}
+
+func TestProducerWriteHoldsItsLeasesUntilItReportsAndAcksALateAbortAfterIt(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	call := leasedRound(t, in, 1)
+	job := messages.JobRef{Origin: messages.OriginPeer, ID: 9}
+	tok := rdma.NewToken()
+	pin, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "b", "a"), Dest: []int{3, 0}, Token: tok[:]}, job))
+	if pin.Job != job || pin.Holder != call.holder || len(pin.Keys) != 2 || pinCall.job != job {
+		t.Fatalf("pin %+v call %+v", pin, pinCall)
+	}
+	o := in.pinned(pinCall, &messages.PinResult{Job: job, Slots: []int{10, 11}})
+	if o.write == nil || !reflect.DeepEqual(o.write.src, []int{10, 11}) || o.write.round.token != tok || len(o.cpu)+len(o.frames) != 0 {
+		t.Fatalf("pinned: %+v", o)
+	}
+	if !reflect.DeepEqual(o.write.round.dest, []int{3, 0}) {
+		t.Fatalf("write into %v", o.write.round.dest)
+	}
+	// The consumer gives up mid-write: nothing is released under the transport's feet.
+	if o := in.abort(&wire.Abort{Epoch: 7, Round: 1}); len(o.cpu)+len(o.frames) != 0 {
+		t.Fatalf("abort during a write: %+v", o)
+	}
+	if o := in.releaseLeased(); len(o.cpu) != 0 {
+		t.Fatalf("a drain released a writing round's leases: %+v", o)
+	}
+	if o := in.close(); len(o.cpu) != 0 {
+		t.Fatalf("closing released a writing round's leases: %+v", o)
+	}
+	report := o.write.done
+	report.c = rdma.Completion{Err: errors.New("peer gone")}
+	o = writeDone(in, &report)
+	unpin, ok := o.cpu[0].msg.(*messages.UnpinKeys)
+	if !ok || unpin.Job != job || len(unpin.Keys) != 2 || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) {
+		t.Fatalf("write report: %+v", o.cpu)
+	}
+	if !reflect.DeepEqual(frameTypes(o), []string{"TransferDone", "AbortAck"}) || o.frames[0].(*wire.TransferDone).Reason != "transfer_failed" {
+		t.Fatalf("frames %+v", o.frames)
+	}
+}
+
+func TestProducerWriteReportAfterItsSessionEndedStillReleases(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	leasedRound(t, in, 1)
+	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 3}))
+	report := in.pinned(pinCall, &messages.PinResult{Slots: []int{1}}).write.done
+	for _, later := range []*inbound{nil, testInbound(t, nil, nil)} { // ended; replaced by a new epoch (7 again: a new book)
+		if later != nil {
+			later.epoch = 8
+		}
+		o := writeDone(later, &report)
+		if len(o.cpu) != 2 || len(released(o)) != 1 || len(o.frames) != 0 {
+			t.Fatalf("report to %+v: %+v", later, o)
+		}
+	}
+}
+
+func TestProducerAnswersToAnEndedSessionReleaseWhatTheyHold(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
+	var gone *inbound
+	if o := gone.leased(call, lease(call, lk, true), false); !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || len(o.frames) != 0 {
+		t.Fatalf("lease answer after the session ended: %+v", o)
+	}
+	leasedRound(t, in, 2)
+	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 2, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 4}))
+	o := gone.pinned(pinCall, &messages.PinResult{Slots: []int{1}})
+	if rj, ok := o.cpu[0].msg.(*messages.ReleaseJob); !ok || rj.Job.ID != 4 || len(released(o)) != 1 || o.write != nil {
+		t.Fatalf("pin answer after the session ended: %+v", o)
+	}
+	if o := gone.pinned(pinCall, &messages.PinResult{Err: messages.ErrLeaseLost}); len(o.cpu) != 1 || len(released(o)) != 1 {
+		t.Fatalf("a failed pin owns no job to release: %+v", o)
+	}
+}
+
+// TestProducerReleasesEveryLeaseExactlyOnce drives random interleavings of
+// the peer's frames, the CPU tier's answers, write reports and the
+// session's end, and checks the book's promises: a holder that got leases
+// is released exactly once in the end (twice, idempotently, when its
+// lookup was still at the CPU tier as its session ended), never while its
+// write runs; a fetched round is answered at most once.
+func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		in := testInbound(t, []string{"ns"}, []string{"ns"})
+		live := in
+		var (
+			round     uint64
+			lookups   []cpuCall
+			lookupsOf = map[uint64]*messages.LookupAndLease{}
+			pins      []cpuCall
+			writes    []written
+			held      = map[messages.Holder]bool{} // got a lease from the CPU tier
+			writing   = map[messages.Holder]bool{}
+			releases  = map[messages.Holder]int{}
+			answers   = map[uint64]int{}           // TransferDones per round
+			twice     = map[messages.Holder]bool{} // still looking up when the session ended
+		)
+		apply := func(o served) {
+			for _, h := range released(o) {
+				if writing[h] {
+					t.Fatalf("seed %d: %s released while its write runs", seed, h.ID)
+				}
+				releases[h]++
+			}
+			for _, f := range o.frames {
+				if d, ok := f.(*wire.TransferDone); ok && d.Reason != "unknown_round" {
+					answers[d.Round]++
+				}
+			}
+			if o.write != nil {
+				writing[o.write.done.holder] = true
+				writes = append(writes, o.write.done)
+			}
+			for _, m := range o.cpu {
+				if m.call == nil {
+					continue
+				}
+				switch msg := m.msg.(type) {
+				case *messages.LookupAndLease:
+					lookups = append(lookups, *m.call)
+					lookupsOf[m.call.round] = msg
+				case *messages.LeaseToPin:
+					pins = append(pins, *m.call)
+				}
+			}
+		}
+		end := func() {
+			for _, r := range live.rounds {
+				if r.phase == roundLooking {
+					twice[r.holder] = true
+				}
+			}
+			apply(live.close())
+			live = nil
+		}
+		take := func(list *[]cpuCall) cpuCall {
+			i := rng.IntN(len(*list))
+			c := (*list)[i]
+			*list = append((*list)[:i], (*list)[i+1:]...)
+			return c
+		}
+		for step := 0; step < 60; step++ {
+			switch k := rng.IntN(8); {
+			case k == 0 && live != nil:
+				round++
+				apply(live.lookup(&wire.Lookup{Epoch: 7, Round: round, Keys: wkeys("ns", "a", "b")}, false))
+			case k == 1 && len(lookups) > 0:
+				c := take(&lookups)
+				m := lease(c, lookupsOf[c.round], rng.IntN(2) == 0, rng.IntN(2) == 0)
+				if m.Status[0] == messages.Hit || m.Status[1] == messages.Hit {
+					held[c.holder] = true
+				}
+				apply(live.leased(c, m, false))
+			case k == 2 && live != nil && round > 0:
+				r := uint64(rng.IntN(int(round))) + 1
+				apply(live.fetch(&wire.Fetch{Epoch: 7, Round: r, Keys: wkeys("ns", "a"), Dest: []int{rng.IntN(5)}},
+					messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(step)}))
+			case k == 3 && len(pins) > 0:
+				c := take(&pins)
+				var err error
+				if rng.IntN(4) == 0 {
+					err = messages.ErrLeaseLost
+				}
+				apply(live.pinned(c, &messages.PinResult{Job: c.job, Slots: []int{1}, Err: err}))
+			case k == 4 && len(writes) > 0:
+				i := rng.IntN(len(writes))
+				w := writes[i]
+				writes = append(writes[:i], writes[i+1:]...)
+				writing[w.holder] = false
+				apply(writeDone(live, &w))
+			case k == 5 && live != nil && round > 0:
+				apply(live.abort(&wire.Abort{Epoch: 7, Round: uint64(rng.IntN(int(round))) + 1}))
+			case k == 6 && live != nil && rng.IntN(8) == 0:
+				end()
+			case k == 7 && live != nil && rng.IntN(4) == 0:
+				apply(live.releaseLeased()) // a drain began
+			}
+		}
+		// Everything outstanding comes back; then the session ends.
+		for len(lookups) > 0 || len(pins) > 0 || len(writes) > 0 {
+			switch {
+			case len(lookups) > 0:
+				c := take(&lookups)
+				held[c.holder] = true
+				apply(live.leased(c, lease(c, lookupsOf[c.round], true, true), false))
+			case len(pins) > 0:
+				c := take(&pins)
+				apply(live.pinned(c, &messages.PinResult{Job: c.job, Slots: []int{1}}))
+			default:
+				w := writes[0]
+				writes = writes[1:]
+				writing[w.holder] = false
+				apply(writeDone(live, &w))
+			}
+		}
+		if live != nil {
+			end()
+		}
+		for h := range held {
+			if want := 1; releases[h] != want && !(twice[h] && releases[h] == 2) {
+				t.Fatalf("seed %d: %s released %d times, want once", seed, h.ID, releases[h])
+			}
+		}
+		for r, n := range answers {
+			if n > 1 {
+				t.Fatalf("seed %d: round %d answered %d times", seed, r, n)
+			}
+		}
+	}
+}
