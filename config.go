@@ -1,6 +1,7 @@
 package kvtier
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -96,33 +97,15 @@ const (
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.PoolBytes == 0 {
-		c.PoolBytes = DefaultPoolBytes
-	}
-	if c.BlockBytes == 0 {
-		c.BlockBytes = DefaultBlockBytes
-	}
-	if c.Policy == "" {
-		c.Policy = "lru"
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
-	if c.JobWorkers == 0 {
-		c.JobWorkers = DefaultJobWorkers
-	}
-	if c.LoadJobTimeout == 0 {
-		c.LoadJobTimeout = DefaultEngineJobTimeout
-	}
-	if c.StoreJobTimeout == 0 {
-		c.StoreJobTimeout = DefaultEngineJobTimeout
-	}
-	if c.CallTimeout == 0 {
-		c.CallTimeout = DefaultCallTimeout
-	}
-	if c.EngineGrace == 0 {
-		c.EngineGrace = DefaultEngineGrace
-	}
+	c.PoolBytes = cmp.Or(c.PoolBytes, DefaultPoolBytes)
+	c.BlockBytes = cmp.Or(c.BlockBytes, DefaultBlockBytes)
+	c.Policy = cmp.Or(c.Policy, "lru")
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.JobWorkers = cmp.Or(c.JobWorkers, DefaultJobWorkers)
+	c.LoadJobTimeout = cmp.Or(c.LoadJobTimeout, DefaultEngineJobTimeout)
+	c.StoreJobTimeout = cmp.Or(c.StoreJobTimeout, DefaultEngineJobTimeout)
+	c.CallTimeout = cmp.Or(c.CallTimeout, DefaultCallTimeout)
+	c.EngineGrace = cmp.Or(c.EngineGrace, DefaultEngineGrace)
 	c.Events = c.Events.withDefaults()
 	if c.Clock == nil {
 		c.Clock = supervision.RealClock{}

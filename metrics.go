@@ -19,6 +19,39 @@ import (
 // metricsNamespace prefixes every kvtier metric name.
 const metricsNamespace = "kvtier"
 
+// descSet is a collector's descriptors by metric name (without the
+// namespace); it describes them all.
+type descSet map[string]*prometheus.Desc
+
+// newDescSet describes every metric of help with the labels labelsOf gives
+// for its name.
+func newDescSet(help map[string]string, labelsOf func(name string) []string) descSet {
+	d := make(descSet, len(help))
+	for name, h := range help {
+		d[name] = prometheus.NewDesc(metricsNamespace+"_"+name, h, labelsOf(name), nil)
+	}
+	return d
+}
+
+func (d descSet) Describe(ch chan<- *prometheus.Desc) {
+	for _, desc := range d {
+		ch <- desc
+	}
+}
+
+// send emits one sample of the metric name.
+func (d descSet) send(ch chan<- prometheus.Metric, name string, kind prometheus.ValueType, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d[name], kind, v, labels...)
+}
+
+// oneIf is a boolean as a gauge's value: 1 or 0.
+func oneIf(v bool) float64 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
 // DefaultMetricsTimeout bounds the Stats call of one scrape when the caller
 // passes no timeout.
 const DefaultMetricsTimeout = 5 * time.Second
@@ -134,12 +167,7 @@ func newStatsCollector(stats func(context.Context) (messages.Stats, error), time
 	add(statGauge, "leases", "Live leases.", i(func(s *messages.Stats) int { return s.Leases }))
 	add(statGauge, "jobs_in_flight", "Engine jobs awaiting worker reports.", i(func(s *messages.Stats) int { return s.JobsInFlight }))
 	add(statGauge, "requests", "Requests with state at the bridge.", i(func(s *messages.Stats) int { return s.Requests }))
-	add(statGauge, "paused", "1 while engine intake is paused.", func(s *messages.Stats) float64 {
-		if s.Paused {
-			return 1
-		}
-		return 0
-	})
+	add(statGauge, "paused", "1 while engine intake is paused.", func(s *messages.Stats) float64 { return oneIf(s.Paused) })
 	add(statGauge, "pool_bytes_used", "Bytes of slots not free (write-pending or ready).", func(s *messages.Stats) float64 {
 		return float64(s.Slots-s.Free) * float64(s.BlockBytes)
 	})

@@ -10,9 +10,9 @@ import (
 )
 
 type peerCollector struct {
+	descSet
 	node      *Node
 	transport rdma.Transport // captured at registration: Close clears the node's field
-	descs     map[string]*prometheus.Desc
 }
 
 var peerMetricHelp = map[string]string{
@@ -42,44 +42,30 @@ func (n *Node) registerPeerMetrics() {
 	if n.peers.counters == nil {
 		return
 	}
-	c := &peerCollector{node: n, transport: n.peers.transport, descs: map[string]*prometheus.Desc{}}
-	for name, help := range peerMetricHelp {
-		labels := []string{"peer"}
+	descs := newDescSet(peerMetricHelp, func(name string) []string {
 		switch name {
 		case "peer_frames_dropped_total", "peer_handshakes_refused_total":
-			labels = []string{"reason"}
+			return []string{"reason"}
 		case "rdma_bytes_sent_total", "rdma_bytes_received_total", "rdma_refused_total":
-			labels = []string{"kind"}
+			return []string{"kind"}
 		case "rdma_writes_total", "rdma_expects_total":
-			labels = []string{"kind", "result"}
+			return []string{"kind", "result"}
 		case "rdma_pending":
-			labels = []string{"kind", "side"}
+			return []string{"kind", "side"}
 		}
-		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, labels, nil)
-	}
-	n.registry.MustRegister(c)
-}
-
-func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
+		return []string{"peer"}
+	})
+	n.registry.MustRegister(&peerCollector{descSet: descs, node: n, transport: n.peers.transport})
 }
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 	ctr := c.node.peers.counters
 	metric := func(name string, kind prometheus.ValueType, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(c.descs[name], kind, v, labels...)
-	}
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
+		c.send(ch, name, kind, v, labels...)
 	}
 	for _, p := range ctr.Peers() {
-		metric("peer_ready", prometheus.GaugeValue, b(p.Ready), p.Node)
-		metric("peer_serving", prometheus.GaugeValue, b(p.Serving), p.Node)
+		metric("peer_ready", prometheus.GaugeValue, oneIf(p.Ready), p.Node)
+		metric("peer_serving", prometheus.GaugeValue, oneIf(p.Serving), p.Node)
 		metric("peer_lookup_keys_total", prometheus.CounterValue, float64(p.Lookups), p.Node)
 		metric("peer_lookup_hits_total", prometheus.CounterValue, float64(p.Hits), p.Node)
 		metric("peer_fetched_blocks_total", prometheus.CounterValue, float64(p.Fetched), p.Node)

@@ -12,8 +12,8 @@ import (
 )
 
 type tierCollector struct {
-	node  *Node
-	descs map[string]*prometheus.Desc
+	descSet
+	node *Node
 }
 
 var tierMetricHelp = map[string]string{
@@ -40,23 +40,14 @@ func (n *Node) registerTierMetrics() {
 	if n.tiers.tiering == nil {
 		return
 	}
-	c := &tierCollector{node: n, descs: map[string]*prometheus.Desc{}}
-	for name, help := range tierMetricHelp {
-		var labels []string
+	descs := newDescSet(tierMetricHelp, func(name string) []string {
 		switch name {
 		case "promotions_full_total", "promotions_busy_total", "secondary_lookups_timed_out_total", "stalled_promotions_total", "stalled_cascades_total":
-		default:
-			labels = []string{"tier"}
+			return nil
 		}
-		c.descs[name] = prometheus.NewDesc(metricsNamespace+"_"+name, help, labels, nil)
-	}
-	n.registry.MustRegister(c)
-}
-
-func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
+		return []string{"tier"}
+	})
+	n.registry.MustRegister(&tierCollector{descSet: descs, node: n})
 }
 
 func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
@@ -65,14 +56,14 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	s, err := c.node.TieringStats(ctx)
 	if err != nil {
 		// NB: said, not swallowed: a scrape must not read as "no tiers"
-		ch <- prometheus.NewInvalidMetric(c.descs["tier_blocks"], fmt.Errorf("kvtier metrics: reading tier stats: %w", err))
+		ch <- prometheus.NewInvalidMetric(c.descSet["tier_blocks"], fmt.Errorf("kvtier metrics: reading tier stats: %w", err))
 		return
 	}
 	counter := func(name string, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v, labels...)
+		c.send(ch, name, prometheus.CounterValue, v, labels...)
 	}
 	gauge := func(name string, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v, labels...)
+		c.send(ch, name, prometheus.GaugeValue, v, labels...)
 	}
 	for _, t := range s.Tiers {
 		counter("cascade_dropped_total", float64(s.CascadeDropped[t.Name]), t.Name)
@@ -85,11 +76,7 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		counter("tier_evictions_total", float64(t.Evictions), t.Name)
 		gauge("tier_blocks", float64(t.Blocks), t.Name)
 		gauge("tier_bytes", float64(t.Bytes), t.Name)
-		healthy := 0.0
-		if t.Healthy {
-			healthy = 1
-		}
-		gauge("tier_healthy", healthy, t.Name)
+		gauge("tier_healthy", oneIf(t.Healthy), t.Name)
 	}
 	counter("promotions_full_total", float64(s.PromotionsFull))
 	counter("promotions_busy_total", float64(s.PromotionsBusy))

@@ -193,14 +193,10 @@ func testStoreLookupLoadRoundTrip(t *testing.T, m mode) {
 	s := h.stats()
 	require.Equal(t, 3, s.Pinned)
 	require.Zero(t, s.Leased, "PrepareLoad consumes the leases")
-	pending, err := h.m.HasPendingWork(h.ctx)
-	require.NoError(t, err)
-	require.True(t, pending)
+	require.True(t, h.pending())
 
 	require.NoError(t, h.m.JobDone(h.ctx, job.ID, 0, true))
-	pending, err = h.m.HasPendingWork(h.ctx)
-	require.NoError(t, err)
-	require.False(t, pending)
+	require.False(t, h.pending())
 	h.quiet()
 
 	events, err := h.m.TakeEvents(h.ctx)
@@ -219,8 +215,7 @@ func testPrefixLookupStopsAtFirstMiss(t *testing.T, m mode) {
 	req := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, keys(1, 3))
 	require.NoError(t, h.m.RequestFinished(h.ctx, &messages.ReqContext{RequestID: "probe"}))
-	st, err := h.m.Lookup(h.ctx, req, keys(1, 2, 3), true)
-	require.NoError(t, err)
+	st := h.lookup(req, keys(1, 2, 3), true)
 	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss, messages.Miss}, st)
 	require.Equal(t, 1, h.stats().Leased, "keys after the first miss are not leased")
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
@@ -316,8 +311,7 @@ func testBadInputGetsTypedErrors(t *testing.T, m mode) {
 	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrUnknownJob, "job ended by CompleteStore")
 	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 5, true), messages.ErrUnknownJob)
 
-	st, err := h.m.Lookup(h.ctx, req, keys(7), false)
-	require.NoError(t, err)
+	st := h.lookup(req, keys(7), false)
 	require.Equal(t, messages.Hit, st[0], "CompleteStore answers once the block is readable")
 	require.Equal(t, uint64(3), h.stats().LateReports)
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
@@ -351,9 +345,7 @@ func testWorkerReportsCompleteAJob(t *testing.T, m mode) {
 	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 0, true), messages.ErrBadWorker, "duplicate report")
 	require.ErrorIs(t, h.m.JobDone(h.ctx, plan.Job, 3, true), messages.ErrBadWorker, "out of range")
 	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 1, false))
-	pending, err := h.m.HasPendingWork(h.ctx)
-	require.NoError(t, err)
-	require.True(t, pending, "one worker still owes a report")
+	require.True(t, h.pending(), "one worker still owes a report")
 	require.NoError(t, h.m.JobDone(h.ctx, plan.Job, 2, true))
 
 	// One worker failed: the store is not readable and its slot is free.
@@ -392,8 +384,7 @@ func testStalledJobsAreReapedAtTheirDeadline(t *testing.T, m mode) {
 	require.Equal(t, uint64(1), s.JobsReapedStore)
 	require.Zero(t, s.Pinned, "reaped load released its pin")
 	require.Zero(t, s.WritePending, "reaped store freed its slot")
-	st, err := h.m.Lookup(h.ctx, &messages.ReqContext{RequestID: "p"}, keys(2), false)
-	require.NoError(t, err)
+	st := h.lookup(&messages.ReqContext{RequestID: "p"}, keys(2), false)
 	require.Equal(t, messages.Miss, st[0], "a reaped store is never readable")
 
 	// Reports after reaping are counted and dropped.
@@ -425,16 +416,14 @@ func testPauseStopsIntakeAndResumeRestoresIt(t *testing.T, m mode) {
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
 
 	require.NoError(t, h.m.Pause(h.ctx, false))
-	st, err := h.m.Lookup(h.ctx, req, keys(1), false)
-	require.NoError(t, err)
+	st := h.lookup(req, keys(1), false)
 	require.Equal(t, messages.Miss, st[0])
-	_, err = h.m.PrepareStore(h.ctx, req, keys(2))
+	_, err := h.m.PrepareStore(h.ctx, req, keys(2))
 	require.ErrorIs(t, err, messages.ErrPaused)
 	require.True(t, h.stats().Paused)
 
 	require.NoError(t, h.m.Resume(h.ctx))
-	st, err = h.m.Lookup(h.ctx, req, keys(1), false)
-	require.NoError(t, err)
+	st = h.lookup(req, keys(1), false)
 	require.Equal(t, messages.Hit, st[0], "pause without clearCache keeps the blocks")
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
 }
@@ -511,8 +500,7 @@ func testBridgeRestartReleasesEngineState(t *testing.T, m mode) {
 	for h.stats().WritePending != 0 {
 		require.NoError(t, h.ctx.Err())
 	}
-	st, err := h.m.Lookup(h.ctx, reader, keys(1, 2), false)
-	require.NoError(t, err)
+	st := h.lookup(reader, keys(1, 2), false)
 	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss}, st, "ready blocks survive")
 	require.NoError(t, h.m.RequestFinished(h.ctx, reader))
 	h.quiet()

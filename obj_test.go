@@ -9,7 +9,6 @@ package kvtier
 // by answers that change from RETRY to MISS with the clock standing still.
 
 import (
-	"bytes"
 	"net/http"
 	"testing"
 
@@ -57,28 +56,11 @@ func (h *harness) awaitObjHealth(healthy bool) {
 func TestObjCascadeThenPromotion(t *testing.T) {
 	s := objtest.Start(t, objBucket)
 	h := open(t, 8, withObj(s))
-	h.store(&messages.ReqContext{RequestID: "w"}, ids(0, 8)...)
-	h.idle()
-	require.Equal(t, uint64(8), h.tiering().CascadeWritten["obj"])
-	h.evictAll(8)
-	h.quiet()
-
-	req := &messages.ReqContext{RequestID: "r"}
-	ks := keys(ids(0, 8)...)
-	first := h.lookup(req, ks, true)
-	require.Equal(t, messages.Retry, first[0], "a CPU miss found in obj is RETRY first")
-	h.idle()
-	require.Equal(t, statuses(8, messages.Hit), h.lookup(req, ks, true), "promoted from S3")
-	h.loadAndVerify(req, ids(0, 8)...)
-	h.quiet()
-	ts := h.tiering()
-	require.Equal(t, uint64(8), ts.Promoted["obj"])
+	_, ts := h.cascadeThenPromote("obj", "promoted from S3")
 	require.Zero(t, ts.LookupsTimedOut)
 	require.Equal(t, "obj", ts.Tiers[0].Kind)
 	require.True(t, ts.Tiers[0].Healthy)
-	has, err := h.m.HasPendingWork(h.ctx)
-	require.NoError(t, err)
-	require.False(t, has, "secondary work is never engine work")
+	require.False(t, h.pending(), "secondary work is never engine work")
 }
 
 // The server is killed mid-run: cascades are shed (counted), lookups turn
@@ -143,16 +125,7 @@ func TestObjCorruptObjectIsDeletedNotServed(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 	name := "node/" + blockfmt.RelPath(key(7))
-	o, err := raw.Raw().GetObject(h.ctx, objBucket, name, minio.GetObjectOptions{})
-	require.NoError(t, err)
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(o)
-	require.NoError(t, err)
-	require.NoError(t, o.Close())
-	data := buf.Bytes()
-	data[blockfmt.HeaderSize+100] ^= 0x01
-	_, err = raw.Raw().PutObject(h.ctx, objBucket, name, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{})
-	require.NoError(t, err)
+	objtest.Corrupt(t, h.ctx, raw, objBucket, name, func(data []byte) { data[blockfmt.HeaderSize+100] ^= 0x01 })
 
 	req := &messages.ReqContext{RequestID: "r"}
 	require.Equal(t, messages.Retry, h.lookup(req, keys(7), true)[0])
@@ -195,18 +168,7 @@ func TestObjMetrics(t *testing.T) {
 	h := open(t, 4, withObj(s))
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	h.idle()
-	mfs, err := h.node.Registry().Gather()
-	require.NoError(t, err)
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "tier" && l.GetValue() == "obj" {
-					got[mf.GetName()] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
+	got := h.metricTotals("tier", "obj")
 	require.Equal(t, 2.0, got["kvtier_cascade_written_total"])
 	require.Equal(t, 1.0, got["kvtier_tier_healthy"])
 }

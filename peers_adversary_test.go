@@ -162,11 +162,8 @@ func TestPeersRefuseBadHandshakes(t *testing.T) {
 // requireStillServes stores blocks on prod and fetches them on cons.
 func requireStillServes(t *testing.T, prod, cons *harness, from int) {
 	t.Helper()
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(from, 4)...)
+	prod.storeReady(ids(from, 4)...)
 	ks := keys(ids(from, 4)...)
-	probe := &messages.ReqContext{RequestID: "probe"}
-	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 	req := &messages.ReqContext{RequestID: "r"}
 	cons.lookup(req, ks, true)
 	cons.idle()
@@ -177,11 +174,8 @@ func requireStillServes(t *testing.T, prod, cons *harness, from int) {
 
 func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	prod, cons := openPair(t, 32)
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
-	probe := &messages.ReqContext{RequestID: "probe"}
+	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
-	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 
 	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
 	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
@@ -348,11 +342,8 @@ func TestPeersMalformedFloodDropsTheSession(t *testing.T) {
 // serving others.
 func TestPeersDeadConsumerReleasesItsLeasesAtOnce(t *testing.T) {
 	prod, cons := openPair(t, 32)
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
-	probe := &messages.ReqContext{RequestID: "probe"}
-	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 
 	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "doomed")
 	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)

@@ -35,10 +35,8 @@ func openPair(t *testing.T, slots int, tweak ...func(*Config)) (prod, cons *harn
 
 func TestPeersFetchStoredBlocksAndVerify(t *testing.T) {
 	prod, cons := openPair(t, 64)
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 16)...)
+	prod.storeReady(ids(0, 16)...)
 	ks := keys(ids(0, 16)...)
-	require.Equal(t, statuses(16, messages.Hit), prod.lookupUntilSettled(&messages.ReqContext{RequestID: "probe"}, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, &messages.ReqContext{RequestID: "probe"}))
 
 	req := &messages.ReqContext{RequestID: "r"}
 	first := cons.lookup(req, ks, true)
@@ -56,9 +54,7 @@ func TestPeersFetchStoredBlocksAndVerify(t *testing.T) {
 	require.Len(t, ps, 1)
 	require.Equal(t, uint64(16), ps[0].Fetched)
 	require.Equal(t, uint64(16*testBlock), ps[0].FetchBytes)
-	has, err := cons.m.HasPendingWork(cons.ctx)
-	require.NoError(t, err)
-	require.False(t, has, "peer fetches are never engine work")
+	require.False(t, cons.pending(), "peer fetches are never engine work")
 }
 
 func TestPeersMissEverywhereIsAMiss(t *testing.T) {
@@ -73,11 +69,8 @@ func TestPeersMissEverywhereIsAMiss(t *testing.T) {
 
 func TestPeersShutdownRefusesNewRoundsAndSaysBye(t *testing.T) {
 	prod, cons := openPair(t, 32)
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
-	probe := &messages.ReqContext{RequestID: "probe"}
-	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 
 	res, err := prod.node.shutdownPeers(prod.ctx, time.Now().Add(time.Second))
 	require.NoError(t, err)
@@ -96,11 +89,9 @@ func TestPeersShutdownRefusesNewRoundsAndSaysBye(t *testing.T) {
 // from them: a source that is not a ready peer means MISS.
 func TestPeersPerRequestSource(t *testing.T) {
 	prod, cons := openPair(t, 32)
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 4)...)
+	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
 	probe := &messages.ReqContext{RequestID: "probe"}
-	require.Equal(t, statuses(4, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 
 	other := &messages.ReqContext{RequestID: "other", PeerSources: []string{"elsewhere"}}
 	cons.lookup(other, ks, true)
@@ -186,11 +177,8 @@ func TestPeersBitFlipOnTheDataPlaneIsNeverCommitted(t *testing.T) {
 		func(c *Config) { c.Peers.TransportImpl = flip })
 	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
 
-	prod.store(&messages.ReqContext{RequestID: "w"}, ids(0, 8)...)
+	prod.storeReady(ids(0, 8)...)
 	ks := keys(ids(0, 8)...)
-	probe := &messages.ReqContext{RequestID: "probe"}
-	require.Equal(t, statuses(8, messages.Hit), prod.lookupUntilSettled(probe, ks))
-	require.NoError(t, prod.m.RequestFinished(prod.ctx, probe))
 
 	req := &messages.ReqContext{RequestID: "r"}
 	cons.lookup(req, ks, false)

@@ -88,30 +88,37 @@ func (h *harness) evictAll(slots int) {
 	h.idle()
 }
 
-func TestSecondaryCascadeThenPromotion(t *testing.T) {
-	root := t.TempDir()
-	h := open(t, 8, withFS(root))
+// cascadeThenPromote stores blocks 0..7, which cascade to the tier kind,
+// evicts them from the CPU and looks them up as a prefix: RETRY first, then,
+// once promoted, a HIT for all, every byte verified. It returns the first
+// lookup's statuses and the tiering stats once quiet.
+func (h *harness) cascadeThenPromote(kind, promotedMsg string) ([]messages.LookupStatus, messages.TieringStats) {
+	h.t.Helper()
 	h.store(&messages.ReqContext{RequestID: "w"}, ids(0, 8)...)
 	h.idle()
-	require.Equal(t, uint64(8), h.tiering().CascadeWritten["fs"])
+	require.Equal(h.t, uint64(8), h.tiering().CascadeWritten[kind])
 	h.evictAll(8)
 	h.quiet()
 
 	req := &messages.ReqContext{RequestID: "r"}
 	ks := keys(ids(0, 8)...)
 	first := h.lookup(req, ks, true)
-	require.Equal(t, messages.Retry, first[0], "a CPU miss found in fs is RETRY first")
-	require.Equal(t, statuses(7, messages.Miss), first[1:], "prefix: the scan stops at the RETRY")
+	require.Equal(h.t, messages.Retry, first[0], "a CPU miss found in %s is RETRY first", kind)
 	h.idle()
-	require.Equal(t, statuses(8, messages.Hit), h.lookup(req, ks, true), "promoted: the next lookup hits the whole prefix")
+	require.Equal(h.t, statuses(8, messages.Hit), h.lookup(req, ks, true), promotedMsg)
 	h.loadAndVerify(req, ids(0, 8)...)
 	h.quiet()
 	ts := h.tiering()
-	require.Equal(t, uint64(8), ts.Promoted["fs"])
+	require.Equal(h.t, uint64(8), ts.Promoted[kind])
+	return first, ts
+}
+
+func TestSecondaryCascadeThenPromotion(t *testing.T) {
+	h := open(t, 8, withFS(t.TempDir()))
+	first, ts := h.cascadeThenPromote("fs", "promoted: the next lookup hits the whole prefix")
+	require.Equal(t, statuses(7, messages.Miss), first[1:], "prefix: the scan stops at the RETRY")
 	require.Equal(t, 0, ts.InFlightCascades+ts.InFlightLookups+ts.InFlightPromotions)
-	has, err := h.m.HasPendingWork(h.ctx)
-	require.NoError(t, err)
-	require.False(t, has, "secondary work is never engine work")
+	require.False(t, h.pending(), "secondary work is never engine work")
 }
 
 func TestSecondaryNonPrefixLookupAndAbsentKeys(t *testing.T) {
@@ -327,23 +334,32 @@ func TestSecondaryDiskFullTmpfs(t *testing.T) {
 	h.quiet()
 }
 
+// metricTotals sums, by metric name, the counter and gauge values of the
+// node's series labelled label=value; of every series when label is "".
+func (h *harness) metricTotals(label, value string) map[string]float64 {
+	h.t.Helper()
+	mfs, err := h.node.Registry().Gather()
+	require.NoError(h.t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labelled := label == ""
+			for _, l := range m.GetLabel() {
+				labelled = labelled || l.GetName() == label && l.GetValue() == value
+			}
+			if labelled {
+				got[mf.GetName()] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return got
+}
+
 func TestSecondaryMetrics(t *testing.T) {
 	h := open(t, 4, withFS(t.TempDir()))
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	h.idle()
-	mfs, err := h.node.Registry().Gather()
-	require.NoError(t, err)
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if c := m.GetCounter(); c != nil {
-				got[mf.GetName()] += c.GetValue()
-			}
-			if g := m.GetGauge(); g != nil {
-				got[mf.GetName()] += g.GetValue()
-			}
-		}
-	}
+	got := h.metricTotals("", "")
 	require.Equal(t, 2.0, got["kvtier_cascade_written_total"])
 	require.Equal(t, 0.0, got["kvtier_cascade_dropped_total"])
 	require.Equal(t, 2.0, got["kvtier_tier_blocks"])

@@ -51,10 +51,9 @@ type Session struct {
 	log    zerolog.Logger
 
 	out     outbound
-	in      *inbound // the ready inbound session, nil until one completes its handshake
-	hs      *inbound // an inbound handshake in progress (it replaces in only once authenticated)
-	rounds  map[uint64]*outRound
-	round   uint64 // last round number used
+	in      *inbound  // the ready inbound session, nil until one completes its handshake
+	hs      *inbound  // an inbound handshake in progress (it replaces in only once authenticated)
+	rounds  *consumer // the rounds we started on the peer
 	corr    uint64
 	pending map[uint64]cpuCall
 	bad     int // malformed inbound frames
@@ -112,47 +111,6 @@ const (
 	outReady
 )
 
-// outRound is one round we started.
-type outRound struct {
-	n      uint64
-	epoch  uint64
-	phase  roundPhase
-	keys   []messages.Key // asked (namespaces we share)
-	index  []int          // position of each asked key in the PeerLookup
-	total  int            // keys in the PeerLookup
-	corr   uint64         // the P2P tier's PeerLookup / PeerFetch
-	asker  *actor.PID
-	start  time.Time
-	timer  supervision.Timer
-	tseq   uint64
-	fetch  *outFetch
-	reason error              // why a fetch in flight is failing (cancel requested)
-	done   bool               // the producer's TransferDone{OK} came
-	prov   []*wire.Provenance // the LookupResp's, per asked key
-}
-
-type outFetch struct {
-	keys      []messages.Key
-	slots     []int
-	sums      []uint32
-	token     rdma.Token
-	start     time.Time
-	chunks    int
-	waiting   int    // chunks whose transfer has not completed
-	verifying int    // chunks being verified
-	arrived   []bool // per chunk
-	ok        []bool // per key, once its chunk is verified
-}
-
-type roundPhase uint8
-
-const (
-	roundLooking roundPhase = iota
-	roundLeased
-	roundFetching
-	roundVerified // bytes verified; waiting for the producer's TransferDone
-)
-
 // Messages a session sends itself.
 type (
 	inboundFrame struct {
@@ -191,8 +149,9 @@ type (
 
 func sessionProps(cfg *Config, ctr *Counters, node, addr string, sendIn func([]byte) bool) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Session{cfg: cfg, ctr: ctr, pc: ctr.peer(node), node: node, addr: addr, sendIn: sendIn,
-			log: cfg.Log.With().Str("peer", node).Logger(), rounds: map[uint64]*outRound{}, pending: map[uint64]cpuCall{}}
+		pc := ctr.peer(node)
+		return &Session{cfg: cfg, ctr: ctr, pc: pc, node: node, addr: addr, sendIn: sendIn,
+			log: cfg.Log.With().Str("peer", node).Logger(), rounds: newConsumer(cfg, node, pc), pending: map[uint64]cpuCall{}}
 	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
@@ -218,17 +177,17 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *inboundFrame:
 		s.onInboundFrame(ctx, m)
 	case *messages.PeerLookup:
-		s.lookup(ctx, m)
+		s.carryOut(ctx, s.rounds.lookup(m, ctx.Sender(), s.linkNow()))
 	case *messages.PeerFetch:
 		s.fetch(ctx, m)
 	case *messages.PeerRelease:
-		s.release(m)
+		s.carryOut(ctx, s.rounds.release(m, s.linkNow()))
 	case *roundTimer:
-		s.onRoundTimer(ctx, m)
+		s.carryOut(ctx, s.rounds.deadline(m, s.linkNow()))
 	case *arrived:
-		s.onArrived(ctx, m)
+		s.carryOut(ctx, s.rounds.arrived(m))
 	case *verified:
-		s.onVerified(ctx, m)
+		s.carryOut(ctx, s.rounds.verified(m))
 	case *messages.LookupResult:
 		s.onLeased(ctx, m)
 	case *messages.PinResult:
@@ -247,7 +206,7 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *drainDeadline:
 		s.forceDrain(ctx)
 	case *idleCheck:
-		if m.seq == s.idleSeq && s.addr == "" && s.in == nil && len(s.rounds) == 0 {
+		if m.seq == s.idleSeq && s.addr == "" && s.in == nil && len(s.rounds.rounds) == 0 {
 			ctx.Send(ctx.Parent(), &sessionIdle{node: s.node, pid: ctx.Self()})
 		}
 	case *actor.Restarting, *actor.Stopping:
@@ -374,9 +333,7 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 		s.out.hb.Stop()
 	}
 	s.out.hbArmed, s.out.pingSeq, s.out.pongSeq, s.out.missed = false, 0, 0, 0
-	for _, r := range s.rounds {
-		s.failRound(ctx, r, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, reason))
-	}
+	s.carryOut(ctx, s.rounds.failAll(fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, reason)))
 	if s.out.link != nil {
 		l := s.out.link
 		s.out.link = nil
@@ -404,16 +361,6 @@ func (s *Session) armHeartbeat(ctx actor.Context) {
 	s.out.hb = s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &hbTimer{gen: gen}) })
 }
 
-// roundsInFlight reports whether a round of ours waits on the peer.
-func (s *Session) roundsInFlight() bool {
-	for _, r := range s.rounds {
-		if r.phase == roundLooking || r.phase == roundFetching || r.phase == roundVerified {
-			return true
-		}
-	}
-	return false
-}
-
 func (s *Session) onHeartbeat(ctx actor.Context, m *hbTimer) {
 	if m.gen != s.out.gen {
 		return
@@ -422,7 +369,7 @@ func (s *Session) onHeartbeat(ctx actor.Context, m *hbTimer) {
 	if s.out.phase != outReady {
 		return
 	}
-	if !s.roundsInFlight() {
+	if !s.rounds.waitingOnPeer() {
 		s.out.pingSeq, s.out.pongSeq, s.out.missed = 0, 0, 0 // idle: stop until the next round
 		return
 	}
@@ -459,9 +406,9 @@ func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
 	case *wire.Refuse:
 		s.refusedOut(ctx, "by_peer_"+f.Reason, f.Msg)
 	case *wire.LookupResp:
-		s.onLookupResp(ctx, f)
+		s.carryOut(ctx, s.rounds.lookupResp(f))
 	case *wire.TransferDone:
-		s.onTransferDone(ctx, f)
+		s.carryOut(ctx, s.rounds.transferDone(f))
 	case *wire.AbortAck:
 		// Nothing held: the round was forgotten when we sent the Abort.
 	case *wire.Pong:
@@ -487,171 +434,73 @@ func (s *Session) sendOut(f wire.Frame) {
 	s.out.link.send(b)
 }
 
-// --- outbound: rounds -------------------------------------------------------
+// --- outbound: rounds (we are the consumer; consumer.go decides) -----------
 
-// lookup starts a Lookup round for the keys in namespaces we share.
-func (s *Session) lookup(ctx actor.Context, m *messages.PeerLookup) {
-	if s.out.phase != outReady || s.drain != nil {
-		ctx.Respond(&messages.PeerLookupResult{Corr: m.Corr, Node: s.node, Hits: make([]bool, len(m.Keys)),
-			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
-		return
+// carryOut does what a consumer decision asks, in its order.
+func (s *Session) carryOut(ctx actor.Context, o consumed) {
+	for _, reason := range o.drops {
+		s.ctr.drop(reason)
 	}
-	r := &outRound{epoch: s.out.epoch, phase: roundLooking, total: len(m.Keys), corr: m.Corr, asker: ctx.Sender(), start: s.cfg.Clock.Now()}
-	wk := make([]wire.Key, 0, len(m.Keys))
-	for i, k := range m.Keys {
-		if !sharedNamespace(s.cfg.Namespaces, string(k.Namespace)) {
-			continue
-		}
-		r.keys, r.index = append(r.keys, k), append(r.index, i)
-		wk = append(wk, wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group})
-		if len(wk) == wire.MaxKeys {
-			break // the rest count as misses: the next lookup asks again
+	for _, a := range o.answers {
+		if a.to != nil {
+			ctx.Send(a.to, a.msg)
 		}
 	}
-	s.round++
-	r.n = s.round
-	s.rounds[r.n] = r
-	s.pc.lookups.Add(uint64(len(r.keys)))
-	if len(r.keys) == 0 {
-		s.answerLookup(ctx, r, nil, nil, nil)
-		return
+	for _, f := range o.frames {
+		s.sendOut(f)
 	}
-	s.armRound(ctx, r, s.cfg.LookupTimeout)
-	s.armHeartbeat(ctx)
-	s.sendOut(&wire.Lookup{Epoch: s.out.epoch, Round: r.n, Keys: wk})
+	for _, tok := range o.cancel {
+		s.cfg.Transport.Cancel(tok)
+	}
+	for _, v := range o.verify {
+		s.verifyChunk(ctx, v)
+	}
+	for _, r := range o.arm {
+		s.armRound(ctx, r)
+	}
+	if o.heartbeat {
+		s.armHeartbeat(ctx)
+	}
+	if o.corrupt > 0 {
+		s.log.Warn().Int("blocks", o.corrupt).Msg("peer: fetched blocks failed their checksum; dropped")
+	}
+	if o.reset != "" {
+		s.resetOut(ctx, o.reset)
+	}
 }
 
-func (s *Session) armRound(ctx actor.Context, r *outRound, d time.Duration) {
+// linkNow is the outbound session as the consumer's decisions see it.
+func (s *Session) linkNow() linkNow {
+	return linkNow{epoch: s.out.epoch, ready: s.out.phase == outReady, draining: s.drain != nil}
+}
+
+// armRound (re)arms a round's deadline, unless the round already ended.
+func (s *Session) armRound(ctx actor.Context, r *outRound) {
+	if s.rounds.rounds[r.n] != r {
+		return
+	}
 	if r.timer != nil {
 		r.timer.Stop()
 	}
-	r.tseq++
 	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &roundTimer{round: r.n, seq: r.tseq}
-	r.timer = s.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
-}
-
-func (s *Session) onLookupResp(ctx actor.Context, f *wire.LookupResp) {
-	r := s.rounds[f.Round]
-	if r == nil || r.phase != roundLooking {
-		s.ctr.drop("stale_round")
-		return
-	}
-	if len(f.Hits) != len(r.keys) || len(f.Checksums) != len(r.keys) {
-		s.ctr.drop("malformed")
-		s.failRound(ctx, r, fmt.Errorf("%w: lookup answer of %d keys for %d", messages.ErrPeerRefused, len(f.Hits), len(r.keys)))
-		return
-	}
-	if len(f.Prov) != 0 && len(f.Prov) != len(r.keys) {
-		s.ctr.drop("malformed")
-		s.failRound(ctx, r, fmt.Errorf("%w: %d provenances for %d keys", messages.ErrPeerRefused, len(f.Prov), len(r.keys)))
-		return
-	}
-	r.prov = f.Prov
-	s.answerLookup(ctx, r, f.Hits, f.Checksums, nil)
-}
-
-// answerLookup answers the round's PeerLookup; a round with hits stays
-// leased (until a fetch, a release or the lease TTL), others end.
-func (s *Session) answerLookup(ctx actor.Context, r *outRound, hits []bool, sums []uint32, err error) {
-	res := &messages.PeerLookupResult{Corr: r.corr, Node: s.node, Round: r.n, Hits: make([]bool, r.total),
-		Checksums: make([]uint32, r.total), Err: err, RTT: s.cfg.Clock.Now().Sub(r.start)}
-	n := 0
-	for i, hit := range hits {
-		if hit {
-			res.Hits[r.index[i]], res.Checksums[r.index[i]] = true, sums[i]
-			n++
-			if i < len(r.prov) && r.prov[i] != nil {
-				if res.Prov == nil {
-					res.Prov = make([]*messages.Provenance, r.total)
-				}
-				res.Prov[r.index[i]] = fromWireProv(r.prov[i])
-			}
-		}
-	}
-	s.pc.hits.Add(uint64(n))
-	s.send(ctx, r.asker, res)
-	if n == 0 {
-		s.endRound(r)
-		return
-	}
-	r.phase = roundLeased
-	// The producer's lease ends at LeaseTTL: so does our memory of it.
-	s.armRound(ctx, r, s.cfg.LeaseTTL)
-}
-
-func (s *Session) send(ctx actor.Context, to *actor.PID, msg any) {
-	if to != nil {
-		ctx.Send(to, msg)
-	}
-}
-
-func (s *Session) endRound(r *outRound) {
-	if r.timer != nil {
-		r.timer.Stop()
-	}
-	delete(s.rounds, r.n)
+	r.timer = s.cfg.Clock.AfterFunc(r.wait, func() { root.Send(self, msg) })
 }
 
 // fetch starts the data-plane transfer of leased hits into reserved slots.
 func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
-	fail := func(err error) {
-		ctx.Respond(&messages.PeerFetchResult{Corr: m.Corr, Node: s.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
-	}
-	r := s.rounds[m.Round]
-	switch {
-	case r == nil || r.phase != roundLeased:
-		fail(fmt.Errorf("%w: round %d not leased", messages.ErrLeaseLost, m.Round))
-		return
-	case s.out.phase != outReady || r.epoch != s.out.epoch || s.drain != nil:
-		s.endRound(r)
-		fail(messages.ErrPeerUnavailable)
-		return
-	case len(m.Keys) != len(m.Slots) || len(m.Keys) != len(m.Checksums) || len(m.Keys) > wire.MaxKeys:
-		fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums", messages.ErrBadRequest, len(m.Keys), len(m.Slots), len(m.Checksums)))
+	r, f, o := s.rounds.startFetch(m, ctx.Sender(), s.linkNow())
+	if r == nil {
+		s.carryOut(ctx, o)
 		return
 	}
-	tok := rdma.NewToken()
-	n := chunkCount(len(m.Keys), s.cfg.BlockBytes)
-	f := &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: tok, start: s.cfg.Clock.Now(),
-		chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}
-	if err := s.expectChunks(ctx, r.n, m.Corr, f); err != nil {
-		s.endRound(r)
-		fail(fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err))
-		return
-	}
-	r.phase, r.corr, r.asker = roundFetching, m.Corr, ctx.Sender()
-	r.fetch = f
-	wk := make([]wire.Key, len(m.Keys))
-	for i, k := range m.Keys {
-		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
-	}
-	s.armRound(ctx, r, s.cfg.FetchTimeout)
-	s.armHeartbeat(ctx)
-	s.sendOut(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: tok[:]})
+	announced, err := s.expectChunks(ctx, r.n, m.Corr, f)
+	s.carryOut(ctx, s.rounds.fetching(r, f, m, ctx.Sender(), announced, err))
 }
 
-// onTransferDone: the producer's end of the fetch. The consumer answers
-// once the bytes are verified AND the producer said done: by then the
-// producer has released the round's pins and leases (its release was sent
-// to its CPU tier before the TransferDone), so a settled consumer implies a
-// settled producer.
-func (s *Session) onTransferDone(ctx actor.Context, f *wire.TransferDone) {
-	r := s.rounds[f.Round]
-	if r == nil || r.phase < roundFetching {
-		s.ctr.drop("stale_round")
-		return
-	}
-	if !f.OK {
-		s.abortFetch(ctx, r, fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason))
-		return
-	}
-	r.done = true
-	s.checkFetch(ctx, r)
-}
-
-// expectChunks announces every chunk of f to the transport. On a refusal
-// the chunks already announced are canceled (they still complete, once).
-func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetch) error {
+// expectChunks announces the chunks of f to the transport, in order, until
+// one is refused: it returns how many were announced and the refusal. The
+// last announced chunk's completion reports itself as the fetch's last.
+func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetch) (int, error) {
 	self, root, asker := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender()
 	last := newLastOf(f.chunks)
 	for i := range f.chunks {
@@ -661,85 +510,20 @@ func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetc
 			root.Send(self, &arrived{round: round, chunk: i, last: isLast, corr: corr, asker: asker, c: c})
 		})
 		if err != nil {
-			for j := range i {
-				s.cfg.Transport.Cancel(chunkToken(f.token, j))
-			}
 			last.skip(f.chunks-i, nil) // never announced: not waited for
-			if i > 0 {
-				// The canceled chunks' completions still come; the round
-				// stays until the last one so the slots are not freed early.
-				r := s.rounds[round]
-				r.reason = fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err)
-				return nil
-			}
-			return err
-		}
-		f.waiting++
-	}
-	return nil
-}
-
-// abortFetch fails a fetch in flight: chunks not yet in are canceled; the
-// round is answered once none is outstanding.
-func (s *Session) abortFetch(ctx actor.Context, r *outRound, err error) {
-	if r.reason == nil {
-		r.reason = err
-	}
-	if r.fetch != nil {
-		for i, in := range r.fetch.arrived {
-			if !in {
-				s.cfg.Transport.Cancel(chunkToken(r.fetch.token, i))
-			}
+			return i, err
 		}
 	}
-	s.checkFetch(ctx, r)
+	return f.chunks, nil
 }
 
-// checkFetch finishes a fetch once no chunk is in flight or verifying:
-// failed, or verified and confirmed by the producer's TransferDone (else it
-// waits for it, until the round's deadline).
-func (s *Session) checkFetch(ctx actor.Context, r *outRound) {
-	f := r.fetch
-	if f == nil || f.waiting > 0 || f.verifying > 0 {
-		return
-	}
-	switch {
-	case r.reason != nil:
-		s.finishFetch(ctx, r, nil, r.reason)
-	case r.done:
-		s.finishFetch(ctx, r, f.ok, nil)
-	default:
-		r.phase = roundVerified
-	}
-}
-
-// onArrived: the transport no longer touches the round's slots.
-func (s *Session) onArrived(ctx actor.Context, m *arrived) {
-	r := s.rounds[m.round]
-	if r == nil || r.phase != roundFetching || r.fetch.arrived[m.chunk] {
-		// A previous incarnation's fetch: once its last chunk is in, its
-		// slots are free; answer so they get released.
-		if m.last {
-			s.send(ctx, m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: s.node, Round: m.round, Err: messages.ErrPeerUnavailable})
-		}
-		return
-	}
-	f := r.fetch
-	f.arrived[m.chunk] = true
-	f.waiting--
-	if m.c.Err != nil {
-		s.abortFetch(ctx, r, fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, m.c.Err))
-		return
-	}
-	if r.reason != nil {
-		s.checkFetch(ctx, r)
-		return
-	}
-	f.verifying++
-	lo, hi := chunkRange(m.chunk, len(f.keys), s.cfg.BlockBytes)
-	self, root, region, n, chunk := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region, r.n, m.chunk
-	slots, sums := f.slots[lo:hi], f.sums[lo:hi]
-	go func() { root.Send(self, &verified{round: n, chunk: chunk, ok: verify(region, slots, sums)}) }()
+// verifyChunk checks a fetched chunk's slots against the producer's
+// committed CRC32C off the mailbox.
+func (s *Session) verifyChunk(ctx actor.Context, v verifyChunk) {
+	self, root, region := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region
+	go func() {
+		root.Send(self, &verified{round: v.round, chunk: v.chunk, ok: verify(region, v.slots, v.sums)})
+	}()
 }
 
 // verify checks each fetched slot against the producer's committed CRC32C
@@ -763,100 +547,6 @@ func verify(region rdma.Region, slots []int, sums []uint32) []bool {
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-func (s *Session) onVerified(ctx actor.Context, m *verified) {
-	r := s.rounds[m.round]
-	if r == nil || r.fetch == nil || r.phase != roundFetching {
-		return
-	}
-	f := r.fetch
-	f.verifying--
-	lo, _ := chunkRange(m.chunk, len(f.keys), s.cfg.BlockBytes)
-	copy(f.ok[lo:], m.ok)
-	s.checkFetch(ctx, r)
-}
-
-// finishFetch answers the PeerFetch and ends the round.
-func (s *Session) finishFetch(ctx actor.Context, r *outRound, ok []bool, err error) {
-	f := r.fetch
-	res := &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, OK: make([]bool, len(f.keys)), Err: err,
-		Duration: s.cfg.Clock.Now().Sub(f.start)}
-	good := 0
-	for i := range ok {
-		if ok[i] {
-			res.OK[i] = true
-			good++
-		}
-	}
-	if bad := len(ok) - good; bad > 0 {
-		s.pc.corrupt.Add(uint64(bad))
-		s.log.Warn().Int("blocks", bad).Uint64("round", r.n).Msg("peer: fetched blocks failed their checksum; dropped")
-	}
-	res.Bytes = int64(good) * int64(s.cfg.BlockBytes)
-	if err != nil {
-		s.pc.failures.Add(1)
-	} else {
-		s.pc.fetched.Add(uint64(good))
-		s.pc.fetchBytes.Add(uint64(res.Bytes))
-		s.pc.fetches.Add(1)
-		s.pc.fetchNanos.Add(uint64(res.Duration))
-	}
-	s.send(ctx, r.asker, res)
-	s.endRound(r)
-}
-
-// release: the P2P tier will not fetch a leased round; free the producer's
-// leases now.
-func (s *Session) release(m *messages.PeerRelease) {
-	r := s.rounds[m.Round]
-	if r == nil || r.phase != roundLeased {
-		return
-	}
-	if r.epoch == s.out.epoch && s.out.phase == outReady {
-		s.sendOut(&wire.Abort{Epoch: r.epoch, Round: r.n})
-	}
-	s.endRound(r)
-}
-
-func (s *Session) onRoundTimer(ctx actor.Context, m *roundTimer) {
-	r := s.rounds[m.round]
-	if r == nil || r.tseq != m.seq {
-		return
-	}
-	switch r.phase {
-	case roundLeased:
-		s.endRound(r) // the producer's lease expired too
-	case roundVerified:
-		// The bytes are here and verified; only the producer's report is
-		// missing (lost, or the producer died after writing).
-		s.ctr.drop("transfer_done_missing")
-		s.finishFetch(ctx, r, r.fetch.ok, nil)
-	case roundLooking, roundFetching:
-		s.pc.failures.Add(1)
-		if r.phase == roundFetching && r.epoch == s.out.epoch {
-			s.sendOut(&wire.Abort{Epoch: r.epoch, Round: r.n})
-		}
-		s.failRound(ctx, r, messages.ErrPeerTimeout)
-		// A peer that cannot answer in time is not trusted with the next
-		// round: a fresh epoch starts clean.
-		s.resetOut(ctx, "round_timeout")
-	}
-}
-
-// failRound fails a round: a lookup is answered at once; a fetch in flight
-// once its transfer is canceled (onArrived answers).
-func (s *Session) failRound(ctx actor.Context, r *outRound, err error) {
-	switch r.phase {
-	case roundLooking:
-		s.answerLookup(ctx, r, nil, nil, err)
-	case roundLeased:
-		s.endRound(r)
-	case roundFetching:
-		s.abortFetch(ctx, r, err)
-	case roundVerified:
-		s.finishFetch(ctx, r, nil, err)
-	}
-}
 
 // --- inbound: handshake -----------------------------------------------------
 
@@ -1108,28 +798,7 @@ func (s *Session) onWritten(ctx actor.Context, m *written) {
 // producer holds released, the link closed.
 func (s *Session) cleanup(ctx actor.Context) {
 	s.stopped = true
-	for _, r := range s.rounds {
-		switch r.phase {
-		case roundLooking:
-			s.answerLookup(ctx, r, nil, nil, messages.ErrPeerUnavailable)
-		case roundFetching:
-			if r.fetch.waiting == 0 {
-				// Every chunk is in: nothing touches the slots but a
-				// verification, whose answer is moot now.
-				s.send(ctx, r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, Err: messages.ErrPeerUnavailable})
-				continue
-			}
-			// The last chunk's completion answers, in the next incarnation
-			// (or nobody, when stopping), once the transport lets go.
-			for i, in := range r.fetch.arrived {
-				if !in {
-					s.cfg.Transport.Cancel(chunkToken(r.fetch.token, i))
-				}
-			}
-		case roundVerified:
-			s.send(ctx, r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: s.node, Round: r.n, Err: messages.ErrPeerUnavailable})
-		}
-	}
+	s.carryOut(ctx, s.rounds.close())
 	if s.out.phase == outReady {
 		ctx.Send(s.cfg.Tier, &Down{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch, Reason: "session_stopped"})
 	}
@@ -1230,11 +899,7 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 		return
 	}
 	s.drain = &draining{plane: ctx.Sender()}
-	for _, r := range s.rounds {
-		if r.phase == roundLeased {
-			s.release(&messages.PeerRelease{Round: r.n}) // no fetch will follow
-		}
-	}
+	s.carryOut(ctx, s.rounds.releaseLeased(s.linkNow())) // no fetch will follow
 	if s.in != nil {
 		// Rounds the peer leased but has not fetched are not waited for: a
 		// consumer that died would hold the drain to its deadline. A Fetch
@@ -1251,12 +916,7 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 
 // inFlight counts the rounds still running in either direction.
 func (s *Session) inFlight() int {
-	n := 0
-	for _, r := range s.rounds {
-		if r.phase != roundLeased {
-			n++
-		}
-	}
+	n := s.rounds.inFlight()
 	if s.in != nil {
 		n += len(s.in.rounds)
 	}
@@ -1275,9 +935,7 @@ func (s *Session) forceDrain(ctx actor.Context) {
 		return
 	}
 	s.drain.aborted = s.inFlight()
-	for _, r := range s.rounds {
-		s.failRound(ctx, r, fmt.Errorf("%w: shutting down", messages.ErrPeerUnavailable))
-	}
+	s.carryOut(ctx, s.rounds.failAll(fmt.Errorf("%w: shutting down", messages.ErrPeerUnavailable)))
 	s.finishDrain(ctx)
 }
 

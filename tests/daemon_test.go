@@ -34,13 +34,24 @@ func TestMain(m *testing.M) {
 // buildDaemon compiles ./cmd/kvtierd into a temporary directory.
 func buildDaemon(t *testing.T) string {
 	t.Helper()
+	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd")
+}
+
+// goBuild compiles the command pkg, with the build tags given, to a binary
+// called name in a temporary directory.
+func goBuild(t *testing.T, pkg, name string, tags ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kvtierd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtierd")
+	bin := filepath.Join(t.TempDir(), name)
+	build := []string{"build"}
+	if len(tags) > 0 {
+		build = append(build, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.CommandContext(ctx, "go", append(build, "-o", bin, pkg)...)
 	cmd.WaitDelay = waitDelay // the compiler's children may hold the output pipe
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build kvtierd:\n%s", out)
+	require.NoError(t, err, "go %s %s:\n%s", strings.Join(build, " "), name, out)
 	return bin
 }
 

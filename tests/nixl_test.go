@@ -10,8 +10,6 @@ package tests
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,14 +20,7 @@ import (
 
 func buildDaemonNixl(t *testing.T) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kvtierd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "nixl", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtierd")
-	cmd.WaitDelay = waitDelay
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build -tags nixl kvtierd:\n%s", out)
-	return bin
+	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd", "nixl")
 }
 
 func TestNixlTwoDaemonsFetchVerified(t *testing.T) {

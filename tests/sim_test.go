@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,14 +14,7 @@ import (
 // buildCLI compiles ./cmd/kvtier into a temporary directory.
 func buildCLI(t *testing.T) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kvtier")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier")
-	cmd.WaitDelay = waitDelay // the compiler's children may hold the output pipe
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build kvtier:\n%s", out)
-	return bin
+	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtier", "kvtier")
 }
 
 // simSummary is the part of `kvtier sim --json`'s last line this test reads.

@@ -12,14 +12,11 @@ package bench
 // process (/proc/<pid>/task/*/status), before and after the same window.
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -28,7 +25,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 )
@@ -50,7 +46,8 @@ type IdleOptions struct {
 	Timeout      time.Duration // whole-run bound
 	// Child runs a child process of the scenario with the given arguments
 	// (a role, "node" or "sleep", and its flags; see IdleChildMain). Nil:
-	// this executable as `kvtier bench idle child ARGS...`.
+	// this executable as `kvtier bench idle child ARGS...`. Every child dies
+	// with this process.
 	Child func(args ...string) *exec.Cmd
 }
 
@@ -113,9 +110,7 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 			return res, err
 		}
 		o.Child = func(args ...string) *exec.Cmd {
-			cmd := exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
-			proc.DieWithParent(cmd)
-			return cmd
+			return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -193,7 +188,7 @@ func (s *idleSetup) start(o IdleOptions) error {
 		}
 	}
 	for _, p := range s.peers {
-		if _, err := p.call(idleCmd{Op: "wait"}); err != nil {
+		if _, err := p.call(idleWait{}); err != nil {
 			return err
 		}
 	}
@@ -213,7 +208,7 @@ func freePort() (int, error) {
 // process and the sleeping baseline over the same window.
 func (s *idleSetup) measureIdle(_ context.Context, o IdleOptions, res *IdleResult) error {
 	for _, c := range s.measured() {
-		if _, err := c.call(idleCmd{Op: "settle"}); err != nil {
+		if _, err := c.call(idleSettle{}); err != nil {
 			return err
 		}
 	}
@@ -249,7 +244,7 @@ func (s *idleSetup) measureIdle(_ context.Context, o IdleOptions, res *IdleResul
 		res.EngineCtxswPerS, res.Standalone = rates[len(rates)-1], true
 	}
 	res.WindowS = elapsed
-	st, err := s.node.call(idleCmd{Op: "status"})
+	st, err := s.node.call(idleStatus{})
 	res.NodeGoroutines = st.Goroutines
 	return err
 }
@@ -283,7 +278,7 @@ func ctxSwitches(pid int) (total uint64, threads int, err error) {
 
 // probeLookups times peer lookups from the idle node (idleNode.probe).
 func (s *idleSetup) probeLookups(_ context.Context, o IdleOptions, res *IdleResult) error {
-	r, err := s.node.call(idleCmd{Op: "probe", N: o.Probes, Gap: o.ProbeGap})
+	r, err := s.node.call(idleProbe{N: o.Probes, Gap: o.ProbeGap})
 	res.PeerLookupP50us, res.PeerLookupP99us, res.PeerLookupSamples = r.P50us, r.P99us, int(r.Rounds)
 	res.RawTCPRTTP50us, res.RawTCPRTTP99us, res.ProbeGapMs = r.RawP50us, r.RawP99us, float64(o.ProbeGap.Microseconds())/1000
 	return err
@@ -293,28 +288,28 @@ func (s *idleSetup) probeLookups(_ context.Context, o IdleOptions, res *IdleResu
 // and counts what that peer fetched and verified while it was paused.
 func (s *idleSetup) pauseUnderLoad(_ context.Context, o IdleOptions, res *IdleResult) error {
 	p := s.peers[0]
-	if _, err := p.call(idleCmd{Op: "fetch"}); err != nil {
+	if _, err := p.call(idleFetch{}); err != nil {
 		return err
 	}
-	r, err := s.node.call(idleCmd{Op: "pause"})
+	r, err := s.node.call(idlePause{})
 	if err != nil {
 		return fmt.Errorf("pause: %w", err)
 	}
 	res.PauseMs = r.Ms
-	before, err := p.call(idleCmd{Op: "mark"})
+	before, err := p.call(idleMark{})
 	if err != nil {
 		return err
 	}
-	st0, err := s.node.call(idleCmd{Op: "status"})
+	st0, err := s.node.call(idleStatus{})
 	if err != nil {
 		return err
 	}
 	time.Sleep(o.PauseWindow) // NB: the paused window being measured
-	after, err := p.call(idleCmd{Op: "mark"})
+	after, err := p.call(idleMark{})
 	if err != nil {
 		return err
 	}
-	st1, err := s.node.call(idleCmd{Op: "status"})
+	st1, err := s.node.call(idleStatus{})
 	if err != nil {
 		return err
 	}
@@ -323,18 +318,18 @@ func (s *idleSetup) pauseUnderLoad(_ context.Context, o IdleOptions, res *IdleRe
 	}
 	res.PeerFetchesDuring, res.BlocksServedPaused = after.Rounds-before.Rounds, st1.Served-st0.Served
 	res.PendingWhileServing, res.PausedLookupMiss = st1.Pending, st1.EngineMiss
-	_, err = s.node.call(idleCmd{Op: "resume"})
+	_, err = s.node.call(idleResume{})
 	return err
 }
 
 // shutdownUnderLoad closes the node gracefully while the peer fetches.
 func (s *idleSetup) shutdownUnderLoad(_ context.Context, o IdleOptions, res *IdleResult) error {
-	r, err := s.node.call(idleCmd{Op: "close", Timeout: o.CloseTimeout})
+	r, err := s.node.call(idleClose{Timeout: o.CloseTimeout})
 	if err != nil {
 		return err
 	}
 	res.ShutdownMs, res.ShutdownErr = r.Ms, r.CloseErr
-	m, err := s.peers[0].call(idleCmd{Op: "mark"})
+	m, err := s.peers[0].call(idleMark{})
 	res.PeerRoundsTotal = m.Rounds
 	return err
 }
@@ -369,80 +364,6 @@ func (s *idleSetup) close() {
 	}
 }
 
-// idleChild is one child process.
-type idleChild struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *json.Decoder
-	ready idleReply
-}
-
 func startIdleChild(o IdleOptions, args ...string) (*idleChild, error) {
-	cmd := o.Child(args...)
-	cmd.Stderr = os.Stderr
-	cmd.WaitDelay = 5 * time.Second
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &idleChild{cmd: cmd, in: in, out: json.NewDecoder(bufio.NewReader(out))}
-	if err := c.out.Decode(&c.ready); err != nil {
-		c.kill()
-		return nil, fmt.Errorf("child %s did not start: %w", args[0], err)
-	}
-	return c, nil
-}
-
-func (c *idleChild) pid() int { return c.cmd.Process.Pid }
-
-func (c *idleChild) call(cmd idleCmd) (idleReply, error) {
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return idleReply{}, err
-	}
-	if _, err := c.in.Write(append(b, '\n')); err != nil {
-		return idleReply{}, err
-	}
-	var r idleReply
-	if err := c.out.Decode(&r); err != nil {
-		return r, fmt.Errorf("child %d: %w", c.pid(), err)
-	}
-	if !r.OK {
-		return r, fmt.Errorf("child %d: %s", c.pid(), r.Err)
-	}
-	return r, nil
-}
-
-// quit asks a child to close its node and exit; kills it if it does not.
-func (c *idleChild) quit() {
-	_, _ = c.call(idleCmd{Op: "quit"})
-	_ = c.in.Close()
-	c.wait(15 * time.Second)
-}
-
-func (c *idleChild) kill() {
-	_ = c.cmd.Process.Kill()
-	c.wait(15 * time.Second)
-}
-
-func (c *idleChild) wait(d time.Duration) {
-	done := make(chan error, 1)
-	go func() { done <- c.cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		if err != nil && !errors.As(err, &ee) {
-			fmt.Fprintln(os.Stderr, "bench idle: child:", err)
-		}
-	case <-time.After(d):
-		_ = c.cmd.Process.Kill()
-		<-done
-	}
+	return startChild[idleRequest, idleReply]("bench idle "+args[0], idleRequests, o.Child(args...))
 }

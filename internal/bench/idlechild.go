@@ -2,14 +2,13 @@ package bench
 
 // The processes of `kvtier bench idle` (idle.go drives them): the measured
 // node, its peer nodes (which fetch from it continuously when told), and
-// the baseline, a Go program that only sleeps. Each announces itself with
-// one idleReply on stdout, then answers one idleReply per idleCmd read
-// from stdin. Only the orchestrator reads /proc, so measuring costs the
-// measured processes nothing.
+// the baseline, a Go program that only sleeps. Each speaks the benchmark
+// children's protocol (child.go): it announces itself with one idleReply,
+// then answers one idleReply per idleRequest. Only the orchestrator reads
+// /proc, so measuring costs the measured processes nothing.
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,21 +27,53 @@ import (
 	"github.com/kvtier/kvtier/scheduler/client"
 )
 
-// idleCmd is one command to a child.
-type idleCmd struct {
-	// Op: measured node — settle, probe, pause, status, resume, close;
-	// peer — wait (for its session to the node), fetch, mark; both — settle,
-	// quit.
-	Op      string        `json:"op"`
-	N       int           `json:"n,omitempty"`       // probe: lookups
-	Gap     time.Duration `json:"gap,omitempty"`     // probe: idle time before each
-	Timeout time.Duration `json:"timeout,omitempty"` // close: Close's context
-}
+// idleRequest is a request to a child of the idle scenario: the measured
+// node answers settle, probe, pause, status, resume and close; a peer
+// settle, wait, fetch and mark; the engine settle.
+type idleRequest interface{ idleRequest() }
 
-// idleReply answers a command (and announces readiness).
+// idleReq makes a struct a request of the idle scenario (embedded in each).
+type idleReq struct{}
+
+func (idleReq) idleRequest() {}
+
+type (
+	// idleSettle: collect and return free memory before the window.
+	idleSettle struct{ idleReq }
+	// idleProbe: time N peer lookups, each after Gap idle.
+	idleProbe struct {
+		idleReq
+		N   int           `json:"n"`
+		Gap time.Duration `json:"gap"`
+	}
+	// idlePause: Pause(clearCache=false), timed.
+	idlePause struct{ idleReq }
+	// idleStatus: blocks served, pending work, pause state, own engine's view.
+	idleStatus struct{ idleReq }
+	// idleResume: Resume.
+	idleResume struct{ idleReq }
+	// idleClose: Close within Timeout, timed.
+	idleClose struct {
+		idleReq
+		Timeout time.Duration `json:"timeout"`
+	}
+	// idleWait: a peer waits for its session to the node.
+	idleWait struct{ idleReq }
+	// idleFetch: a peer starts fetching continuously; answered after its
+	// first verified round.
+	idleFetch struct{ idleReq }
+	// idleMark: a peer's fetch counters now.
+	idleMark struct{ idleReq }
+)
+
+var idleRequests = newRequestTypes[idleRequest](idleSettle{}, idleProbe{}, idlePause{}, idleStatus{}, idleResume{},
+	idleClose{}, idleWait{}, idleFetch{}, idleMark{})
+
+// idleChild is a running child of the idle scenario.
+type idleChild = childProc[idleRequest, idleReply]
+
+// idleReply answers a request (and announces readiness).
 type idleReply struct {
-	OK         bool    `json:"ok"`
-	Err        string  `json:"err,omitempty"`
 	Pid        int     `json:"pid"`
 	Goroutines int     `json:"goroutines"`
 	PeerAddr   string  `json:"peer_addr,omitempty"`
@@ -74,7 +105,7 @@ func IdleChildMain(args []string, stdin io.Reader, stdout io.Writer) int {
 	switch args[0] {
 	case "sleep":
 		// The baseline: a Go program that only sleeps.
-		_ = json.NewEncoder(stdout).Encode(idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()})
+		_ = announce(stdout, idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()})
 		time.Sleep(365 * 24 * time.Hour)
 		return 0
 	case "echo":
@@ -142,30 +173,6 @@ func (f idleFlags) open(ctx context.Context) (*kvtier.Node, error) {
 			HeartbeatInterval: f.heartbeat}})
 }
 
-// serveCommands answers commands from stdin until quit or EOF.
-func serveCommands(stdin io.Reader, stdout io.Writer, ready idleReply, handle func(idleCmd) (idleReply, bool)) error {
-	enc := json.NewEncoder(stdout)
-	if err := enc.Encode(ready); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(stdin)
-	for {
-		var c idleCmd
-		if err := dec.Decode(&c); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		r, more := handle(c)
-		if err := enc.Encode(r); err != nil || !more {
-			return err
-		}
-	}
-}
-
-func fail(err error) idleReply { return idleReply{Err: err.Error()} }
-
 // --- the measured node ------------------------------------------------------
 
 func runIdleNode(args []string, stdin io.Reader, stdout io.Writer) error {
@@ -196,15 +203,12 @@ func runIdleNode(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	cancel()
 	ctx := context.Background()
-	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr(),
+	ready := idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr(),
 		EngineAddr: node.EngineAddr()}
-	return serveCommands(stdin, stdout, ready, func(c idleCmd) (idleReply, bool) {
-		r, err := n.handle(ctx, c)
-		if err != nil {
-			return fail(err), true
-		}
-		r.OK, r.Pid, r.Goroutines = true, os.Getpid(), runtime.NumGoroutine()
-		return r, c.Op != "quit"
+	return serveChild(stdin, stdout, idleRequests, ready, func(q idleRequest) (idleReply, error) {
+		r, err := n.handle(ctx, q)
+		r.Pid, r.Goroutines = os.Getpid(), runtime.NumGoroutine()
+		return r, err
 	})
 }
 
@@ -232,31 +236,30 @@ func (n *idleNode) store(ctx context.Context) error {
 	return nil
 }
 
-func (n *idleNode) handle(ctx context.Context, c idleCmd) (idleReply, error) {
+func (n *idleNode) handle(ctx context.Context, q idleRequest) (idleReply, error) {
 	var r idleReply
-	switch c.Op {
-	case "settle":
+	switch q := q.(type) {
+	case idleSettle:
 		settleRuntime()
-	case "probe":
-		return n.probe(ctx, c.N, c.Gap)
-	case "pause":
+	case idleProbe:
+		return n.probe(ctx, q.N, q.Gap)
+	case idlePause:
 		start := time.Now()
 		err := n.m.Pause(ctx, false)
 		r.Ms = float64(time.Since(start).Microseconds()) / 1000
 		return r, err
-	case "status":
+	case idleStatus:
 		return n.status(ctx)
-	case "resume":
+	case idleResume:
 		return r, n.m.Resume(ctx)
-	case "close":
+	case idleClose:
 		start := time.Now()
-		if err := n.close(c.Timeout); err != nil {
+		if err := n.close(q.Timeout); err != nil {
 			r.CloseErr = err.Error()
 		}
 		r.Ms = float64(time.Since(start).Microseconds()) / 1000
-	case "quit":
 	default:
-		return r, fmt.Errorf("unknown op %q", c.Op)
+		return r, fmt.Errorf("the measured node does not answer %T", q)
 	}
 	return r, nil
 }
@@ -333,7 +336,7 @@ func runEcho(stdout io.Writer) error {
 		return err
 	}
 	defer ln.Close()
-	if err := json.NewEncoder(stdout).Encode(idleReply{OK: true, Pid: os.Getpid(), PeerAddr: ln.Addr().String()}); err != nil {
+	if err := announce(stdout, idleReply{Pid: os.Getpid(), PeerAddr: ln.Addr().String()}); err != nil {
 		return err
 	}
 	for {
@@ -412,12 +415,13 @@ func runIdleEngine(args []string, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	cancel() // NB: no context timer stays armed while the engine idles
-	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()}
-	return serveCommands(stdin, stdout, ready, func(cmd idleCmd) (idleReply, bool) {
-		if cmd.Op == "settle" {
-			settleRuntime()
+	ready := idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()}
+	return serveChild(stdin, stdout, idleRequests, ready, func(q idleRequest) (idleReply, error) {
+		if _, ok := q.(idleSettle); !ok {
+			return idleReply{}, fmt.Errorf("the engine does not answer %T", q)
 		}
-		return idleReply{OK: true, Pid: os.Getpid()}, cmd.Op != "quit"
+		settleRuntime()
+		return idleReply{Pid: os.Getpid()}, nil
 	})
 }
 
@@ -440,28 +444,26 @@ func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
 	ctx := context.Background()
 	p := &idlePeer{node: node, m: node.Manager(), keys: keyRange(0, f.blocks), stop: make(chan struct{}), done: make(chan struct{})}
 	defer p.close()
-	ready := idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr()}
-	return serveCommands(stdin, stdout, ready, func(c idleCmd) (idleReply, bool) {
-		switch c.Op {
-		case "wait":
+	ready := idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr()}
+	return serveChild(stdin, stdout, idleRequests, ready, func(q idleRequest) (idleReply, error) {
+		switch q.(type) {
+		case idleWait:
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			if err := node.WaitPeers(wctx, f.peers[0].NodeID); err != nil {
-				return fail(err), true
+				return idleReply{}, err
 			}
-			return p.reply(), true
-		case "fetch":
-			return p.startFetching(), true
-		case "mark":
-			return p.reply(), true
-		case "settle":
+		case idleFetch:
+			if err := p.startFetching(); err != nil {
+				return idleReply{}, err
+			}
+		case idleMark:
+		case idleSettle:
 			settleRuntime()
-			return p.reply(), true
-		case "quit":
-			p.close()
-			return p.reply(), false
+		default:
+			return idleReply{}, fmt.Errorf("a peer does not answer %T", q)
 		}
-		return fail(fmt.Errorf("unknown op %q", c.Op)), true
+		return p.reply(), nil
 	})
 }
 
@@ -478,13 +480,13 @@ type idlePeer struct {
 }
 
 func (p *idlePeer) reply() idleReply {
-	return idleReply{OK: true, Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(),
+	return idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(),
 		Rounds: p.rounds.Load(), Missed: p.missed.Load(), Failures: p.failures.Load()}
 }
 
-// startFetching starts the fetch loop and answers after its first
+// startFetching starts the fetch loop and returns after its first
 // verified round.
-func (p *idlePeer) startFetching() idleReply {
+func (p *idlePeer) startFetching() error {
 	if !p.started {
 		p.started, p.first = true, make(chan struct{})
 		go p.loop()
@@ -493,11 +495,11 @@ func (p *idlePeer) startFetching() idleReply {
 	defer t.Stop()
 	select {
 	case <-p.first:
-		return p.reply()
+		return nil
 	case <-p.done:
-		return fail(errors.New("fetch loop ended before its first round"))
+		return errors.New("fetch loop ended before its first round")
 	case <-t.C:
-		return fail(errors.New("no verified round within a minute"))
+		return errors.New("no verified round within a minute")
 	}
 }
 

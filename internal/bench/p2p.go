@@ -13,19 +13,14 @@ package bench
 //     between the same two processes.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/kvtier/kvtier/internal/proc"
 )
 
 // P2POptions size the P2P scenarios.
@@ -93,14 +88,11 @@ const p2pSecret = "kvtier-bench-p2p-secret-0123456789"
 
 // child is one node process.
 type child struct {
-	id    string
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *json.Decoder
-	ready nodeReply
+	id string
+	*childProc[p2pRequest, nodeReply]
 }
 
-func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (*child, error) {
+func startP2PNode(ctx context.Context, o P2POptions, id string, peers ...*child) (*child, error) {
 	bin := o.Binary
 	if bin == "" {
 		var err error
@@ -113,73 +105,17 @@ func startChild(ctx context.Context, o P2POptions, id string, peers ...*child) (
 	for _, p := range peers {
 		args = append(args, "--peer", p.id+"="+p.ready.PeerAddr)
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stderr = os.Stderr
-	cmd.WaitDelay = 5 * time.Second
-	proc.DieWithParent(cmd)
-	in, err := cmd.StdinPipe()
+	c, err := startChild[p2pRequest, nodeReply]("node "+id, p2pRequests, exec.CommandContext(ctx, bin, args...))
 	if err != nil {
 		return nil, err
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &child{id: id, cmd: cmd, in: in, out: json.NewDecoder(bufio.NewReader(out))}
-	if err := c.out.Decode(&c.ready); err != nil {
-		c.kill()
-		return nil, fmt.Errorf("node %s did not start: %w", id, err)
-	}
-	return c, nil
+	return &child{id: id, childProc: c}, nil
 }
 
-func (c *child) send(cmd nodeCmd) error {
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return err
-	}
-	_, err = c.in.Write(append(b, '\n'))
-	return err
+// busy is the busy source engine's shape, on block ids from from.
+func (o P2POptions) busy(from int) busyShape {
+	return busyShape{From: from, Requests: o.Requests, StepMs: o.StepMs, Chunk: o.Chunk, Prompt: o.Prompt}
 }
-
-func (c *child) recv() (nodeReply, error) {
-	var r nodeReply
-	if err := c.out.Decode(&r); err != nil {
-		return r, fmt.Errorf("node %s: %w", c.id, err)
-	}
-	if !r.OK {
-		return r, fmt.Errorf("node %s: %s", c.id, r.Err)
-	}
-	return r, nil
-}
-
-func (c *child) call(cmd nodeCmd) (nodeReply, error) {
-	if err := c.send(cmd); err != nil {
-		return nodeReply{}, err
-	}
-	return c.recv()
-}
-
-// close asks the node to quit and waits; kill if it does not.
-func (c *child) close() {
-	if c.send(nodeCmd{Op: "quit"}) == nil {
-		_, _ = c.recv()
-	}
-	_ = c.in.Close()
-	done := make(chan struct{})
-	go func() { _ = c.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		c.kill()
-		<-done
-	}
-}
-
-func (c *child) kill() { _ = c.cmd.Process.Kill() }
 
 // keySets hands out fresh, disjoint ranges of block ids.
 type keySets struct{ next int }
@@ -192,19 +128,18 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	defer cancel()
 	res = P2PMatrixResult{FetchBlocks: o.FetchBlocks, BlockBytes: o.BlockBytes, StepMs: o.StepMs, Requests: o.Requests,
 		FetchMB: float64(o.FetchBlocks*o.BlockBytes) / 1e6}
-	src, err := startChild(ctx, o, "src")
+	src, err := startP2PNode(ctx, o, "src")
 	if err != nil {
 		return res, err
 	}
-	defer src.close()
+	defer src.quit()
 	sets := &keySets{}
 
 	idleCold, idleWarm, err := measureCase(ctx, o, src, sets, "idle")
 	if err != nil {
 		return res, err
 	}
-	busy := nodeCmd{Op: "busy", On: true, Requests: o.Requests, StepMs: o.StepMs, Chunk: o.Chunk, Prompt: o.Prompt, From: sets.take()}
-	if _, err := src.call(busy); err != nil {
+	if _, err := src.call(p2pStartBusy{Shape: o.busy(sets.take())}); err != nil {
 		return res, err
 	}
 	busyCold, busyWarm, err := measureCase(ctx, o, src, sets, "busy")
@@ -215,7 +150,7 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	if err != nil {
 		return res, err
 	}
-	if _, err := src.call(nodeCmd{Op: "busy", On: false}); err != nil {
+	if _, err := src.call(p2pStopBusy{}); err != nil {
 		return res, err
 	}
 	res.IdleColdS, res.IdleWarmS = median(idleCold), median(idleWarm)
@@ -235,17 +170,17 @@ func measureCase(ctx context.Context, o P2POptions, src *child, sets *keySets, n
 	var cons *child
 	defer func() {
 		if cons != nil {
-			cons.close()
+			cons.quit()
 		}
 	}()
 	for i := 0; i < o.ColdRounds; i++ {
 		if cons != nil {
-			cons.close()
+			cons.quit()
 		}
-		if cons, err = startChild(ctx, o, fmt.Sprintf("cons-%s-%d", name, i), src); err != nil {
+		if cons, err = startP2PNode(ctx, o, fmt.Sprintf("cons-%s-%d", name, i), src); err != nil {
 			return nil, nil, err
 		}
-		if _, err = cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+		if _, err = cons.call(p2pWaitPeer{Node: src.id}); err != nil {
 			return nil, nil, err
 		}
 		d, err := fetchOnce(o, src, cons, sets)
@@ -267,10 +202,10 @@ func measureCase(ctx context.Context, o P2POptions, src *child, sets *keySets, n
 // fetchOnce stores a fresh set on src and has cons fetch it; seconds.
 func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
 	from := sets.take()
-	if _, err := src.call(nodeCmd{Op: "store", From: from, Count: o.FetchBlocks}); err != nil {
+	if _, err := src.call(p2pStore{From: from, Count: o.FetchBlocks}); err != nil {
 		return 0, err
 	}
-	r, err := cons.call(nodeCmd{Op: "fetch", From: from, Count: o.FetchBlocks, PollUs: o.PollUs})
+	r, err := cons.call(p2pFetch{From: from, Count: o.FetchBlocks, PollUs: o.PollUs})
 	if err != nil {
 		return 0, err
 	}
@@ -286,31 +221,29 @@ func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
 // measureVisible restarts the busy engine on fresh keys while a peer
 // watches each step's stores; milliseconds from commit to visible.
 func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) ([]float64, error) {
-	if _, err := src.call(nodeCmd{Op: "busy", On: false}); err != nil {
+	if _, err := src.call(p2pStopBusy{}); err != nil {
 		return nil, err
 	}
-	cons, err := startChild(ctx, o, "cons-visible", src)
+	cons, err := startP2PNode(ctx, o, "cons-visible", src)
 	if err != nil {
 		return nil, err
 	}
-	defer cons.close()
-	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+	defer cons.quit()
+	if _, err := cons.call(p2pWaitPeer{Node: src.id}); err != nil {
 		return nil, err
 	}
-	busy := nodeCmd{Op: "busy", On: true, Requests: o.Requests, StepMs: o.StepMs, Chunk: o.Chunk, Prompt: o.Prompt, From: sets.take()}
-	probe := busy
-	probe.Op, probe.Node, probe.Steps = "probe_steps", src.id, o.VisibleSteps
-	if err := cons.send(probe); err != nil {
+	busy := o.busy(sets.take())
+	if err := cons.send(p2pProbeSteps{Node: src.id, Steps: o.VisibleSteps, Shape: busy}); err != nil {
 		return nil, err
 	}
-	if _, err := src.call(busy); err != nil {
+	if _, err := src.call(p2pStartBusy{Shape: busy}); err != nil {
 		return nil, err
 	}
 	seen, err := cons.recv()
 	if err != nil {
 		return nil, err
 	}
-	commits, err := src.call(nodeCmd{Op: "commit_times"})
+	commits, err := src.call(p2pCommitTimes{})
 	if err != nil {
 		return nil, err
 	}
@@ -352,17 +285,17 @@ func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResul
 // throughputPair runs o.Rounds fetches and raw copies between two fresh
 // node processes; GB/s samples.
 func throughputPair(ctx context.Context, o P2POptions) (fetch, raw []float64, err error) {
-	src, err := startChild(ctx, o, "src")
+	src, err := startP2PNode(ctx, o, "src")
 	if err != nil {
 		return nil, nil, err
 	}
-	defer src.close()
-	cons, err := startChild(ctx, o, "cons", src)
+	defer src.quit()
+	cons, err := startP2PNode(ctx, o, "cons", src)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer cons.close()
-	if _, err := cons.call(nodeCmd{Op: "wait_peer", Node: src.id}); err != nil {
+	defer cons.quit()
+	if _, err := cons.call(p2pWaitPeer{Node: src.id}); err != nil {
 		return nil, nil, err
 	}
 	sets := &keySets{}
@@ -383,10 +316,10 @@ func throughputPair(ctx context.Context, o P2POptions) (fetch, raw []float64, er
 			return nil, nil, err
 		}
 		fetch = append(fetch, float64(after.FetchBytes-before.FetchBytes)/float64(after.FetchNanos-before.FetchNanos))
-		if err := cons.send(nodeCmd{Op: "raw_recv", Bytes: int64(bytes)}); err != nil {
+		if err := cons.send(p2pRawRecv{Bytes: int64(bytes)}); err != nil {
 			return nil, nil, err
 		}
-		if _, err := src.call(nodeCmd{Op: "raw_send", Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
+		if _, err := src.call(p2pRawSend{Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
 			return nil, nil, err
 		}
 		r, err := cons.recv()
@@ -399,7 +332,7 @@ func throughputPair(ctx context.Context, o P2POptions) (fetch, raw []float64, er
 }
 
 func fetchStats(c *child, peer string) (s struct{ FetchBytes, FetchNanos uint64 }, err error) {
-	r, err := c.call(nodeCmd{Op: "stats"})
+	r, err := c.call(p2pPeerStats{})
 	if err != nil {
 		return s, err
 	}

@@ -2,16 +2,14 @@ package bench
 
 // The node process of the P2P scenarios: `kvtier bench p2p-node` runs one
 // embedded kvtier node with peers on and an in-process simulated engine,
-// and obeys JSON commands, one per line on stdin, answering one JSON line
-// each on stdout. The orchestrator (p2p.go) runs two or more of these as
+// and answers p2pRequests in the benchmark children's protocol (child.go).
+// The orchestrator (p2p.go) runs two or more of these as
 // separate processes, so every figure crosses real process boundaries,
 // real ZeroMQ sockets and the real tcp data plane.
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,27 +31,83 @@ type NodeOptions struct {
 	Peers      []kvtier.PeerAddr
 }
 
-// nodeCmd is one command line.
-type nodeCmd struct {
-	Op       string `json:"op"`
-	Node     string `json:"node,omitempty"`
-	From     int    `json:"from,omitempty"`
-	Count    int    `json:"count,omitempty"`
-	PollUs   int    `json:"poll_us,omitempty"`
-	On       bool   `json:"on,omitempty"`
-	Requests int    `json:"requests,omitempty"`
-	StepMs   int    `json:"step_ms,omitempty"`
-	Chunk    int    `json:"chunk,omitempty"`
-	Prompt   int    `json:"prompt,omitempty"`
-	Steps    int    `json:"steps,omitempty"`
-	Addr     string `json:"addr,omitempty"`
-	Bytes    int64  `json:"bytes,omitempty"`
+// p2pRequest is a request to a node process.
+type p2pRequest interface{ p2pRequest() }
+
+// p2pReq makes a struct a request to a node process (embedded in each).
+type p2pReq struct{}
+
+func (p2pReq) p2pRequest() {}
+
+type (
+	// p2pWaitPeer: wait until the session to Node is up.
+	p2pWaitPeer struct {
+		p2pReq
+		Node string `json:"node"`
+	}
+	// p2pStore: store blocks [From, From+Count) and wait until readable.
+	p2pStore struct {
+		p2pReq
+		From  int `json:"from"`
+		Count int `json:"count"`
+	}
+	// p2pFetch: a consumer engine fetches blocks [From, From+Count) from
+	// its peers, looking them up every PollUs (driver.fetch).
+	p2pFetch struct {
+		p2pReq
+		From   int `json:"from"`
+		Count  int `json:"count"`
+		PollUs int `json:"poll_us"`
+	}
+	// p2pStartBusy: run a busy engine of this shape (driver.startBusy).
+	p2pStartBusy struct {
+		p2pReq
+		Shape busyShape `json:"shape"`
+	}
+	// p2pStopBusy: stop the busy engine, if any.
+	p2pStopBusy struct{ p2pReq }
+	// p2pCommitTimes: the busy engine's commit times so far.
+	p2pCommitTimes struct{ p2pReq }
+	// p2pProbeSteps: watch Steps steps of Node's busy engine of this shape
+	// become visible (driver.probeSteps).
+	p2pProbeSteps struct {
+		p2pReq
+		Node  string    `json:"node"`
+		Steps int       `json:"steps"`
+		Shape busyShape `json:"shape"`
+	}
+	// p2pRawRecv: receive Bytes on the raw listener, timed.
+	p2pRawRecv struct {
+		p2pReq
+		Bytes int64 `json:"bytes"`
+	}
+	// p2pRawSend: send blocks [From, From+Count) to the raw listener at Addr.
+	p2pRawSend struct {
+		p2pReq
+		Addr  string `json:"addr"`
+		From  int    `json:"from"`
+		Count int    `json:"count"`
+	}
+	// p2pPeerStats: the node's PeerStats.
+	p2pPeerStats struct{ p2pReq }
+)
+
+var p2pRequests = newRequestTypes[p2pRequest](p2pWaitPeer{}, p2pStore{}, p2pFetch{}, p2pStartBusy{}, p2pStopBusy{},
+	p2pCommitTimes{}, p2pProbeSteps{}, p2pRawRecv{}, p2pRawSend{}, p2pPeerStats{})
+
+// busyShape is a busy engine: Requests long-prompt requests of Prompt
+// blocks, each storing Chunk blocks per StepMs model step, on block ids
+// from From.
+type busyShape struct {
+	From     int `json:"from"`
+	Requests int `json:"requests"`
+	StepMs   int `json:"step_ms"`
+	Chunk    int `json:"chunk"`
+	Prompt   int `json:"prompt"`
 }
 
-// nodeReply is one answer line (fields by command).
+// nodeReply is one answer (fields by request).
 type nodeReply struct {
-	OK        bool                 `json:"ok"`
-	Err       string               `json:"err,omitempty"`
 	PeerAddr  string               `json:"peer_addr,omitempty"`
 	RawAddr   string               `json:"raw_addr,omitempty"`
 	DelayNs   int64                `json:"delay_ns,omitempty"`
@@ -77,7 +131,7 @@ func fillP2P(b []byte, id int) {
 	}
 }
 
-// RunNode runs a node process until stdin closes or "quit".
+// RunNode runs a node process until stdin closes or it is asked to quit.
 func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
 	cfg := kvtier.Config{PoolBytes: o.PoolBytes, BlockBytes: o.BlockBytes,
 		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers, Transport: o.Transport}}
@@ -105,31 +159,8 @@ func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) er
 	}
 	defer raw.Close()
 	d.raw = raw
-	enc := json.NewEncoder(out)
-	if err := enc.Encode(nodeReply{OK: true, PeerAddr: node.PeerAddr(), RawAddr: raw.Addr().String()}); err != nil {
-		return err
-	}
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var c nodeCmd
-		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
-			return fmt.Errorf("bad command %q: %w", sc.Text(), err)
-		}
-		if c.Op == "quit" {
-			return enc.Encode(nodeReply{OK: true})
-		}
-		r, err := d.do(ctx, c)
-		if err != nil {
-			r = nodeReply{Err: err.Error()}
-		} else {
-			r.OK = true
-		}
-		if err := enc.Encode(r); err != nil {
-			return err
-		}
-	}
-	return sc.Err()
+	ready := nodeReply{PeerAddr: node.PeerAddr(), RawAddr: raw.Addr().String()}
+	return serveChild(in, out, p2pRequests, ready, func(q p2pRequest) (nodeReply, error) { return d.do(ctx, q) })
 }
 
 // driver is the node process's simulated engine.
@@ -146,38 +177,37 @@ type driver struct {
 	reqSeq   int
 }
 
-func (d *driver) do(ctx context.Context, c nodeCmd) (nodeReply, error) {
-	switch c.Op {
-	case "wait_peer":
+func (d *driver) do(ctx context.Context, q p2pRequest) (nodeReply, error) {
+	switch q := q.(type) {
+	case p2pWaitPeer:
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return nodeReply{}, d.node.WaitPeers(wctx, c.Node)
-	case "store":
-		return nodeReply{}, d.store(ctx, "store", c.From, c.Count)
-	case "fetch":
-		return d.fetch(ctx, c)
-	case "busy":
-		if c.On {
-			d.startBusy(c)
-		} else {
-			d.stopBusy()
-		}
+		return nodeReply{}, d.node.WaitPeers(wctx, q.Node)
+	case p2pStore:
+		return nodeReply{}, d.store(ctx, "store", q.From, q.Count)
+	case p2pFetch:
+		return d.fetch(ctx, q)
+	case p2pStartBusy:
+		d.startBusy(q.Shape)
 		return nodeReply{}, nil
-	case "commit_times":
+	case p2pStopBusy:
+		d.stopBusy()
+		return nodeReply{}, nil
+	case p2pCommitTimes:
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return nodeReply{Times: append([]int64(nil), d.commits...)}, nil
-	case "probe_steps":
-		return d.probeSteps(ctx, c)
-	case "raw_recv":
-		return d.rawRecv(c.Bytes)
-	case "raw_send":
-		return d.rawSend(c)
-	case "stats":
+	case p2pProbeSteps:
+		return d.probeSteps(ctx, q)
+	case p2pRawRecv:
+		return d.rawRecv(q.Bytes)
+	case p2pRawSend:
+		return d.rawSend(q)
+	case p2pPeerStats:
 		ps, err := d.node.PeerStats(ctx)
 		return nodeReply{PeerStats: ps}, err
 	}
-	return nodeReply{}, fmt.Errorf("unknown op %q", c.Op)
+	return nodeReply{}, fmt.Errorf("a node process does not answer %T", q)
 }
 
 // store writes blocks [from, from+n) through a store job and waits until
@@ -203,7 +233,7 @@ func (d *driver) store(ctx context.Context, reqID string, from, n int) error {
 // fetch is a consumer engine asking for blocks it does not hold: it looks
 // them up every poll period (its steps) from the first RETRY until all are
 // HITs, then loads and verifies every byte.
-func (d *driver) fetch(ctx context.Context, c nodeCmd) (nodeReply, error) {
+func (d *driver) fetch(ctx context.Context, c p2pFetch) (nodeReply, error) {
 	d.reqSeq++
 	req := &messages.ReqContext{RequestID: fmt.Sprintf("fetch-%d", d.reqSeq)}
 	ks := keyRange(c.From, c.Count)
@@ -278,7 +308,7 @@ func (d *driver) loadVerify(ctx context.Context, req *messages.ReqContext, ks []
 
 // busyKey is block j of request r's prompt in generation g of the busy
 // engine: fresh keys, far from the measured fetch sets.
-func busyKey(c nodeCmd, g, r, j int) int {
+func busyKey(c busyShape, g, r, j int) int {
 	return c.From + (g*c.Requests+r)*c.Prompt + j
 }
 
@@ -289,7 +319,7 @@ func busyKey(c nodeCmd, g, r, j int) int {
 // next c.Chunk blocks, then runs the model step (sleeps) while the
 // "workers" copy the blocks. A request whose prompt is stored finishes and
 // a new one takes its place. Commit times are recorded per (step, request).
-func (d *driver) startBusy(c nodeCmd) {
+func (d *driver) startBusy(c busyShape) {
 	d.stopBusy()
 	stop, done := make(chan struct{}), make(chan struct{})
 	d.busyStop, d.busyDone = stop, done
@@ -316,7 +346,7 @@ func (d *driver) stopBusy() {
 	}
 }
 
-func (d *driver) busyLoop(ctx context.Context, c nodeCmd) error {
+func (d *driver) busyLoop(ctx context.Context, c busyShape) error {
 	perReq := c.Prompt / c.Chunk
 	plans := make([]messages.StorePlan, c.Requests)
 	reqs := make([]*messages.ReqContext, c.Requests)
@@ -377,14 +407,15 @@ func (d *driver) busyLoop(ctx context.Context, c nodeCmd) error {
 }
 
 // probeSteps watches, as a peer, the busy source's stores become visible:
-// for each of c.Steps steps it probes that step's blocks through the peer
+// for each of q.Steps steps it probes that step's blocks through the peer
 // session until each request's chunk is a HIT, and records when (unix ns,
 // per (step, request), matching the source's commit times).
-func (d *driver) probeSteps(ctx context.Context, c nodeCmd) (nodeReply, error) {
+func (d *driver) probeSteps(ctx context.Context, q p2pProbeSteps) (nodeReply, error) {
+	c := q.Shape
 	perReq := c.Prompt / c.Chunk
-	times := make([]int64, 0, c.Steps*c.Requests)
-	deadline := time.Now().Add(time.Duration(c.Steps+5) * time.Duration(c.StepMs) * time.Millisecond * 2)
-	for s := 0; s < c.Steps; s++ {
+	times := make([]int64, 0, q.Steps*c.Requests)
+	deadline := time.Now().Add(time.Duration(q.Steps+5) * time.Duration(c.StepMs) * time.Millisecond * 2)
+	for s := 0; s < q.Steps; s++ {
 		g, chunk := s/perReq, s%perReq
 		ks := make([]messages.Key, 0, c.Requests*c.Chunk)
 		for r := 0; r < c.Requests; r++ {
@@ -398,7 +429,7 @@ func (d *driver) probeSteps(ctx context.Context, c nodeCmd) (nodeReply, error) {
 			if time.Now().After(deadline) {
 				return nodeReply{Times: times}, fmt.Errorf("step %d never became visible", s)
 			}
-			hits, err := d.node.ProbePeer(ctx, c.Node, ks)
+			hits, err := d.node.ProbePeer(ctx, q.Node, ks)
 			if err != nil {
 				return nodeReply{}, err
 			}
@@ -449,7 +480,7 @@ func (d *driver) rawRecv(n int64) (nodeReply, error) {
 
 // rawSend writes c.Count blocks to the raw listener at c.Addr, block by
 // block with writev, as the tcp data plane does.
-func (d *driver) rawSend(c nodeCmd) (nodeReply, error) {
+func (d *driver) rawSend(c p2pRawSend) (nodeReply, error) {
 	buf := make([]byte, c.Count*d.o.BlockBytes)
 	bufs := make(net.Buffers, c.Count)
 	for i := range bufs {

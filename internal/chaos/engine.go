@@ -21,7 +21,10 @@ import (
 // worker report of its job was accepted (a reaped or restarted job's slots
 // may have been reused while it copied). It checks what only the engine
 // can see: a leased HIT that PrepareLoad refused, a loaded block with
-// wrong bytes, a call not answered within its deadline.
+// wrong bytes, a call not answered within its deadline. What the two
+// engines share is internal/sim's: the GPU cache (LRU), keys, request and
+// store contexts, how a lookup's answer is read, request phases and each
+// worker's shard of a block's bytes.
 
 // EngineConfig shapes the simulated engines.
 type EngineConfig struct {
@@ -54,21 +57,12 @@ const (
 	callTakeEvents      = "take_events"
 )
 
-type phase uint8
-
-const (
-	phaseLookup phase = iota
-	phaseLoading
-	phaseCompute
-	phaseDone
-)
-
 // request is a scheduled request's state.
 type request struct {
 	ctx     *messages.ReqContext
 	blocks  []uint64
 	keys    []messages.Key
-	phase   phase
+	phase   sim.Phase
 	gpuHits int
 	hits    int // blocks after gpuHits leased as HIT
 	waiting time.Time
@@ -190,18 +184,18 @@ func (e *engine) stepOnce(ctx context.Context, stopping bool) {
 		}
 	}
 	for _, r := range e.reqs {
-		if r.phase == phaseLookup {
+		if r.phase == sim.PhaseLookup {
 			e.lookup(ctx, r)
 		}
 	}
 	for _, r := range e.reqs {
-		if r.phase == phaseCompute {
+		if r.phase == sim.PhaseCompute {
 			e.compute(ctx, r)
 		}
 	}
 	kept := e.reqs[:0]
 	for _, r := range e.reqs {
-		if r.phase != phaseDone {
+		if r.phase != sim.PhaseDone {
 			kept = append(kept, r)
 		}
 	}
@@ -215,14 +209,10 @@ func (e *engine) stepOnce(ctx context.Context, stopping bool) {
 
 func (e *engine) newRequest() *request {
 	req, seq := e.run.work.take()
-	keys := make([]messages.Key, len(req.Blocks))
-	for i, id := range req.Blocks {
-		keys[i] = sim.KeyFor(e.run.ns, id)
-	}
+	keys := sim.Keys(e.run.ns, req.Blocks)
 	e.run.stats.requests.Add(1)
 	e.run.stats.promptBlocks.Add(int64(len(keys)))
-	ctx := &messages.ReqContext{RequestID: fmt.Sprintf("%s-e%d-r%d", e.node.name, e.id, seq),
-		Workers: e.cfg.Workers, BlockSize: sim.TokensPerBlock}
+	ctx := sim.NewReqContext(fmt.Sprintf("%s-e%d-r%d", e.node.name, e.id, seq), e.cfg.Workers)
 	return &request{ctx: ctx, blocks: req.Blocks, keys: keys}
 }
 
@@ -257,7 +247,7 @@ func (e *engine) call(ctx context.Context, name, req string, f func(context.Cont
 // far; it waits a step on RETRY / HIT_PENDING (up to MaxWait), then loads.
 func (e *engine) lookup(ctx context.Context, r *request) {
 	if r.hits == 0 && r.waiting.IsZero() {
-		r.gpuHits = e.gpuPrefix(r.blocks)
+		r.gpuHits = e.gpu.Prefix(r.blocks)
 	}
 	rest := r.keys[r.gpuHits+r.hits:]
 	if len(rest) == 0 {
@@ -281,16 +271,13 @@ func (e *engine) lookup(ctx context.Context, r *request) {
 		e.load(ctx, r)
 		return
 	}
-	n := 0
-	for n < len(st) && st[n] == messages.Hit {
-		n++
-	}
-	if n > 0 && r.hits == 0 {
+	a := sim.ReadLookup(st)
+	if a.Hits > 0 && r.hits == 0 {
 		r.leaseSent, r.leaseEpoch = sent, epoch
 	}
-	r.hits += n
-	e.run.stats.hitBlocks.Add(int64(n))
-	if n < len(st) && (st[n] == messages.Retry || st[n] == messages.HitPending) {
+	r.hits += a.Hits
+	e.run.stats.hitBlocks.Add(int64(a.Hits))
+	if a.Wait() {
 		if r.waiting.IsZero() {
 			r.waiting = time.Now()
 		}
@@ -301,19 +288,11 @@ func (e *engine) lookup(ctx context.Context, r *request) {
 	e.load(ctx, r)
 }
 
-func (e *engine) gpuPrefix(blocks []uint64) int {
-	n := 0
-	for n < len(blocks) && e.gpu.Contains(blocks[n]) {
-		n++
-	}
-	return n
-}
-
 // load turns the request's leased HITs into a load job. A PrepareLoad
 // refused for leases that cannot have expired, with no bridge restart
 // since they were taken, breaks the manager's promise.
 func (e *engine) load(ctx context.Context, r *request) {
-	r.phase = phaseCompute
+	r.phase = sim.PhaseCompute
 	if r.hits == 0 {
 		return
 	}
@@ -345,7 +324,7 @@ func (e *engine) load(ctx context.Context, r *request) {
 	j := &job{id: lj.ID, kind: messages.JobLoad, keys: keys, slots: lj.Slots, workers: max(lj.Workers, 1),
 		sent: sent, owner: r}
 	e.open(j, "engine load")
-	r.phase = phaseLoading
+	r.phase = sim.PhaseLoading
 }
 
 // recompute gives up on the blocks the request had found in kvtier.
@@ -355,7 +334,7 @@ func (e *engine) recompute(r *request) {
 		e.run.stats.faultRecomputed.Add(int64(r.hits))
 	}
 	r.hits = 0
-	r.phase = phaseCompute
+	r.phase = sim.PhaseCompute
 }
 
 // open schedules a job's reports, deciding whether one worker stalls.
@@ -404,16 +383,14 @@ func (e *engine) work(ctx context.Context, j *job) {
 			break
 		}
 		for i, k := range j.keys {
-			buf := e.pool.Slot(j.slots[i])
-			lo, hi := shard(len(buf), j.workers, w)
+			slot := e.pool.Slot(j.slots[i])
 			if j.kind == messages.JobStore {
 				e.node.wrote(j.slots[i], k, j.id, w)
 				if e.run.hooks.BadStore != nil && e.run.hooks.BadStore(k) {
-					sim.FillRange(buf[lo:hi], sim.KeyFor(e.run.ns, ^uint64(0)), lo) // another block's bytes
-				} else {
-					sim.FillRange(buf[lo:hi], k, lo)
+					k = sim.KeyFor(e.run.ns, ^uint64(0)) // another block's bytes
 				}
-			} else if !sim.VerifyRange(buf[lo:hi], k, lo) {
+				sim.WriteShard(slot, k, j.workers, w)
+			} else if !sim.VerifyShard(slot, k, j.workers, w) {
 				bad[i] = true
 			}
 		}
@@ -449,15 +426,13 @@ func (e *engine) work(ctx context.Context, j *job) {
 			e.run.stats.verifiedBlocks.Add(1)
 		}
 	}
-	r.phase = phaseCompute
+	r.phase = sim.PhaseCompute
 }
 
 // compute is the request's prefill: the GPU holds its prompt, the blocks
 // not loaded are computed and stored, and the request finishes.
 func (e *engine) compute(ctx context.Context, r *request) {
-	for i := len(r.blocks) - 1; i >= 0; i-- {
-		e.gpu.Add(r.blocks[i])
-	}
+	e.gpu.AddChain(r.blocks)
 	first := r.gpuHits + r.hits
 	e.run.stats.gpuHitBlocks.Add(int64(r.gpuHits))
 	e.run.stats.loadedBlocks.Add(int64(r.hits))
@@ -472,20 +447,17 @@ func (e *engine) compute(ctx context.Context, r *request) {
 		e.store(ctx, r, first)
 	}
 	_ = e.call(ctx, callRequestFinished, r.ctx.RequestID, func(c context.Context) error { return e.mgr.RequestFinished(c, r.ctx) })
-	r.phase = phaseDone
+	r.phase = sim.PhaseDone
 }
 
 func (e *engine) store(ctx context.Context, r *request, first int) {
 	keys := r.keys[first:]
-	sc := *r.ctx
-	if first > 0 {
-		sc.ParentBlockHash = []byte(r.keys[first-1].Hash)
-	}
+	sc := sim.StoreContext(r.ctx, r.keys, first)
 	var plan messages.StorePlan
 	sent := time.Now()
 	err := e.call(ctx, callPrepareStore, r.ctx.RequestID, func(c context.Context) error {
 		var err error
-		plan, err = e.mgr.PrepareStore(c, &sc, keys)
+		plan, err = e.mgr.PrepareStore(c, sc, keys)
 		return err
 	})
 	if err != nil || len(plan.ToStore) == 0 {
@@ -515,16 +487,4 @@ func (e *engine) takeEvents(ctx context.Context) {
 	for i := range evs {
 		e.node.take.apply(&evs[i])
 	}
-}
-
-// shard returns worker w's byte range of a block of n bytes split among
-// workers: contiguous, 8-byte aligned (internal/sim's split).
-func shard(n, workers, w int) (lo, hi int) {
-	per := (n/workers + 7) &^ 7
-	lo = min(w*per, n)
-	hi = min(lo+per, n)
-	if w == workers-1 {
-		hi = n
-	}
-	return lo, hi
 }

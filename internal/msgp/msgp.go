@@ -4,7 +4,8 @@
 // every length against the caller's bound and against what is left of the
 // frame before anything is allocated, and a Writer that always picks the
 // smallest encoding. It owns no state beyond the frame it is handed and
-// knows nothing of any message.
+// knows nothing of any message, but for the provenance fields both
+// protocols carry alike (prov.go).
 package msgp
 
 import (

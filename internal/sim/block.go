@@ -29,6 +29,16 @@ func KeyFor(ns messages.Namespace, id uint64) messages.Key {
 	return messages.Key{Namespace: ns, Hash: string(b[:]), Group: 0}
 }
 
+// Keys returns the keys of a prompt's blocks in namespace ns (KeyFor of
+// each id).
+func Keys(ns messages.Namespace, blocks []uint64) []messages.Key {
+	keys := make([]messages.Key, len(blocks))
+	for i, id := range blocks {
+		keys[i] = KeyFor(ns, id)
+	}
+	return keys
+}
+
 // BlockHash is the 64-bit hash of block id, as realistic as an engine's:
 // uniform over 64 bits (vLLM's are the low 64 bits of sha256 or xxh3) and
 // never 0 for a workload's ids, so KV events carry it in msgpack's 64-bit
@@ -107,9 +117,11 @@ func VerifyRange(src []byte, key messages.Key, off int) bool {
 // Verify reports whether src is exactly key's block content.
 func Verify(src []byte, key messages.Key) bool { return VerifyRange(src, key, 0) }
 
-// shard returns worker w's byte range of a block of n bytes split among
-// workers: contiguous, 8-byte aligned, together covering the block.
-func shard(n, workers, w int) (lo, hi int) {
+// Shard returns worker w's byte range of a block of n bytes split among
+// workers: contiguous, 8-byte aligned, together covering the block. Every
+// simulated engine (this package's and the chaos harness's) splits a job's
+// copy this way.
+func Shard(n, workers, w int) (lo, hi int) {
 	per := (n/workers + 7) &^ 7
 	lo = min(w*per, n)
 	hi = min(lo+per, n)
@@ -117,4 +129,18 @@ func shard(n, workers, w int) (lo, hi int) {
 		hi = n
 	}
 	return lo, hi
+}
+
+// WriteShard is worker w's part of a store (one of workers): it writes its
+// shard of key's block content into slot.
+func WriteShard(slot []byte, key messages.Key, workers, w int) {
+	lo, hi := Shard(len(slot), workers, w)
+	FillRange(slot[lo:hi], key, lo)
+}
+
+// VerifyShard is worker w's part of a load (one of workers): it reports
+// whether its shard of slot holds key's block content.
+func VerifyShard(slot []byte, key messages.Key, workers, w int) bool {
+	lo, hi := Shard(len(slot), workers, w)
+	return VerifyRange(slot[lo:hi], key, lo)
 }

@@ -3,7 +3,10 @@
 // at a time, on a virtual clock. It owns the simulated engine — a GPU block
 // cache with its own LRU, the request workload (synthetic or a Mooncake
 // trace), the transfer workers that copy block bytes in and out of slots and
-// report per worker, and the summary of a run.
+// report per worker, and the summary of a run. The engine's parts — keys and
+// block bytes, each worker's shard, the GPU cache, request phases and
+// contexts, how a lookup's answer is read — are exported: the chaos
+// harness's wall-clock engine (internal/chaos) is built on them.
 //
 // It depends only on the kvtier.Manager interface, so the embedded node and a
 // standalone client are driven by the same code. It must not touch the node's

@@ -48,14 +48,14 @@ func DefaultConfig() Config {
 		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second}
 }
 
-// phase is where a scheduled request is.
-type phase uint8
+// Phase is where a scheduled request of a simulated engine is.
+type Phase uint8
 
 const (
-	phaseLookup  phase = iota // asking kvtier for the blocks the GPU lacks
-	phaseLoading              // its load job is in flight
-	phaseCompute              // prefill this step
-	phaseDone
+	PhaseLookup  Phase = iota // asking kvtier for the blocks the GPU lacks
+	PhaseLoading              // its load job is in flight
+	PhaseCompute              // prefill this step
+	PhaseDone                 // finished: the scheduler drops it
 )
 
 // running is a scheduled request's state.
@@ -63,7 +63,7 @@ type running struct {
 	req     Request
 	ctx     *messages.ReqContext
 	keys    []messages.Key
-	phase   phase
+	phase   Phase
 	gpuHits int // leading blocks found in the GPU cache
 	hits    int // blocks after those leased as HIT in kvtier
 	waits   int // steps spent waiting on RETRY / HIT_PENDING
@@ -129,14 +129,14 @@ func (e *engine) step(ctx context.Context) error {
 	}
 	e.admit()
 	for _, r := range e.run {
-		if r.phase == phaseLookup {
+		if r.phase == PhaseLookup {
 			if err := e.lookup(ctx, r); err != nil {
 				return err
 			}
 		}
 	}
 	for _, r := range e.run {
-		if r.phase == phaseCompute {
+		if r.phase == PhaseCompute {
 			if err := e.compute(ctx, r); err != nil {
 				return err
 			}
@@ -173,21 +173,16 @@ func (e *engine) admit() {
 // newRunning builds request i's state and context.
 func (e *engine) newRunning(i int) *running {
 	req := e.reqs[i]
-	keys := make([]messages.Key, len(req.Blocks))
-	for j, id := range req.Blocks {
-		keys[j] = KeyFor(e.cfg.Namespace, id)
-	}
+	keys := Keys(e.cfg.Namespace, req.Blocks)
 	e.sum.PromptBlocks += len(keys)
-	ctx := &messages.ReqContext{RequestID: fmt.Sprintf("sim-%d", i), Workers: e.cfg.Workers,
-		BlockSize: TokensPerBlock}
-	return &running{req: req, ctx: ctx, keys: keys}
+	return &running{req: req, ctx: NewReqContext(fmt.Sprintf("sim-%d", i), e.cfg.Workers), keys: keys}
 }
 
 // reap drops finished requests, keeping admission order.
 func (e *engine) reap() {
 	kept := e.run[:0]
 	for _, r := range e.run {
-		if r.phase == phaseDone {
+		if r.phase == PhaseDone {
 			e.done++
 			continue
 		}

@@ -62,3 +62,22 @@ func (c *LRU) PrefixHits(chain []uint64) int {
 	}
 	return n
 }
+
+// Prefix counts the leading ids of chain that are cached, without touching
+// them: an engine's GPU prefix before a lookup (the prefill that uses them
+// re-inserts the whole prompt with AddChain).
+func (c *LRU) Prefix(chain []uint64) int {
+	n := 0
+	for n < len(chain) && c.Contains(chain[n]) {
+		n++
+	}
+	return n
+}
+
+// AddChain inserts a prompt's prefix chain after its prefill, the chain's
+// head last, so the head is the last of it evicted.
+func (c *LRU) AddChain(chain []uint64) {
+	for i := len(chain) - 1; i >= 0; i-- {
+		c.Add(chain[i])
+	}
+}

@@ -27,11 +27,10 @@ func (e *engine) work(ctx context.Context, j *job) error {
 	bad := make([]bool, len(j.keys))
 	for w := range workers {
 		for i, k := range j.keys {
-			buf := e.pool.Slot(j.slots[i])
-			lo, hi := shard(len(buf), workers, w)
+			slot := e.pool.Slot(j.slots[i])
 			if j.kind == messages.JobStore {
-				FillRange(buf[lo:hi], k, lo)
-			} else if !VerifyRange(buf[lo:hi], k, lo) {
+				WriteShard(slot, k, workers, w)
+			} else if !VerifyShard(slot, k, workers, w) {
 				bad[i] = true
 			}
 		}
@@ -112,7 +111,7 @@ func (e *engine) account(j *job, bad []bool) {
 		}
 	}
 	if j.owner != nil {
-		j.owner.phase = phaseCompute
+		j.owner.phase = PhaseCompute
 	}
 }
 

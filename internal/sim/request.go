@@ -10,6 +10,51 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
+// NewReqContext is the context of a request of the simulated model, its
+// jobs reported by workers (0: the node's default).
+func NewReqContext(id string, workers int) *messages.ReqContext {
+	return &messages.ReqContext{RequestID: id, Workers: workers, BlockSize: TokensPerBlock}
+}
+
+// Answer is a lookup's statuses as an engine reads them: the leading HITs
+// are leased to the request; a scan that stops at RETRY or HIT_PENDING
+// makes it wait a step and ask again for the blocks after those.
+type Answer struct {
+	Hits    int  // leading HITs
+	Retry   bool // the scan stopped at RETRY (a secondary tier or peer promotes the next block)
+	Pending bool // the scan stopped at HIT_PENDING (a write of the next block is in flight)
+}
+
+// Wait reports whether an engine waits a step before loading what it has.
+func (a Answer) Wait() bool { return a.Retry || a.Pending }
+
+// ReadLookup reads a lookup's statuses.
+func ReadLookup(st []messages.LookupStatus) Answer {
+	n := 0
+	for n < len(st) && st[n] == messages.Hit {
+		n++
+	}
+	a := Answer{Hits: n}
+	if n < len(st) {
+		a.Retry, a.Pending = st[n] == messages.Retry, st[n] == messages.HitPending
+	}
+	return a
+}
+
+// StoreContext is ctx for the store of keys[first:] (the prompt's blocks
+// not found anywhere): a new value, same request id, whose parent is the
+// block before the first stored one, so the node's stored events carry the
+// chain. The request's own context may still be read by the node for calls
+// already made.
+func StoreContext(ctx *messages.ReqContext, keys []messages.Key, first int) *messages.ReqContext {
+	c := *ctx
+	c.ParentBlockHash = nil
+	if first > 0 {
+		c.ParentBlockHash = []byte(keys[first-1].Hash)
+	}
+	return &c
+}
+
 // lookup asks kvtier for the prompt blocks after the GPU's prefix. Leading
 // HITs are leased to the request and accumulate across attempts; when the
 // scan stops at RETRY or HIT_PENDING the request waits a step (at most
@@ -17,7 +62,7 @@ import (
 // after the ones already leased.
 func (e *engine) lookup(ctx context.Context, r *running) error {
 	if r.waits == 0 && r.hits == 0 {
-		r.gpuHits = e.gpuPrefix(r.req.Blocks)
+		r.gpuHits = e.gpu.Prefix(r.req.Blocks)
 	}
 	rest := r.keys[r.gpuHits+r.hits:]
 	if len(rest) == 0 {
@@ -33,17 +78,14 @@ func (e *engine) lookup(ctx context.Context, r *running) error {
 	if len(st) != len(rest) {
 		return fmt.Errorf("lookup %s: %d answers for %d keys", r.ctx.RequestID, len(st), len(rest))
 	}
-	n := 0
-	for n < len(st) && st[n] == messages.Hit {
-		n++
-	}
-	r.hits += n
+	a := ReadLookup(st)
+	r.hits += a.Hits
 	if r.afterRetry {
-		r.secondary += n
+		r.secondary += a.Hits
 	}
-	r.afterRetry = n < len(st) && st[n] == messages.Retry
+	r.afterRetry = a.Retry
 	e.tierWork = e.tierWork || r.afterRetry
-	if n < len(st) && (st[n] == messages.Retry || st[n] == messages.HitPending) {
+	if a.Wait() {
 		if r.waits < e.cfg.MaxWait {
 			r.waits++
 			e.sum.LookupWaits++
@@ -54,20 +96,10 @@ func (e *engine) lookup(ctx context.Context, r *running) error {
 	return e.load(ctx, r)
 }
 
-// gpuPrefix counts the leading blocks of chain in the GPU cache (without
-// touching them: the prefill that uses them re-inserts the whole prompt).
-func (e *engine) gpuPrefix(chain []uint64) int {
-	n := 0
-	for n < len(chain) && e.gpu.Contains(chain[n]) {
-		n++
-	}
-	return n
-}
-
 // load turns the request's leased HITs into a load job; with none it goes
 // straight to compute. A failed PrepareLoad makes the request recompute.
 func (e *engine) load(ctx context.Context, r *running) error {
-	r.phase = phaseCompute
+	r.phase = PhaseCompute
 	if r.hits == 0 {
 		return nil
 	}
@@ -86,7 +118,7 @@ func (e *engine) load(ctx context.Context, r *running) error {
 	}
 	e.sum.LoadJobs++
 	e.enqueue(&job{id: lj.ID, kind: messages.JobLoad, workers: lj.Workers, keys: keys, slots: lj.Slots, owner: r})
-	r.phase = phaseLoading
+	r.phase = PhaseLoading
 	return nil
 }
 
@@ -107,9 +139,7 @@ func (e *engine) checkSlots(slots []int, keys int) error {
 // blocks neither hit nor loaded are computed and stored to kvtier
 // (write-through), and the request finishes.
 func (e *engine) compute(ctx context.Context, r *running) error {
-	for i := len(r.req.Blocks) - 1; i >= 0; i-- {
-		e.gpu.Add(r.req.Blocks[i]) // the chain's head goes in last: evicted last
-	}
+	e.gpu.AddChain(r.req.Blocks)
 	first := r.gpuHits + r.hits
 	e.sum.GPUHitBlocks += r.gpuHits
 	e.sum.BlocksLoaded += r.hits
@@ -125,7 +155,7 @@ func (e *engine) compute(ctx context.Context, r *running) error {
 			return err
 		}
 	}
-	r.phase = phaseDone
+	r.phase = PhaseDone
 	if err := e.mgr.RequestFinished(ctx, r.ctx); err != nil {
 		return fmt.Errorf("request finished %s: %w", r.ctx.RequestID, err)
 	}
@@ -156,19 +186,12 @@ func (e *engine) store(ctx context.Context, r *running, first int) error {
 	return nil
 }
 
-// storeContext is the request's context narrowed to the stored blocks: the
-// parent is the block before the first stored one and the tokens are those
-// of the stored blocks, so the node's stored events carry exact provenance.
-// It is a new value (same request id): the request's own context may still
-// be read by the node for calls already made.
+// storeContext is the request's StoreContext with the tokens of the stored
+// blocks too, so the node's stored events carry exact provenance.
 func storeContext(r *running, first int) *messages.ReqContext {
-	c := *r.ctx
-	c.ParentBlockHash = nil
-	if first > 0 {
-		c.ParentBlockHash = []byte(r.keys[first-1].Hash)
-	}
+	c := StoreContext(r.ctx, r.keys, first)
 	c.TokenIDs = tokenIDs(r.req.Blocks[first:])
-	return &c
+	return c
 }
 
 // tokenIDs makes up the token ids of blocks: TokensPerBlock per block, a

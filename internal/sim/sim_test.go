@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
 )
 
 func TestFillVerifyDetectsFlippedByte(t *testing.T) {
@@ -35,10 +37,11 @@ func TestShardsCoverTheBlockAndMatchWholeFill(t *testing.T) {
 			parts := make([]byte, size)
 			next := 0
 			for w := range workers {
-				lo, hi := shard(size, workers, w)
+				lo, hi := Shard(size, workers, w)
 				require.Equal(t, next, lo, "size %d workers %d worker %d", size, workers, w)
 				require.Zero(t, lo%8)
-				FillRange(parts[lo:hi], key, lo)
+				WriteShard(parts, key, workers, w)
+				assert.True(t, VerifyShard(whole, key, workers, w))
 				assert.True(t, VerifyRange(whole[lo:hi], key, lo))
 				next = hi
 			}
@@ -64,6 +67,43 @@ func TestLRUEvictsLeastRecentlyUsed(t *testing.T) {
 	assert.Equal(t, 0, NewLRU(0).Len())
 	_, evicted = NewLRU(0).Add(1)
 	assert.False(t, evicted)
+}
+
+func TestLRUChainPrefixDoesNotTouch(t *testing.T) {
+	c := NewLRU(3)
+	c.AddChain([]uint64{1, 2, 3}) // the head goes in last: evicted last
+	assert.Equal(t, 2, c.Prefix([]uint64{1, 2, 4, 3}), "prefix stops at the first miss")
+	victim, evicted := c.Add(5)
+	require.True(t, evicted)
+	assert.Equal(t, uint64(3), victim, "Prefix touched nothing; the chain's tail goes first")
+}
+
+func TestReadLookup(t *testing.T) {
+	const h, m, r, p = messages.Hit, messages.Miss, messages.Retry, messages.HitPending
+	for _, c := range []struct {
+		st   []messages.LookupStatus
+		want Answer
+	}{
+		{nil, Answer{}},
+		{[]messages.LookupStatus{h, h}, Answer{Hits: 2}},
+		{[]messages.LookupStatus{h, m, h}, Answer{Hits: 1}},
+		{[]messages.LookupStatus{h, r, m}, Answer{Hits: 1, Retry: true}},
+		{[]messages.LookupStatus{p, h}, Answer{Pending: true}},
+	} {
+		a := ReadLookup(c.st)
+		assert.Equal(t, c.want, a, "%v", c.st)
+		assert.Equal(t, c.want.Retry || c.want.Pending, a.Wait())
+	}
+}
+
+func TestStoreContextNamesTheParent(t *testing.T) {
+	ctx := NewReqContext("r", 2)
+	keys := Keys(DefaultLayout.Namespace(), []uint64{1, 2, 3})
+	assert.Nil(t, StoreContext(ctx, keys, 0).ParentBlockHash)
+	sc := StoreContext(ctx, keys, 2)
+	assert.Equal(t, []byte(keys[1].Hash), sc.ParentBlockHash)
+	assert.Equal(t, "r", sc.RequestID)
+	assert.Nil(t, ctx.ParentBlockHash, "the request's own context is not changed")
 }
 
 func TestSyntheticIsDeterministic(t *testing.T) {

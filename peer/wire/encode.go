@@ -1,6 +1,10 @@
 package wire
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/kvtier/kvtier/internal/msgp"
+)
 
 // Encode encodes f as one frame of protocol Version: a msgpack map (see
 // docs/PROTOCOL.md, "Peer protocol"). It refuses, with an *Error, a frame
@@ -121,7 +125,7 @@ func encodeHalf(w *writer, o op, node string, epoch uint64, nonce []byte, ns []s
 	w.Bin(nonce)
 	if len(ns) > 0 {
 		w.Str("ns")
-		writeStrings(w, ns)
+		w.Strs(ns)
 	}
 	w.Str("block_bytes")
 	w.Uint(uint64(blockBytes))
@@ -136,13 +140,6 @@ func encodeHalf(w *writer, o op, node string, epoch uint64, nonce []byte, ns []s
 	if o == opWelcome {
 		w.Str("mac")
 		w.Bin(mac)
-	}
-}
-
-func writeStrings(w *writer, ss []string) {
-	w.ArrayLen(len(ss))
-	for _, s := range ss {
-		w.Str(s)
 	}
 }
 
@@ -188,35 +185,13 @@ func encodeProv(w *writer, p *Provenance) {
 		w.Nil()
 		return
 	}
-	w.MapLen(count(len(p.ParentHash) > 0) + count(len(p.TokenIDs) > 0) + count(p.BlockSize != 0) +
-		count(p.LoRAID != 0) + count(p.LoRAName != "") + count(len(p.ExtraKeys) > 0))
+	rest := msgp.Prov{Tokens: p.TokenIDs, BlockSize: p.BlockSize, LoRAID: p.LoRAID, LoRAName: p.LoRAName, Extra: p.ExtraKeys}
+	w.MapLen(count(len(p.ParentHash) > 0) + rest.Fields())
 	if len(p.ParentHash) > 0 {
 		w.Str("parent")
 		w.Bin(p.ParentHash)
 	}
-	if len(p.TokenIDs) > 0 {
-		w.Str("tokens")
-		w.BinHeader(4 * len(p.TokenIDs))
-		for _, t := range p.TokenIDs {
-			w.B = binary.LittleEndian.AppendUint32(w.B, uint32(t))
-		}
-	}
-	if p.BlockSize != 0 {
-		w.Str("block_size")
-		w.Uint(uint64(p.BlockSize))
-	}
-	if p.LoRAID != 0 {
-		w.Str("lora_id")
-		w.Int(int64(p.LoRAID))
-	}
-	if p.LoRAName != "" {
-		w.Str("lora_name")
-		w.Str(p.LoRAName)
-	}
-	if len(p.ExtraKeys) > 0 {
-		w.Str("extra")
-		writeStrings(w, p.ExtraKeys)
-	}
+	w.WriteProv(&rest)
 }
 
 // sizeHint estimates f's encoded size, so Encode allocates once.

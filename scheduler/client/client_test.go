@@ -133,29 +133,44 @@ func (d *fakeDaemon) close() {
 	}
 }
 
+// statsInFlight dials d and makes a Stats call, which the fake daemon never
+// answers; it returns once d has the call, with the channel the call's
+// error will come on.
+func statsInFlight(ctx context.Context, t *testing.T, d *fakeDaemon) (*Client, <-chan error) {
+	t.Helper()
+	c, err := Dial(ctx, d.addr, Options{Name: "t"})
+	require.NoError(t, err)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := c.Stats(ctx)
+		failed <- err
+	}()
+	d.expect(t, wire.OpStats) // the call is in flight
+	return c, failed
+}
+
+// requireClosedWithin: the call whose error comes on failed ends with
+// ErrClosed within 10 seconds; what says otherwise.
+func requireClosedWithin(t *testing.T, failed <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-failed:
+		require.ErrorIs(t, err, messages.ErrClosed)
+	case <-time.After(10 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 // A call in flight when the daemon goes away fails at once with ErrClosed,
 // not at its deadline; so does every later call, and Close is prompt.
 func TestCallsFailFastWhenTheConnectionIsLost(t *testing.T) {
 	d := startFakeDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := Dial(ctx, d.addr, Options{Name: "t"})
-	require.NoError(t, err)
-
-	failed := make(chan error, 1)
-	go func() {
-		_, err := c.Stats(ctx) // the fake daemon never answers it
-		failed <- err
-	}()
-	d.expect(t, wire.OpStats) // the call is in flight
+	c, failed := statsInFlight(ctx, t, d)
 	d.close()
 	start := time.Now()
-	select {
-	case err := <-failed:
-		require.ErrorIs(t, err, messages.ErrClosed)
-	case <-time.After(10 * time.Second):
-		t.Fatal("a call outlived its connection")
-	}
+	requireClosedWithin(t, failed, "a call outlived its connection")
 	require.ErrorIs(t, c.Ping(ctx), messages.ErrClosed)
 	closeErr := c.Close(ctx)
 	require.True(t, closeErr == nil || errors.Is(closeErr, messages.ErrClosed), "%v", closeErr)
@@ -168,25 +183,13 @@ func TestCloseEndsCallsInFlight(t *testing.T) {
 	d := startFakeDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := Dial(ctx, d.addr, Options{Name: "t"})
-	require.NoError(t, err)
-	failed := make(chan error, 1)
-	go func() {
-		_, err := c.Stats(ctx)
-		failed <- err
-	}()
-	d.expect(t, wire.OpStats)                                               // the call is in flight
+	c, failed := statsInFlight(ctx, t, d)
 	closeCtx, closeCancel := context.WithTimeout(ctx, 100*time.Millisecond) // Bye is never answered
 	defer closeCancel()
 	start := time.Now()
-	err = c.Close(closeCtx)
+	err := c.Close(closeCtx)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "Bye unanswered within Close's ctx")
-	select {
-	case err := <-failed:
-		require.ErrorIs(t, err, messages.ErrClosed)
-	case <-time.After(10 * time.Second):
-		t.Fatal("a call outlived Close")
-	}
+	requireClosedWithin(t, failed, "a call outlived Close")
 	require.Less(t, time.Since(start), 10*time.Second)
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -558,15 +559,11 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	count(len(c.TierFilter) > 0)
 	count(len(c.PeerSources) > 0)
 	count(c.ParentBlockHash != nil)
-	count(len(c.TokenIDs) > 0)
-	count(c.BlockSize != 0)
-	count(c.LoRAID != 0)
-	count(c.LoRAName != "")
-	count(len(c.ExtraKeys) > 0)
 	count(c.SpecKind != "")
 	count(c.SlidingWindow != 0)
 	count(c.SessionID != "")
-	w.MapLen(n)
+	prov := msgp.Prov{Tokens: c.TokenIDs, BlockSize: c.BlockSize, LoRAID: c.LoRAID, LoRAName: c.LoRAName, Extra: c.ExtraKeys}
+	w.MapLen(n + prov.Fields())
 	w.Str("id")
 	id := c.RequestID
 	if strip != "" && len(id) >= len(strip) && id[:len(strip)] == strip {
@@ -579,39 +576,17 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	}
 	if len(c.TierFilter) > 0 {
 		w.Str("tiers")
-		writeStrings(w, c.TierFilter)
+		w.Strs(c.TierFilter)
 	}
 	if len(c.PeerSources) > 0 {
 		w.Str("peers")
-		writeStrings(w, c.PeerSources)
+		w.Strs(c.PeerSources)
 	}
 	if c.ParentBlockHash != nil {
 		w.Str("parent")
 		w.Bin(c.ParentBlockHash)
 	}
-	if len(c.TokenIDs) > 0 {
-		w.Str("tokens")
-		w.BinHeader(4 * len(c.TokenIDs))
-		for _, t := range c.TokenIDs {
-			w.B = binary.LittleEndian.AppendUint32(w.B, uint32(t))
-		}
-	}
-	if c.BlockSize != 0 {
-		w.Str("block_size")
-		w.Uint(uint64(c.BlockSize))
-	}
-	if c.LoRAID != 0 {
-		w.Str("lora_id")
-		w.Int(int64(c.LoRAID))
-	}
-	if c.LoRAName != "" {
-		w.Str("lora_name")
-		w.Str(c.LoRAName)
-	}
-	if len(c.ExtraKeys) > 0 {
-		w.Str("extra")
-		writeStrings(w, c.ExtraKeys)
-	}
+	w.WriteProv(&prov)
 	if c.SpecKind != "" {
 		w.Str("kv_cache_spec_kind")
 		w.Str(c.SpecKind)
@@ -623,12 +598,5 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 	if c.SessionID != "" {
 		w.Str("session_id")
 		w.Str(c.SessionID)
-	}
-}
-
-func writeStrings(w *writer, ss []string) {
-	w.ArrayLen(len(ss))
-	for _, s := range ss {
-		w.Str(s)
 	}
 }

@@ -443,13 +443,20 @@ func TestSimulatorEventsMatchTheNodesInventory(t *testing.T) {
 	require.NoError(t, node.Close(ctx))
 }
 
-// tailJSON runs `kvtier events tail --json --replay-from 0 --no-follow`
-// and rebuilds the inventory from its lines.
-func tailJSON(ctx context.Context, t *testing.T, endpoint, replayAddr string) inventory {
+// buildCLI compiles ./cmd/kvtier into a temporary directory.
+func buildCLI(ctx context.Context, t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kvtier")
 	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
 	require.NoError(t, err, "go build kvtier:\n%s", out)
+	return bin
+}
+
+// tailJSON runs `kvtier events tail --json --replay-from 0 --no-follow`
+// and rebuilds the inventory from its lines.
+func tailJSON(ctx context.Context, t *testing.T, endpoint, replayAddr string) inventory {
+	t.Helper()
+	bin := buildCLI(ctx, t)
 	cmd := exec.CommandContext(ctx, bin, "events", "tail", endpoint, "--replay", replayAddr,
 		"--replay-from", "0", "--no-follow", "--json")
 	var stderr bytes.Buffer

@@ -55,9 +55,7 @@ func TestIdleNodeWithSubscriberMakesNoWakeups(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kvtier")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
-	require.NoError(t, err, "go build kvtier:\n%s", out)
+	bin := buildCLI(ctx, t)
 	pub, rep := freeAddr(t), freeAddr(t)
 	sim := exec.CommandContext(ctx, bin, "sim", "--no-progress", "--requests", "100", "--cpu-blocks", "300",
 		"--block-bytes", "16384", "--events-endpoint", pub, "--events-replay", rep, "--events-hold")

@@ -35,9 +35,7 @@ func freeAddr(t *testing.T) string {
 func TestSimCLIEventsMatchItsInventory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "kvtier")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
-	require.NoError(t, err, "go build kvtier:\n%s", out)
+	bin := buildCLI(ctx, t)
 
 	pub, rep := freeAddr(t), freeAddr(t)
 	invPath := filepath.Join(t.TempDir(), "inventory.json")

@@ -7,10 +7,8 @@ package obj_test
 // bound, removed; its inventory is exactly what it announced.
 
 import (
-	"bytes"
 	"testing"
 
-	"github.com/minio/minio-go/v7"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -96,16 +94,9 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 	name := "node-a/" + blockfmt.RelPath(key(3))
-	o, err := raw.Raw().GetObject(h.ctx, bucket, name, minio.GetObjectOptions{})
-	require.NoError(t, err)
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(o)
-	require.NoError(t, err)
-	require.NoError(t, o.Close())
-	data := buf.Bytes()
-	data[blockfmt.HeaderSize+5] ^= 0xff // inside the provenance section
-	_, err = raw.Raw().PutObject(h.ctx, bucket, name, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{})
-	require.NoError(t, err)
+	objtest.Corrupt(t, h.ctx, raw, bucket, name, func(data []byte) {
+		data[blockfmt.HeaderSize+5] ^= 0xff // inside the provenance section
+	})
 	r = h.ask(&messages.TierRead{Corr: 2, Key: key(3), Dest: dst}).(*messages.TierReadResult)
 	require.ErrorIs(t, r.Err, messages.ErrInvalidBlock)
 	e = h.next()

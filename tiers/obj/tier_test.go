@@ -188,16 +188,7 @@ func TestCorruptObjectDeletedNeverServed(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 	name := "node-a/" + blockfmt.RelPath(key(7))
-	o, err := raw.Raw().GetObject(h.ctx, bucket, name, minio.GetObjectOptions{})
-	require.NoError(t, err)
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(o)
-	require.NoError(t, err)
-	require.NoError(t, o.Close())
-	data := buf.Bytes()
-	data[len(data)-1] ^= 0xff
-	_, err = raw.Raw().PutObject(h.ctx, bucket, name, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{})
-	require.NoError(t, err)
+	objtest.Corrupt(t, h.ctx, raw, bucket, name, func(data []byte) { data[len(data)-1] ^= 0xff })
 
 	_, err = h.read(7)
 	require.ErrorIs(t, err, messages.ErrInvalidBlock)

@@ -1,10 +1,15 @@
 package objtest
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/kvtier/kvtier/tiers/obj"
 )
 
 // Start launches a server over a temporary directory with bucket created,
@@ -30,4 +35,27 @@ func Start(t testing.TB, bucket string) *Server {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// Corrupt reads the object name in bucket through c, applies flip to its
+// bytes and writes it back: a copy damaged at rest.
+func Corrupt(t testing.TB, ctx context.Context, c *obj.Minio, bucket, name string, flip func(data []byte)) {
+	t.Helper()
+	o, err := c.Raw().GetObject(ctx, bucket, name, minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	_, err = buf.ReadFrom(o)
+	if cerr := o.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	flip(data)
+	if _, err := c.Raw().PutObject(ctx, bucket, name, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

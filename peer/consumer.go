@@ -1,0 +1,537 @@
+package peer
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/wire"
+	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// consumer is the book of the rounds we started on the peer (we consume):
+// a Lookup, then maybe a Fetch whose bytes arrive through the transport
+// and are verified. Its methods decide and return a consumed: what the
+// Session must do. They touch no actor context, socket or transport, so
+// consumer_test.go drives them one event at a time.
+//
+// Invariants:
+//   - a round number is used once in the session's life (across epochs);
+//     a frame for an unknown round, or one in another phase, is dropped;
+//   - every PeerLookup and PeerFetch is answered exactly once;
+//   - a fetch is answered only when no chunk is in flight or verifying
+//     (the P2P tier then frees or commits slots nobody writes any more),
+//     and, when it succeeds, only after the producer's TransferDone too
+//     (so a settled consumer implies a settled producer) or, the bytes
+//     being verified, the round's deadline;
+//   - a round's deadline is re-armed (its seq bumped) at each phase, so a
+//     deadline armed for an earlier phase is ignored.
+type consumer struct {
+	node       string
+	namespaces []string // ours
+	blockBytes int
+	lookupTTL  time.Duration // a Lookup's deadline
+	fetchTTL   time.Duration // a Fetch's deadline
+	leaseTTL   time.Duration // how long the producer holds a round's hits
+	now        func() time.Time
+	pc         *peerCounters
+	rounds     map[uint64]*outRound
+	round      uint64 // last round number used
+}
+
+func newConsumer(cfg *Config, node string, pc *peerCounters) *consumer {
+	return &consumer{node: node, namespaces: cfg.Namespaces, blockBytes: cfg.BlockBytes, lookupTTL: cfg.LookupTimeout,
+		fetchTTL: cfg.FetchTimeout, leaseTTL: cfg.LeaseTTL, now: cfg.Clock.Now, pc: pc, rounds: map[uint64]*outRound{}}
+}
+
+// outRound is one round we started.
+type outRound struct {
+	n      uint64
+	epoch  uint64
+	phase  roundPhase
+	keys   []messages.Key // asked (namespaces we share)
+	index  []int          // position of each asked key in the PeerLookup
+	total  int            // keys in the PeerLookup
+	corr   uint64         // the P2P tier's PeerLookup / PeerFetch
+	asker  *actor.PID
+	start  time.Time
+	wait   time.Duration     // the deadline to arm
+	timer  supervision.Timer // armed by the session
+	tseq   uint64
+	fetch  *outFetch
+	reason error              // why a fetch in flight is failing (cancel requested)
+	done   bool               // the producer's TransferDone{OK} came
+	prov   []*wire.Provenance // the LookupResp's, per asked key
+}
+
+type outFetch struct {
+	keys      []messages.Key
+	slots     []int
+	sums      []uint32
+	token     rdma.Token
+	start     time.Time
+	chunks    int
+	waiting   int    // chunks whose transfer has not completed
+	verifying int    // chunks being verified
+	arrived   []bool // per chunk
+	ok        []bool // per key, once its chunk is verified
+}
+
+type roundPhase uint8
+
+const (
+	roundLooking roundPhase = iota
+	roundLeased
+	roundFetching
+	roundVerified // bytes verified; waiting for the producer's TransferDone
+)
+
+// linkNow is what a consumer decision needs to know of the outbound
+// session it runs on.
+type linkNow struct {
+	epoch    uint64 // the outbound session's epoch
+	ready    bool   // its handshake completed, and it is not lost
+	draining bool   // a PeerShutdown: no new rounds
+}
+
+func (l linkNow) open() bool { return l.ready && !l.draining }
+
+// consumed is what one consumer decision asks of its session, in this
+// order: count the drops, answer the P2P tier, send the frames, cancel
+// chunks, verify chunks, arm deadlines (and the heartbeat), log corrupt
+// blocks, then end the outbound session when reset says why.
+type consumed struct {
+	drops     []string
+	answers   []answer
+	frames    []wire.Frame
+	cancel    []rdma.Token
+	verify    []verifyChunk
+	arm       []*outRound // arm each round's deadline: r.wait, under r.tseq
+	heartbeat bool
+	corrupt   int // fetched blocks that failed their checksum
+	reset     string
+}
+
+// answer is a reply to the P2P tier (its asker may be gone: nil).
+type answer struct {
+	to  *actor.PID
+	msg any
+}
+
+// verifyChunk asks the session to check a chunk's slots against their
+// checksums, off the mailbox, and report it as verified.
+type verifyChunk struct {
+	round uint64
+	chunk int
+	slots []int
+	sums  []uint32
+}
+
+func (o *consumed) drop(reason string) { o.drops = append(o.drops, reason) }
+func (o *consumed) send(f wire.Frame)  { o.frames = append(o.frames, f) }
+func (o *consumed) answer(to *actor.PID, m any) {
+	o.answers = append(o.answers, answer{to: to, msg: m})
+}
+
+func (c *consumer) arm(o *consumed, r *outRound, d time.Duration) {
+	r.tseq++
+	r.wait = d
+	o.arm = append(o.arm, r)
+}
+
+// lookup starts a Lookup round for the keys in namespaces we share.
+func (c *consumer) lookup(m *messages.PeerLookup, asker *actor.PID, l linkNow) (o consumed) {
+	if !l.open() {
+		o.answer(asker, &messages.PeerLookupResult{Corr: m.Corr, Node: c.node, Hits: make([]bool, len(m.Keys)),
+			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
+		return o
+	}
+	r := &outRound{epoch: l.epoch, phase: roundLooking, total: len(m.Keys), corr: m.Corr, asker: asker, start: c.now()}
+	wk := make([]wire.Key, 0, len(m.Keys))
+	for i, k := range m.Keys {
+		if !sharedNamespace(c.namespaces, string(k.Namespace)) {
+			continue
+		}
+		r.keys, r.index = append(r.keys, k), append(r.index, i)
+		wk = append(wk, wireKey(k))
+		if len(wk) == wire.MaxKeys {
+			break // the rest count as misses: the next lookup asks again
+		}
+	}
+	c.round++
+	r.n = c.round
+	c.rounds[r.n] = r
+	c.pc.lookups.Add(uint64(len(r.keys)))
+	if len(r.keys) == 0 {
+		return c.answerLookup(o, r, nil, nil, nil)
+	}
+	c.arm(&o, r, c.lookupTTL)
+	o.heartbeat = true
+	o.send(&wire.Lookup{Epoch: r.epoch, Round: r.n, Keys: wk})
+	return o
+}
+
+func wireKey(k messages.Key) wire.Key {
+	return wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+}
+
+// lookupResp: the producer's answer to a Lookup.
+func (c *consumer) lookupResp(f *wire.LookupResp) (o consumed) {
+	r := c.rounds[f.Round]
+	switch {
+	case r == nil || r.phase != roundLooking:
+		o.drop("stale_round")
+		return o
+	case len(f.Hits) != len(r.keys) || len(f.Checksums) != len(r.keys):
+		o.drop("malformed")
+		return c.fail(o, r, fmt.Errorf("%w: lookup answer of %d keys for %d", messages.ErrPeerRefused, len(f.Hits), len(r.keys)))
+	case len(f.Prov) != 0 && len(f.Prov) != len(r.keys):
+		o.drop("malformed")
+		return c.fail(o, r, fmt.Errorf("%w: %d provenances for %d keys", messages.ErrPeerRefused, len(f.Prov), len(r.keys)))
+	}
+	r.prov = f.Prov
+	return c.answerLookup(o, r, f.Hits, f.Checksums, nil)
+}
+
+// answerLookup answers the round's PeerLookup; a round with hits stays
+// leased (until a fetch, a release or the lease TTL), others end.
+func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, err error) consumed {
+	res := &messages.PeerLookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
+		Checksums: make([]uint32, r.total), Err: err, RTT: c.now().Sub(r.start)}
+	n := 0
+	for i, hit := range hits {
+		if !hit {
+			continue
+		}
+		res.Hits[r.index[i]], res.Checksums[r.index[i]] = true, sums[i]
+		n++
+		if i < len(r.prov) && r.prov[i] != nil {
+			if res.Prov == nil {
+				res.Prov = make([]*messages.Provenance, r.total)
+			}
+			res.Prov[r.index[i]] = fromWireProv(r.prov[i])
+		}
+	}
+	c.pc.hits.Add(uint64(n))
+	o.answer(r.asker, res)
+	if n == 0 {
+		c.end(r)
+		return o
+	}
+	r.phase = roundLeased
+	// The producer's lease ends at its LeaseTTL: so does our memory of it.
+	c.arm(&o, r, c.leaseTTL)
+	return o
+}
+
+func (c *consumer) end(r *outRound) {
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	delete(c.rounds, r.n)
+}
+
+// startFetch checks a PeerFetch of a leased round. It returns the round and
+// its fetch to announce to the transport, or nil and the PeerFetch's answer.
+func (c *consumer) startFetch(m *messages.PeerFetch, asker *actor.PID, l linkNow) (*outRound, *outFetch, consumed) {
+	var o consumed
+	fail := func(err error) (*outRound, *outFetch, consumed) {
+		o.answer(asker, &messages.PeerFetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
+		return nil, nil, o
+	}
+	r := c.rounds[m.Round]
+	switch {
+	case r == nil || r.phase != roundLeased:
+		return fail(fmt.Errorf("%w: round %d not leased", messages.ErrLeaseLost, m.Round))
+	case !l.open() || r.epoch != l.epoch:
+		c.end(r)
+		return fail(messages.ErrPeerUnavailable)
+	case len(m.Keys) != len(m.Slots) || len(m.Keys) != len(m.Checksums) || len(m.Keys) > wire.MaxKeys:
+		return fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums", messages.ErrBadRequest, len(m.Keys), len(m.Slots), len(m.Checksums)))
+	}
+	n := chunkCount(len(m.Keys), c.blockBytes)
+	return r, &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: rdma.NewToken(), start: c.now(),
+		chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}, o
+}
+
+// fetching: the transport was told to expect the first announced chunks of
+// f (all of them unless err says why the next was refused). With none
+// announced the fetch fails now; otherwise the Fetch goes out, and a
+// refusal fails it once the announced chunks are in (they still complete,
+// once, as canceled).
+func (c *consumer) fetching(r *outRound, f *outFetch, m *messages.PeerFetch, asker *actor.PID, announced int, err error) (o consumed) {
+	if err != nil && announced == 0 {
+		c.end(r)
+		o.answer(asker, &messages.PeerFetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)),
+			Err: fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err)})
+		return o
+	}
+	if err != nil {
+		r.reason = fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err)
+		for i := range announced {
+			o.cancel = append(o.cancel, chunkToken(f.token, i))
+		}
+	}
+	f.waiting = announced
+	r.phase, r.corr, r.asker, r.fetch = roundFetching, m.Corr, asker, f
+	wk := make([]wire.Key, len(m.Keys))
+	for i, k := range m.Keys {
+		wk[i] = wireKey(k)
+	}
+	c.arm(&o, r, c.fetchTTL)
+	o.heartbeat = true
+	o.send(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: f.token[:]})
+	return o
+}
+
+// transferDone: the producer's end of a fetch. The consumer answers once
+// the bytes are verified AND the producer said done: by then the producer
+// has released the round's pins and leases (its release went to its CPU
+// tier before the TransferDone).
+func (c *consumer) transferDone(f *wire.TransferDone) (o consumed) {
+	r := c.rounds[f.Round]
+	if r == nil || r.phase < roundFetching {
+		o.drop("stale_round")
+		return o
+	}
+	if !f.OK {
+		return c.abortFetch(o, r, fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason))
+	}
+	r.done = true
+	return c.checkFetch(o, r)
+}
+
+// abortFetch fails a fetch in flight: chunks not yet in are canceled; the
+// round is answered once none is outstanding.
+func (c *consumer) abortFetch(o consumed, r *outRound, err error) consumed {
+	if r.reason == nil {
+		r.reason = err
+	}
+	if r.fetch != nil {
+		for i, in := range r.fetch.arrived {
+			if !in {
+				o.cancel = append(o.cancel, chunkToken(r.fetch.token, i))
+			}
+		}
+	}
+	return c.checkFetch(o, r)
+}
+
+// checkFetch finishes a fetch once no chunk is in flight or verifying:
+// failed, or verified and confirmed by the producer's TransferDone (else it
+// waits for it, until the round's deadline).
+func (c *consumer) checkFetch(o consumed, r *outRound) consumed {
+	f := r.fetch
+	if f == nil || f.waiting > 0 || f.verifying > 0 {
+		return o
+	}
+	switch {
+	case r.reason != nil:
+		return c.finishFetch(o, r, nil, r.reason)
+	case r.done:
+		return c.finishFetch(o, r, f.ok, nil)
+	}
+	r.phase = roundVerified
+	return o
+}
+
+// arrived: the transport no longer touches a chunk's slots.
+func (c *consumer) arrived(m *arrived) (o consumed) {
+	r := c.rounds[m.round]
+	if r == nil || r.phase != roundFetching || r.fetch.arrived[m.chunk] {
+		// A previous incarnation's fetch: once its last chunk is in, its
+		// slots are free; answer so they get released.
+		if m.last {
+			o.answer(m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: c.node, Round: m.round, Err: messages.ErrPeerUnavailable})
+		}
+		return o
+	}
+	f := r.fetch
+	f.arrived[m.chunk] = true
+	f.waiting--
+	switch {
+	case m.c.Err != nil:
+		return c.abortFetch(o, r, fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, m.c.Err))
+	case r.reason != nil:
+		return c.checkFetch(o, r)
+	}
+	f.verifying++
+	lo, hi := chunkRange(m.chunk, len(f.keys), c.blockBytes)
+	o.verify = append(o.verify, verifyChunk{round: r.n, chunk: m.chunk, slots: f.slots[lo:hi], sums: f.sums[lo:hi]})
+	return o
+}
+
+// verified: a chunk's slots were checked against their checksums.
+func (c *consumer) verified(m *verified) (o consumed) {
+	r := c.rounds[m.round]
+	if r == nil || r.fetch == nil || r.phase != roundFetching {
+		return o
+	}
+	f := r.fetch
+	f.verifying--
+	lo, _ := chunkRange(m.chunk, len(f.keys), c.blockBytes)
+	copy(f.ok[lo:], m.ok)
+	return c.checkFetch(o, r)
+}
+
+// finishFetch answers the PeerFetch and ends the round.
+func (c *consumer) finishFetch(o consumed, r *outRound, ok []bool, err error) consumed {
+	f := r.fetch
+	res := &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, OK: make([]bool, len(f.keys)), Err: err,
+		Duration: c.now().Sub(f.start)}
+	good := 0
+	for i := range ok {
+		if ok[i] {
+			res.OK[i] = true
+			good++
+		}
+	}
+	if bad := len(ok) - good; bad > 0 {
+		c.pc.corrupt.Add(uint64(bad))
+		o.corrupt += bad
+	}
+	res.Bytes = int64(good) * int64(c.blockBytes)
+	if err != nil {
+		c.pc.failures.Add(1)
+	} else {
+		c.pc.fetched.Add(uint64(good))
+		c.pc.fetchBytes.Add(uint64(res.Bytes))
+		c.pc.fetches.Add(1)
+		c.pc.fetchNanos.Add(uint64(res.Duration))
+	}
+	o.answer(r.asker, res)
+	c.end(r)
+	return o
+}
+
+// release: the P2P tier will not fetch a leased round; the producer's
+// leases are freed now (an Abort) when the session it was leased on runs.
+func (c *consumer) release(m *messages.PeerRelease, l linkNow) (o consumed) {
+	r := c.rounds[m.Round]
+	if r == nil || r.phase != roundLeased {
+		return o
+	}
+	if r.epoch == l.epoch && l.ready {
+		o.send(&wire.Abort{Epoch: r.epoch, Round: r.n})
+	}
+	c.end(r)
+	return o
+}
+
+// releaseLeased releases every leased round (a drain: no fetch will follow).
+func (c *consumer) releaseLeased(l linkNow) (o consumed) {
+	for _, r := range c.rounds {
+		if r.phase == roundLeased {
+			p := c.release(&messages.PeerRelease{Round: r.n}, l)
+			o.frames = append(o.frames, p.frames...)
+		}
+	}
+	return o
+}
+
+// deadline: a round's deadline passed (seq: the arming it was for). A
+// lookup or fetch still waiting on the peer fails, and the outbound session
+// is reset: a peer that cannot answer in time is not trusted with the next
+// round.
+func (c *consumer) deadline(m *roundTimer, l linkNow) (o consumed) {
+	r := c.rounds[m.round]
+	if r == nil || r.tseq != m.seq {
+		return o
+	}
+	switch r.phase {
+	case roundLeased:
+		c.end(r) // the producer's lease expired too
+	case roundVerified:
+		// The bytes are here and verified; only the producer's report is
+		// missing (lost, or the producer died after writing).
+		o.drop("transfer_done_missing")
+		return c.finishFetch(o, r, r.fetch.ok, nil)
+	case roundLooking, roundFetching:
+		c.pc.failures.Add(1)
+		if r.phase == roundFetching && r.epoch == l.epoch {
+			o.send(&wire.Abort{Epoch: r.epoch, Round: r.n})
+		}
+		o = c.fail(o, r, messages.ErrPeerTimeout)
+		o.reset = "round_timeout"
+	}
+	return o
+}
+
+// fail fails a round: a lookup is answered at once; a fetch in flight once
+// its transfer is canceled (arrived answers).
+func (c *consumer) fail(o consumed, r *outRound, err error) consumed {
+	switch r.phase {
+	case roundLooking:
+		return c.answerLookup(o, r, nil, nil, err)
+	case roundLeased:
+		c.end(r)
+	case roundFetching:
+		return c.abortFetch(o, r, err)
+	case roundVerified:
+		return c.finishFetch(o, r, nil, err)
+	}
+	return o
+}
+
+// failAll fails every round (the outbound session ended, or a drain's
+// deadline passed).
+func (c *consumer) failAll(err error) (o consumed) {
+	for _, r := range c.rounds {
+		o = c.fail(o, r, err)
+	}
+	return o
+}
+
+// close answers what the session's end leaves unanswered (it stops or
+// restarts): lookups fail; a fetch whose chunks are all in, or verified,
+// fails now; a fetch with chunks in flight is canceled and answered by the
+// last chunk's completion, in the next incarnation (or nobody, when
+// stopping), once the transport lets go of its slots.
+func (c *consumer) close() (o consumed) {
+	for _, r := range c.rounds {
+		switch r.phase {
+		case roundLooking:
+			o = c.answerLookup(o, r, nil, nil, messages.ErrPeerUnavailable)
+		case roundFetching:
+			if r.fetch.waiting == 0 {
+				// Every chunk is in: nothing touches the slots but a
+				// verification, whose answer is moot now.
+				o.answer(r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
+				continue
+			}
+			for i, in := range r.fetch.arrived {
+				if !in {
+					o.cancel = append(o.cancel, chunkToken(r.fetch.token, i))
+				}
+			}
+		case roundVerified:
+			o.answer(r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
+		}
+	}
+	return o
+}
+
+// waitingOnPeer reports whether a round of ours waits on the peer (the
+// heartbeat runs only then).
+func (c *consumer) waitingOnPeer() bool {
+	for _, r := range c.rounds {
+		if r.phase != roundLeased {
+			return true
+		}
+	}
+	return false
+}
+
+// inFlight counts the rounds that are not merely leased.
+func (c *consumer) inFlight() int {
+	n := 0
+	for _, r := range c.rounds {
+		if r.phase != roundLeased {
+			n++
+		}
+	}
+	return n
+}
