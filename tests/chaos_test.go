@@ -350,6 +350,66 @@ func TestChaosCLIReportsAsJSON(t *testing.T) {
 	}
 }
 
+// --soak runs consecutive seeds until its time is up, one JSON line each,
+// then a summary whose totals are the lines' sums.
+func TestChaosCLISoaksConsecutiveSeeds(t *testing.T) {
+	if _, err := objtest.Binary(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	bin := buildCLI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, "chaos", "--json", "--scenario", "single", "--seed", "11", "--soak", "7s",
+		"--duration", "3s", "--faults", "delay,duplicate,fs-slow", "--shrink-time", "0")
+	cmd.Dir = t.TempDir()
+	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = &stdout, &stderr, waitDelay
+	runErr := cmd.Run()
+	dec := json.NewDecoder(&stdout)
+	type line struct {
+		Summary    bool     `json:"summary"`
+		Seed       uint64   `json:"seed"`
+		Seeds      int      `json:"seeds"`
+		Faults     int      `json:"faults_injected"`
+		Operations int64    `json:"operations"`
+		Violations int      `json:"violations"`
+		Failed     []uint64 `json:"failed_seeds"`
+	}
+	var seeds []line
+	var sum line
+	for dec.More() {
+		var l line
+		require.NoError(t, dec.Decode(&l), "stderr: %s", stderr.String())
+		if l.Summary {
+			sum = l
+			break
+		}
+		seeds = append(seeds, l)
+	}
+	require.True(t, sum.Summary, "no summary line; stderr: %s", stderr.String())
+	require.GreaterOrEqual(t, len(seeds), 2, "7 s of 3 s seeds runs at least two")
+	want := line{Summary: true, Seeds: len(seeds), Failed: []uint64{}}
+	for i, l := range seeds {
+		assert.Equal(t, uint64(11+i), l.Seed, "consecutive seeds")
+		assert.Positive(t, l.Operations)
+		want.Faults += l.Faults
+		want.Operations += l.Operations
+		want.Violations += l.Violations
+		if l.Violations > 0 {
+			want.Failed = append(want.Failed, l.Seed)
+		}
+	}
+	assert.Equal(t, want, sum)
+	if sum.Violations == 0 {
+		require.NoError(t, runErr, "stderr: %s", stderr.String())
+	} else {
+		require.Error(t, runErr, "violations make the soak fail")
+	}
+}
+
 // A bridge restart while the engine's TakeEvents drain is in flight fails
 // that call, but loses nothing: the events the CPU tier already drained for
 // it come with the next TakeEvents.

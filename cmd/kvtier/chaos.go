@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +37,7 @@ type chaosOptions struct {
 	dir       string
 	versitygw string
 	verbose   bool
+	soak      time.Duration
 }
 
 // errViolations makes the command exit non-zero after printing the report.
@@ -67,7 +70,12 @@ sequence found and writes it to --shrink-out; --replay FILE runs exactly
 those faults again.
 
 --faults takes kinds, layers (message, engine, fs, obj, peer), "all" and
-"none"; "-kind" removes one (e.g. all,-panic).`,
+"none"; "-kind" removes one (e.g. all,-panic).
+
+--soak DURATION runs consecutive seeds from --seed, each for --duration (the
+last one for what is left), until DURATION has passed; it prints one line per
+seed (one JSON object with --json) and a summary, and fails if any seed
+violated an invariant.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd.Context(), o, cmd.OutOrStdout()) },
 	}
@@ -88,6 +96,7 @@ those faults again.
 	f.StringVar(&o.dir, "dir", "", "working directory for the fs tier and the S3 data (default: a temporary one)")
 	f.StringVar(&o.versitygw, "versitygw", "", "versitygw binary (default: on PATH or in $(go env GOPATH)/bin)")
 	f.BoolVar(&o.verbose, "verbose", false, "node logs (warnings and up) on stderr")
+	f.DurationVar(&o.soak, "soak", 0, "run consecutive seeds, each for --duration, until this much time has passed")
 	return cmd
 }
 
@@ -97,43 +106,12 @@ func runChaos(ctx context.Context, o chaosOptions, out io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	scenario, err := chaos.ScenarioByName(o.scenario)
+	if o.soak > 0 {
+		return runSoak(ctx, o, out)
+	}
+	rep, err := runSeed(ctx, o)
 	if err != nil {
 		return err
-	}
-	kinds, err := chaos.ParseKinds(o.faults, scenario)
-	if err != nil {
-		return err
-	}
-	opts := chaos.Options{Scenario: o.scenario, Seed: o.seed, Duration: o.duration, Kinds: kinds, Rate: o.rate,
-		MaxDelay: o.maxDelay, Spare: o.spare, Shrink: o.shrink, Dir: o.dir, Versitygw: o.versitygw}
-	opts.Engine.Engines = o.engines
-	if o.verbose {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
-		opts.Log = &l
-	}
-	if o.replay != "" {
-		faults, err := readFaults(o.replay)
-		if err != nil {
-			return err
-		}
-		opts.Plan, opts.Shrink = supervision.NewScript(faults), 0
-	}
-	rep, err := chaos.Run(ctx, opts)
-	if err != nil {
-		return err
-	}
-	if rep.Shrunk != nil && rep.Shrunk.Reproduced {
-		path := o.shrinkOut
-		if path == "" {
-			path = fmt.Sprintf("kvtier-chaos-%d-faults.json", o.seed)
-		}
-		if err := writeFaults(path, rep.Shrunk.Faults); err != nil {
-			fmt.Fprintf(os.Stderr, "kvtier chaos: write %s: %v\n", path, err)
-		} else {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("shrunk fault sequence written to %s: replay with `%s --replay %s`",
-				path, rep.Reproduce, path))
-		}
 	}
 	if o.json {
 		if err := rep.WriteJSON(out); err != nil {
@@ -147,6 +125,150 @@ func runChaos(ctx context.Context, o chaosOptions, out io.Writer) error {
 		return errViolations
 	}
 	return nil
+}
+
+// runSeed runs one seed's scenario and, on a violation it could shrink,
+// writes the shrunk fault sequence.
+func runSeed(ctx context.Context, o chaosOptions) (*chaos.Report, error) {
+	scenario, err := chaos.ScenarioByName(o.scenario)
+	if err != nil {
+		return nil, err
+	}
+	kinds, err := chaos.ParseKinds(o.faults, scenario)
+	if err != nil {
+		return nil, err
+	}
+	opts := chaos.Options{Scenario: o.scenario, Seed: o.seed, Duration: o.duration, Kinds: kinds, Rate: o.rate,
+		MaxDelay: o.maxDelay, Spare: o.spare, Shrink: o.shrink, Dir: o.dir, Versitygw: o.versitygw}
+	opts.Engine.Engines = o.engines
+	if o.verbose {
+		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+		opts.Log = &l
+	}
+	if o.replay != "" {
+		faults, err := readFaults(o.replay)
+		if err != nil {
+			return nil, err
+		}
+		opts.Plan, opts.Shrink = supervision.NewScript(faults), 0
+	}
+	rep, err := chaos.Run(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Shrunk != nil && rep.Shrunk.Reproduced {
+		path := o.shrinkOut
+		if path == "" || o.soak > 0 {
+			path = fmt.Sprintf("kvtier-chaos-%d-faults.json", o.seed)
+		}
+		if err := writeFaults(path, rep.Shrunk.Faults); err != nil {
+			fmt.Fprintf(os.Stderr, "kvtier chaos: write %s: %v\n", path, err)
+		} else {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("shrunk fault sequence written to %s: replay with `%s --replay %s`",
+				path, rep.Reproduce, path))
+		}
+	}
+	return rep, nil
+}
+
+// soakLine is one seed of a soak, as --json prints it.
+type soakLine struct {
+	Seed        uint64   `json:"seed"`
+	Faults      int      `json:"faults_injected"`
+	Operations  int64    `json:"operations"`
+	Requests    int64    `json:"requests"`
+	Violations  int      `json:"violations"`
+	Skipped     []string `json:"invariants_skipped,omitempty"`
+	WallSeconds float64  `json:"wall_seconds"`
+	Reproduce   string   `json:"reproduce"`
+}
+
+// soakSummary closes a soak.
+type soakSummary struct {
+	Summary     bool     `json:"summary"`
+	Scenario    string   `json:"scenario"`
+	Seeds       int      `json:"seeds"`
+	FirstSeed   uint64   `json:"first_seed"`
+	Faults      int      `json:"faults_injected"`
+	Operations  int64    `json:"operations"`
+	Violations  int      `json:"violations"`
+	Failed      []uint64 `json:"failed_seeds"`
+	WallSeconds float64  `json:"wall_seconds"`
+}
+
+// runSoak runs consecutive seeds until o.soak has passed.
+func runSoak(ctx context.Context, o chaosOptions, out io.Writer) error {
+	start := time.Now()
+	end := start.Add(o.soak)
+	sum := soakSummary{Summary: true, Scenario: o.scenario, FirstSeed: o.seed, Failed: []uint64{}}
+	enc := json.NewEncoder(out)
+	for seed := o.seed; ctx.Err() == nil; seed++ {
+		left := time.Until(end)
+		if left < time.Second {
+			break
+		}
+		run := o
+		run.seed, run.duration = seed, min(o.duration, left)
+		rep, err := runSeed(ctx, run)
+		if err != nil {
+			if ctx.Err() != nil {
+				break // interrupted: the summary says what ran
+			}
+			return fmt.Errorf("seed %d: %w", seed, err)
+		}
+		line := soakLine{Seed: seed, Faults: rep.FaultsInjected, Operations: rep.Operations, Requests: rep.Requests,
+			Violations: rep.Violations, Skipped: skippedInvariants(rep), WallSeconds: rep.WallSeconds, Reproduce: rep.Reproduce}
+		sum.Seeds++
+		sum.Faults += line.Faults
+		sum.Operations += line.Operations
+		sum.Violations += line.Violations
+		if rep.Violated() {
+			sum.Failed = append(sum.Failed, seed)
+		}
+		if o.json {
+			if err := enc.Encode(line); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(out, "seed %d: %d faults, %d operations, %d requests, %d violations, %.1f s%s\n", seed, line.Faults,
+				line.Operations, line.Requests, line.Violations, line.WallSeconds, skippedNote(line.Skipped))
+			if rep.Violated() {
+				fmt.Fprintf(out, "  reproduce: %s\n", rep.Reproduce)
+			}
+		}
+	}
+	sum.WallSeconds = time.Since(start).Seconds()
+	if o.json {
+		if err := enc.Encode(sum); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "soak: %d seeds from %d (%s), %d faults, %d operations, %d violations, %.0f s; failed seeds: %v\n",
+			sum.Seeds, sum.FirstSeed, sum.Scenario, sum.Faults, sum.Operations, sum.Violations, sum.WallSeconds, sum.Failed)
+	}
+	if sum.Violations > 0 {
+		return errViolations
+	}
+	return nil
+}
+
+// skippedInvariants lists the invariants a run could not check, with why.
+func skippedInvariants(rep *chaos.Report) []string {
+	var out []string
+	for name, state := range rep.Invariants {
+		if strings.HasPrefix(state, "skipped") {
+			out = append(out, name+": "+strings.TrimPrefix(state, "skipped: "))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func skippedNote(skipped []string) string {
+	if len(skipped) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (not checked: %s)", strings.Join(skipped, "; "))
 }
 
 func readFaults(path string) ([]supervision.Fault, error) {
