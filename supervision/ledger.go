@@ -45,11 +45,14 @@ const (
 	FaultObjCorrupt FaultKind = "obj-corrupt"
 	FaultObjOutage  FaultKind = "obj-outage"
 	// Peer faults, for the P2P tier: cut, stall or corrupt a peer
-	// connection (flip bits in a data-plane payload), kill a peer process.
-	FaultPeerCut     FaultKind = "peer-cut"
-	FaultPeerStall   FaultKind = "peer-stall"
-	FaultPeerCorrupt FaultKind = "peer-corrupt"
-	FaultPeerKill    FaultKind = "peer-kill"
+	// connection (flip bits in a data-plane payload), kill a peer process,
+	// make a connection half-open (one direction silently stops delivering
+	// while the connection stays up).
+	FaultPeerCut      FaultKind = "peer-cut"
+	FaultPeerStall    FaultKind = "peer-stall"
+	FaultPeerCorrupt  FaultKind = "peer-corrupt"
+	FaultPeerKill     FaultKind = "peer-kill"
+	FaultPeerHalfOpen FaultKind = "peer-halfopen"
 )
 
 // Point is a place a fault may be injected: a site (what is happening

@@ -407,7 +407,7 @@ func TestPeersScenarioEveryFaultKind(t *testing.T) {
 		rep = run(t, Options{Scenario: "peers", Seed: seed, Duration: raceScale * 5 * time.Second, Kinds: kinds, Rate: 2,
 			Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultPeerKill: 0.15, supervision.FaultPeerCut: 0.3,
 				supervision.FaultPeerCorrupt: 0.3, supervision.FaultPeerStall: 0.3, supervision.FaultFSCorrupt: 0.3,
-				supervision.FaultObjCorrupt: 0.5}})
+				supervision.FaultObjCorrupt: 0.5, supervision.FaultPeerHalfOpen: 0.3}})
 		requireClean(t, rep)
 		t0 = tallyPeers(rep)
 		if len(rep.KindsNotExercised) == 0 && t0.fetched > 0 && t0.kills > 0 && t0.corrupt > 0 && t0.session {
@@ -432,6 +432,40 @@ func TestPeersScenarioEveryFaultKind(t *testing.T) {
 	assert.True(t, t0.session, "peer session messages were perturbed")
 	for _, inv := range peerInvariants {
 		assert.Equal(t, "ok", rep.Invariants[inv], inv)
+	}
+}
+
+// Half-open connections (one direction silently dropped, the connection
+// left up) under real traffic: the rounds they swallow fail within their
+// deadlines (calls-answered), nothing stays pinned or leased on either
+// side (no-leak), and every session comes back.
+func TestPeersHalfOpenConnectionsFailRoundsWithinDeadlinesAndLeakNothing(t *testing.T) {
+	kinds, err := ParseKinds("peer-halfopen", peers{})
+	require.NoError(t, err)
+	var rep *Report
+	failed := uint64(0)
+	for seed := uint64(1); seed <= 3 && failed == 0; seed++ {
+		rep = run(t, Options{Scenario: "peers", Seed: seed, Duration: raceScale * 5 * time.Second, Kinds: kinds,
+			Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultPeerHalfOpen: 0.3}})
+		requireClean(t, rep)
+		require.Positive(t, rep.FaultsByKind[string(supervision.FaultPeerHalfOpen)])
+		for _, n := range rep.Nodes {
+			for _, p := range n.Peers {
+				failed += p.Failures
+			}
+		}
+		if failed == 0 {
+			t.Logf("seed %d: no round met a half-open connection under this load; next seed", seed)
+		}
+	}
+	assert.Positive(t, failed, "rounds met half-open connections and failed")
+	for _, inv := range append([]string{invDeadline, invLeak}, peerInvariants...) {
+		assert.Equal(t, "ok", rep.Invariants[inv], inv)
+	}
+	for _, n := range rep.Nodes {
+		for _, p := range n.Peers {
+			assert.True(t, p.Ready && p.Serving, "node %s: session with %s back up", n.Name, p.Node)
+		}
 	}
 }
 

@@ -41,6 +41,7 @@ var Kinds = []KindInfo{
 	{supervision.FaultPeerStall, "peer", 0.02, "a producer's data-plane write completes only at the consumer's fetch deadline (scenario peers)"},
 	{supervision.FaultPeerCorrupt, "peer", 0.02, "a landed data-plane payload has a flipped bit (scenario peers)"},
 	{supervision.FaultPeerKill, "peer", 1.0 / 20, "a node is cut off, closed without a Bye and restarted fresh with its id (per second; scenario peers)"},
+	{supervision.FaultPeerHalfOpen, "peer", 0.02, "a peer connection silently stops delivering in one direction and stays open (per 100 ms; scenario peers)"},
 }
 
 // info returns k's description.

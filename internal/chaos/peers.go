@@ -34,14 +34,18 @@ import (
 //   - peer-kill: a node is cut off from the network (every proxy of its
 //     refuses), closed without its peers hearing a Bye, and restarted on
 //     a fresh pool and fresh tiers with the same node id; its engines
-//     lose what they had in flight; its peers must reconnect.
+//     lose what they had in flight; its peers must reconnect;
+//   - peer-halfopen: one direction of a live connection silently stops
+//     delivering (its bytes are read and dropped) while the connection
+//     stays open, as when a route dies without a reset: only the sessions'
+//     heartbeats and deadlines, and the data plane's write timeout, find it.
 type peers struct{}
 
 func (peers) Name() string { return "peers" }
 
 func (peers) Kinds() []Kind {
 	return append(single{}.Kinds(), supervision.FaultPeerCut, supervision.FaultPeerStall,
-		supervision.FaultPeerCorrupt, supervision.FaultPeerKill)
+		supervision.FaultPeerCorrupt, supervision.FaultPeerKill, supervision.FaultPeerHalfOpen)
 }
 
 // The peer scenario's geometry: deadlines short enough that a cut, a
@@ -124,7 +128,7 @@ func (peers) open(ctx context.Context, rs *runState, e *env) ([]*nodeUnderTest, 
 			return fail(fmt.Errorf("node %s: peers not up: %w", n.name, err))
 		}
 	}
-	if rs.gate.enabled[supervision.FaultPeerCut] || rs.gate.enabled[supervision.FaultPeerKill] {
+	if rs.gate.enabled[supervision.FaultPeerCut] || rs.gate.enabled[supervision.FaultPeerKill] || rs.gate.enabled[supervision.FaultPeerHalfOpen] {
 		rs.stoppers = append(rs.stoppers, pn.drive(rs, e, nodes))
 	}
 	return nodes, nil
@@ -175,9 +179,9 @@ func (pn *peerNet) route(n *nodeUnderTest) {
 	}
 }
 
-// drive injects peer-cut (a decision every peerCutTick) and peer-kill (one
-// every peerKillTick; kills are sequential: at most one node is down at a
-// time). The returned func stops it, after a kill in progress finished.
+// drive injects peer-cut and peer-halfopen (a decision each every
+// peerCutTick) and peer-kill (one every peerKillTick; kills are
+// sequential: at most one node is down at a time). The returned func stops it, after a kill in progress finished.
 func (pn *peerNet) drive(rs *runState, e *env, nodes []*nodeUnderTest) (stop func()) {
 	cuttable := make([]*proxy, 0, len(pn.data)+len(pn.ctl))
 	for _, a := range pn.names {
@@ -200,6 +204,9 @@ func (pn *peerNet) drive(rs *runState, e *env, nodes []*nodeUnderTest) (stop fun
 			}
 			if d := rs.gate.decide("peer cut", supervision.FaultPeerCut); !d.None() {
 				cuttable[d.Arg%uint64(len(cuttable))].cut()
+			}
+			if d := rs.gate.decide("peer halfopen", supervision.FaultPeerHalfOpen); !d.None() {
+				cuttable[d.Arg%uint64(len(cuttable))].halfOpen(d.Arg / uint64(len(cuttable)))
 			}
 			if i%perKill == 0 {
 				if d := rs.gate.decide("peer kill", supervision.FaultPeerKill); !d.None() {

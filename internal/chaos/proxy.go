@@ -1,17 +1,20 @@
 package chaos
 
 import (
-	"io"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // proxy is a loopback TCP forwarder between peers: the peer scenario puts
 // one in front of every control-plane link (per ordered pair of nodes) and
 // every node's data-plane listener, so that a fault can cut the live
-// connections (peer-cut) or, for a killed node, refuse every connection
-// until it is back. It never changes a byte. Safe for concurrent use.
+// connections (peer-cut), make one direction of a connection silently drop
+// what it carries (peer-halfopen), or, for a killed node, refuse every
+// connection until it is back. It never changes a byte it delivers. Safe
+// for concurrent use.
 type proxy struct {
 	ln net.Listener
 
@@ -20,7 +23,14 @@ type proxy struct {
 	blocked bool
 	closed  bool
 	conns   map[net.Conn]struct{}
+	flows   []*flow // live directions, in the order they were accepted
 	wg      sync.WaitGroup
+}
+
+// flow is one direction of a proxied connection.
+type flow struct {
+	dst, src net.Conn
+	drop     atomic.Bool // half-open: what src sends is read and dropped
 }
 
 func newProxy() (*proxy, error) {
@@ -103,21 +113,50 @@ func (p *proxy) accept() {
 			continue
 		}
 		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
+		up, down := &flow{dst: out, src: in}, &flow{dst: in, src: out}
+		p.flows = append(p.flows, up, down)
 		p.wg.Add(2)
 		p.mu.Unlock()
-		go p.pipe(in, out)
-		go p.pipe(out, in)
+		go p.pipe(up)
+		go p.pipe(down)
 	}
 }
 
-// pipe copies src to dst; when either ends, both connections close.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
+// halfOpen makes one live direction (the pick-th, modulo how many there
+// are) drop everything from now on, the connection left open: neither end
+// hears of it until a heartbeat or deadline gives up on it and closes it.
+// It reports whether there was a live direction.
+func (p *proxy) halfOpen(pick uint64) bool {
 	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
+	defer p.mu.Unlock()
+	if len(p.flows) == 0 {
+		return false
+	}
+	p.flows[pick%uint64(len(p.flows))].drop.Store(true)
+	return true
+}
+
+// pipe copies a flow's source to its destination (or drops it, once the
+// flow is half-open); when either end closes, both connections close.
+func (p *proxy) pipe(f *flow) {
+	defer p.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.src.Read(buf)
+		if n > 0 && !f.drop.Load() {
+			if _, werr := f.dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = f.dst.Close()
+	_ = f.src.Close()
+	p.mu.Lock()
+	delete(p.conns, f.dst)
+	delete(p.conns, f.src)
+	p.flows = slices.DeleteFunc(p.flows, func(g *flow) bool { return g == f })
 	p.mu.Unlock()
 }
