@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -30,8 +29,8 @@ type P2POptions struct {
 	PoolBytes    int64
 	FetchBlocks  int    // blocks per measured fetch
 	PollUs       int    // the consumer engine's step (lookup period) while it waits
-	ColdRounds   int    // fresh consumer processes per case
-	WarmRounds   int    // fetches per case on a used session
+	ColdRounds   int    // fresh consumer processes per case (interleaved idle/busy pairs)
+	WarmRounds   int    // fetch pairs (idle, busy) on a used session, at least; up to 3× until the ratio settles
 	Requests     int    // busy source: concurrent requests
 	StepMs       int    // busy source: model step
 	Chunk        int    // busy source: blocks each request stores per step
@@ -46,7 +45,7 @@ type P2POptions struct {
 // run with no flags.
 func DefaultP2POptions() P2POptions {
 	return P2POptions{BlockBytes: 128 << 10, PoolBytes: 1 << 30, FetchBlocks: 1700, PollUs: 1000,
-		ColdRounds: 2, WarmRounds: 5, Requests: 8, StepMs: 1400, Chunk: 16, Prompt: 2048,
+		ColdRounds: 2, WarmRounds: 8, Requests: 8, StepMs: 1400, Chunk: 16, Prompt: 2048,
 		VisibleSteps: 20, Rounds: 5, Transport: "tcp", Timeout: 10 * time.Minute}
 }
 
@@ -56,8 +55,12 @@ type P2PMatrixResult struct {
 	IdleWarmS        float64   `json:"idle_warm_s"`
 	BusyColdS        float64   `json:"busy_cold_s"`
 	BusyWarmS        float64   `json:"busy_warm_s"`
-	BusyPenalty      float64   `json:"busy_penalty"`      // busy_warm / idle_warm; target ≤ 1.05
-	ColdPenalty      float64   `json:"busy_cold_penalty"` // busy_cold / idle_cold
+	BusyPenalty      float64   `json:"busy_penalty"`        // median busy_warm / median idle_warm; target ≤ 1.05
+	PenaltySpread    float64   `json:"busy_penalty_spread"` // ± half the IQR of the per-pair ratios
+	IdleWarmSpread   float64   `json:"idle_warm_spread"`    // IQR / median of the idle samples
+	BusyWarmSpread   float64   `json:"busy_warm_spread"`    // IQR / median of the busy samples
+	WarmPairs        int       `json:"warm_pairs"`          // interleaved (idle, busy) pairs measured
+	ColdPenalty      float64   `json:"busy_cold_penalty"`   // busy_cold / idle_cold
 	VisibleP50Ms     float64   `json:"store_to_peer_visible_p50_ms"`
 	VisibleP99Ms     float64   `json:"store_to_peer_visible_p99_ms"` // target < 5
 	VisibleSamples   int       `json:"store_to_peer_visible_samples"`
@@ -122,7 +125,8 @@ type keySets struct{ next int }
 
 func (k *keySets) take() int { k.next += 1 << 20; return k.next }
 
-// RunP2PMatrix runs the 4-case matrix and the store-to-visible probe.
+// RunP2PMatrix runs the 4-case matrix (cold and warm fetches, source idle
+// and busy, interleaved) and the store-to-visible probe.
 func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -134,16 +138,17 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	}
 	defer src.quit()
 	sets := &keySets{}
-
-	idleCold, idleWarm, err := measureCase(ctx, o, src, sets, "idle")
+	m := matrix{o: o, src: src, sets: sets}
+	defer m.setBusy(false)
+	idleCold, busyCold, err := m.cold(ctx)
 	if err != nil {
 		return res, err
 	}
-	if _, err := src.call(p2pStartBusy{Shape: o.busy(sets.take())}); err != nil {
+	idleWarm, busyWarm, err := m.warm(ctx)
+	if err != nil {
 		return res, err
 	}
-	busyCold, busyWarm, err := measureCase(ctx, o, src, sets, "busy")
-	if err != nil {
+	if err := m.setBusy(false); err != nil {
 		return res, err
 	}
 	vis, err := measureVisible(ctx, o, src, sets)
@@ -157,46 +162,107 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	res.BusyColdS, res.BusyWarmS = median(busyCold), median(busyWarm)
 	res.IdleWarmSamplesS, res.BusyWarmSamplesS = idleWarm, busyWarm
 	res.BusyPenalty = res.BusyWarmS / res.IdleWarmS
+	res.PenaltySpread = ratioSpread(idleWarm, busyWarm)
+	res.IdleWarmSpread, res.BusyWarmSpread = spread(idleWarm), spread(busyWarm)
+	res.WarmPairs = len(idleWarm)
 	res.ColdPenalty = res.BusyColdS / res.IdleColdS
 	res.VisibleSamples = len(vis)
 	res.VisibleP50Ms, res.VisibleP99Ms = percentileMs(vis, 0.50), percentileMs(vis, 0.99)
 	return res, nil
 }
 
-// measureCase fetches fresh sets from src: the first fetch of each of
-// ColdRounds new consumer processes (cold), then WarmRounds more on the
-// last one (warm). Delays in seconds.
-func measureCase(ctx context.Context, o P2POptions, src *child, sets *keySets, name string) (cold, warm []float64, err error) {
-	var cons *child
-	defer func() {
-		if cons != nil {
-			cons.quit()
-		}
-	}()
-	for i := 0; i < o.ColdRounds; i++ {
-		if cons != nil {
-			cons.quit()
-		}
-		if cons, err = startP2PNode(ctx, o, fmt.Sprintf("cons-%s-%d", name, i), src); err != nil {
-			return nil, nil, err
-		}
-		if _, err = cons.call(p2pWaitPeer{Node: src.id}); err != nil {
-			return nil, nil, err
-		}
-		d, err := fetchOnce(o, src, cons, sets)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s cold fetch: %w", name, err)
-		}
-		cold = append(cold, d)
+// matrix measures fetches from src with its engine idle and busy,
+// interleaved: pair i runs idle then busy when i is even, busy then idle
+// when odd, so that the machine's drift weighs on both alike.
+type matrix struct {
+	o    P2POptions
+	src  *child
+	sets *keySets
+	busy bool
+}
+
+func (m *matrix) setBusy(on bool) error {
+	if on == m.busy {
+		return nil
 	}
-	for i := 0; i < o.WarmRounds; i++ {
-		d, err := fetchOnce(o, src, cons, sets)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s warm fetch: %w", name, err)
-		}
-		warm = append(warm, d)
+	var err error
+	if on {
+		_, err = m.src.call(p2pStartBusy{Shape: m.o.busy(m.sets.take())})
+	} else {
+		_, err = m.src.call(p2pStopBusy{})
 	}
-	return cold, warm, nil
+	if err == nil {
+		m.busy = on
+	}
+	return err
+}
+
+// pair runs one idle and one busy measurement, in pair i's order.
+func (m *matrix) pair(i int, measure func(busy bool) (float64, error)) (idle, busy float64, err error) {
+	for _, b := range [2]bool{i%2 == 1, i%2 == 0} {
+		if err := m.setBusy(b); err != nil {
+			return 0, 0, err
+		}
+		d, err := measure(b)
+		if err != nil {
+			return 0, 0, err
+		}
+		if b {
+			busy = d
+		} else {
+			idle = d
+		}
+	}
+	return idle, busy, nil
+}
+
+// cold: the first fetch of a fresh consumer process, ColdRounds pairs.
+func (m *matrix) cold(ctx context.Context) (idle, busy []float64, err error) {
+	for i := range m.o.ColdRounds {
+		a, b, err := m.pair(i, func(isBusy bool) (float64, error) {
+			cons, err := startP2PNode(ctx, m.o, fmt.Sprintf("cons-cold-%d-%t", i, isBusy), m.src)
+			if err != nil {
+				return 0, err
+			}
+			defer cons.quit()
+			if _, err := cons.call(p2pWaitPeer{Node: m.src.id}); err != nil {
+				return 0, err
+			}
+			return fetchOnce(m.o, m.src, cons, m.sets)
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("cold fetch: %w", err)
+		}
+		idle, busy = append(idle, a), append(busy, b)
+	}
+	return idle, busy, nil
+}
+
+// warm: fetches on one used session, at least WarmRounds pairs, more (up
+// to 3×) until the ratio of medians moves by at most 0.01 per two pairs.
+func (m *matrix) warm(ctx context.Context) (idle, busy []float64, err error) {
+	cons, err := startP2PNode(ctx, m.o, "cons-warm", m.src)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cons.quit()
+	if _, err := cons.call(p2pWaitPeer{Node: m.src.id}); err != nil {
+		return nil, nil, err
+	}
+	if _, err := fetchOnce(m.o, m.src, cons, m.sets); err != nil { // warm-up: connections
+		return nil, nil, err
+	}
+	for i := 0; i < 3*m.o.WarmRounds; i++ {
+		if i >= m.o.WarmRounds && settled(idle, busy, 0.01) {
+			break
+		}
+		a, b, err := m.pair(i, func(bool) (float64, error) { return fetchOnce(m.o, m.src, cons, m.sets) })
+		if err != nil {
+			return nil, nil, fmt.Errorf("warm fetch: %w", err)
+		}
+		idle, busy = append(idle, a), append(busy, b)
+	}
+	return idle, busy, nil
 }
 
 // fetchOnce stores a fresh set on src and has cons fetch it; seconds.
@@ -343,23 +409,4 @@ func fetchStats(c *child, peer string) (s struct{ FetchBytes, FetchNanos uint64 
 		}
 	}
 	return s, fmt.Errorf("no stats for peer %s", peer)
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func percentileMs(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(float64(len(s)-1) * p)
-	return s[i]
 }
