@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what the tests need and is missing
 # (versitygw, the S3 server the object tier is tested against; the Python
-# client's packages; vLLM's CPU build in a venv), then runs: go vet,
+# client's packages; vLLM's CPU build in a venv; promtool), then checks the
+# alert rules with promtool and runs: go vet,
 # go test -race, the Python client's pytest suite (which starts a real
 # kvtierd), and the vLLM connector's suite (real vLLM engines + kvtierd). Exits non-zero on
 # any failure. Needs Go ≥ 1.26 and python3 on PATH (.ci/run installs them
@@ -26,6 +27,18 @@ if ! staticcheck -version 2>/dev/null | grep -q "${STATICCHECK_VERSION#v}"; then
 	go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
 command -v staticcheck
+
+section "alert rules (promtool from Debian's prometheus package)"
+if ! command -v promtool >/dev/null 2>&1; then
+	# NB: the package's service is not started (no init in CI containers).
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+promtool check rules deploy/prometheus/kvtier.rules.yml
+(cd deploy/prometheus && promtool test rules kvtier.rules.test.yml)
 
 section "python packages for the Python client's tests"
 PY=python3
