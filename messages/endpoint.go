@@ -14,7 +14,9 @@ var (
 	// ErrBadRequest: a frame the endpoint could not decode, or a field of the
 	// wrong type, out of bounds, unknown or missing.
 	ErrBadRequest = errors.New("kvtier: malformed request")
-	// ErrProtocolVersion: the request's protocol version is not served.
+	// ErrProtocolVersion: the request's protocol version is not served; or,
+	// in a client, the daemon's Hello names a version the client does not
+	// speak.
 	ErrProtocolVersion = errors.New("kvtier: unsupported protocol version")
 	// ErrUnknownOp: the request names an operation the endpoint does not know.
 	ErrUnknownOp = errors.New("kvtier: unknown operation")
@@ -22,7 +24,8 @@ var (
 	// session expired after the grace period and everything it held was
 	// released). Say Hello again.
 	ErrNoSession = errors.New("kvtier: no engine session")
-	// ErrBusy: too many calls of this connection are in flight.
+	// ErrBusy: too many calls of this connection are in flight, or too many
+	// of its requests are open (no request_finished yet).
 	ErrBusy = errors.New("kvtier: too many calls in flight")
 	// ErrInternal: the endpoint failed in a way the caller cannot fix.
 	ErrInternal = errors.New("kvtier: internal error")

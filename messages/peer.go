@@ -17,9 +17,11 @@ var (
 	ErrPeerUnavailable = errors.New("kvtier: peer unavailable")
 	// ErrPeerTimeout: a round passed its deadline; the consumer gave up.
 	ErrPeerTimeout = errors.New("kvtier: peer round timed out")
-	// ErrPeerRefused: the producer refused or failed the round.
+	// ErrPeerRefused: the producer refused or failed the round, or answered
+	// it inconsistently (hits or provenances not one per key).
 	ErrPeerRefused = errors.New("kvtier: peer refused the round")
-	// ErrLeaseLost: a key was read from a peer without a live lookup lease.
+	// ErrLeaseLost: a key was read from a peer without a live lookup lease
+	// (the round it names is not leased).
 	ErrLeaseLost = errors.New("kvtier: peer lease lost")
 )
 

@@ -154,9 +154,10 @@ var (
 	// ErrUnavailable: the transport cannot run here (library missing or
 	// incompatible, no device). The node refuses to start with it.
 	ErrUnavailable = errors.New("rdma: transport unavailable")
-	// ErrPeerUnknown: no Connect for that peer.
+	// ErrPeerUnknown: Expect or Write for a peer with no Connect.
 	ErrPeerUnknown = errors.New("rdma: peer not connected")
-	// ErrPeerGone: the peer was disconnected or its connection broke.
+	// ErrPeerGone: the peer was disconnected, its connection broke, or it
+	// reconnected with a new session (what the old one had in flight ends).
 	ErrPeerGone = errors.New("rdma: peer gone")
 	// ErrCanceled: the expectation was canceled by its owner.
 	ErrCanceled = errors.New("rdma: transfer canceled")

@@ -1,32 +1,28 @@
 package main
 
 import (
-	"context"
 	"fmt"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvtier/kvtier/internal/bench"
 )
 
-func newBenchFSCmd() *cobra.Command {
-	o := bench.DefaultFSOptions()
-	cmd := benchCommand(&cobra.Command{
-		Use:   "fs",
-		Short: "fs tier block write/read throughput vs raw sequential file I/O of the same bytes, same filesystem, same run",
-	}, func(ctx context.Context) (bench.FSResult, error) { return bench.RunFS(ctx, o) }, func(r bench.FSResult) {
-		fmt.Printf("%d blocks of %d bytes under %s (fsync %v, %d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Dir, r.Fsync, r.Workers, r.Window)
-		fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio)
-		fmt.Printf("write: raw one file per block (the tier's layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
-		fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio)
-	})
-	f := cmd.Flags()
+// The fs scenario (`kvtier bench fs`): the fs tier vs raw file I/O.
+const fsShort = "fs tier block write/read throughput vs raw sequential file I/O of the same bytes, same filesystem, same run"
+
+func printFS(_ bench.FSOptions, r bench.FSResult) {
+	fmt.Printf("%d blocks of %d bytes under %s (fsync %v, %d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Dir, r.Fsync, r.Workers, r.Window)
+	fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio)
+	fmt.Printf("write: raw one file per block (the tier's layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
+	fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio)
+}
+
+func fsFlags(f *pflag.FlagSet, o *bench.FSOptions) {
 	f.StringVar(&o.Dir, "dir", o.Dir, "filesystem to measure on (a temporary subdirectory is made and removed)")
-	f.IntVar(&o.Blocks, "blocks", o.Blocks, "blocks written and read")
-	f.IntVar(&o.BlockBytes, "block-bytes", o.BlockBytes, "bytes per block")
+	blockIOFlags(f, &o.Blocks, &o.BlockBytes)
 	f.IntVar(&o.Workers, "workers", o.Workers, "fs tier I/O goroutines")
 	f.IntVar(&o.Window, "window", o.Window, "operations in flight against the tier")
 	f.BoolVar(&o.Fsync, "fsync", o.Fsync, "fsync every block (tier) and after every block (raw)")
 	f.BoolVar(&o.ColdCache, "cold-cache", o.ColdCache, "drop the page cache before each read phase (root only): reads measure the device, not memory and CRC32C")
-	return cmd
 }

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/bench"
@@ -15,59 +15,50 @@ import (
 // The P2P scenarios: node processes of this same binary (the hidden
 // `bench p2p-node`) driven by an orchestrator.
 
-func newBenchP2PCmds() []*cobra.Command {
-	return []*cobra.Command{newBenchP2PMatrixCmd(), newBenchP2PThroughputCmd(), newBenchP2PNodeCmd()}
-}
+const p2pMatrixShort = "Consumer lookup delay with the source's engine idle or busy, cold and warm sessions; store→peer-visible latency"
 
-func p2pFlags(cmd *cobra.Command, o *bench.P2POptions) {
-	f := cmd.Flags()
-	f.IntVar(&o.BlockBytes, "block-bytes", o.BlockBytes, "bytes per block")
+const p2pThroughputShort = "Fetch throughput between two node processes vs a raw TCP copy of the same bytes between them"
+
+// p2pFlags declares the flags of both P2P scenarios.
+func p2pFlags(f *pflag.FlagSet, o *bench.P2POptions) {
+	blockBytesFlag(f, &o.BlockBytes)
 	f.Int64Var(&o.PoolBytes, "pool-bytes", o.PoolBytes, "CPU pool of each node")
 	f.IntVar(&o.FetchBlocks, "blocks", o.FetchBlocks, "fresh blocks per measured fetch")
-	f.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on the whole run")
+	timeoutFlag(f, &o.Timeout)
 }
 
-func newBenchP2PMatrixCmd() *cobra.Command {
-	o := bench.DefaultP2POptions()
-	cmd := benchCommand(&cobra.Command{
-		Use:   "p2p-matrix",
-		Short: "Consumer lookup delay with the source's engine idle or busy, cold and warm sessions; store→peer-visible latency",
-	}, func(ctx context.Context) (bench.P2PMatrixResult, error) { return bench.RunP2PMatrix(ctx, o) }, func(r bench.P2PMatrixResult) {
-		fmt.Printf("fetch of %d blocks (%.0f MB), lookup delay first RETRY → all HIT (median):\n", r.FetchBlocks, r.FetchMB)
-		fmt.Printf("  idle source: cold %.3f s, warm %.3f s\n", r.IdleColdS, r.IdleWarmS)
-		fmt.Printf("  busy source (%d requests, %d ms steps): cold %.3f s, warm %.3f s\n", r.Requests, r.StepMs, r.BusyColdS, r.BusyWarmS)
-		fmt.Printf("  busy penalty (busy_warm / idle_warm): %.3f×   (cold: %.3f×)\n", r.BusyPenalty, r.ColdPenalty)
-		fmt.Printf("store → visible to a peer, busy source: p50 %.2f ms, p99 %.2f ms over %d blocks sets\n", r.VisibleP50Ms, r.VisibleP99Ms, r.VisibleSamples)
-	})
-	p2pFlags(cmd, &o)
-	f := cmd.Flags()
+func p2pMatrixFlags(f *pflag.FlagSet, o *bench.P2POptions) {
 	f.IntVar(&o.ColdRounds, "cold-rounds", o.ColdRounds, "fresh consumer processes per case")
 	f.IntVar(&o.WarmRounds, "warm-rounds", o.WarmRounds, "warm fetches per case")
+	f.IntVar(&o.PollUs, "poll-us", o.PollUs, "consumer engine step while waiting (µs)")
+	p2pFlags(f, o)
 	f.IntVar(&o.StepMs, "step-ms", o.StepMs, "busy source: model step")
 	f.IntVar(&o.Requests, "requests", o.Requests, "busy source: concurrent requests")
 	f.IntVar(&o.Chunk, "chunk", o.Chunk, "busy source: blocks stored per request per step")
 	f.IntVar(&o.Prompt, "prompt", o.Prompt, "busy source: prompt blocks per request")
 	f.IntVar(&o.VisibleSteps, "visible-steps", o.VisibleSteps, "busy source steps watched by a peer")
-	f.IntVar(&o.PollUs, "poll-us", o.PollUs, "consumer engine step while waiting (µs)")
-	return cmd
 }
 
-func newBenchP2PThroughputCmd() *cobra.Command {
-	o := bench.DefaultP2POptions()
-	cmd := benchCommand(&cobra.Command{
-		Use:   "p2p-throughput",
-		Short: "Fetch throughput between two node processes vs a raw TCP copy of the same bytes between them",
-	}, func(ctx context.Context) (bench.P2PThroughputResult, error) { return bench.RunP2PThroughput(ctx, o) }, func(r bench.P2PThroughputResult) {
-		fmt.Printf("fetch of %d × %d B over %s: %.2f GB/s; raw TCP copy of the same bytes: %.2f GB/s → %.2f×\n",
-			r.Blocks, r.BlockBytes, r.Transport, r.FetchGBps, r.RawTCPGBps, r.Ratio)
-		if r.TCPFetchGBps > 0 {
-			fmt.Printf("same run, tcp transport: %.2f GB/s\n", r.TCPFetchGBps)
-		}
-	})
-	p2pFlags(cmd, &o)
-	cmd.Flags().IntVar(&o.Rounds, "rounds", o.Rounds, "fetches and raw copies measured")
-	cmd.Flags().StringVar(&o.Transport, "transport", o.Transport, "data plane: tcp, or nixl (needs a -tags nixl build and the library; tcp is measured too)")
-	return cmd
+func p2pThroughputFlags(f *pflag.FlagSet, o *bench.P2POptions) {
+	p2pFlags(f, o)
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "fetches and raw copies measured")
+	f.StringVar(&o.Transport, "transport", o.Transport, "data plane: tcp, or nixl (needs a -tags nixl build and the library; tcp is measured too)")
+}
+
+func printP2PMatrix(_ bench.P2POptions, r bench.P2PMatrixResult) {
+	fmt.Printf("fetch of %d blocks (%.0f MB), lookup delay first RETRY → all HIT (median):\n", r.FetchBlocks, r.FetchMB)
+	fmt.Printf("  idle source: cold %.3f s, warm %.3f s\n", r.IdleColdS, r.IdleWarmS)
+	fmt.Printf("  busy source (%d requests, %d ms steps): cold %.3f s, warm %.3f s\n", r.Requests, r.StepMs, r.BusyColdS, r.BusyWarmS)
+	fmt.Printf("  busy penalty (busy_warm / idle_warm): %.3f×   (cold: %.3f×)\n", r.BusyPenalty, r.ColdPenalty)
+	fmt.Printf("store → visible to a peer, busy source: p50 %.2f ms, p99 %.2f ms over %d blocks sets\n", r.VisibleP50Ms, r.VisibleP99Ms, r.VisibleSamples)
+}
+
+func printP2PThroughput(_ bench.P2POptions, r bench.P2PThroughputResult) {
+	fmt.Printf("fetch of %d × %d B over %s: %.2f GB/s; raw TCP copy of the same bytes: %.2f GB/s → %.2f×\n",
+		r.Blocks, r.BlockBytes, r.Transport, r.FetchGBps, r.RawTCPGBps, r.Ratio)
+	if r.TCPFetchGBps > 0 {
+		fmt.Printf("same run, tcp transport: %.2f GB/s\n", r.TCPFetchGBps)
+	}
 }
 
 // newBenchP2PNodeCmd is the node process of the P2P scenarios (internal).

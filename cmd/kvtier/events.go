@@ -18,9 +18,7 @@ import (
 
 // newEventsCmd builds `kvtier events` and its `tail` subcommand.
 func newEventsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "events", Short: "KV events: subscribe to a node's vLLM-format event stream"}
-	cmd.AddCommand(newEventsTailCmd())
-	return cmd
+	return withCommands(&cobra.Command{Use: "events", Short: "KV events: subscribe to a node's vLLM-format event stream"}, newEventsTailCmd())
 }
 
 type tailOptions struct {

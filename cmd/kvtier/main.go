@@ -31,3 +31,9 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(newChaosCmd()) // chaos.go
 	return root
 }
+
+// withCommands adds subs to cmd and returns it.
+func withCommands(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
+	cmd.AddCommand(subs...)
+	return cmd
+}

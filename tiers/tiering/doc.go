@@ -9,4 +9,9 @@
 // touches slot bytes (tier workers do, under the pin or reservation it
 // holds), never reads another actor's fields, and never counts as engine
 // work: HasPendingWork ignores it (DESIGN.md §3).
+//
+// Files: actor.go (the actor, its invariants, Receive), config.go,
+// lookup.go (asynchronous lookups, the negative cache), promote.go,
+// cascade.go, replies.go (which request a CPU or tier answer belongs to)
+// and stats.go.
 package tiering

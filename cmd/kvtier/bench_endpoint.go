@@ -1,0 +1,26 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvtier/kvtier/internal/bench"
+)
+
+// The endpoint scenario (`kvtier bench endpoint`): the engine socket and the
+// shared pool vs embedded calls and copy().
+const endpointShort = "Standalone mode: 2,000-key Lookup through the engine socket vs embedded, store+load through the shared pool vs copy()"
+
+func printEndpoint(o bench.EndpointOptions, r bench.EndpointResult) {
+	fmt.Printf("lookup of %d keys through the socket: p50 %.1f µs, p99 %.1f µs\n", o.LookupKeys, r.LookupP50us, r.LookupP99us)
+	fmt.Printf("lookup of %d keys embedded (same node): p50 %.1f µs, p99 %.1f µs → socket adds %.1f µs at p99\n", o.LookupKeys, r.EmbeddedLookupP50us, r.EmbeddedLookupP99us, r.SocketOverheadP99us)
+	fmt.Printf("store+load through the shared pool: %.2f GB/s; copy() of the same bytes: %.2f GB/s (%.2f×)\n", r.ShmGBps, r.MemcpyGBps, r.ShmOverMemcpy)
+}
+
+func endpointFlags(f *pflag.FlagSet, o *bench.EndpointOptions) {
+	lookupFlags(f, &o.Slots, &o.BlockBytes, &o.LookupKeys)
+	f.IntVar(&o.Lookups, "lookups", o.Lookups, "Lookup calls measured per path")
+	f.IntVar(&o.CopyBlocks, "copy-blocks", o.CopyBlocks, "blocks per store+load round")
+	f.IntVar(&o.CopyRounds, "copy-rounds", o.CopyRounds, "store+load rounds measured")
+}

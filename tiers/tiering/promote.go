@@ -1,0 +1,298 @@
+package tiering
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+type promotion struct {
+	id          messages.JobID
+	tier        int
+	req         *messages.ReqContext
+	keys        []messages.Key // reserved (ToStore) once the reservation answered
+	slots       []int
+	sums        []uint32
+	ok          []bool
+	prov        []*messages.Provenance // per key once a read brought one: its stored provenance
+	outstanding int
+	issued      int // reads sent to the tier and not yet answered (they hold read budget)
+	reserved    bool
+	reaped      bool
+	timer       supervision.Timer
+}
+
+// readTask is one key of a promotion waiting for its tier's read budget.
+type readTask struct {
+	prom *promotion
+	idx  int
+}
+
+// maxReadsPerTier bounds the promotion reads in flight to one per-key tier
+// (fs, obj): the rest wait here, in order, so a prefix longer than the
+// tier's I/O queue is promoted whole instead of overflowing it (reads the
+// tier sheds would read as absent). Below the tiers' queue (256), with room
+// for cascades (maxInFlight) and lookups.
+const maxReadsPerTier = 64
+
+func (a *Actor) promote(ctx actor.Context, req *messages.ReqContext, tier int, keys []messages.Key) {
+	ref := a.nextJob()
+	p := &promotion{id: ref.ID, tier: tier, req: req, keys: keys}
+	a.proms[p.id] = p
+	for _, k := range keys {
+		a.promoting[k] = p
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	p.timer = a.cfg.Clock.AfterFunc(a.cfg.PromotionTimeout, func() { root.Send(self, &promotionDeadline{job: ref.ID}) })
+	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
+		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
+	})
+}
+
+func (a *Actor) onReserve(ctx actor.Context, m *messages.ReserveResult) {
+	p, ok := a.take(m.Corr, replyReserve)
+	if !ok {
+		return
+	}
+	prom := p.prom
+	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
+	if prom.reaped {
+		// Reaped while waiting: whatever was reserved is freed at once.
+		ctx.Request(a.cfg.CPU, &messages.ReleaseJob{Job: ref})
+		return
+	}
+	if m.Err != nil {
+		a.stats.PromotionsFull += uint64(len(prom.keys))
+		until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
+		for _, k := range prom.keys {
+			a.markAbsent(k, 1<<prom.tier, until)
+		}
+		a.endPromotion(prom)
+		return
+	}
+	for _, k := range prom.keys {
+		delete(a.promoting, k) // keys already present: nothing to do for them
+	}
+	prom.keys, prom.slots, prom.reserved = m.ToStore, m.Slots, true
+	prom.sums, prom.ok = make([]uint32, len(m.ToStore)), make([]bool, len(m.ToStore))
+	if len(m.ToStore) == 0 {
+		a.endPromotion(prom)
+		return
+	}
+	tier := a.cfg.Tiers[prom.tier]
+	if tier.Batched {
+		a.readBatch(ctx, prom)
+		return
+	}
+	for i, k := range prom.keys {
+		a.promoting[k] = prom
+		prom.outstanding++
+		a.readQueue[prom.tier] = append(a.readQueue[prom.tier], readTask{prom: prom, idx: i})
+	}
+	a.pumpReads(ctx, prom.tier)
+}
+
+// pumpReads sends waiting promotion reads while tier t has read budget;
+// a waiting read of a reaped promotion is dropped, not sent.
+func (a *Actor) pumpReads(ctx actor.Context, t int) {
+	for a.reading[t] < maxReadsPerTier && len(a.readQueue[t]) > 0 {
+		task := a.readQueue[t][0]
+		a.readQueue[t] = a.readQueue[t][1:]
+		prom := task.prom
+		if prom.reaped {
+			prom.outstanding--
+			a.finishReaped(ctx, prom)
+			continue
+		}
+		a.reading[t]++
+		prom.issued++
+		k, dest := prom.keys[task.idx], a.cfg.Slot(prom.slots[task.idx])
+		a.request(ctx, a.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
+			return &messages.TierRead{Corr: corr, Key: k, Dest: dest}
+		})
+	}
+	if len(a.readQueue[t]) == 0 {
+		a.readQueue[t] = nil // let the backing array go
+	}
+}
+
+// finishReaped ends a reaped promotion once nothing can write its slots.
+func (a *Actor) finishReaped(ctx actor.Context, prom *promotion) {
+	if prom.outstanding == 0 {
+		a.release(ctx, prom.id)
+		a.endPromotion(prom)
+	}
+}
+
+// readBatch asks a batched tier for the whole promotion at once.
+func (a *Actor) readBatch(ctx actor.Context, prom *promotion) {
+	dests := make([][]byte, len(prom.keys))
+	for i, k := range prom.keys {
+		a.promoting[k] = prom
+		dests[i] = a.cfg.Slot(prom.slots[i])
+	}
+	prom.outstanding = len(prom.keys)
+	keys, slots := prom.keys, prom.slots
+	a.request(ctx, a.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
+		return &messages.TierReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
+	})
+}
+
+// onReadBatch applies a batched tier's answer key by key, as onRead does.
+func (a *Actor) onReadBatch(ctx actor.Context, m *messages.TierReadBatchResult) {
+	p, ok := a.take(m.Corr, replyReadBatch)
+	if !ok {
+		return
+	}
+	prom := p.prom
+	for i, k := range prom.keys {
+		res := &messages.TierReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
+		if i < len(m.Errs) && i < len(m.Checksums) {
+			res.Err, res.Checksum = m.Errs[i], m.Checksums[i]
+		}
+		if i < len(m.Prov) {
+			res.Prov = m.Prov[i]
+		}
+		a.readDone(ctx, prom, i, res)
+	}
+}
+
+func (a *Actor) onRead(ctx actor.Context, m *messages.TierReadResult) {
+	p, ok := a.take(m.Corr, replyRead)
+	if !ok {
+		return
+	}
+	prom := p.prom
+	prom.issued--
+	if !prom.reaped { // a reaped promotion gave its budget back when reaped
+		a.reading[prom.tier]--
+	}
+	a.readDone(ctx, prom, p.idx, m)
+	a.pumpReads(ctx, prom.tier)
+}
+
+// readDone records one key's read of a promotion; the last one commits it.
+func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *messages.TierReadResult) {
+	prom.outstanding--
+	tier := a.cfg.Tiers[prom.tier]
+	if m.Err == nil {
+		prom.sums[idx], prom.ok[idx] = m.Checksum, true
+		if m.Prov != nil {
+			if prom.prov == nil {
+				prom.prov = make([]*messages.Provenance, len(prom.keys))
+			}
+			prom.prov[idx] = m.Prov
+		}
+	} else if errors.Is(m.Err, messages.ErrTierBusy) {
+		// Back-pressure, not absence: the slot is freed with the promotion's
+		// failed keys and the key is asked for again on the next lookup.
+		a.stats.PromotionsBusy++
+	} else {
+		// No livelock: a failed copy is a miss for this tier until the
+		// negative entry expires, and a bad copy is deleted.
+		a.stats.PromotionsFailed[tier.Name]++
+		a.markAbsent(m.Key, 1<<prom.tier, a.cfg.Clock.Now().Add(a.cfg.NegativeTTL))
+		if errors.Is(m.Err, messages.ErrInvalidBlock) || errors.Is(m.Err, messages.ErrChecksum) {
+			ctx.Send(tier.PID, &messages.TierDelete{Key: m.Key})
+		}
+		a.log.Warn().Err(m.Err).Str("tier", tier.Name).Msg("tiering: promotion read failed; key is a miss for this tier")
+	}
+	if prom.outstanding > 0 {
+		return
+	}
+	if prom.reaped {
+		a.release(ctx, prom.id)
+		a.endPromotion(prom)
+		return
+	}
+	a.commitPromotion(ctx, prom)
+}
+
+// commitPromotion makes the verified blocks readable and frees the slots of
+// the rest.
+func (a *Actor) commitPromotion(ctx actor.Context, prom *promotion) {
+	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
+	var keys []messages.Key
+	var sums []uint32
+	var prov []*messages.Provenance // the stored provenance, for the stored event: nil when none came
+	for i, k := range prom.keys {
+		if prom.ok[i] {
+			keys, sums = append(keys, k), append(sums, prom.sums[i])
+			if prom.prov != nil {
+				prov = append(prov, prom.prov[i])
+			}
+		}
+	}
+	if len(keys) > 0 {
+		tier := a.cfg.Tiers[prom.tier].Name
+		n := uint64(len(keys))
+		a.request(ctx, a.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
+			return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
+		})
+		a.stats.Promoted[tier] += n
+	}
+	if len(keys) < len(prom.keys) {
+		a.release(ctx, prom.id) // FIFO after the commit: frees only the failed keys
+	}
+	a.endPromotion(prom)
+}
+
+func (a *Actor) endPromotion(prom *promotion) {
+	prom.timer.Stop()
+	delete(a.proms, prom.id)
+	for _, k := range prom.keys {
+		if a.promoting[k] == prom {
+			delete(a.promoting, k)
+		}
+	}
+}
+
+func (a *Actor) release(ctx actor.Context, id messages.JobID) {
+	ctx.Request(a.cfg.CPU, &messages.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
+}
+
+func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
+	prom := a.proms[id]
+	if prom == nil || prom.reaped {
+		return
+	}
+	prom.reaped = true
+	a.stats.PromotionsReaped++
+	a.log.Warn().Uint64("job", uint64(id)).Str("tier", a.cfg.Tiers[prom.tier].Name).Int("keys", len(prom.keys)).
+		Int("reads_outstanding", prom.outstanding).Msg("tiering: stalled promotion reaped")
+	until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
+	for _, k := range prom.keys {
+		a.markAbsent(k, 1<<prom.tier, until)
+	}
+	// Reads sent and unanswered give their budget back now: a tier that
+	// never answers them must not starve later promotions.
+	a.reading[prom.tier] -= prom.issued
+	switch {
+	case !prom.reserved:
+		// The reservation answer is still to come; onReserve frees it.
+		a.endPromotion(prom)
+	case prom.outstanding == 0:
+		a.release(ctx, id)
+		a.endPromotion(prom)
+	}
+	// Otherwise reads are still running into the reserved slots: the job
+	// stays (its keys answer MISS here, HIT_PENDING at the CPU tier) and is
+	// released by onRead when the last one returns.
+	// Its reads still waiting for budget are dropped (and it ends) here, and
+	// the budget it gave back goes to the promotions behind it.
+	a.pumpReads(ctx, prom.tier)
+}
+
+func (a *Actor) onAck(m *messages.Ack) {
+	if m.Corr == 0 {
+		return
+	}
+	p, ok := a.take(m.Corr, replyCommit)
+	if ok && m.Err != nil {
+		a.log.Error().Err(m.Err).Uint64("job", uint64(p.prom.id)).Msg("tiering: promotion commit refused")
+	}
+}
