@@ -24,15 +24,23 @@ type rawPeer struct {
 	ctx   context.Context
 	id    string
 	sock  zmq4.Socket
-	in    chan wire.Frame
+	in    chan rawIn
 	epoch uint64
+	seal  *wire.Sealer // from the Auth on: the session's dialer key
+	open  *wire.Opener // the node's frames after its Ready
+}
+
+// rawIn is a frame from the node, with its seal part (nil: unsealed).
+type rawIn struct {
+	f         wire.Frame
+	raw, seal []byte
 }
 
 func dialRaw(t *testing.T, ctx context.Context, addr, id string) *rawPeer {
 	t.Helper()
 	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(id)))
 	require.NoError(t, sock.Dial(addr))
-	r := &rawPeer{t: t, ctx: ctx, id: id, sock: sock, in: make(chan wire.Frame, 64)}
+	r := &rawPeer{t: t, ctx: ctx, id: id, sock: sock, in: make(chan rawIn, 64)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -51,7 +59,11 @@ func dialRaw(t *testing.T, ctx context.Context, addr, id string) *rawPeer {
 			}
 			f, err := wire.Decode(m.Frames[0])
 			if err == nil {
-				r.in <- f
+				in := rawIn{f: f, raw: m.Frames[0]}
+				if len(m.Frames) == 2 {
+					in.seal = m.Frames[1]
+				}
+				r.in <- in
 			}
 		}
 	}()
@@ -67,18 +79,34 @@ func (r *rawPeer) sendBytes(b []byte) {
 	require.NoError(r.t, r.sock.Send(zmq4.NewMsg(b)))
 }
 
+// send sends f, sealed once the session's keys are derived (after Auth).
 func (r *rawPeer) send(f wire.Frame) {
 	r.t.Helper()
 	b, err := wire.Encode(f)
 	require.NoError(r.t, err)
-	r.sendBytes(b)
+	if r.seal == nil {
+		r.sendBytes(b)
+		return
+	}
+	require.NoError(r.t, r.sock.Send(zmq4.NewMsgFrom(b, r.seal.Seal(b))))
 }
 
+// sendSealed sends an encoded frame with the seal part given.
+func (r *rawPeer) sendSealed(b, seal []byte) {
+	r.t.Helper()
+	require.NoError(r.t, r.sock.Send(zmq4.NewMsgFrom(b, seal)))
+}
+
+// recv returns the node's next frame; after the handshake every frame must
+// come sealed under the session's listener key.
 func (r *rawPeer) recv() wire.Frame {
 	r.t.Helper()
 	select {
-	case f := <-r.in:
-		return f
+	case in := <-r.in:
+		if _, refuse := in.f.(*wire.Refuse); r.open != nil && !(refuse && in.seal == nil) {
+			require.NoError(r.t, r.open.Open(in.raw, in.seal), "the node seals its %T", in.f)
+		}
+		return in.f
 	case <-r.ctx.Done():
 		r.t.Fatal("no frame from the node before the test deadline")
 		return nil
@@ -95,6 +123,7 @@ func (r *rawPeer) hello() *wire.Hello {
 // frame (Ready, or the Refuse).
 func (r *rawPeer) handshake(secret string, h *wire.Hello) wire.Frame {
 	r.t.Helper()
+	r.seal, r.open = nil, nil // a new session: new keys, once it proves the secret
 	r.send(h)
 	f := r.recv()
 	w, ok := f.(*wire.Welcome)
@@ -103,6 +132,8 @@ func (r *rawPeer) handshake(secret string, h *wire.Hello) wire.Frame {
 	}
 	require.True(r.t, wire.CheckMAC(wire.ServerMAC([]byte(testSecret), h, w), w.MAC), "the node proves the secret")
 	r.send(&wire.Auth{Epoch: h.Epoch, MAC: wire.ClientMAC([]byte(secret), h, w)})
+	dialer, listener := wire.SessionKeys([]byte(secret), h, w)
+	r.seal, r.open = wire.NewSealer(dialer), wire.NewOpener(listener)
 	return r.recv()
 }
 
@@ -222,6 +253,68 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	requireStillServes(t, prod, cons, 10)
 }
 
+// Every frame after the handshake is sealed (protocol v2): a replayed, a
+// forged, an unsealed and a cross-session frame (sealed under an earlier
+// session's key) are each dropped and counted without an answer, the
+// session they hit keeps serving its rounds, and so does the node for
+// everyone else.
+func TestPeersForgedReplayedAndCrossSessionFramesAreDroppedAndCounted(t *testing.T) {
+	prod, cons := openPair(t, 32)
+	prod.storeReady(ids(0, 4)...)
+	wk := make([]wire.Key, 4)
+	for i, k := range keys(ids(0, 4)...) {
+		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+	}
+	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
+	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok)
+	lookup := func(round uint64) []byte {
+		b, err := wire.Encode(&wire.Lookup{Epoch: p.epoch, Round: round, Keys: wk})
+		require.NoError(t, err)
+		return b
+	}
+	requireAnswer := func(round uint64) {
+		t.Helper()
+		resp, ok := p.recv().(*wire.LookupResp)
+		require.True(t, ok)
+		require.Equal(t, round, resp.Round, "the next answer is round %d's: nothing dropped got one", round)
+		require.Equal(t, []bool{true, true, true, true}, resp.Hits)
+	}
+
+	first := lookup(1)
+	firstSeal := p.seal.Seal(first)
+	p.sendSealed(first, firstSeal)
+	requireAnswer(1)
+	p.sendSealed(first, firstSeal) // replayed, byte for byte
+	forged := make([]byte, wire.SealBytes)
+	copy(forged, firstSeal[:8])
+	forged[7] = 9 // a fresh counter, but a tag made up
+	p.sendSealed(lookup(2), forged)
+	p.sendBytes(lookup(3)) // unsealed
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 4, Keys: wk})
+	requireAnswer(4)
+
+	// A new session of the same peer: a frame sealed under the old
+	// session's key, in the new epoch, is refused.
+	old := p.seal
+	_, ok = p.handshake(testSecret, p.hello()).(*wire.Ready)
+	require.True(t, ok)
+	cross := lookup(5)
+	p.sendSealed(cross, old.Seal(cross))
+	p.send(&wire.Lookup{Epoch: p.epoch, Round: 6, Keys: wk})
+	requireAnswer(6)
+	p.send(&wire.Abort{Epoch: p.epoch, Round: 6}) // its leases go back
+	_, ok = p.recv().(*wire.AbortAck)
+	require.True(t, ok)
+
+	dropped := prod.node.PeerCounters().Dropped()
+	require.Equal(t, uint64(1), dropped["replayed_frame"], "%v", dropped)
+	require.Equal(t, uint64(2), dropped["bad_seal"], "forged and cross-session: %v", dropped)
+	require.Equal(t, uint64(1), dropped["unsealed_frame"], "%v", dropped)
+	require.Zero(t, dropped["replayed_round"], "the seal refused the replay before its round was looked at")
+	requireStillServes(t, prod, cons, 10)
+}
+
 // A producer that completes the handshake and then never answers (hung,
 // not dead: its connection stays up): the consumer's lookup round passes
 // its deadline, the engine gets MISS instead of RETRY forever, and the
@@ -270,7 +363,9 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 				w.MAC = wire.ServerMAC([]byte(testSecret), h, w)
 				reply(w)
 			case *wire.Auth:
-				reply(&wire.Ready{Epoch: f.Epoch})
+				_, listener := wire.SessionKeys([]byte(testSecret), h, w)
+				b, _ := wire.Encode(&wire.Ready{Epoch: f.Epoch})
+				_ = hung.Send(zmq4.NewMsgFrom(m.Frames[0], b, wire.NewSealer(listener).Seal(b)))
 			default:
 				// Hung: Lookups and everything else go unanswered.
 			}

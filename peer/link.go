@@ -29,6 +29,8 @@ type (
 		gen   uint64
 		frame wire.Frame
 		err   error
+		raw   []byte // the frame as received, for its seal
+		seal  []byte // the message's seal part; nil when it came unsealed
 	}
 )
 
@@ -48,20 +50,38 @@ func openLink(cfg *Config, ctr *Counters, addr string, gen uint64, deliver func(
 		}
 		l.io.startWriter()
 		l.io.startReader(func(m zmq4.Msg) {
-			if len(m.Frames) != 1 {
+			if len(m.Frames) != 1 && len(m.Frames) != 2 {
 				deliver(&outboundFrame{gen: gen, err: wire.ErrMalformed})
 				return
 			}
 			f, err := wire.Decode(m.Frames[0])
-			deliver(&outboundFrame{gen: gen, frame: f, err: err})
+			deliver(&outboundFrame{gen: gen, frame: f, err: err, raw: m.Frames[0], seal: sealPart(m.Frames)})
 		}, func(err error) { deliver(&linkDown{gen: gen, err: err}) })
 		deliver(&linkUp{gen: gen})
 	})
 	return l
 }
 
-// send queues an encoded frame; false when it was dropped.
-func (l *link) send(b []byte) bool { return l.io.send(zmq4.NewMsg(b)) }
+// send queues an encoded frame and its seal (nil: unsealed); false when it
+// was dropped.
+func (l *link) send(b, seal []byte) bool { return l.io.send(zmq4.NewMsgFrom(message(b, seal)...)) }
+
+// message is a frame's message parts: the frame, then its seal if any.
+func message(b, seal []byte) [][]byte {
+	if seal == nil {
+		return [][]byte{b}
+	}
+	return [][]byte{b, seal}
+}
+
+// sealPart is a message's seal part (the one after the frame), nil when
+// the message has none.
+func sealPart(parts [][]byte) []byte {
+	if len(parts) < 2 {
+		return nil
+	}
+	return parts[len(parts)-1]
+}
 
 // close closes the socket and waits for its goroutines.
 func (l *link) close() { l.io.close() }

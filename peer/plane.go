@@ -67,6 +67,8 @@ type routerIn struct {
 	from  string     // the sender's identity (its node id, to be proven)
 	frame wire.Frame // nil when err is set and nothing decoded
 	err   error
+	raw   []byte // the frame as received, for its seal
+	seal  []byte // the message's seal part; nil when it came unsealed
 }
 
 // Plane is the control-plane actor.
@@ -168,7 +170,7 @@ func (p *Plane) start(ctx actor.Context) {
 	p.ln.io.startReader(func(m zmq4.Msg) {
 		in := decodeRouter(m)
 		if pid, ok := direct.Load(in.from); ok {
-			root.Send(pid.(*actor.PID), &inboundFrame{frame: in.frame, err: in.err})
+			root.Send(pid.(*actor.PID), in.forSession())
 			return
 		}
 		root.Send(self, in)
@@ -184,15 +186,19 @@ func (p *Plane) start(ctx actor.Context) {
 // decodeRouter turns a ROUTER message into a routerIn (on the reader
 // goroutine: decoding never runs in a mailbox).
 func decodeRouter(m zmq4.Msg) *routerIn {
-	if len(m.Frames) != 2 {
+	if len(m.Frames) != 2 && len(m.Frames) != 3 {
 		var from string
 		if len(m.Frames) > 0 {
 			from = string(m.Frames[0])
 		}
-		return &routerIn{from: from, err: fmt.Errorf("%w: %d message parts, want 1", wire.ErrMalformed, len(m.Frames)-1)}
+		return &routerIn{from: from, err: fmt.Errorf("%w: %d message parts, want 1 or 2", wire.ErrMalformed, len(m.Frames)-1)}
 	}
 	f, err := wire.Decode(m.Frames[1])
-	return &routerIn{from: string(m.Frames[0]), frame: f, err: err}
+	return &routerIn{from: string(m.Frames[0]), frame: f, err: err, raw: m.Frames[1], seal: sealPart(m.Frames[1:])}
+}
+
+func (in *routerIn) forSession() *inboundFrame {
+	return &inboundFrame{frame: in.frame, err: in.err, raw: in.raw, seal: in.seal}
 }
 
 func (p *Plane) route(ctx actor.Context, m *routerIn) {
@@ -224,7 +230,7 @@ func (p *Plane) route(ctx actor.Context, m *routerIn) {
 			return
 		}
 	}
-	ctx.Send(pid, &inboundFrame{frame: m.frame, err: m.err})
+	ctx.Send(pid, m.forSession())
 	p.publish(m.from, pid)
 }
 
@@ -237,7 +243,9 @@ func (p *Plane) refuse(to string, epoch uint64, reason string) {
 
 func (p *Plane) spawn(ctx actor.Context, node, addr string) *actor.PID {
 	io := p.ln.io
-	sendIn := func(b []byte) bool { return io.send(zmq4.NewMsgFrom([]byte(node), b)) }
+	sendIn := func(b, seal []byte) bool {
+		return io.send(zmq4.NewMsgFrom(append([][]byte{[]byte(node)}, message(b, seal)...)...))
+	}
 	pid, err := ctx.SpawnNamed(sessionProps(&p.cfg, p.ctr, node, addr, sendIn), "peer-"+node)
 	if err != nil {
 		// Only a name clash with a stopping session; the peer retries its Hello.

@@ -36,6 +36,8 @@ type inbound struct {
 	ready    bool
 	shared   map[string]bool // namespaces both sides serve; nil = any
 	leaseTTL time.Duration
+	seal     *wire.Sealer // seals what we send, from our Ready on
+	open     *wire.Opener // checks what the peer sends after its Auth
 	maxRound uint64
 	rounds   map[uint64]*inRound
 }

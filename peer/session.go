@@ -47,7 +47,7 @@ type Session struct {
 	pc     *peerCounters
 	node   string // the remote peer
 	addr   string // its ROUTER; "" when it only dials us
-	sendIn func([]byte) bool
+	sendIn func(frame, seal []byte) bool
 	log    zerolog.Logger
 
 	out     outbound
@@ -93,8 +93,10 @@ type outbound struct {
 	hello   *wire.Hello
 	timer   supervision.Timer // redial or handshake deadline
 	backoff time.Duration
-	meta    []byte // data-plane metadata we Connected for the peer
-	hbArmed bool   // a heartbeat timer is armed
+	meta    []byte       // data-plane metadata we Connected for the peer
+	seal    *wire.Sealer // seals what we send, from our Auth on (this epoch's keys)
+	open    *wire.Opener // checks what the peer sends, from its Ready on
+	hbArmed bool         // a heartbeat timer is armed
 	pingSeq uint64
 	pongSeq uint64
 	missed  int
@@ -116,6 +118,8 @@ type (
 	inboundFrame struct {
 		frame wire.Frame
 		err   error
+		raw   []byte // the frame as received, for its seal
+		seal  []byte // the message's seal part; nil when it came unsealed
 	}
 	outTimer   struct{ gen uint64 }
 	hbTimer    struct{ gen uint64 }
@@ -147,7 +151,7 @@ type (
 	}
 )
 
-func sessionProps(cfg *Config, ctr *Counters, node, addr string, sendIn func([]byte) bool) *actor.Props {
+func sessionProps(cfg *Config, ctr *Counters, node, addr string, sendIn func(frame, seal []byte) bool) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		pc := ctr.peer(node)
 		return &Session{cfg: cfg, ctr: ctr, pc: pc, node: node, addr: addr, sendIn: sendIn,
@@ -228,6 +232,7 @@ func (s *Session) dial(ctx actor.Context) {
 	s.out.gen++
 	gen := s.out.gen
 	s.out.epoch = wire.NewEpoch()
+	s.out.seal, s.out.open = nil, nil // keys are per epoch: derived again at its Welcome
 	s.out.hello = &wire.Hello{Version: wire.Version, Node: s.cfg.Node, Epoch: s.out.epoch, Nonce: wire.NewNonce(),
 		Namespaces: s.cfg.Namespaces, BlockBytes: s.cfg.BlockBytes, Slots: s.cfg.Slots,
 		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()}
@@ -283,6 +288,8 @@ func (s *Session) onWelcome(ctx actor.Context, w *wire.Welcome) {
 		}
 		s.out.phase = outAuth
 		s.sendOut(&wire.Auth{Epoch: s.out.epoch, MAC: wire.ClientMAC(s.cfg.Secret, s.out.hello, w)})
+		dialer, listener := wire.SessionKeys(s.cfg.Secret, s.out.hello, w)
+		s.out.seal, s.out.open = wire.NewSealer(dialer), wire.NewOpener(listener)
 		s.connect(w.DataMeta)
 	}
 }
@@ -398,6 +405,9 @@ func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
 		s.ctr.drop("stale_epoch")
 		return
 	}
+	if !s.openOut(m) {
+		return
+	}
 	switch f := m.frame.(type) {
 	case *wire.Welcome:
 		s.onWelcome(ctx, f)
@@ -422,6 +432,8 @@ func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
 	}
 }
 
+// sendOut sends a frame on our link: sealed once the handshake derived
+// the session's keys (all but Hello and Auth).
 func (s *Session) sendOut(f wire.Frame) {
 	if s.out.link == nil {
 		return
@@ -431,7 +443,29 @@ func (s *Session) sendOut(f wire.Frame) {
 		s.log.Error().Err(err).Msg("peer: encode") // a bug: our own frames are in bounds
 		return
 	}
-	s.out.link.send(b)
+	var seal []byte
+	if _, auth := f.(*wire.Auth); s.out.seal != nil && !auth {
+		seal = s.out.seal.Seal(b)
+	}
+	s.out.link.send(b, seal)
+}
+
+// openOut checks the seal of a frame on our link: every frame once the
+// session's keys are derived, but a Refuse before Ready (the peer may
+// refuse our Auth: it has no keys then). A frame that fails is dropped and
+// counted.
+func (s *Session) openOut(m *outboundFrame) bool {
+	if s.out.open == nil {
+		return true
+	}
+	if _, refuse := m.frame.(*wire.Refuse); refuse && m.seal == nil && s.out.phase != outReady {
+		return true
+	}
+	if err := s.out.open.Open(m.raw, m.seal); err != nil {
+		s.ctr.drop(wire.SealReason(err))
+		return false
+	}
+	return true
 }
 
 // --- outbound: rounds (we are the consumer; consumer.go decides) -----------
@@ -575,6 +609,10 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 		s.ctr.drop("stale_epoch")
 		return
 	}
+	if err := s.in.open.Open(m.raw, m.seal); err != nil {
+		s.ctr.drop(wire.SealReason(err))
+		return
+	}
 	switch f := m.frame.(type) {
 	case *wire.Lookup:
 		s.carry(ctx, s.in.lookup(f, s.drain != nil))
@@ -658,6 +696,8 @@ func (s *Session) onAuth(ctx actor.Context, a *wire.Auth) {
 		s.dropIn(ctx, "new_epoch") // the peer redialed: its old rounds are dead
 	}
 	hs.ready = true
+	dialer, listener := wire.SessionKeys(s.cfg.Secret, hs.hello, hs.welcome)
+	hs.seal, hs.open = wire.NewSealer(listener), wire.NewOpener(dialer)
 	s.in = hs
 	s.bad = 0
 	s.pc.serving.Store(true)
@@ -689,7 +729,15 @@ func (s *Session) sendInbound(f wire.Frame) {
 		s.log.Error().Err(err).Msg("peer: encode")
 		return
 	}
-	s.sendIn(b)
+	var seal []byte
+	switch f.(type) {
+	case *wire.Welcome, *wire.Refuse:
+	default:
+		if s.in != nil {
+			seal = s.in.seal.Seal(b)
+		}
+	}
+	s.sendIn(b, seal)
 }
 
 // --- inbound: rounds (we are the producer; producer.go decides) ------------

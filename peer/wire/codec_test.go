@@ -66,10 +66,10 @@ func TestRoundTrip(t *testing.T) {
 func TestGoldenEncoding(t *testing.T) {
 	b, err := Encode(&Ping{Epoch: 7, Seq: 1})
 	require.NoError(t, err)
-	require.Equal(t, "84a17601a26f70a470696e67a16507a373657101", hexs(b))
+	require.Equal(t, "84a17602a26f70a470696e67a16507a373657101", hexs(b))
 	b, err = Encode(&Lookup{Epoch: 7, Round: 2, Keys: []Key{{Namespace: "ns", Hash: []byte{0xab, 0xcd}, Group: 1}}})
 	require.NoError(t, err)
-	require.Equal(t, "85a17601a26f70a66c6f6f6b7570a16507a5726f756e6402a46b65797391"+"93a26e73c402abcd01", hexs(b))
+	require.Equal(t, "85a17602a26f70a66c6f6f6b7570a16507a5726f756e6402a46b65797391"+"93a26e73c402abcd01", hexs(b))
 }
 
 func hexs(b []byte) string {
@@ -112,25 +112,25 @@ func TestDecodesThirdPartyEncoding(t *testing.T) {
 	buf = append(buf, enc("op")...)
 	buf = append(buf, enc("lookup")...)
 	buf = append(buf, enc("v")...)
-	buf = append(buf, enc(uint32(1))...)
+	buf = append(buf, enc(uint32(Version))...)
 	want := &Lookup{Epoch: 9, Round: 3, Keys: []Key{{testNS, hash(0), 1}, {testNS, hash(1), 2}}}
 	require.Equal(t, want, decodeOK(t, buf))
 
-	f := decodeOK(t, enc(map[string]any{"v": 1, "op": "transfer_done", "e": uint64(1 << 63), "round": int32(4), "ok": false, "reason": "timeout"}))
+	f := decodeOK(t, enc(map[string]any{"v": Version, "op": "transfer_done", "e": uint64(1 << 63), "round": int32(4), "ok": false, "reason": "timeout"}))
 	require.Equal(t, &TransferDone{Epoch: 1 << 63, Round: 4, Reason: "timeout"}, f)
 }
 
 // A Hello or Welcome of another version yields its node and epoch with
 // ErrVersion; other frames of another version yield ErrVersion alone.
 func TestOtherVersions(t *testing.T) {
-	future := kv{"v", 2, "op", "hello", "e", 77, "node", "node-z", "nonce", fill(64, 1),
+	future := kv{"v", Version + 1, "op", "hello", "e", 77, "node", "node-z", "nonce", fill(64, 1),
 		"ns", kv{"shape", "changed"}, "block_bytes", 1.5, "caps", []any{"x", kv{"deep", []any{1, 2}}},
 		"ext", rawBin{0xd4, 0x01, 0x02}, "transport", nil}
 	f, err := Decode(raw(future))
 	require.ErrorIs(t, err, ErrVersion)
 	require.False(t, errors.Is(err, ErrMalformed))
 	require.Equal(t, ReasonVersion, Reason(err))
-	require.Equal(t, &Hello{Version: 2, Node: "node-z", Epoch: 77}, f)
+	require.Equal(t, &Hello{Version: Version + 1, Node: "node-z", Epoch: 77}, f)
 
 	f, err = Decode(raw(with(with(future, "op", "welcome"), "v", 0)))
 	require.ErrorIs(t, err, ErrVersion)
@@ -141,8 +141,8 @@ func TestOtherVersions(t *testing.T) {
 	require.Equal(t, &Hello{Version: math.MaxUint32, Node: "node-z", Epoch: 77}, f)
 
 	for name, m := range map[string]kv{
-		"ping":          {"v", 2, "op", "ping", "e", 1, "seq", "anything"},
-		"unknown op":    {"v", 2, "op", "gossip", "e", 1},
+		"ping":          {"v", Version + 1, "op", "ping", "e", 1, "seq", "anything"},
+		"unknown op":    {"v", Version + 1, "op", "gossip", "e", 1},
 		"lookup v0":     {"v", 0, "op", "lookup", "e", 1, "round", 1, "keys", []any{}},
 		"auth, garbage": {"v", 3, "op", "auth", "what", kv{"x", nil}},
 	} {
@@ -169,14 +169,14 @@ func TestOtherVersions(t *testing.T) {
 }
 
 func TestMalformedFrames(t *testing.T) {
-	ping := kv{"v", 1, "op", "ping", "e", 7, "seq", 1}
+	ping := kv{"v", Version, "op", "ping", "e", 7, "seq", 1}
 	key := func(h []byte) []any { return []any{testNS, h, 0} }
-	lookup := kv{"v", 1, "op", "lookup", "e", 7, "round", 1, "keys", []any{key(hash(0))}}
-	fetch := kv{"v", 1, "op", "fetch", "e", 7, "round", 1, "keys", []any{key(hash(0)), key(hash(1))},
+	lookup := kv{"v", Version, "op", "lookup", "e", 7, "round", 1, "keys", []any{key(hash(0))}}
+	fetch := kv{"v", Version, "op", "fetch", "e", 7, "round", 1, "keys", []any{key(hash(0)), key(hash(1))},
 		"dest", []any{0, 1}, "token", fill(TokenBytes, 1)}
-	resp := kv{"v", 1, "op", "lookup_resp", "e", 7, "round", 1, "hits", []byte{1, 0},
+	resp := kv{"v", Version, "op", "lookup_resp", "e", 7, "round", 1, "hits", []byte{1, 0},
 		"crc", le(5, 0), "prov", []any{kv{"tokens", le(1, 2)}, nil}}
-	hello := kv{"v", 1, "op", "hello", "e", 7, "node", "a", "nonce", fill(NonceBytes, 1),
+	hello := kv{"v", Version, "op", "hello", "e", 7, "node", "a", "nonce", fill(NonceBytes, 1),
 		"block_bytes", 4096, "slots", 8, "transport", "tcp"}
 	welcome := with(with(hello, "op", "welcome"), "mac", fill(MACBytes, 1))
 	for _, ok := range []kv{ping, lookup, fetch, resp, hello, welcome} {
@@ -198,14 +198,14 @@ func TestMalformedFrames(t *testing.T) {
 		{"missing op", raw(without(ping, "op")), ReasonMalformed},
 		{"v as string", raw(with(ping, "v", "1")), ReasonMalformed},
 		{"v negative", raw(with(ping, "v", -1)), ReasonMalformed},
-		{"v as float", raw(with(ping, "v", 1.0)), ReasonMalformed},
+		{"v as float", raw(with(ping, "v", float64(Version))), ReasonMalformed},
 		{"op as bin", raw(with(ping, "op", []byte("ping"))), ReasonMalformed},
-		{"other version", raw(with(ping, "v", 2)), ReasonVersion},
+		{"other version", raw(with(ping, "v", Version+1)), ReasonVersion},
 		{"unknown op", raw(with(ping, "op", "pingg")), ReasonUnknownOp},
 		{"unknown field", raw(with(ping, "extra", 1)), ReasonMalformed},
 		{"unknown field before op", raw(append(kv{"zz", 1}, ping...)), ReasonMalformed},
 		{"repeated field", raw(append(append(kv{}, ping...), "seq", 2)), ReasonMalformed},
-		{"repeated v", raw(append(append(kv{}, ping...), "v", 1)), ReasonMalformed},
+		{"repeated v", raw(append(append(kv{}, ping...), "v", Version)), ReasonMalformed},
 		{"field of another op", raw(with(ping, "round", 1)), ReasonMalformed},
 		{"field of another op, early", raw(append(kv{"mac", fill(MACBytes, 1)}, ping...)), ReasonMalformed},
 		{"missing required", raw(without(lookup, "keys")), ReasonMalformed},
@@ -270,9 +270,9 @@ func TestMalformedFrames(t *testing.T) {
 		{"prov lora_id over int32", raw(with(resp, "prov", []any{kv{"lora_id", uint64(1) << 31}, nil})), ReasonTooLarge},
 		{"prov block_size negative", raw(with(resp, "prov", []any{kv{"block_size", -1}, nil})), ReasonMalformed},
 		{"prov as array", raw(with(resp, "prov", []any{[]any{}, nil})), ReasonMalformed},
-		{"ok as int", raw(kv{"v", 1, "op", "transfer_done", "e", 1, "round", 1, "ok", 1}), ReasonMalformed},
-		{"refuse empty reason", raw(kv{"v", 1, "op", "refuse", "e", 1, "reason", ""}), ReasonMalformed},
-		{"refuse without reason", raw(kv{"v", 1, "op", "refuse", "e", 1}), ReasonMalformed},
+		{"ok as int", raw(kv{"v", Version, "op", "transfer_done", "e", 1, "round", 1, "ok", 1}), ReasonMalformed},
+		{"refuse empty reason", raw(kv{"v", Version, "op", "refuse", "e", 1, "reason", ""}), ReasonMalformed},
+		{"refuse without reason", raw(kv{"v", Version, "op", "refuse", "e", 1}), ReasonMalformed},
 		{"too large", make([]byte, MaxFrameBytes+1), ReasonTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -434,7 +434,7 @@ func TestEncodeRefuses(t *testing.T) {
 		require.Nil(t, b, name)
 		require.ErrorIs(t, err, ErrMalformed, name)
 	}
-	for _, v := range []int{0, 2} {
+	for _, v := range []int{0, Version - 1, Version + 1} {
 		h := testHello()
 		h.Version = v
 		_, err := Encode(h)
@@ -449,14 +449,14 @@ func TestEncodeRefuses(t *testing.T) {
 // Lengths a frame declares but does not hold cost nothing: allocation is
 // bounded by the frame's real size, never by what it claims.
 func TestDeclaredLengthsDoNotAllocate(t *testing.T) {
-	hdr := kv{"v", 1, "op", "lookup_resp", "e", 1, "round", 1}
+	hdr := kv{"v", Version, "op", "lookup_resp", "e", 1, "round", 1}
 	for name, frame := range map[string][]byte{
-		"keys":   raw(kv{"v", 1, "op", "lookup", "e", 1, "round", 1, "keys", rawBin{0xdc, 0x1f, 0xff, 0x93}}),
-		"dest":   raw(kv{"v", 1, "op", "fetch", "e", 1, "round", 1, "dest", rawBin{0xdc, 0x1f, 0xff, 0x00}}),
+		"keys":   raw(kv{"v", Version, "op", "lookup", "e", 1, "round", 1, "keys", rawBin{0xdc, 0x1f, 0xff, 0x93}}),
+		"dest":   raw(kv{"v", Version, "op", "fetch", "e", 1, "round", 1, "dest", rawBin{0xdc, 0x1f, 0xff, 0x00}}),
 		"prov":   raw(append(hdr, "prov", rawBin{0xdc, 0x1f, 0xff, 0xc0})),
 		"hits":   raw(append(hdr, "hits", rawBin{0xc6, 0x00, 0x00, 0x1f, 0xff})),
 		"tokens": raw(append(hdr, "prov", []any{kv{"tokens", rawBin{0xc6, 0x00, 0x00, 0x3f, 0xff}}})),
-		"ns":     raw(kv{"v", 1, "op", "hello", "e", 1, "ns", rawBin{0xdc, 0x00, 0x40, 0xa0}}),
+		"ns":     raw(kv{"v", Version, "op", "hello", "e", 1, "ns", rawBin{0xdc, 0x00, 0x40, 0xa0}}),
 		"map":    {0xdf, 0x00, 0x00, 0x00, 0x40, 0xa1, 'v', 0x01},
 	} {
 		_, err := Decode(frame)
@@ -486,7 +486,7 @@ func TestReasonLabels(t *testing.T) {
 }
 
 func TestErrorNamesWhere(t *testing.T) {
-	_, err := Decode(raw(kv{"v", 1, "op", "lookup", "e", 7, "round", 1, "keys", []any{[]any{"ns", fill(65, 1), 0}}}))
+	_, err := Decode(raw(kv{"v", Version, "op", "lookup", "e", 7, "round", 1, "keys", []any{[]any{"ns", fill(65, 1), 0}}}))
 	var e *Error
 	require.True(t, errors.As(err, &e))
 	require.Equal(t, "lookup", e.Op)

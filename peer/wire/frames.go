@@ -1,8 +1,9 @@
 package wire
 
 // Version is the peer protocol version this build speaks. A peer that
-// offers a newer one is refused (RefuseVersion) and counted.
-const Version = 1
+// offers another one is refused (RefuseVersion) and counted. Version 2
+// seals every frame after the handshake (seal.go); version 1 did not.
+const Version = 2
 
 // Bounds every decoder enforces before it allocates.
 const (

@@ -19,10 +19,10 @@ func fuzzSeeds() [][]byte {
 		}
 		seeds = append(seeds, b, b[:len(b)-1], b[:len(b)/2], b[:1])
 	}
-	future := kv{"v", 2, "op", "hello", "e", 77, "node", "z", "caps", []any{kv{"x", 1.5}}, "ext", rawBin{0xd4, 1, 2}}
+	future := kv{"v", Version + 1, "op", "hello", "e", 77, "node", "z", "caps", []any{kv{"x", 1.5}}, "ext", rawBin{0xd4, 1, 2}}
 	return append(seeds, raw(future), raw(with(future, "op", "welcome")), raw(with(future, "op", "ping")),
 		[]byte{}, []byte{0x80}, []byte{0xdf, 0xff, 0xff, 0xff, 0xff},
-		raw(kv{"v", 1, "op", "lookup", "e", 1, "round", 1, "keys", rawBin{0xdd, 0x7f, 0xff, 0xff, 0xff}}))
+		raw(kv{"v", Version, "op", "lookup", "e", 1, "round", 1, "keys", rawBin{0xdd, 0x7f, 0xff, 0xff, 0xff}}))
 }
 
 // FuzzDecode: no input panics or hangs; every error is an *Error with a
