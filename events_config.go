@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -63,23 +64,15 @@ func (c EventsConfig) withDefaults() EventsConfig {
 			c.NodeID = "kvtier"
 		}
 	}
-	if c.Model == "" {
-		c.Model = "kvtier"
-	}
+	defaults.Fill(&c, EventsConfig{
+		Model:         "kvtier",
+		HashFormat:    "int",
+		BufferBatches: events.DefaultBufferBatches,
+		Linger:        events.DefaultLinger,
+		BatchWindow:   events.DefaultBatchWindow,
+	})
 	if c.Topic == "" {
 		c.Topic = "kv@" + c.NodeID + "@" + c.Model
-	}
-	if c.HashFormat == "" {
-		c.HashFormat = "int"
-	}
-	if c.BufferBatches == 0 {
-		c.BufferBatches = events.DefaultBufferBatches
-	}
-	if c.Linger == 0 {
-		c.Linger = events.DefaultLinger
-	}
-	if c.BatchWindow == 0 {
-		c.BatchWindow = events.DefaultBatchWindow
 	}
 	return c
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
@@ -264,7 +265,7 @@ func TestLifecyclePauseClearCacheWithParkedPeerRounds(t *testing.T) {
 	require.Equal(t, 4, s.Ready)
 	require.False(t, prod.pending())
 
-	raw.send(&wire.Fetch{Epoch: raw.epoch, Round: 1, Keys: wk, Dest: []int{0, 1, 2, 3}, Token: make([]byte, wire.TokenBytes)})
+	raw.send(&wire.Fetch{Epoch: raw.epoch, Round: 1, Keys: wk, Dest: []int{0, 1, 2, 3}, Token: make([]byte, wire.TokenBytes), TTLms: 5000})
 	done, ok := raw.recv().(*wire.TransferDone)
 	require.True(t, ok)
 	require.False(t, done.OK, "a fetch of cleared blocks fails; it is not served stale")
@@ -563,19 +564,8 @@ func stacks() string {
 // handshake, which reads with no deadline. Shutdown must not wait for it.
 func TestLifecycleShutdownWhileDialingAFrozenPeer(t *testing.T) {
 	before := goleak.IgnoreCurrent()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	accepted := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				close(accepted)
-				return
-			}
-			accepted <- c
-		}
-	}()
+	ln := testnet.Listen(t, "tcp", "127.0.0.1:0")
+	accepted := testnet.Accept(t, ln)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	cfg := Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock}

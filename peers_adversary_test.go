@@ -232,13 +232,13 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	p.send(&wire.Lookup{Epoch: p.epoch + 1, Round: 6, Keys: wk})
 	// A Fetch into slots outside the advertised pool is refused; the round's
 	// leases are released.
-	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 99}, Token: make([]byte, wire.TokenBytes)})
+	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 99}, Token: make([]byte, wire.TokenBytes), TTLms: 5000})
 	done, ok := p.recv().(*wire.TransferDone)
 	require.True(t, ok, "the next answer is the refused fetch: the replay and the stale epoch got none")
 	require.False(t, done.OK)
 	require.Equal(t, "bad_slot", done.Reason)
 	// A second Fetch of the finished round is refused too.
-	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 3}, Token: make([]byte, wire.TokenBytes)})
+	p.send(&wire.Fetch{Epoch: p.epoch, Round: 5, Keys: wk, Dest: []int{0, 1, 2, 3}, Token: make([]byte, wire.TokenBytes), TTLms: 5000})
 	done, ok = p.recv().(*wire.TransferDone)
 	require.True(t, ok)
 	require.Equal(t, "unknown_round", done.Reason)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,11 +52,7 @@ func (h *harness) lookup(req *messages.ReqContext, ks []messages.Key, prefix boo
 }
 
 func statuses(n int, s messages.LookupStatus) []messages.LookupStatus {
-	out := make([]messages.LookupStatus, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
+	return slices.Repeat([]messages.LookupStatus{s}, n)
 }
 
 // loadAndVerify loads ids (all HITs of req) and checks every byte.

@@ -210,11 +210,17 @@ func listen(t *testing.T, buffer int) *Publisher {
 	return p
 }
 
-func TestPublisherReplaysBufferThenTerminator(t *testing.T) {
-	p := listen(t, 4)
-	for i := range uint64(6) {
+// publishSeqs publishes batches 0 to n-1, each payload its own sequence
+// number.
+func publishSeqs(p *Publisher, n uint64) {
+	for i := range n {
 		p.Publish(Entry{Seq: i, Payload: []byte{byte(i)}})
 	}
+}
+
+func TestPublisherReplaysBufferThenTerminator(t *testing.T) {
+	p := listen(t, 4)
+	publishSeqs(p, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var seqs []uint64
@@ -277,9 +283,7 @@ func TestHubBatchesAndNumbersFromZero(t *testing.T) {
 // synchronisation, it is the measurement.
 func TestPublisherHasNoIdleWakeups(t *testing.T) {
 	p := listen(t, 16)
-	for i := range uint64(3) {
-		p.Publish(Entry{Seq: i, Payload: []byte{byte(i)}})
-	}
+	publishSeqs(p, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n := 0

@@ -71,6 +71,14 @@ func (w *wireModel) inventory() map[string][]string {
 	return out
 }
 
+// agrees checks the model holds what tr says the tiers hold, and tr's
+// invariants.
+func (w *wireModel) agrees(tr *Translator) {
+	w.t.Helper()
+	assert.Equal(w.t, w.inventory(), inventoryHashes(tr))
+	require.NoError(w.t, tr.CheckInvariants())
+}
+
 func inventoryHashes(tr *Translator) map[string][]string {
 	out := map[string][]string{}
 	for med, keys := range tr.Inventory() {
@@ -145,8 +153,7 @@ func TestRemovingOnlyTheHeldChild(t *testing.T) {
 	assert.Equal(t, 1, tr.Holding())
 	out := w.apply(tr.Apply(storedProv("CPU", "", 0)))
 	assert.Equal(t, [][]Hash{{h("a"), h("b")}}, hashes(out), "z then the released y, one chain; never x")
-	assert.Equal(t, w.inventory(), inventoryHashes(tr))
-	require.NoError(t, tr.CheckInvariants())
+	w.agrees(tr)
 }
 
 func TestRemovingOnlyTheHeldParent(t *testing.T) {
@@ -158,8 +165,7 @@ func TestRemovingOnlyTheHeldParent(t *testing.T) {
 	assert.Equal(t, h("b"), *out[0].Parent, "x's parent still named")
 	assert.Zero(t, tr.Holding())
 	assert.Equal(t, [][]Hash{{h("a")}}, hashes(w.apply(tr.Apply(storedProv("CPU", "", 0)))))
-	assert.Equal(t, w.inventory(), inventoryHashes(tr))
-	require.NoError(t, tr.CheckInvariants())
+	w.agrees(tr)
 }
 
 // Five generations held on a (a ← b ← c ← d ← e ← f), removed in parts and
@@ -187,8 +193,7 @@ func TestRemovingHeldGenerations(t *testing.T) {
 		assert.Empty(t, w.apply(tr.Apply(removal("CPU", "", ks(5, 3, 1, 4, 2)...))))
 		assert.Zero(t, tr.Holding())
 		assert.Equal(t, [][]Hash{{h("a")}}, hashes(w.apply(tr.Apply(storedProv("CPU", "", 0)))))
-		assert.Equal(t, w.inventory(), inventoryHashes(tr))
-		require.NoError(t, tr.CheckInvariants())
+		w.agrees(tr)
 	})
 	t.Run("middle", func(t *testing.T) {
 		tr, w := setup(t)
@@ -197,8 +202,7 @@ func TestRemovingHeldGenerations(t *testing.T) {
 		assert.Equal(t, h("e"), *out[0].Parent)
 		assert.Equal(t, 1, tr.Holding(), "b still waits for a")
 		assert.Equal(t, [][]Hash{{h("a"), h("b")}}, hashes(w.apply(tr.Apply(storedProv("CPU", "", 0)))))
-		assert.Equal(t, w.inventory(), inventoryHashes(tr))
-		require.NoError(t, tr.CheckInvariants())
+		w.agrees(tr)
 	})
 	t.Run("tail", func(t *testing.T) {
 		tr, w := setup(t)
@@ -206,8 +210,7 @@ func TestRemovingHeldGenerations(t *testing.T) {
 		assert.Equal(t, 2, tr.Holding())
 		out := w.apply(tr.Apply(note(messages.BlockWriteAborted, "CPU", "", chainKey(0))))
 		assert.Equal(t, [][]Hash{{h("b"), h("c")}}, hashes(out), "a failed: b c go as they are")
-		assert.Equal(t, w.inventory(), inventoryHashes(tr))
-		require.NoError(t, tr.CheckInvariants())
+		w.agrees(tr)
 	})
 }
 
@@ -245,8 +248,7 @@ func TestRemovingHeldChainReleasesAnotherTiersChild(t *testing.T) {
 	require.Equal(t, [][]Hash{{h("c")}}, hashes(out))
 	assert.Equal(t, "obj", out[0].Ownership, "the copy that stays is obj's")
 	assert.Zero(t, tr.Holding())
-	assert.Equal(t, w.inventory(), inventoryHashes(tr))
-	require.NoError(t, tr.CheckInvariants())
+	w.agrees(tr)
 }
 
 // A removal of fs's announced x and its held y releases obj's x, held for
@@ -286,7 +288,6 @@ func TestClearingHeldParentAndHeldChildAnnouncesNeither(t *testing.T) {
 		assert.Empty(t, w.apply(tr.Apply(&messages.Event{Kind: messages.AllBlocksCleared, Medium: "CPU"})))
 		assert.Zero(t, tr.Holding())
 		assert.Equal(t, [][]Hash{{h("a")}}, hashes(w.apply(tr.Apply(storedProv("CPU", "", 0)))))
-		assert.Equal(t, w.inventory(), inventoryHashes(tr))
-		require.NoError(t, tr.CheckInvariants())
+		w.agrees(tr)
 	}
 }

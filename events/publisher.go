@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/internal/defaults"
 )
 
 // EndSeq is the sequence number of the replay terminator (-1 as int64).
@@ -127,19 +129,13 @@ func Listen(cfg PublisherConfig) (*Publisher, error) {
 }
 
 func (c PublisherConfig) withDefaults() PublisherConfig {
-	if c.BufferBatches <= 0 {
-		c.BufferBatches = DefaultBufferBatches
-	}
-	if c.BufferBytes <= 0 {
-		c.BufferBytes = DefaultBufferBytes
-	}
-	if c.QueueBatches <= 0 {
-		c.QueueBatches = DefaultQueueBatches
-	}
-	if c.HWM <= 0 {
-		c.HWM = DefaultHWM
-	}
-	if c.Linger == 0 {
+	defaults.FillNonPositive(&c, PublisherConfig{
+		BufferBatches: DefaultBufferBatches,
+		BufferBytes:   DefaultBufferBytes,
+		QueueBatches:  DefaultQueueBatches,
+		HWM:           DefaultHWM,
+	})
+	if c.Linger == 0 { // negative: none
 		c.Linger = DefaultLinger
 	}
 	return c

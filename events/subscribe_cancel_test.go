@@ -2,38 +2,19 @@ package events
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/internal/testnet"
 )
 
 // silentListener accepts TCP connections and never speaks: a peer that is
 // up but hangs every ZMTP handshake.
 func silentListener(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	var conns []net.Conn
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
+	ln := testnet.Silent(t, testnet.Listen(t, "tcp", "127.0.0.1:0"))
 	return "tcp://" + ln.Addr().String()
 }
 

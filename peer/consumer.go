@@ -174,6 +174,12 @@ func (c *consumer) lookup(m *messages.PeerLookup, asker *actor.PID, l linkNow) (
 	return o
 }
 
+// ttlMillis is a Fetch's ttl on the wire: the fetch deadline, in ms, within
+// the wire's bounds.
+func ttlMillis(d time.Duration) uint32 {
+	return uint32(min(max(d.Milliseconds(), 1), wire.MaxFetchTTLms))
+}
+
 func wireKey(k messages.Key) wire.Key {
 	return wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
 }
@@ -283,7 +289,7 @@ func (c *consumer) fetching(r *outRound, f *outFetch, m *messages.PeerFetch, ask
 	}
 	c.arm(&o, r, c.fetchTTL)
 	o.heartbeat = true
-	o.send(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: f.token[:]})
+	o.send(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: f.token[:], TTLms: ttlMillis(c.fetchTTL)})
 	return o
 }
 

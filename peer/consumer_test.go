@@ -84,7 +84,7 @@ func fetchAll(t *testing.T, c *consumer, r *outRound) *outFetch {
 		t.Fatalf("startFetch: %v %+v %+v", r2, f, o)
 	}
 	o = c.fetching(r, f, m, asker, f.chunks, nil)
-	if fr, ok := o.frames[0].(*wire.Fetch); !ok || !reflect.DeepEqual(fr.Dest, []int{10, 11, 12}) || len(o.arm) != 1 || o.arm[0].wait != 2*time.Second {
+	if fr, ok := o.frames[0].(*wire.Fetch); !ok || !reflect.DeepEqual(fr.Dest, []int{10, 11, 12}) || fr.TTLms != 2000 || len(o.arm) != 1 || o.arm[0].wait != 2*time.Second {
 		t.Fatalf("fetching: %+v", o)
 	}
 	return f

@@ -36,6 +36,7 @@ type inbound struct {
 	ready    bool
 	shared   map[string]bool // namespaces both sides serve; nil = any
 	leaseTTL time.Duration
+	now      func() time.Time
 	seal     *wire.Sealer // seals what we send, from our Ready on
 	open     *wire.Opener // checks what the peer sends after its Auth
 	maxRound uint64
@@ -44,15 +45,16 @@ type inbound struct {
 
 // inRound is one of the peer's rounds we serve.
 type inRound struct {
-	n      uint64
-	holder messages.Holder
-	hits   map[messages.Key]bool
-	phase  roundPhase // looking, leased, fetching (pinning or writing)
-	job    messages.JobRef
-	keys   []messages.Key // looked-up keys, then the fetched ones
-	dest   []int
-	token  rdma.Token
-	abort  bool // an Abort came while looking up (end at the answer) or writing (AbortAck when done)
+	n       uint64
+	holder  messages.Holder
+	hits    map[messages.Key]bool
+	phase   roundPhase // looking, leased, fetching (pinning or writing)
+	job     messages.JobRef
+	keys    []messages.Key // looked-up keys, then the fetched ones
+	dest    []int
+	token   rdma.Token
+	expires time.Time // a Fetch's arrival plus its ttl: no write is posted later
+	abort   bool      // an Abort came while looking up (end at the answer) or writing (AbortAck when done)
 }
 
 // served is what one producer decision asks of its session, in this
@@ -89,9 +91,9 @@ type startWrite struct {
 	done  written
 }
 
-func newInbound(node string, h *wire.Hello, w *wire.Welcome, ours []string, leaseTTL time.Duration) *inbound {
+func newInbound(node string, h *wire.Hello, w *wire.Welcome, ours []string, leaseTTL time.Duration, now func() time.Time) *inbound {
 	return &inbound{node: node, epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(ours, h.Namespaces),
-		leaseTTL: leaseTTL, rounds: map[uint64]*inRound{}}
+		leaseTTL: leaseTTL, now: now, rounds: map[uint64]*inRound{}}
 }
 
 func (o *served) drop(reason string)        { o.drops = append(o.drops, reason) }
@@ -220,6 +222,7 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 		return in.end(o, r, false, bad)
 	}
 	r.phase, r.keys, r.dest, r.job = roundFetching, keys, f.Dest, job
+	r.expires = in.now().Add(time.Duration(f.TTLms) * time.Millisecond)
 	copy(r.token[:], f.Token)
 	o.ask(cpuCall{epoch: in.epoch, round: r.n, holder: r.holder, job: job},
 		&messages.LeaseToPin{Holder: r.holder, Job: job, Keys: keys})
@@ -227,7 +230,8 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 }
 
 // pinned starts the write of the pinned slots, or ends the round when its
-// leases were lost. in is nil when the session ended meanwhile.
+// leases were lost or its Fetch's ttl has passed (its pins are released
+// then). in is nil when the session ended meanwhile.
 func (in *inbound) pinned(call cpuCall, m *messages.PinResult) (o served) {
 	r := in.roundOf(call)
 	if r == nil || r.phase != roundFetching {
@@ -238,8 +242,15 @@ func (in *inbound) pinned(call cpuCall, m *messages.PinResult) (o served) {
 		o.release(call.holder)
 		return o
 	}
-	if m.Err != nil {
+	switch {
+	case m.Err != nil:
 		return in.end(o, r, false, "lease_lost")
+	case !in.now().Before(r.expires):
+		// The consumer has given up on this Fetch: a write posted now could
+		// land in slots it reused (a one-sided RDMA write cannot be recalled).
+		o.drop("expired_fetch")
+		o.tell(&messages.ReleaseJob{Job: r.job})
+		return in.end(o, r, false, "expired")
 	}
 	o.write = &startWrite{round: r, src: m.Slots,
 		done: written{epoch: in.epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}}

@@ -15,10 +15,13 @@ import (
 // The producer's book driven one event at a time, as the Session does,
 // with the CPU tier's answers written by hand.
 
+// testNow is the producer books' clock; a test moves it by hand.
+var testNow = time.Unix(1000, 0)
+
 func testInbound(t *testing.T, ours, theirs []string) *inbound {
 	t.Helper()
 	h := &wire.Hello{Epoch: 7, Namespaces: theirs, Slots: 4}
-	return newInbound("b", h, &wire.Welcome{Epoch: 7}, ours, time.Minute)
+	return newInbound("b", h, &wire.Welcome{Epoch: 7}, ours, time.Minute, func() time.Time { return testNow })
 }
 
 func wkeys(ns string, hashes ...string) []wire.Key {
@@ -163,7 +166,7 @@ func TestProducerRefusesABadFetchOnceAndReleasesItsLeases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := testInbound(t, []string{"ns"}, []string{"ns"})
 			call := leasedRound(t, in, 1)
-			o := in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: tc.keys, Dest: tc.dest}, messages.JobRef{ID: 1})
+			o := in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: tc.keys, Dest: tc.dest}, messages.JobRef{ID: 1})
 			done, ok := o.frames[0].(*wire.TransferDone)
 			if len(o.frames) != 1 || !ok || done.OK || done.Reason != tc.reason {
 				t.Fatalf("frames %+v, want one TransferDone{%s}", o.frames, tc.reason)
@@ -174,7 +177,7 @@ func TestProducerRefusesABadFetchOnceAndReleasesItsLeases(t *testing.T) {
 			if len(in.rounds) != 0 {
 				t.Fatal("a refused round must end")
 			}
-			again := in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 2})
+			again := in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 2})
 			if !reflect.DeepEqual(frameTypes(again), []string{"TransferDone"}) || len(again.cpu) != 0 {
 				t.Fatalf("a second Fetch of the ended round: %+v", again)
 			}
@@ -187,7 +190,7 @@ func TestProducerWriteHoldsItsLeasesUntilItReportsAndAcksALateAbortAfterIt(t *te
 	call := leasedRound(t, in, 1)
 	job := messages.JobRef{Origin: messages.OriginPeer, ID: 9}
 	tok := rdma.NewToken()
-	pin, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "b", "a"), Dest: []int{3, 0}, Token: tok[:]}, job))
+	pin, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "b", "a"), Dest: []int{3, 0}, Token: tok[:]}, job))
 	if pin.Job != job || pin.Holder != call.holder || len(pin.Keys) != 2 || pinCall.job != job {
 		t.Fatalf("pin %+v call %+v", pin, pinCall)
 	}
@@ -220,10 +223,34 @@ func TestProducerWriteHoldsItsLeasesUntilItReportsAndAcksALateAbortAfterIt(t *te
 	}
 }
 
+func TestProducerPostsNoWriteForAFetchPastItsTTL(t *testing.T) {
+	in := testInbound(t, []string{"ns"}, []string{"ns"})
+	call := leasedRound(t, in, 1)
+	job := messages.JobRef{Origin: messages.OriginPeer, ID: 5}
+	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 100, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, job))
+	was := testNow
+	defer func() { testNow = was }()
+	testNow = testNow.Add(100 * time.Millisecond) // the pin came back as the consumer gave up
+	o := in.pinned(pinCall, &messages.PinResult{Job: job, Slots: []int{1}})
+	if o.write != nil {
+		t.Fatal("a write was posted for a Fetch its consumer no longer waits for")
+	}
+	rj, ok := o.cpu[0].msg.(*messages.ReleaseJob)
+	if !ok || rj.Job != job || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) {
+		t.Fatalf("cpu %+v: want the pins and the leases released", o.cpu)
+	}
+	if d, ok := o.frames[0].(*wire.TransferDone); !ok || d.OK || d.Reason != "expired" || !reflect.DeepEqual(o.drops, []string{"expired_fetch"}) {
+		t.Fatalf("%+v", o)
+	}
+	if len(in.rounds) != 0 {
+		t.Fatal("round kept")
+	}
+}
+
 func TestProducerWriteReportAfterItsSessionEndedStillReleases(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
 	leasedRound(t, in, 1)
-	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 3}))
+	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 3}))
 	report := in.pinned(pinCall, &messages.PinResult{Slots: []int{1}}).write.done
 	for _, later := range []*inbound{nil, testInbound(t, nil, nil)} { // ended; replaced by a new epoch (7 again: a new book)
 		if later != nil {
@@ -244,7 +271,7 @@ func TestProducerAnswersToAnEndedSessionReleaseWhatTheyHold(t *testing.T) {
 		t.Fatalf("lease answer after the session ended: %+v", o)
 	}
 	leasedRound(t, in, 2)
-	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, Round: 2, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 4}))
+	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 2, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 4}))
 	o := gone.pinned(pinCall, &messages.PinResult{Slots: []int{1}})
 	if rj, ok := o.cpu[0].msg.(*messages.ReleaseJob); !ok || rj.Job.ID != 4 || len(released(o)) != 1 || o.write != nil {
 		t.Fatalf("pin answer after the session ended: %+v", o)
@@ -335,7 +362,7 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 				apply(live.leased(c, m, false))
 			case k == 2 && live != nil && round > 0:
 				r := uint64(rng.IntN(int(round))) + 1
-				apply(live.fetch(&wire.Fetch{Epoch: 7, Round: r, Keys: wkeys("ns", "a"), Dest: []int{rng.IntN(5)}},
+				apply(live.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: r, Keys: wkeys("ns", "a"), Dest: []int{rng.IntN(5)}},
 					messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(step)}))
 			case k == 3 && len(pins) > 0:
 				c := take(&pins)

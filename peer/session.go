@@ -663,7 +663,7 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// NB: the current session (if any) keeps serving until this handshake
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
-	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL)
+	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, s.cfg.Clock.Now)
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }

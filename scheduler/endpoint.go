@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
@@ -81,18 +82,12 @@ const (
 // NewEndpoint binds the socket; Start begins serving once the actor from
 // Props is spawned. A bind error is returned here, before any actor runs.
 func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
-	}
-	if cfg.MaxOpen <= 0 {
-		cfg.MaxOpen = DefaultMaxOpen
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = supervision.RealClock{}
-	}
-	if cfg.NodeClock == nil {
-		cfg.NodeClock = supervision.RealClock{}
-	}
+	defaults.FillNonPositive(&cfg, EndpointConfig{
+		MaxInFlight: DefaultMaxInFlight,
+		MaxOpen:     DefaultMaxOpen,
+		Clock:       supervision.RealClock{},
+		NodeClock:   supervision.RealClock{},
+	})
 	cfg.Hello.Protocol = wire.Version
 	cfg.Hello.Grace = cfg.Grace
 	cfg.Hello.Heartbeat = max(cfg.Grace/3, time.Millisecond)

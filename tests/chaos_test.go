@@ -27,7 +27,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"sync/atomic"
 	"testing"
@@ -134,6 +133,39 @@ func (n *restartNode) load(keys []messages.Key) {
 	require.NoError(n.t, n.mgr.RequestFinished(n.ctx, req))
 }
 
+// openWork is work of every kind left open across a restart: a store
+// (reserved, its bytes written, not reported), a load (leased and
+// prepared, not reported) and a lease, each of its own request.
+type openWork struct {
+	storing, loading, leasing *messages.ReqContext
+	store                     messages.StorePlan
+	load                      messages.LoadJob
+	leased                    []messages.Key
+}
+
+func (n *restartNode) openWork(store, load, lease []messages.Key) openWork {
+	w := openWork{storing: n.req(), loading: n.req(), leasing: n.req(), leased: lease}
+	w.store = n.prepareStore(w.storing, store)
+	n.lease(w.loading, load)
+	lj, err := n.mgr.PrepareLoad(n.ctx, w.loading, load)
+	require.NoError(n.t, err)
+	w.load = lj
+	n.lease(w.leasing, lease)
+	return w
+}
+
+// finishWork loads and verifies what w's lease leased (why: what it means
+// that it can) and finishes w's three requests.
+func (n *restartNode) finishWork(w openWork, why string) {
+	lj, err := n.mgr.PrepareLoad(n.ctx, w.leasing, w.leased)
+	require.NoError(n.t, err, why)
+	n.verify(lj, w.leased)
+	require.NoError(n.t, n.mgr.JobDone(n.ctx, lj.ID, 0, true))
+	for _, r := range []*messages.ReqContext{w.storing, w.loading, w.leasing} {
+		require.NoError(n.t, n.mgr.RequestFinished(n.ctx, r))
+	}
+}
+
 // restart makes target panic right after its next message (a Touch
 // delivers one to the bridge, which answers it at once, and one to the CPU
 // tier) and waits until the supervisor has restarted it.
@@ -185,26 +217,15 @@ func TestSupervisorRestartsMidRunLoseNoCommittedBlock(t *testing.T) {
 
 	t.Run("cpu tier", func(t *testing.T) {
 		n.t = t
-		storing, loading, leasing := n.req(), n.req(), n.req()
-		open := n.prepareStore(storing, restartKeys(20, 24))
-		n.lease(loading, committed[:4])
-		lj, err := n.mgr.PrepareLoad(n.ctx, loading, committed[:4])
-		require.NoError(t, err)
-		n.lease(leasing, committed[4:8])
+		w := n.openWork(restartKeys(20, 24), committed[:4], committed[4:8])
 
 		n.restart("kvtier/cpu")
 
 		assert.Len(t, n.inventory(), 20, "every committed block is still indexed")
-		require.NoError(t, n.mgr.JobDone(n.ctx, open.Job, 0, true), "the open store completes")
-		n.verify(lj, committed[:4])
-		require.NoError(t, n.mgr.JobDone(n.ctx, lj.ID, 0, true), "the open load completes")
-		lj2, err := n.mgr.PrepareLoad(n.ctx, leasing, committed[4:8])
-		require.NoError(t, err, "a lease taken before the restart still loads")
-		n.verify(lj2, committed[4:8])
-		require.NoError(t, n.mgr.JobDone(n.ctx, lj2.ID, 0, true))
-		for _, r := range []*messages.ReqContext{storing, loading, leasing} {
-			require.NoError(t, n.mgr.RequestFinished(n.ctx, r))
-		}
+		require.NoError(t, n.mgr.JobDone(n.ctx, w.store.Job, 0, true), "the open store completes")
+		n.verify(w.load, committed[:4])
+		require.NoError(t, n.mgr.JobDone(n.ctx, w.load.ID, 0, true), "the open load completes")
+		n.finishWork(w, "a lease taken before the restart still loads")
 		committed = append(committed, restartKeys(20, 24)...)
 		n.load(committed)
 		n.quiet()
@@ -212,12 +233,7 @@ func TestSupervisorRestartsMidRunLoseNoCommittedBlock(t *testing.T) {
 
 	t.Run("bridge", func(t *testing.T) {
 		n.t = t
-		storing, loading, leasing := n.req(), n.req(), n.req()
-		open := n.prepareStore(storing, restartKeys(30, 34))
-		n.lease(loading, committed[8:12])
-		lj, err := n.mgr.PrepareLoad(n.ctx, loading, committed[8:12])
-		require.NoError(t, err)
-		n.lease(leasing, committed[12:16])
+		w := n.openWork(restartKeys(30, 34), committed[8:12], committed[12:16])
 
 		n.restart("kvtier/bridge")
 
@@ -233,20 +249,14 @@ func TestSupervisorRestartsMidRunLoseNoCommittedBlock(t *testing.T) {
 			assert.True(t, inv[k.Hash], "committed block %x still indexed", k.Hash)
 		}
 		assert.Len(t, inv, len(committed), "the open store never became readable")
-		err = n.mgr.JobDone(n.ctx, open.Job, 0, true)
+		err = n.mgr.JobDone(n.ctx, w.store.Job, 0, true)
 		require.ErrorIs(t, err, messages.ErrUnknownJob, "the open store died with the bridge")
 		st, err := n.mgr.Lookup(n.ctx, n.req(), restartKeys(30, 34), false)
 		require.NoError(t, err)
 		assert.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss, messages.Miss, messages.Miss}, st)
-		require.ErrorIs(t, n.mgr.JobDone(n.ctx, lj.ID, 0, true), messages.ErrUnknownJob,
+		require.ErrorIs(t, n.mgr.JobDone(n.ctx, w.load.ID, 0, true), messages.ErrUnknownJob,
 			"the open load died with the bridge: its copy must be discarded")
-		lj2, err := n.mgr.PrepareLoad(n.ctx, leasing, committed[12:16])
-		require.NoError(t, err, "unleased but still resident: pinned all the same")
-		n.verify(lj2, committed[12:16])
-		require.NoError(t, n.mgr.JobDone(n.ctx, lj2.ID, 0, true))
-		for _, r := range []*messages.ReqContext{storing, loading, leasing} {
-			require.NoError(t, n.mgr.RequestFinished(n.ctx, r))
-		}
+		n.finishWork(w, "unleased but still resident: pinned all the same")
 		// Past the job deadline the quarantined slots are released.
 		n.clock.Advance(kvtier.DefaultEngineJobTimeout)
 		for {
@@ -309,28 +319,33 @@ type chaosReport struct {
 	Reproduce      string            `json:"reproduce"`
 }
 
+// runChaosCLI runs `kvtier chaos` with args in a temporary directory, as
+// a user would (skipped without versitygw, failed under CI=true): its
+// stdout, its stderr and how it exited.
+func runChaosCLI(t *testing.T, args ...string) (stdout *bytes.Buffer, stderr string, runErr error) {
+	t.Helper()
+	objtest.Need(t)
+	bin := buildCLI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, append([]string{"chaos"}, args...)...)
+	cmd.Dir = t.TempDir()
+	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = &out, &errOut, waitDelay
+	runErr = cmd.Run()
+	return &out, errOut.String(), runErr
+}
+
 // TestChaosCLIReportsAsJSON runs `kvtier chaos` as a user would (the default,
 // three-node peers scenario): one JSON
 // object with faults injected (by kind), operations and violations, and
 // the command that reproduces the run.
 func TestChaosCLIReportsAsJSON(t *testing.T) {
-	if _, err := objtest.Binary(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %v", err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
-	bin := buildCLI(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, "chaos", "--json", "--seed", "7", "--duration", "3s",
+	stdout, stderr, runErr := runChaosCLI(t, "--json", "--seed", "7", "--duration", "3s",
 		"--faults", "delay,duplicate,reorder,fs-slow,fs-corrupt,obj-slow,obj-corrupt", "--shrink-time", "0",
 		"--dir", t.TempDir())
-	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = &stdout, &stderr, waitDelay
-	runErr := cmd.Run()
 	var rep chaosReport
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), "stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), "stdout: %s\nstderr: %s", stdout.String(), stderr)
 	assert.Positive(t, rep.FaultsInjected)
 	assert.Positive(t, rep.Operations)
 	for _, k := range []string{"delay", "duplicate", "reorder", "fs-slow", "fs-corrupt", "obj-slow", "obj-corrupt"} {
@@ -344,7 +359,7 @@ func TestChaosCLIReportsAsJSON(t *testing.T) {
 		assert.Equal(t, "ok", st, inv)
 	}
 	if rep.Violations == 0 {
-		require.NoError(t, runErr, "stderr: %s", stderr.String())
+		require.NoError(t, runErr, "stderr: %s", stderr)
 	} else {
 		require.Error(t, runErr, "violations make the command fail")
 	}
@@ -353,22 +368,9 @@ func TestChaosCLIReportsAsJSON(t *testing.T) {
 // --soak runs consecutive seeds until its time is up, one JSON line each,
 // then a summary whose totals are the lines' sums.
 func TestChaosCLISoaksConsecutiveSeeds(t *testing.T) {
-	if _, err := objtest.Binary(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %v", err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
-	bin := buildCLI(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, "chaos", "--json", "--scenario", "single", "--seed", "11", "--soak", "7s",
+	stdout, stderr, runErr := runChaosCLI(t, "--json", "--scenario", "single", "--seed", "11", "--soak", "7s",
 		"--duration", "3s", "--faults", "delay,duplicate,fs-slow", "--shrink-time", "0")
-	cmd.Dir = t.TempDir()
-	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = &stdout, &stderr, waitDelay
-	runErr := cmd.Run()
-	dec := json.NewDecoder(&stdout)
+	dec := json.NewDecoder(stdout)
 	type line struct {
 		Summary    bool     `json:"summary"`
 		Seed       uint64   `json:"seed"`
@@ -382,14 +384,14 @@ func TestChaosCLISoaksConsecutiveSeeds(t *testing.T) {
 	var sum line
 	for dec.More() {
 		var l line
-		require.NoError(t, dec.Decode(&l), "stderr: %s", stderr.String())
+		require.NoError(t, dec.Decode(&l), "stderr: %s", stderr)
 		if l.Summary {
 			sum = l
 			break
 		}
 		seeds = append(seeds, l)
 	}
-	require.True(t, sum.Summary, "no summary line; stderr: %s", stderr.String())
+	require.True(t, sum.Summary, "no summary line; stderr: %s", stderr)
 	require.GreaterOrEqual(t, len(seeds), 2, "7 s of 3 s seeds runs at least two")
 	want := line{Summary: true, Seeds: len(seeds), Failed: []uint64{}}
 	for i, l := range seeds {
@@ -404,7 +406,7 @@ func TestChaosCLISoaksConsecutiveSeeds(t *testing.T) {
 	}
 	assert.Equal(t, want, sum)
 	if sum.Violations == 0 {
-		require.NoError(t, runErr, "stderr: %s", stderr.String())
+		require.NoError(t, runErr, "stderr: %s", stderr)
 	} else {
 		require.Error(t, runErr, "violations make the soak fail")
 	}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -121,11 +122,7 @@ func anyStatus(st []messages.LookupStatus, want ...messages.LookupStatus) bool {
 }
 
 func allStatus(n int, s messages.LookupStatus) []messages.LookupStatus {
-	out := make([]messages.LookupStatus, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
+	return slices.Repeat([]messages.LookupStatus{s}, n)
 }
 
 // loadAndVerify loads HITs of req and compares every byte.

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -101,10 +99,7 @@ violated an invariant.`,
 }
 
 func runChaos(ctx context.Context, o chaosOptions, out io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilInterrupted(ctx)
 	defer stop()
 	if o.soak > 0 {
 		return runSoak(ctx, o, out)

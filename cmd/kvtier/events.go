@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -61,10 +58,7 @@ func runTail(ctx context.Context, addr string, o tailOptions, out, errOut io.Wri
 	if o.noFollow && o.replayFrom < 0 {
 		return fmt.Errorf("--no-follow needs --replay-from")
 	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilInterrupted(ctx)
 	defer stop()
 	enc := json.NewEncoder(out)
 	err := events.Subscribe(ctx, events.SubscriberConfig{Endpoint: addr, Replay: o.replay, Topic: o.topic,

@@ -5,8 +5,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -36,4 +39,13 @@ func newRootCmd() *cobra.Command {
 func withCommands(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
 	cmd.AddCommand(subs...)
 	return cmd
+}
+
+// untilInterrupted is ctx (nil: the background), cancelled also by SIGINT
+// or SIGTERM until stop is called: how a command's run ends early.
+func untilInterrupted(ctx context.Context) (_ context.Context, stop context.CancelFunc) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -104,10 +102,7 @@ fresh daemon: a warm one starts with blocks cached.`,
 
 // runSim loads the workload, opens a node, runs the engine and prints.
 func runSim(ctx context.Context, o simOptions, out io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := untilInterrupted(ctx)
 	defer stop()
 	reqs, mode, err := loadWorkload(o)
 	if err != nil {

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -64,7 +62,7 @@ func (e *eventFlags) finish(node *kvtier.Node) error {
 	if e.hold {
 		fmt.Fprintf(os.Stderr, "kvtier sim: holding the node: %d event batches published (seq 0..%d), replay at %s; SIGINT/SIGTERM to stop\n",
 			next, int64(next)-1, node.EventsReplayEndpoint())
-		wait, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		wait, stop := untilInterrupted(context.Background())
 		defer stop()
 		<-wait.Done()
 	}

@@ -75,12 +75,9 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 	}
 	defer os.RemoveAll(dir)
 	res := FSResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Fsync: o.Fsync, ColdCache: o.ColdCache, Dir: o.Dir}
-	src := make([][]byte, 64)
-	for i := range src {
-		src[i] = make([]byte, o.BlockBytes)
-		if _, err := rand.Read(src[i]); err != nil {
-			return res, err
-		}
+	src, err := randomBlocks(64, o.BlockBytes)
+	if err != nil {
+		return res, err
 	}
 	total := float64(o.Blocks) * float64(o.BlockBytes)
 	// NB: each phase starts with no dirty pages of the one before, so the
@@ -267,4 +264,17 @@ func (o FSOptions) coldCache() error {
 		return fmt.Errorf("drop page cache (needs root; run without --cold-cache): %w", err)
 	}
 	return nil
+}
+
+// randomBlocks is n blocks of size random bytes: the source a scenario
+// writes over and over (random, so nothing on the way can compress it).
+func randomBlocks(n, size int) ([][]byte, error) {
+	src := make([][]byte, n)
+	for i := range src {
+		src[i] = make([]byte, size)
+		if _, err := rand.Read(src[i]); err != nil {
+			return nil, err
+		}
+	}
+	return src, nil
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
@@ -86,12 +85,9 @@ func RunObj(ctx context.Context, o ObjOptions) (res ObjResult, err error) {
 	if err := makeBucket(ctx, ep); err != nil {
 		return res, err
 	}
-	src := make([][]byte, 64)
-	for i := range src {
-		src[i] = make([]byte, o.BlockBytes)
-		if _, err := rand.Read(src[i]); err != nil {
-			return res, err
-		}
+	src, err := randomBlocks(64, o.BlockBytes)
+	if err != nil {
+		return res, err
 	}
 	total := float64(o.Blocks) * float64(o.BlockBytes)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)

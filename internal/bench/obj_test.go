@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -12,12 +11,7 @@ import (
 )
 
 func TestRunObjSmall(t *testing.T) {
-	if _, err := objtest.Binary(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %v", err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
+	objtest.Need(t)
 	o := DefaultObjOptions()
 	o.Dir, o.Blocks, o.BlockBytes, o.Window, o.Workers, o.Timeout = t.TempDir(), 32, 16<<10, 4, 4, time.Minute
 	r, err := RunObj(context.Background(), o)

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
@@ -81,47 +82,14 @@ const (
 )
 
 func (o Options) withDefaults() Options {
-	if o.Scenario == "" {
-		o.Scenario = "single"
-	}
-	if o.Duration <= 0 {
-		o.Duration = 10 * time.Second
-	}
-	if o.Rate <= 0 {
-		o.Rate = 1
-	}
-	if o.MaxDelay <= 0 {
-		o.MaxDelay = DefaultMaxDelay
-	}
-	def := DefaultEngineConfig()
-	e := &o.Engine
-	if e.Engines <= 0 {
-		e.Engines = def.Engines
-	}
-	if e.MaxRunning <= 0 {
-		e.MaxRunning = def.MaxRunning
-	}
-	if e.GPUBlocks <= 0 {
-		e.GPUBlocks = def.GPUBlocks
-	}
-	if e.Workers <= 0 {
-		e.Workers = def.Workers
-	}
-	if e.StepTime <= 0 {
-		e.StepTime = def.StepTime
-	}
-	if e.CopySteps <= 0 {
-		e.CopySteps = def.CopySteps
-	}
-	if e.MaxWait <= 0 {
-		e.MaxWait = def.MaxWait
-	}
-	if e.CallTimeout <= 0 {
-		e.CallTimeout = def.CallTimeout
-	}
-	if o.MemBound == 0 {
-		o.MemBound = DefaultMemBound
-	}
+	defaults.FillNonPositive(&o, Options{
+		Scenario: "single",
+		Duration: 10 * time.Second,
+		Rate:     1,
+		MaxDelay: DefaultMaxDelay,
+		MemBound: DefaultMemBound,
+	})
+	defaults.FillNonPositive(&o.Engine, DefaultEngineConfig())
 	return o
 }
 

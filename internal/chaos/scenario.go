@@ -162,7 +162,6 @@ func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir s
 	}
 	n.node, n.mgr, n.inj = node, node.Manager(), inj
 	n.take = newResidency()
-	n.takeLost.Store(false)
 	n.pub = subscribe(node.EventsEndpoint(), node.EventsReplayEndpoint())
 	return nil
 }

@@ -82,17 +82,16 @@ func (s *stats) call(name string) *callCounts { return s.calls[name] }
 
 // nodeUnderTest is one node of a scenario with what the run observes of it.
 type nodeUnderTest struct {
-	name     string
-	node     *kvtier.Node
-	mgr      kvtier.Manager
-	inj      *supervision.Injector
-	epoch    atomic.Uint64 // bridge panics injected so far
-	take     *residency    // what TakeEvents announced
-	takeLost atomic.Bool   // a TakeEvents batch was lost to a bridge restart
-	pub      *subscriber   // what the node published; nil without events
-	final    messages.Stats
-	tiering  messages.TieringStats
-	peers    []messages.PeerStats
+	name    string
+	node    *kvtier.Node
+	mgr     kvtier.Manager
+	inj     *supervision.Injector
+	epoch   atomic.Uint64 // bridge panics injected so far
+	take    *residency    // what TakeEvents announced
+	pub     *subscriber   // what the node published; nil without events
+	final   messages.Stats
+	tiering messages.TieringStats
+	peers   []messages.PeerStats
 
 	// life is held (read) by the node's engines for each step, and
 	// (write) while a peer-kill restarts the node; gen counts the

@@ -59,7 +59,8 @@ func check(f Frame) error {
 			return nilFrame()
 		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkKeys(f.Keys),
-			checkDest(f.Dest, len(f.Keys)), checkExact("token", f.Token, TokenBytes))
+			checkDest(f.Dest, len(f.Keys)), checkExact("token", f.Token, TokenBytes),
+			checkRange("ttl", int(f.TTLms), 1, MaxFetchTTLms))
 	case *TransferDone:
 		if f == nil {
 			return nilFrame()

@@ -125,6 +125,7 @@ const (
 	fToken
 	fOK
 	fSeq
+	fTTL
 	numFields
 )
 
@@ -133,7 +134,7 @@ var fieldNames = [numFields]string{
 	fBlockBytes: "block_bytes", fSlots: "slots", fTransport: "transport",
 	fMeta: "meta", fMAC: "mac", fReason: "reason", fMsg: "msg", fRound: "round",
 	fKeys: "keys", fHits: "hits", fCRC: "crc", fProv: "prov", fDest: "dest",
-	fToken: "token", fOK: "ok", fSeq: "seq",
+	fToken: "token", fOK: "ok", fSeq: "seq", fTTL: "ttl",
 }
 
 var fieldByName = func() map[string]field {
@@ -169,7 +170,7 @@ var schema = func() [opEnd]struct{ required, optional fieldSet } {
 	s[opRefuse].required, s[opRefuse].optional = common|set(fReason), set(fMsg)
 	s[opLookup].required = common | set(fRound, fKeys)
 	s[opLookupResp].required, s[opLookupResp].optional = common|set(fRound, fHits, fCRC), set(fProv)
-	s[opFetch].required = common | set(fRound, fKeys, fDest, fToken)
+	s[opFetch].required = common | set(fRound, fKeys, fDest, fToken, fTTL)
 	s[opTransferDone].required, s[opTransferDone].optional = common|set(fRound, fOK), set(fReason)
 	s[opAbort].required = common | set(fRound)
 	s[opAbortAck].required = common | set(fRound)
@@ -200,7 +201,7 @@ func Decode(b []byte) (Frame, error) {
 
 // values holds decoded fields until the frame is built.
 type values struct {
-	epoch, round, seq            uint64
+	epoch, round, seq, ttl       uint64
 	node, transport, reason, msg string
 	nonce, meta, mac, token      []byte
 	ns                           []string
@@ -406,6 +407,8 @@ func (d *decoder) value(f field) error {
 		v.round, err = r.Uint(math.MaxUint64)
 	case fSeq:
 		v.seq, err = r.Uint(math.MaxUint64)
+	case fTTL:
+		v.ttl, err = r.Uint(MaxFetchTTLms)
 	case fNode:
 		v.node, err = r.Str(MaxNodeIDBytes)
 	case fTransport:
@@ -722,7 +725,7 @@ func (d *decoder) build() Frame {
 	case opLookupResp:
 		return &LookupResp{Epoch: v.epoch, Round: v.round, Hits: v.hits, Checksums: v.crc, Prov: v.prov}
 	case opFetch:
-		return &Fetch{Epoch: v.epoch, Round: v.round, Keys: v.keys, Dest: v.dest, Token: v.token}
+		return &Fetch{Epoch: v.epoch, Round: v.round, Keys: v.keys, Dest: v.dest, Token: v.token, TTLms: uint32(v.ttl)}
 	case opTransferDone:
 		return &TransferDone{Epoch: v.epoch, Round: v.round, OK: v.ok, Reason: v.reason}
 	case opAbort:

@@ -173,7 +173,7 @@ func TestMalformedFrames(t *testing.T) {
 	key := func(h []byte) []any { return []any{testNS, h, 0} }
 	lookup := kv{"v", Version, "op", "lookup", "e", 7, "round", 1, "keys", []any{key(hash(0))}}
 	fetch := kv{"v", Version, "op", "fetch", "e", 7, "round", 1, "keys", []any{key(hash(0)), key(hash(1))},
-		"dest", []any{0, 1}, "token", fill(TokenBytes, 1)}
+		"dest", []any{0, 1}, "token", fill(TokenBytes, 1), "ttl", 2000}
 	resp := kv{"v", Version, "op", "lookup_resp", "e", 7, "round", 1, "hits", []byte{1, 0},
 		"crc", le(5, 0), "prov", []any{kv{"tokens", le(1, 2)}, nil}}
 	hello := kv{"v", Version, "op", "hello", "e", 7, "node", "a", "nonce", fill(NonceBytes, 1),
@@ -195,6 +195,10 @@ func TestMalformedFrames(t *testing.T) {
 		{"truncated", validLookup[:len(validLookup)-3], ReasonMalformed},
 		{"trailing bytes", append(raw(ping), 0xc0), ReasonMalformed},
 		{"missing v", raw(without(ping, "v")), ReasonMalformed},
+		{"fetch without ttl", raw(without(fetch, "ttl")), ReasonMalformed},
+		{"fetch ttl 0", raw(with(fetch, "ttl", 0)), ReasonMalformed},
+		{"fetch ttl over its bound", raw(with(fetch, "ttl", MaxFetchTTLms+1)), ReasonTooLarge},
+		{"fetch ttl negative", raw(with(fetch, "ttl", -5)), ReasonMalformed},
 		{"missing op", raw(without(ping, "op")), ReasonMalformed},
 		{"v as string", raw(with(ping, "v", "1")), ReasonMalformed},
 		{"v negative", raw(with(ping, "v", -1)), ReasonMalformed},
@@ -426,7 +430,8 @@ func TestEncodeRefuses(t *testing.T) {
 		"epoch 0":             &Ping{},
 		"round 0":             &Abort{Epoch: 1},
 		"no keys":             &Lookup{Epoch: 1, Round: 1},
-		"negative dest":       &Fetch{Epoch: 1, Round: 1, Keys: testKeys(1), Dest: []int{-1}, Token: fill(TokenBytes, 0)},
+		"negative dest":       &Fetch{Epoch: 1, Round: 1, Keys: testKeys(1), Dest: []int{-1}, Token: fill(TokenBytes, 0), TTLms: 1},
+		"zero ttl":            &Fetch{Epoch: 1, Round: 1, Keys: testKeys(1), Dest: []int{0}, Token: fill(TokenBytes, 0)},
 		"negative slots":      func() Frame { h := testHello(); h.Slots = -1; return h }(),
 		"negative block size": &LookupResp{Epoch: 1, Round: 1, Hits: []bool{true}, Checksums: []uint32{0}, Prov: []*Provenance{{BlockSize: -1}}},
 	} {

@@ -51,7 +51,7 @@ func encode(w *writer, f Frame) {
 	case *LookupResp:
 		encodeResp(w, f)
 	case *Fetch:
-		header(w, 7, opFetch, f.Epoch)
+		header(w, 8, opFetch, f.Epoch)
 		round(w, f.Round)
 		encodeKeys(w, f.Keys)
 		w.Str("dest")
@@ -61,6 +61,8 @@ func encode(w *writer, f Frame) {
 		}
 		w.Str("token")
 		w.Bin(f.Token)
+		w.Str("ttl")
+		w.Uint(uint64(f.TTLms))
 	case *TransferDone:
 		header(w, 5+count(f.Reason != ""), opTransferDone, f.Epoch)
 		round(w, f.Round)

@@ -18,6 +18,7 @@ const (
 	NonceBytes     = 32
 	MACBytes       = 32 // HMAC-SHA256
 	TokenBytes     = 16
+	MaxFetchTTLms  = 600_000 // a Fetch's ttl: 10 minutes
 )
 
 // Frame is one decoded control-plane frame: one of the types below.
@@ -125,6 +126,11 @@ type Fetch struct {
 	Keys  []Key // subset of the round's hits
 	Dest  []int // consumer slot per key (within the consumer's advertised Slots)
 	Token []byte
+	// TTLms is how long, in milliseconds from its arrival, the consumer
+	// waits for this Fetch (1..MaxFetchTTLms): the producer posts no write
+	// for it later (TransferDone{reason: "expired"}), so that a write
+	// never lands in slots a consumer that gave up has reused.
+	TTLms uint32
 }
 
 // TransferDone is the producer's end of a Fetch.

@@ -140,7 +140,7 @@ func testResp(n int, prov bool) *LookupResp {
 }
 
 func testFetch(n int) *Fetch {
-	f := &Fetch{Epoch: 9, Round: 3, Keys: testKeys(n), Dest: make([]int, n), Token: fill(TokenBytes, 0x7e)}
+	f := &Fetch{Epoch: 9, Round: 3, Keys: testKeys(n), Dest: make([]int, n), Token: fill(TokenBytes, 0x7e), TTLms: 2000}
 	for i := range f.Dest {
 		f.Dest[i] = i * 3
 	}

@@ -2,6 +2,8 @@ package nixl
 
 import (
 	"time"
+
+	"github.com/kvtier/kvtier/internal/defaults"
 )
 
 // Kind is the transport's name in config, stats and logs.
@@ -73,36 +75,17 @@ const (
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
-	if c.Name == "" {
-		c.Name = "kvtier"
-	}
-	if c.Backend == "" {
-		c.Backend = "UCX"
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	switch {
-	case c.LateWriteGrace == 0:
-		c.LateWriteGrace = DefaultLateWriteGrace
-	case c.LateWriteGrace < 0:
-		c.LateWriteGrace = 0
-	}
-	if c.PollMin <= 0 {
-		c.PollMin = DefaultPollMin
-	}
-	if c.PollMax <= 0 {
-		c.PollMax = DefaultPollMax
-	}
-	if c.PollMax < c.PollMin {
-		c.PollMax = c.PollMin
-	}
-	switch {
-	case c.SpinRounds == 0:
-		c.SpinRounds = DefaultSpinRounds
-	case c.SpinRounds < 0:
-		c.SpinRounds = 0
-	}
+	defaults.FillNonPositive(&c, Config{
+		Name:         "kvtier",
+		Backend:      "UCX",
+		WriteTimeout: DefaultWriteTimeout,
+		PollMin:      DefaultPollMin,
+		PollMax:      DefaultPollMax,
+	})
+	// Zero is the default, negative is none.
+	defaults.Fill(&c, Config{LateWriteGrace: DefaultLateWriteGrace, SpinRounds: DefaultSpinRounds})
+	c.LateWriteGrace, c.SpinRounds = max(c.LateWriteGrace, 0), max(c.SpinRounds, 0)
+	c.PollMax = max(c.PollMax, c.PollMin)
 	return c
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/rdma"
 )
 
@@ -121,20 +122,7 @@ type rawCopy struct {
 }
 
 func newRawCopy(b *testing.B, from, to rdma.Region, src, dst []int) *rawCopy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	w, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { w.Close(); r.Close() })
+	w, r := testnet.Pair(b)
 	return &rawCopy{w: w, r: r, from: from, to: to, src: src, dst: dst}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/rdma"
 )
 
@@ -18,35 +19,13 @@ import (
 // peer "c": the test reads the producer's bytes and writes its acks.
 type fakeConsumer struct {
 	t     *testing.T
-	ln    net.Listener
-	conns chan net.Conn
+	slots int             // of the producer's pool
+	conns <-chan net.Conn // closed only after the test
 }
 
 func newFakeConsumer(t *testing.T, tr *Transport, slots, slotBytes int) *fakeConsumer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fakeConsumer{t: t, ln: ln, conns: make(chan net.Conn, 16)}
-	quit := make(chan struct{})
-	go func() {
-		defer close(quit)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			f.conns <- c
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-quit
-		close(f.conns)
-		for c := range f.conns {
-			c.Close()
-		}
-	})
+	ln := testnet.Listen(t, "tcp", "127.0.0.1:0")
+	f := &fakeConsumer{t: t, slots: slots, conns: testnet.Accept(t, ln)}
 	if err := tr.Connect("c", encodeMeta(peerMeta{Addr: ln.Addr().String(), SlotBytes: slotBytes, Slots: slots})); err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +37,21 @@ func (f *fakeConsumer) accept() net.Conn {
 	f.t.Helper()
 	c := recv(f.t, f.conns, "connection from the producer")
 	f.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// firstWrite has tr write slot 0 to slot 0 and serves it, acked, on the
+// producer's first connection: that connection, idle once the Write is
+// done.
+func (f *fakeConsumer) firstWrite(tr *Transport) net.Conn {
+	f.t.Helper()
+	d := tr.mustWrite(f.t, rdma.NewToken(), []int{0}, []int{0})
+	c := f.accept()
+	readTransfer(f.t, c, true, tr.cfg.Node, f.slots)
+	send(f.t, c, []byte{ackOK})
+	if got := d.wait(f.t); got.Err != nil {
+		f.t.Fatal(got.Err)
+	}
 	return c
 }
 
@@ -320,13 +314,7 @@ func TestProducerRedialsDeadIdleConn(t *testing.T) {
 	tr, _ := producerRig(t, Config{}, rigSlots, rigSlotBytes)
 	tr.probeAfter = 0 // probe every reuse
 	f := newFakeConsumer(t, tr, rigSlots, rigSlotBytes)
-	d := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0})
-	c := f.accept()
-	readTransfer(t, c, true, tr.cfg.Node, rigSlots)
-	send(t, c, []byte{ackOK})
-	if got := d.wait(t); got.Err != nil {
-		t.Fatal(got.Err)
-	}
+	c := f.firstWrite(tr)
 	c.Close()
 	tr.mu.Lock()
 	idle := tr.peers["c"].idle
@@ -335,7 +323,7 @@ func TestProducerRedialsDeadIdleConn(t *testing.T) {
 		t.Fatalf("%d idle connections, want 1", len(idle))
 	}
 	waitHangup(t, idle[0].Conn)
-	d = tr.mustWrite(t, rdma.NewToken(), []int{1}, []int{1})
+	d := tr.mustWrite(t, rdma.NewToken(), []int{1}, []int{1})
 	c2 := f.accept()
 	readTransfer(t, c2, true, tr.cfg.Node, rigSlots)
 	send(t, c2, []byte{ackOK})
@@ -369,24 +357,7 @@ func waitHangup(t *testing.T, c net.Conn) {
 // TestAlive checks the idle-connection probe on a live connection, one
 // with a stray byte, and one the other side closed.
 func TestAlive(t *testing.T) {
-	pair := func() (net.Conn, net.Conn) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		a, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close(); b.Close() })
-		return a, b
-	}
-	a, b := pair()
+	a, b := testnet.Pair(t)
 	if !alive(a) {
 		t.Fatal("a fresh connection is not alive")
 	}
@@ -398,7 +369,7 @@ func TestAlive(t *testing.T) {
 	if alive(a) {
 		t.Fatal("a connection with a stray byte is alive")
 	}
-	a, b = pair()
+	a, b = testnet.Pair(t)
 	b.Close()
 	waitHangup(t, a)
 	if alive(a) {
@@ -443,15 +414,9 @@ func TestProducerChecksRemoteGeometry(t *testing.T) {
 func TestProducerRetriesBrokenReusedConn(t *testing.T) {
 	tr, r := producerRig(t, Config{}, rigSlots, rigSlotBytes)
 	f := newFakeConsumer(t, tr, rigSlots, rigSlotBytes)
-	d := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0})
-	c1 := f.accept()
-	readTransfer(t, c1, true, tr.cfg.Node, rigSlots)
-	send(t, c1, []byte{ackOK})
-	if got := d.wait(t); got.Err != nil {
-		t.Fatal(got.Err)
-	}
+	c1 := f.firstWrite(tr)
 	tok := rdma.NewToken()
-	d = tr.mustWrite(t, tok, []int{2}, []int{3})
+	d := tr.mustWrite(t, tok, []int{2}, []int{3})
 	readTransfer(t, c1, false, tr.cfg.Node, rigSlots) // arrives on the idle connection...
 	c1.Close()                                        // ...which the consumer closes without an ack
 	c2 := f.accept()

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
@@ -32,37 +32,12 @@ func TestMain(m *testing.M) {
 // handshake in flight ends with it.
 func TestDialGivesUpOnASilentDaemon(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "silent.sock")
-	ln, err := net.Listen("unix", path)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var held []net.Conn
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // never read, never written
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		ln.Close()
-		<-accepted
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
+	testnet.Silent(t, testnet.Listen(t, "unix", path))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = Dial(ctx, "ipc://"+path, Options{Name: "t"})
+	_, err := Dial(ctx, "ipc://"+path, Options{Name: "t"})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 5*time.Second, "Dial is bounded by its ctx")
 }

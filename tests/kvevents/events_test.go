@@ -317,12 +317,7 @@ func TestSimulatorEventsMatchTheNodesInventory(t *testing.T) {
 	subCtx, stopSub := context.WithCancel(ctx)
 	live, waitSub := liveSub(subCtx, t, node.EventsEndpoint())
 
-	reqs := sim.Synthetic(sim.DefaultSynthetic(3, 400))
-	cfg := sim.DefaultConfig()
-	cfg.GPUBlocks = 64
-	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
-	require.NoError(t, err)
-	require.True(t, sum.Healthy(), "%+v", sum)
+	reqs, sum := runSim(ctx, t, node, 3, 400, 64)
 	stats, err := node.Manager().Stats(ctx)
 	require.NoError(t, err)
 	require.Positive(t, stats.Evictions, "the scenario must evict")
@@ -341,17 +336,7 @@ func TestSimulatorEventsMatchTheNodesInventory(t *testing.T) {
 	}
 
 	// Provenance: the predecessor of every block in the workload, by hash.
-	pred := map[uint64]*uint64{}
-	for _, r := range reqs {
-		for i, id := range r.Blocks {
-			if i == 0 {
-				pred[sim.BlockHash(id)] = nil
-			} else {
-				p := sim.BlockHash(r.Blocks[i-1])
-				pred[sim.BlockHash(id)] = &p
-			}
-		}
-	}
+	pred := predecessors(reqs)
 	rebuilt := inventory{}
 	var storedBlocks, removedBlocks int
 	for _, fr := range batches {
@@ -500,12 +485,7 @@ func TestArrayEncodingIsVLLMsLegacyForm(t *testing.T) {
 		Events: kvtier.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", Encoding: "array"}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(context.Background())) }()
-	reqs := sim.Synthetic(sim.DefaultSynthetic(4, 150))
-	cfg := sim.DefaultConfig()
-	cfg.GPUBlocks = 32
-	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
-	require.NoError(t, err)
-	require.True(t, sum.Healthy(), "%+v", sum)
+	runSim(ctx, t, node, 4, 150, 32)
 	_, err = node.FlushEvents(ctx)
 	require.NoError(t, err)
 	inv, err := node.Inventory(ctx)

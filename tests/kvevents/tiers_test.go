@@ -78,19 +78,38 @@ type provenanceCheck struct {
 }
 
 func newProvenanceCheck(t *testing.T, reqs []sim.Request) *provenanceCheck {
-	c := &provenanceCheck{t: t, pred: map[uint64]*uint64{}, tokens: map[uint64][]int64{}, stored: map[string]int{},
+	return &provenanceCheck{t: t, pred: predecessors(reqs), tokens: map[uint64][]int64{}, stored: map[string]int{},
 		gone: map[string]int{}, owners: map[string]int{}, ever: map[uint64]bool{}}
+}
+
+// predecessors maps the hash of every block in the workload to its
+// parent's hash (nil for the first block of a prompt).
+func predecessors(reqs []sim.Request) map[uint64]*uint64 {
+	pred := map[uint64]*uint64{}
 	for _, r := range reqs {
 		for i, id := range r.Blocks {
 			if i == 0 {
-				c.pred[sim.BlockHash(id)] = nil
+				pred[sim.BlockHash(id)] = nil
 			} else {
 				p := sim.BlockHash(r.Blocks[i-1])
-				c.pred[sim.BlockHash(id)] = &p
+				pred[sim.BlockHash(id)] = &p
 			}
 		}
 	}
-	return c
+	return pred
+}
+
+// runSim runs the synthetic workload of seed (requests of it) against
+// node with an engine of gpuBlocks, and requires the run healthy.
+func runSim(ctx context.Context, t *testing.T, node *kvtier.Node, seed uint64, requests, gpuBlocks int) ([]sim.Request, sim.Summary) {
+	t.Helper()
+	reqs := sim.Synthetic(sim.DefaultSynthetic(seed, requests))
+	cfg := sim.DefaultConfig()
+	cfg.GPUBlocks = gpuBlocks
+	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
+	require.NoError(t, err)
+	require.True(t, sum.Healthy(), "%+v", sum)
+	return reqs, sum
 }
 
 func (c *provenanceCheck) event(e wireEvent) {
@@ -160,12 +179,7 @@ func TestFSTierEventsAreFullAndMatchEveryMedium(t *testing.T) {
 			_ = node.Close(context.Background())
 		}
 	}()
-	reqs := sim.Synthetic(sim.DefaultSynthetic(5, 600))
-	cfg := sim.DefaultConfig()
-	cfg.GPUBlocks = 48
-	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
-	require.NoError(t, err)
-	require.True(t, sum.Healthy(), "%+v", sum)
+	reqs, sum := runSim(ctx, t, node, 5, 600, 48)
 	ts, err := node.TieringStats(ctx)
 	require.NoError(t, err)
 	promoted := ts.Promoted["fs"]
@@ -308,12 +322,7 @@ func TestFSAndObjTiersShareTheStorageMedium(t *testing.T) {
 	node := openFSNode(ctx, t, t.TempDir(), kvtier.TierConfig{Kind: "obj", Endpoint: s.Endpoint, Bucket: "kvevents",
 		Prefix: "n1/", AccessKey: objtest.AccessKey, SecretKey: objtest.SecretKey})
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	reqs := sim.Synthetic(sim.DefaultSynthetic(7, 300))
-	cfg := sim.DefaultConfig()
-	cfg.GPUBlocks = 48
-	sum, err := sim.Run(ctx, node.Manager(), reqs, cfg)
-	require.NoError(t, err)
-	require.True(t, sum.Healthy(), "%+v", sum)
+	reqs, _ := runSim(ctx, t, node, 7, 300, 48)
 	ts, err := node.TieringStats(ctx)
 	require.NoError(t, err)
 	require.Positive(t, ts.CascadeWritten["obj"])

@@ -6,7 +6,6 @@ package cpu
 // abandoned that never reach TakeTierEvents.
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -16,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -63,46 +62,16 @@ func TestStateRetainsProvenanceByReference(t *testing.T) {
 	assert.Nil(t, s.Provenance(tk(0)), "a new store without provenance does not inherit the old one")
 }
 
-// hubProbe stands in for the event hub.
-type hubProbe chan *messages.Event
-
-func (h hubProbe) Receive(c actor.Context) {
-	if e, ok := c.Message().(*messages.Event); ok {
-		h <- e
-	}
-}
-
 func TestActorAnswersAndAnnouncesProvenance(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	system := actors.NewSystem(zerolog.Nop())
-	defer system.Shutdown()
-	events := make(hubProbe, 64)
-	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return events }))
 	pool, err := OpenPool("", 4, 64)
 	require.NoError(t, err)
-	defer pool.Close()
+	t.Cleanup(func() { pool.Close() }) // after the actor stopped
 	state, err := NewState(4, "lru", time.Now)
 	require.NoError(t, err)
-	pid := system.Root.Spawn(Props(state, pool, time.Now, zerolog.Nop(), WithEventSink(hub)))
-	defer func() {
-		require.NoError(t, actors.StopAndWait(ctx, system, pid))
-		require.NoError(t, actors.StopAndWait(ctx, system, hub))
-	}()
-	ask := func(m any) any {
-		r, err := actors.Ask(ctx, system, pid, m)
-		require.NoError(t, err)
-		return r
-	}
-	next := func() *messages.Event {
-		select {
-		case e := <-events:
-			return e
-		case <-ctx.Done():
-			t.Fatal("no event")
-			return nil
-		}
-	}
+	h := tiertest.Start(t, func(hub *actor.PID) *actor.Props {
+		return Props(state, pool, time.Now, zerolog.Nop(), WithEventSink(hub))
+	}, tiertest.Options{Timeout: 10 * time.Second, Events: 64})
+	ask, next := h.Ask, h.Next
 
 	// A promotion-like commit: provenance given whole.
 	job := messages.JobRef{Origin: messages.OriginTier, ID: messages.TieringJobBase + 1}

@@ -8,7 +8,6 @@ package fs
 // done; a version 1 file is still served.
 
 import (
-	"context"
 	"encoding/binary"
 	"hash/crc32"
 	"os"
@@ -16,15 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,48 +37,20 @@ func provOf(i int) *messages.Provenance {
 	return p
 }
 
-// hubProbe is a stand-in hub: every event it gets goes to a channel.
-type hubProbe chan *messages.Event
-
-func (h hubProbe) Receive(c actor.Context) {
-	if e, ok := c.Message().(*messages.Event); ok {
-		h <- e
-	}
-}
-
+// fsHarness runs an fs tier named "disk" whose hub waits for the test to
+// read its events.
 type fsHarness struct {
-	t      *testing.T
-	ctx    context.Context
-	system *actor.ActorSystem
-	pid    *actor.PID
-	tier   *Tier
-	events hubProbe
+	*tiertest.Harness
+	tier *Tier
 }
 
 func openFS(t *testing.T, root string, capacity int64) *fsHarness {
 	t.Helper()
 	tier, err := Open(Config{Name: "disk", Root: root, BlockBytes: evBlock, Capacity: capacity, Log: zerolog.Nop()})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	system := actors.NewSystem(zerolog.Nop())
-	h := &fsHarness{t: t, ctx: ctx, system: system, tier: tier, events: make(hubProbe, 1024)}
-	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h.events }))
-	h.pid = system.Root.Spawn(tier.Props(hub))
-	t.Cleanup(func() {
-		require.NoError(t, actors.StopAndWait(ctx, system, h.pid))
-		require.NoError(t, actors.StopAndWait(ctx, system, hub))
-		require.NoError(t, tier.Close(ctx))
-		system.Shutdown()
-		cancel()
-	})
-	return h
-}
-
-func (h *fsHarness) ask(msg any) any {
-	h.t.Helper()
-	r, err := actors.Ask(h.ctx, h.system, h.pid, msg)
-	require.NoError(h.t, err)
-	return r
+	h := tiertest.Start(t, tier.Props, tiertest.Options{Timeout: 30 * time.Second, Events: 1024,
+		Medium: messages.MediumStorage, Ownership: "disk", Locality: "LOCAL", Close: tier.Close})
+	return &fsHarness{Harness: h, tier: tier}
 }
 
 func evSrc(i int) ([]byte, uint32) {
@@ -92,40 +62,16 @@ func evSrc(i int) ([]byte, uint32) {
 }
 
 func (h *fsHarness) write(i int, p *messages.Provenance) {
-	h.t.Helper()
+	h.T.Helper()
 	src, sum := evSrc(i)
-	r := h.ask(&messages.TierWrite{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*messages.TierWriteResult)
-	require.NoError(h.t, r.Err)
+	r := h.Ask(&messages.TierWrite{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*messages.TierWriteResult)
+	require.NoError(h.T, r.Err)
 }
 
 func (h *fsHarness) read(i int) *messages.TierReadResult {
-	h.t.Helper()
-	r := h.ask(&messages.TierRead{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*messages.TierReadResult)
+	h.T.Helper()
+	r := h.Ask(&messages.TierRead{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*messages.TierReadResult)
 	return r
-}
-
-// next is the next event the hub got (all of them are sent before the
-// answer that preceded this call).
-func (h *fsHarness) next() *messages.Event {
-	h.t.Helper()
-	select {
-	case e := <-h.events:
-		require.Equal(h.t, messages.MediumStorage, e.Medium)
-		require.Equal(h.t, "disk", e.Ownership)
-		require.Equal(h.t, "LOCAL", e.Locality)
-		return e
-	case <-h.ctx.Done():
-		h.t.Fatal("no event")
-		return nil
-	}
-}
-
-func (h *fsHarness) inventory() []messages.Key {
-	h.t.Helper()
-	r := h.ask(&messages.TierInventory{Corr: 5}).(*messages.InventoryResult)
-	require.Equal(h.t, messages.MediumStorage, r.Medium)
-	require.Equal(h.t, "disk", r.Ownership)
-	return r.Keys
 }
 
 func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
@@ -133,9 +79,9 @@ func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
 	size := FileSize(evBlock, provOf(1))
 	h := openFS(t, root, 2*size)
 	h.write(0, provOf(0))
-	e := h.next()
+	e := h.Next()
 	assert.Equal(t, messages.BlockWriting, e.Kind)
-	e = h.next()
+	e = h.Next()
 	assert.Equal(t, messages.BlockStored, e.Kind)
 	assert.Equal(t, []messages.Key{benchKey(0)}, e.Keys)
 	assert.Equal(t, []*messages.Provenance{provOf(0)}, e.Prov)
@@ -145,19 +91,19 @@ func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
 	assert.Equal(t, provOf(0), r.Prov, "the header's provenance comes back on read")
 
 	h.write(1, provOf(1))
-	assert.Equal(t, messages.BlockWriting, h.next().Kind)
-	assert.Equal(t, messages.BlockStored, h.next().Kind)
+	assert.Equal(t, messages.BlockWriting, h.Next().Kind)
+	assert.Equal(t, messages.BlockStored, h.Next().Kind)
 	// A third block evicts the least recent: 0 (read before 1 was written).
 	h.write(2, provOf(2))
-	e = h.next()
+	e = h.Next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind, "eviction announced when the block becomes unreadable")
 	assert.Equal(t, []messages.Key{benchKey(0)}, e.Keys)
-	assert.Equal(t, messages.BlockWriting, h.next().Kind)
-	assert.Equal(t, messages.BlockStored, h.next().Kind)
-	assert.ElementsMatch(t, []messages.Key{benchKey(1), benchKey(2)}, h.inventory())
+	assert.Equal(t, messages.BlockWriting, h.Next().Kind)
+	assert.Equal(t, messages.BlockStored, h.Next().Kind)
+	assert.ElementsMatch(t, []messages.Key{benchKey(1), benchKey(2)}, h.Inventory())
 
-	h.system.Root.Send(h.pid, &messages.TierDelete{Key: benchKey(1)})
-	e = h.next()
+	h.System.Root.Send(h.PID, &messages.TierDelete{Key: benchKey(1)})
+	e = h.Next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{benchKey(1)}, e.Keys)
 
@@ -168,10 +114,10 @@ func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
 	data[len(data)-1] ^= 1
 	require.NoError(t, os.WriteFile(path, data, 0o644))
 	require.ErrorIs(t, h.read(2).Err, messages.ErrInvalidBlock)
-	e = h.next()
+	e = h.Next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{benchKey(2)}, e.Keys)
-	assert.Empty(t, h.inventory())
+	assert.Empty(t, h.Inventory())
 }
 
 // writeV1 writes k's block as the version 1 format did: no provenance.
@@ -212,17 +158,17 @@ func TestReopenedFSIntroducesWhatItHolds(t *testing.T) {
 	require.NoError(t, os.WriteFile(s.Path(bad), data, 0o644))
 
 	h := openFS(t, root, 0)
-	inv := h.inventory() // answered once every block found is introduced
+	inv := h.Inventory() // answered once every block found is introduced
 	assert.Len(t, inv, n+1, "the corrupt block is gone")
 	assert.NotContains(t, inv, bad)
 
-	e := h.next()
+	e := h.Next()
 	require.Equal(t, messages.BlockWriting, e.Kind, "first, every block found is noted as being written")
 	assert.Len(t, e.Keys, n+2)
 	stored := map[messages.Key]*messages.Provenance{}
 	aborted := 0
 	for len(stored) < n+1 || aborted == 0 {
-		e := h.next()
+		e := h.Next()
 		switch e.Kind {
 		case messages.BlockStored:
 			for i, k := range e.Keys {

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers"
@@ -57,21 +58,13 @@ func Open(cfg Config) (*Tier, error) {
 	if cfg.Root == "" || cfg.BlockBytes <= 0 {
 		return nil, fmt.Errorf("%w: fs tier needs a root and a block size", messages.ErrBadConfig)
 	}
-	if cfg.Name == "" {
-		cfg.Name = tiers.KindFS
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = DefaultWorkers
-	}
-	if cfg.Queue <= 0 {
-		cfg.Queue = DefaultQueue
-	}
-	if cfg.FS == nil {
-		cfg.FS = OS{}
-	}
-	if cfg.Locality == "" {
-		cfg.Locality = DefaultLocality
-	}
+	defaults.FillNonPositive(&cfg, Config{
+		Name:     tiers.KindFS,
+		Workers:  DefaultWorkers,
+		Queue:    DefaultQueue,
+		FS:       OS{},
+		Locality: DefaultLocality,
+	})
 	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync), index: NewIndex(cfg.Capacity)}
 	start := time.Now()
 	res, err := t.store.Scan(cfg.BlockBytes)

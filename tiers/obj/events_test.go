@@ -24,32 +24,18 @@ func provOf(i int) *messages.Provenance {
 }
 
 func (h *tierHarness) writeProv(i int) {
-	h.t.Helper()
+	h.T.Helper()
 	src, sum := block(i)
-	r := h.ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum, Prov: provOf(i)}).(*messages.TierWriteResult)
-	require.NoError(h.t, r.Err)
+	r := h.Ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum, Prov: provOf(i)}).(*messages.TierWriteResult)
+	require.NoError(h.T, r.Err)
 }
 
+// next is the next event, which names one block.
 func (h *tierHarness) next() *messages.Event {
-	h.t.Helper()
-	select {
-	case e := <-h.events:
-		require.Equal(h.t, messages.MediumStorage, e.Medium)
-		require.Equal(h.t, "obj", e.Ownership)
-		require.Equal(h.t, "REMOTE", e.Locality)
-		require.Len(h.t, e.Keys, 1)
-		return e
-	case <-h.ctx.Done():
-		h.t.Fatal("no event")
-		return nil
-	}
-}
-
-func (h *tierHarness) inventory() []messages.Key {
-	h.t.Helper()
-	r := h.ask(&messages.TierInventory{Corr: 9}).(*messages.InventoryResult)
-	require.Equal(h.t, messages.MediumStorage, r.Medium)
-	return r.Keys
+	h.T.Helper()
+	e := h.Next()
+	require.Len(h.T, e.Keys, 1)
+	return e
 }
 
 func TestObjAnnouncesWithProvenance(t *testing.T) {
@@ -62,7 +48,7 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	assert.Equal(t, []*messages.Provenance{provOf(1)}, e.Prov)
 
 	dst := make([]byte, blockBytes)
-	r := h.ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
+	r := h.Ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
 	require.NoError(t, r.Err)
 	assert.Equal(t, provOf(1), r.Prov, "the header's provenance comes back on read")
 	want, _ := block(1)
@@ -71,7 +57,7 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	h.writeProv(2)
 	assert.Equal(t, messages.BlockWriting, h.next().Kind)
 	assert.Equal(t, messages.BlockStored, h.next().Kind)
-	assert.ElementsMatch(t, []messages.Key{key(1), key(2)}, h.inventory())
+	assert.ElementsMatch(t, []messages.Key{key(1), key(2)}, h.Inventory())
 	// Past its bound the tier stops vouching for the least recent block.
 	h.writeProv(3)
 	assert.Equal(t, messages.BlockWriting, h.next().Kind)
@@ -79,10 +65,10 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	e = h.next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{key(1)}, e.Keys)
-	assert.ElementsMatch(t, []messages.Key{key(2), key(3)}, h.inventory())
+	assert.ElementsMatch(t, []messages.Key{key(2), key(3)}, h.Inventory())
 
 	// Read back, block 1 is vouched for again, with its stored provenance.
-	r = h.ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
+	r = h.Ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
 	require.NoError(t, r.Err)
 	e = h.next()
 	assert.Equal(t, messages.BlockStored, e.Kind)
@@ -94,18 +80,18 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 	name := "node-a/" + blockfmt.RelPath(key(3))
-	objtest.Corrupt(t, h.ctx, raw, bucket, name, func(data []byte) {
+	objtest.Corrupt(t, h.Ctx, raw, bucket, name, func(data []byte) {
 		data[blockfmt.HeaderSize+5] ^= 0xff // inside the provenance section
 	})
-	r = h.ask(&messages.TierRead{Corr: 2, Key: key(3), Dest: dst}).(*messages.TierReadResult)
+	r = h.Ask(&messages.TierRead{Corr: 2, Key: key(3), Dest: dst}).(*messages.TierReadResult)
 	require.ErrorIs(t, r.Err, messages.ErrInvalidBlock)
 	e = h.next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{key(3)}, e.Keys)
-	assert.Equal(t, []messages.Key{key(1)}, h.inventory())
+	assert.Equal(t, []messages.Key{key(1)}, h.Inventory())
 
-	h.system.Root.Send(h.pid, &messages.TierDelete{Key: key(1)})
+	h.System.Root.Send(h.PID, &messages.TierDelete{Key: key(1)})
 	e = h.next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
-	assert.Empty(t, h.inventory())
+	assert.Empty(t, h.Inventory())
 }

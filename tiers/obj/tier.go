@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers"
@@ -70,35 +71,23 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	if c.Name == "" {
-		c.Name = tiers.KindObj
-	}
-	def(&c.Workers, DefaultWorkers)
-	def(&c.Queue, DefaultQueue)
-	def(&c.MaxLookupKeys, DefaultMaxLookupKeys)
-	def(&c.MaxAttempts, DefaultMaxAttempts)
-	def(&c.UnhealthyAfter, DefaultUnhealthyAfter)
-	def(&c.KnownKeys, DefaultKnownKeys)
-	defDur(&c.LookupTimeout, DefaultLookupTimeout)
-	defDur(&c.WriteTimeout, DefaultWriteTimeout)
-	defDur(&c.RetryBase, DefaultRetryBase)
-	defDur(&c.ProbeMin, DefaultProbeMin)
-	defDur(&c.ProbeMax, max(DefaultProbeMax, c.ProbeMin))
-	if c.Clock == nil {
-		c.Clock = supervision.RealClock{}
-	}
-	if c.Locality == "" {
-		c.Locality = DefaultLocality
+	defaults.FillNonPositive(&c, Config{
+		Name:           tiers.KindObj,
+		Workers:        DefaultWorkers,
+		Queue:          DefaultQueue,
+		MaxLookupKeys:  DefaultMaxLookupKeys,
+		LookupTimeout:  DefaultLookupTimeout,
+		WriteTimeout:   DefaultWriteTimeout,
+		MaxAttempts:    DefaultMaxAttempts,
+		RetryBase:      DefaultRetryBase,
+		UnhealthyAfter: DefaultUnhealthyAfter,
+		ProbeMin:       DefaultProbeMin,
+		KnownKeys:      DefaultKnownKeys,
+		Locality:       DefaultLocality,
+		Clock:          supervision.RealClock{},
+	})
+	if c.ProbeMax <= 0 {
+		c.ProbeMax = max(DefaultProbeMax, c.ProbeMin)
 	}
 	return c
 }

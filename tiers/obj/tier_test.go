@@ -14,17 +14,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -50,26 +49,9 @@ func block(i int) ([]byte, uint32) {
 	return b, crc32.Checksum(b, blockfmt.Castagnoli)
 }
 
-type tierHarness struct {
-	t      *testing.T
-	ctx    context.Context
-	system *actor.ActorSystem
-	pid    *actor.PID
-	events hubProbe // what the tier announced
-}
-
-// hubProbe stands in for the node's event hub: events go to a channel
-// (dropped past its buffer, for tests that do not read them).
-type hubProbe chan *messages.Event
-
-func (h hubProbe) Receive(c actor.Context) {
-	if e, ok := c.Message().(*messages.Event); ok {
-		select {
-		case h <- e:
-		default:
-		}
-	}
-}
+// tierHarness runs an obj tier named "obj" whose hub drops what the test
+// does not read past its buffer.
+type tierHarness struct{ *tiertest.Harness }
 
 func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHarness {
 	t.Helper()
@@ -87,38 +69,18 @@ func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHar
 	}
 	tier, err := obj.Open(cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	system := actors.NewSystem(zerolog.Nop())
-	events := make(hubProbe, 4096)
-	hub := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return events }))
-	pid, err := system.Root.SpawnNamed(tier.Props(hub), "obj")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, actors.StopAndWait(ctx, system, pid))
-		require.NoError(t, actors.StopAndWait(ctx, system, hub))
-		require.NoError(t, tier.Close(ctx))
-		system.Shutdown()
-		cancel()
-	})
-	h := &tierHarness{t: t, ctx: ctx, system: system, pid: pid, events: events}
-	return h
-}
-
-func (h *tierHarness) ask(msg any) any {
-	h.t.Helper()
-	r, err := actors.Ask(h.ctx, h.system, h.pid, msg)
-	require.NoError(h.t, err)
-	return r
+	return &tierHarness{tiertest.Start(t, tier.Props, tiertest.Options{Name: "obj", Timeout: 30 * time.Second,
+		Events: 4096, Drop: true, Medium: messages.MediumStorage, Ownership: "obj", Locality: "REMOTE", Close: tier.Close})}
 }
 
 func (h *tierHarness) write(i int) error {
 	src, sum := block(i)
-	return h.ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum}).(*messages.TierWriteResult).Err
+	return h.Ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum}).(*messages.TierWriteResult).Err
 }
 
 func (h *tierHarness) read(i int) ([]byte, error) {
 	dst := make([]byte, blockBytes)
-	r := h.ask(&messages.TierRead{Corr: 2, Key: key(i), Dest: dst}).(*messages.TierReadResult)
+	r := h.Ask(&messages.TierRead{Corr: 2, Key: key(i), Dest: dst}).(*messages.TierReadResult)
 	return dst, r.Err
 }
 
@@ -127,23 +89,23 @@ func (h *tierHarness) lookup(ids ...int) []bool {
 	for i, id := range ids {
 		ks[i] = key(id)
 	}
-	r := h.ask(&messages.TierLookup{Corr: 3, Keys: ks}).(*messages.TierLookupResult)
-	require.NoError(h.t, r.Err)
+	r := h.Ask(&messages.TierLookup{Corr: 3, Keys: ks}).(*messages.TierLookupResult)
+	require.NoError(h.T, r.Err)
 	return r.Found
 }
 
 func (h *tierHarness) stats() messages.SecondaryStats {
-	return h.ask(&messages.TierStatsQuery{}).(*messages.TierStatsReply).Stats
+	return h.Ask(&messages.TierStatsQuery{}).(*messages.TierStatsReply).Stats
 }
 
 func (h *tierHarness) awaitHealth(healthy bool) {
-	h.t.Helper()
+	h.T.Helper()
 	r := messages.NewReply[struct{}]()
-	h.system.Root.Send(h.pid, &obj.AwaitHealth{Healthy: healthy, Reply: r})
+	h.System.Root.Send(h.PID, &obj.AwaitHealth{Healthy: healthy, Reply: r})
 	select {
 	case <-r:
-	case <-h.ctx.Done():
-		h.t.Fatalf("tier never became healthy=%v", healthy)
+	case <-h.Ctx.Done():
+		h.T.Fatalf("tier never became healthy=%v", healthy)
 	}
 }
 
@@ -169,7 +131,7 @@ func TestRoundTripVerifiedAndHeadLookups(t *testing.T) {
 	raw, err := s.Client(bucket)
 	require.NoError(t, err)
 	defer raw.Close()
-	_, err = raw.Raw().StatObject(h.ctx, bucket, "node-a/"+blockfmt.RelPath(key(1)), minio.StatObjectOptions{})
+	_, err = raw.Raw().StatObject(h.Ctx, bucket, "node-a/"+blockfmt.RelPath(key(1)), minio.StatObjectOptions{})
 	require.NoError(t, err)
 
 	// A second tier over the same bucket knows nothing yet: it HEADs.
@@ -188,7 +150,7 @@ func TestCorruptObjectDeletedNeverServed(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 	name := "node-a/" + blockfmt.RelPath(key(7))
-	objtest.Corrupt(t, h.ctx, raw, bucket, name, func(data []byte) { data[len(data)-1] ^= 0xff })
+	objtest.Corrupt(t, h.Ctx, raw, bucket, name, func(data []byte) { data[len(data)-1] ^= 0xff })
 
 	_, err = h.read(7)
 	require.ErrorIs(t, err, messages.ErrInvalidBlock)
@@ -198,7 +160,7 @@ func TestCorruptObjectDeletedNeverServed(t *testing.T) {
 	// The delete was queued before the answer went out; with one worker the
 	// lookup's HEAD runs after it.
 	require.Equal(t, []bool{false}, h.lookup(7))
-	_, err = raw.Raw().StatObject(h.ctx, bucket, name, minio.StatObjectOptions{})
+	_, err = raw.Raw().StatObject(h.Ctx, bucket, name, minio.StatObjectOptions{})
 	require.Equal(t, http.StatusNotFound, minio.ToErrorResponse(err).StatusCode, "the bad copy is deleted")
 }
 
@@ -263,7 +225,7 @@ func TestEndpointDownAndBack(t *testing.T) {
 	h.awaitHealth(false)
 	require.ErrorIs(t, h.write(4), messages.ErrTierUnavailable)
 	require.Equal(t, []bool{false, false}, h.lookup(3, 4))
-	require.NoError(t, s.Restart(h.ctx))
+	require.NoError(t, s.Restart(h.Ctx))
 	h.awaitHealth(true)
 	got, err := h.read(3)
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/supervision"
@@ -46,20 +47,14 @@ const (
 	DefaultLookupTimeout = 2 * time.Second
 )
 
-// WithDefaults fills zero fields.
+// WithDefaults fills zero (or negative) fields.
 func (c Config) WithDefaults() Config {
-	if c.Name == "" {
-		c.Name = DefaultName
-	}
-	if c.HoldTimeout <= 0 {
-		c.HoldTimeout = DefaultHoldTimeout
-	}
-	if c.LookupTimeout <= 0 {
-		c.LookupTimeout = DefaultLookupTimeout
-	}
-	if c.Clock == nil {
-		c.Clock = supervision.RealClock{}
-	}
+	defaults.FillNonPositive(&c, Config{
+		Name:          DefaultName,
+		HoldTimeout:   DefaultHoldTimeout,
+		LookupTimeout: DefaultLookupTimeout,
+		Clock:         supervision.RealClock{},
+	})
 	return c
 }
 

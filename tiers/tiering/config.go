@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -60,28 +61,16 @@ const (
 	DefaultCascadeInFlight  = 64
 )
 
-// WithDefaults fills zero fields.
+// WithDefaults fills zero (or negative) fields.
 func (c Config) WithDefaults() Config {
-	if c.LookupDeadline <= 0 {
-		c.LookupDeadline = DefaultLookupDeadline
-	}
-	if c.NegativeTTL <= 0 {
-		c.NegativeTTL = DefaultNegativeTTL
-	}
-	if c.PromotionTimeout <= 0 {
-		c.PromotionTimeout = DefaultPromotionTimeout
-	}
-	if c.CascadeTimeout <= 0 {
-		c.CascadeTimeout = DefaultCascadeTimeout
-	}
-	if c.CascadeQueue <= 0 {
-		c.CascadeQueue = DefaultCascadeQueue
-	}
-	if c.CascadeInFlight <= 0 {
-		c.CascadeInFlight = DefaultCascadeInFlight
-	}
-	if c.Clock == nil {
-		c.Clock = supervision.RealClock{}
-	}
+	defaults.FillNonPositive(&c, Config{
+		LookupDeadline:   DefaultLookupDeadline,
+		NegativeTTL:      DefaultNegativeTTL,
+		PromotionTimeout: DefaultPromotionTimeout,
+		CascadeTimeout:   DefaultCascadeTimeout,
+		CascadeQueue:     DefaultCascadeQueue,
+		CascadeInFlight:  DefaultCascadeInFlight,
+		Clock:            supervision.RealClock{},
+	})
 	return c
 }

@@ -12,18 +12,33 @@ import (
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
-// Start launches a server over a temporary directory with bucket created,
-// stopped when the test ends. Without the binary the test is skipped, or
-// fails when CI is "true": CI must run these tests.
-func Start(t testing.TB, bucket string) *Server {
+// Need returns the versitygw binary (Binary). Without it the test is
+// skipped, or fails when CI is "true": CI must run these tests.
+func Need(t testing.TB) string {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %v", err)
-		}
-		t.Skipf("skipping: %v", err)
+		Unavailable(t, err)
 	}
+	return bin
+}
+
+// Unavailable ends a test that cannot have its server because of err:
+// skipped, or failed when CI is "true".
+func Unavailable(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true and %v", err)
+	}
+	t.Skipf("skipping: %v", err)
+}
+
+// Start launches a server over a temporary directory with bucket created,
+// stopped when the test ends. Without the binary the test is skipped, or
+// fails when CI is "true" (Need).
+func Start(t testing.TB, bucket string) *Server {
+	t.Helper()
+	bin := Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := Launch(ctx, bin, t.TempDir())
