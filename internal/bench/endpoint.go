@@ -32,6 +32,18 @@ func DefaultEndpointOptions() EndpointOptions {
 // EndpointResult is the scenario's report: each figure through the socket
 // next to its same-run baseline.
 type EndpointResult struct {
+	Lookup16P50us         float64 `json:"lookup_16_p50_us"` // through the socket
+	Lookup16P99us         float64 `json:"lookup_16_p99_us"`
+	Lookup64P50us         float64 `json:"lookup_64_p50_us"`
+	Lookup64P99us         float64 `json:"lookup_64_p99_us"`
+	EmbeddedLookup16P50us float64 `json:"embedded_lookup_16_p50_us"`
+	EmbeddedLookup64P50us float64 `json:"embedded_lookup_64_p50_us"`
+	FloorZmqIPCus         float64 `json:"floor_zmq_ipc_rtt_us"`     // p50 of a 256-byte echo through zmq4 DEALER/ROUTER over ipc
+	FloorZmqIPCP99us      float64 `json:"floor_zmq_ipc_rtt_p99_us"` //
+	FloorUnixus           float64 `json:"floor_unix_rtt_us"`        // p50 of the same echo through a Unix stream socket
+	FloorUnixP99us        float64 `json:"floor_unix_rtt_p99_us"`
+	Lookup16OverZmqFloor  float64 `json:"lookup_16_over_zmq_floor"` // lookup_16_p50 / floor_zmq_ipc_rtt
+
 	LookupP50us         float64 `json:"lookup_2000_p50_us"`          // through the socket
 	LookupP99us         float64 `json:"lookup_2000_p99_us"`          // through the socket
 	EmbeddedLookupP50us float64 `json:"embedded_lookup_2000_p50_us"` // same node, in process
@@ -87,6 +99,13 @@ func RunEndpoint(ctx context.Context, o EndpointOptions) (EndpointResult, error)
 	if err := lookupBoth(ctx, o, node.Manager(), c, &res); err != nil {
 		return res, err
 	}
+	if res.FloorZmqIPCus, res.FloorZmqIPCP99us, err = zmqIPCFloor(ctx, dir, 4*o.Lookups); err != nil {
+		return res, fmt.Errorf("zmq ipc floor: %w", err)
+	}
+	if res.FloorUnixus, res.FloorUnixP99us, err = unixFloor(dir, 4*o.Lookups); err != nil {
+		return res, fmt.Errorf("unix floor: %w", err)
+	}
+	res.Lookup16OverZmqFloor = res.Lookup16P50us / res.FloorZmqIPCus
 	if err := shmRoundTrips(ctx, o, c, &res); err != nil {
 		return res, err
 	}
@@ -95,14 +114,40 @@ func RunEndpoint(ctx context.Context, o EndpointOptions) (EndpointResult, error)
 	return res, nil
 }
 
+// lookupBoth measures Lookups of 16, 64 and LookupKeys stored keys through
+// the socket and through the embedded manager of the same node, each
+// socket call followed by its embedded twin.
 func lookupBoth(ctx context.Context, o EndpointOptions, embedded, remote kvtier.Manager, res *EndpointResult) error {
 	if err := fillPool(ctx, embedded, o.LookupKeys); err != nil {
 		return err
 	}
-	keys := keyRange(0, o.LookupKeys)
-	var viaSocket, inProcess []time.Duration
+	for _, n := range []int{16, 64, o.LookupKeys} {
+		viaSocket, inProcess, err := lookupPaths(ctx, o.Lookups, min(n, o.LookupKeys), embedded, remote)
+		if err != nil {
+			return err
+		}
+		sockP50, sockP99 := percentileUs(viaSocket, 0.50), percentileUs(viaSocket, 0.99)
+		embP50, embP99 := percentileUs(inProcess, 0.50), percentileUs(inProcess, 0.99)
+		switch n {
+		case 16:
+			res.Lookup16P50us, res.Lookup16P99us, res.EmbeddedLookup16P50us = sockP50, sockP99, embP50
+		case 64:
+			res.Lookup64P50us, res.Lookup64P99us, res.EmbeddedLookup64P50us = sockP50, sockP99, embP50
+		default:
+			res.LookupP50us, res.LookupP99us = sockP50, sockP99
+			res.EmbeddedLookupP50us, res.EmbeddedLookupP99us = embP50, embP99
+			res.SocketOverheadP99us = res.LookupP99us - res.EmbeddedLookupP99us
+		}
+	}
+	return nil
+}
+
+// lookupPaths times rounds Lookups of the first n stored keys through each
+// manager, alternating.
+func lookupPaths(ctx context.Context, rounds, n int, embedded, remote kvtier.Manager) (viaSocket, inProcess []time.Duration, err error) {
+	keys := keyRange(0, n)
 	measure := func(m kvtier.Manager, i int) (time.Duration, error) {
-		req := &messages.ReqContext{RequestID: fmt.Sprintf("lookup-%d", i)}
+		req := &messages.ReqContext{RequestID: fmt.Sprintf("lookup-%d-%d", n, i)}
 		start := time.Now()
 		st, err := m.Lookup(ctx, req, keys, true)
 		d := time.Since(start)
@@ -114,21 +159,18 @@ func lookupBoth(ctx context.Context, o EndpointOptions, embedded, remote kvtier.
 		}
 		return d, m.RequestFinished(ctx, req)
 	}
-	for i := range o.Lookups {
+	for i := range rounds {
 		d, err := measure(remote, i)
 		if err != nil {
-			return fmt.Errorf("socket lookup: %w", err)
+			return nil, nil, fmt.Errorf("socket lookup: %w", err)
 		}
 		viaSocket = append(viaSocket, d)
 		if d, err = measure(embedded, i); err != nil {
-			return fmt.Errorf("embedded lookup: %w", err)
+			return nil, nil, fmt.Errorf("embedded lookup: %w", err)
 		}
 		inProcess = append(inProcess, d)
 	}
-	res.LookupP50us, res.LookupP99us = percentileUs(viaSocket, 0.50), percentileUs(viaSocket, 0.99)
-	res.EmbeddedLookupP50us, res.EmbeddedLookupP99us = percentileUs(inProcess, 0.50), percentileUs(inProcess, 0.99)
-	res.SocketOverheadP99us = res.LookupP99us - res.EmbeddedLookupP99us
-	return nil
+	return viaSocket, inProcess, nil
 }
 
 // shmRoundTrips stores CopyBlocks blocks from a source buffer and loads
