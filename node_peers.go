@@ -99,7 +99,11 @@ func (n *Node) newTransport(pc PeersConfig) (rdma.Transport, error) {
 		if listen == "" {
 			listen = defaultDataListen(pc.Listen)
 		}
-		return tcp.New(tcp.Config{Node: pc.NodeID, Listen: listen, Advertise: pc.DataAdvertise, Log: log})
+		tlsConfig, err := pc.TLS.load()
+		if err != nil {
+			return nil, err
+		}
+		return tcp.New(tcp.Config{Node: pc.NodeID, Listen: listen, Advertise: pc.DataAdvertise, TLS: tlsConfig, Log: log})
 	case "nixl":
 		nc := pc.Nixl
 		t, err := nixl.New(nixl.Config{Name: pc.NodeID, Library: nc.Library, PluginDir: nc.PluginDir,

@@ -1,6 +1,8 @@
 package kvtier
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"strings"
@@ -23,6 +25,7 @@ import (
 //	    - {node_id: node-b, addr: tcp://10.0.0.6:7600}
 //	  allow: [node-b, node-c]             # empty: any node proving the secret
 //	  transport: tcp                      # or nixl (build tag nixl)
+//	  tls: {cert: /etc/kvtier/node-a.crt, key: /etc/kvtier/node-a.key, ca: /etc/kvtier/ca.crt}  # tcp data plane: mutual TLS 1.3
 type PeersConfig struct {
 	// NodeID is this node's id, proven to peers in the handshake. Peers are
 	// off while Listen is empty.
@@ -48,6 +51,8 @@ type PeersConfig struct {
 	Transport string `yaml:"transport"`
 	// Nixl configures the nixl data plane (transport: nixl; docs/NIXL.md).
 	Nixl NixlConfig `yaml:"nixl"`
+	// TLS makes the tcp data plane TLS 1.3 with mutual authentication.
+	TLS PeersTLSConfig `yaml:"tls"`
 	// TierName names the P2P tier in stats and TierFilter (default "peers").
 	TierName string `yaml:"tier_name"`
 
@@ -59,6 +64,40 @@ type PeersConfig struct {
 
 	// TransportImpl replaces the data plane (tests, fault injection).
 	TransportImpl rdma.Transport `yaml:"-"`
+}
+
+// PeersTLSConfig is the tcp data plane's TLS (peers.tls in YAML): off while
+// Cert is empty. The node presents Cert/Key (PEM) as a server and as a
+// client; CA (PEM) verifies the peers'. Each node's certificate must name
+// its node id as a DNS SAN: a peer writes only as the node its certificate
+// names, and is written to only under that name.
+type PeersTLSConfig struct {
+	Cert string `yaml:"cert"` // certificate chain file
+	Key  string `yaml:"key"`  // its private key file
+	CA   string `yaml:"ca"`   // the CA bundle that signs the peers' certificates
+}
+
+// load builds the tls.Config, or nil while TLS is off.
+func (c PeersTLSConfig) load() (*tls.Config, error) {
+	if c.Cert == "" && c.Key == "" && c.CA == "" {
+		return nil, nil
+	}
+	if c.Cert == "" || c.Key == "" || c.CA == "" {
+		return nil, fmt.Errorf("%w: peers.tls needs cert, key and ca", messages.ErrBadConfig)
+	}
+	pair, err := tls.LoadX509KeyPair(c.Cert, c.Key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: peers.tls: %w", messages.ErrBadConfig, err)
+	}
+	pem, err := os.ReadFile(c.CA)
+	if err != nil {
+		return nil, fmt.Errorf("%w: peers.tls: %w", messages.ErrBadConfig, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%w: peers.tls: no certificate in %s", messages.ErrBadConfig, c.CA)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, ClientCAs: pool}, nil
 }
 
 // NixlConfig is the nixl data plane's section (peers.nixl in YAML).

@@ -11,7 +11,7 @@ import (
 // connections. A consumer closes a connection it refused, canceled or
 // disconnected; without this check the next Write on it would fail.
 func alive(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
+	sc, ok := rawConn(c).(syscall.Conn)
 	if !ok {
 		return true
 	}

@@ -173,9 +173,12 @@ func (t *Transport) release(c net.Conn) {
 // Connect'ed peer it names, so that Disconnect closes it.
 func (t *Transport) greet(c net.Conn) (*peer, error) {
 	c.SetReadDeadline(time.Now().Add(t.cfg.WriteTimeout))
-	node, err := readPreface(c)
+	node, err := readPreface(c) // NB: on a TLS connection, after its handshake
 	c.SetReadDeadline(time.Time{})
 	if err != nil {
+		return nil, err
+	}
+	if err := checkPeerName(c, node); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -159,6 +160,14 @@ func (t *Transport) ready(p *peer, c *pconn, deadline time.Time) (*pconn, error)
 	conn, err := d.DialContext(p.ctx, "tcp", p.meta.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w: %w", p.meta.Addr, rdma.ErrPeerGone, err)
+	}
+	if t.cfg.TLS != nil {
+		ctx, cancel := context.WithDeadline(p.ctx, deadline)
+		conn, err = dialTLS(ctx, conn, t.cfg.TLS, p.id)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
 	}
 	nc := &pconn{Conn: conn}
 	t.mu.Lock()

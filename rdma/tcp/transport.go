@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -99,6 +100,9 @@ func (t *Transport) Register(r rdma.Region) error {
 		return fmt.Errorf("rdma/tcp: register: listen %s: %w", t.cfg.Listen, err)
 	}
 	adv := t.advertise(ln)
+	if t.cfg.TLS != nil {
+		ln = tls.NewListener(ln, serverTLS(t.cfg.TLS))
+	}
 	if err := checkAddr(adv); err != nil {
 		ln.Close()
 		return fmt.Errorf("rdma/tcp: register: advertise: %w", err)
