@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/testcerts"
 	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/rdma"
 )
@@ -78,10 +79,55 @@ func benchFetch(b *testing.B, blocks, block int) {
 	b.ReportMetric(float64(perOp)/(1<<20), "MiB/op")
 }
 
+// BenchmarkFetchTLS is BenchmarkFetch's transfer over TLS 1.3 (mutual,
+// AES-GCM) next to the same transfer over plain TCP, alternating: what the
+// data plane's encryption costs.
+func BenchmarkFetchTLS(b *testing.B) {
+	blocks, block := *benchBlocks, *benchBlock
+	transfers := max(1, (*benchTotal+blocks*block-1)/(blocks*block))
+	perOp := int64(transfers * blocks * block)
+	ca := testcerts.NewCA(b)
+	secure := func(c *Config) { c.TLS = ca.Config(b, c.Node, ca) }
+	ta, tc, src, dst := benchPair(b, blocks, block, secure)
+	pa, pc, _, _ := benchPair(b, blocks, block)
+	benchTransfer(b, ta, tc, src, dst) // warm: handshake, buffers, page faults
+	benchTransfer(b, pa, pc, src, dst)
+	var tTLS, tPlain time.Duration
+	run := func(a, c *Transport, total *time.Duration) {
+		start := time.Now()
+		for range transfers {
+			benchTransfer(b, a, c, src, dst)
+		}
+		*total += time.Since(start)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			run(ta, tc, &tTLS)
+			run(pa, pc, &tPlain)
+		} else {
+			run(pa, pc, &tPlain)
+			run(ta, tc, &tTLS)
+		}
+	}
+	b.StopTimer()
+	tls := float64(perOp*int64(b.N)) / tTLS.Seconds() / 1e9
+	plain := float64(perOp*int64(b.N)) / tPlain.Seconds() / 1e9
+	b.ReportMetric(tls, "tls-GB/s")
+	b.ReportMetric(plain, "tcp-GB/s")
+	b.ReportMetric(tls/plain, "ratio")
+}
+
 // benchPair builds a producer and a consumer on pools of blocks slots,
-// with random source bytes and a shuffled destination order.
-func benchPair(b *testing.B, blocks, block int) (a, c *Transport, src, dst []int) {
-	a, c = newTransport(b, Config{}), newTransport(b, Config{})
+// with random source bytes and a shuffled destination order; tweak edits
+// both configs (their Node is set).
+func benchPair(b *testing.B, blocks, block int, tweak ...func(*Config)) (a, c *Transport, src, dst []int) {
+	ca, cc := Config{Node: nodeID("a")}, Config{Node: nodeID("c")}
+	for _, f := range tweak {
+		f(&ca)
+		f(&cc)
+	}
+	a, c = newTransport(b, ca), newTransport(b, cc)
 	ra, rc := region(blocks, block), region(blocks, block)
 	rand.NewChaCha8([32]byte{1}).Read(ra.Base)
 	register(b, a, ra)
