@@ -52,9 +52,13 @@ type mode string
 const (
 	embeddedMode   mode = "embedded"   // the in-process Manager
 	standaloneMode mode = "standalone" // the Go client over the engine endpoint's socket and the shared pool
+	unixMode       mode = "unix"       // standalone, over the endpoint's unix:// stream transport
 )
 
-var modes = []mode{embeddedMode, standaloneMode}
+var modes = []mode{embeddedMode, standaloneMode, unixMode}
+
+// remote reports whether a mode goes through the engine endpoint.
+func (m mode) remote() bool { return m != embeddedMode }
 
 // eachMode runs a behaviour test once per mode.
 func eachMode(t *testing.T, test func(t *testing.T, m mode)) {
@@ -85,10 +89,13 @@ func openMode(t *testing.T, m mode, slots int, tweak ...func(*Config)) *harness 
 	t.Helper()
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
 	cfg := Config{PoolBytes: int64(slots * testBlock), BlockBytes: testBlock, Clock: clock}
-	if m == standaloneMode {
+	if m.remote() {
 		dir := t.TempDir()
 		cfg.PoolPath = filepath.Join(dir, "pool")
 		cfg.EngineListen = "ipc://" + filepath.Join(dir, "engine.sock")
+		if m == unixMode {
+			cfg.EngineListen = "unix://" + filepath.Join(dir, "engine.sock")
+		}
 	}
 	for _, f := range tweak {
 		f(&cfg)
@@ -98,7 +105,7 @@ func openMode(t *testing.T, m mode, slots int, tweak ...func(*Config)) *harness 
 	require.NoError(t, err)
 	h := &harness{t: t, mode: m, node: node, m: node.Manager(), clock: clock, ctx: ctx}
 	var closeClient func(context.Context) error
-	if m == standaloneMode {
+	if m.remote() {
 		// the real client: a DEALER on the engine endpoint, the pool mapped from its file
 		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: t.Name()})
 		require.NoError(t, err)

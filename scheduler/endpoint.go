@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -162,30 +161,26 @@ func (e *Endpoint) Close() error {
 	return err
 }
 
-// readLoop receives frames until the socket closes.
+// readLoop serves the socket's frames until it closes.
 func (e *Endpoint) readLoop() {
-	for {
-		msg, err := e.ln.sock.Recv()
-		if err != nil {
-			select {
-			case <-e.done:
-			default:
-				e.cfg.Log.Error().Err(err).Msg("engine endpoint: receive failed; endpoint stops reading")
-			}
-			return
-		}
-		if len(msg.Frames) == 0 {
-			continue
-		}
-		peer := string(msg.Frames[0])
-		if len(msg.Frames) != 2 {
-			e.metrics.badFrames.WithLabelValues(string(wire.CodeBadRequest)).Inc()
-			e.reply(peer, wire.EncodeError(0, fmt.Errorf("%w: a request is exactly one frame, got %d", messages.ErrBadRequest, len(msg.Frames)-1)))
-			continue
-		}
-		q, err := wire.DecodeRequest(msg.Frames[1])
-		e.system.Root.Send(e.pid, &inbound{peer: peer, req: q, err: err})
+	err := e.ln.sock.serve(e.deliver)
+	select {
+	case <-e.done:
+	default:
+		e.cfg.Log.Error().Err(err).Msg("engine endpoint: receive failed; endpoint stops reading")
 	}
+}
+
+// deliver decodes one frame (on the goroutine that read it, never in a
+// mailbox) and hands it to the actor.
+func (e *Endpoint) deliver(in inFrame) {
+	if in.parts != 1 {
+		e.metrics.badFrames.WithLabelValues(string(wire.CodeBadRequest)).Inc()
+		e.reply(in.peer, wire.EncodeError(0, fmt.Errorf("%w: a request is exactly one frame, got %d", messages.ErrBadRequest, in.parts)))
+		return
+	}
+	q, err := wire.DecodeRequest(in.body)
+	e.system.Root.Send(e.pid, &inbound{peer: in.peer, req: q, err: err})
 }
 
 // writeLoop sends queued replies until Close.
@@ -195,7 +190,7 @@ func (e *Endpoint) writeLoop() {
 		case <-e.done:
 			return
 		case o := <-e.out:
-			if err := e.ln.sock.Send(zmq4.NewMsgFrom(o.peer, o.body)); err != nil {
+			if err := e.ln.sock.send(string(o.peer), o.body); err != nil {
 				e.metrics.repliesDropped.Inc()
 				e.cfg.Log.Debug().Err(err).Msg("engine endpoint: reply not sent")
 			}

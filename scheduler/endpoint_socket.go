@@ -28,18 +28,63 @@ import (
 
 // ListenOptions say where and how the endpoint binds.
 type ListenOptions struct {
-	Addr        string      // ipc:///path or tcp://host:port
+	Addr        string      // ipc:///path, unix:///path or tcp://host:port
 	AllowRemote bool        // permit a tcp address that is not loopback
 	Mode        os.FileMode // ipc socket file mode (0600 by default)
 	GID         int         // group of the ipc socket file; -1 = unchanged
 }
 
-// listener is a bound ROUTER socket.
+// listener is a bound engine socket: a ZeroMQ ROUTER (ipc://, tcp://) or
+// a Unix stream listener (unix://, endpoint_unix.go).
 type listener struct {
-	sock zmq4.Socket
+	sock engineSocket
 	addr string // the bound address (a tcp port of 0 resolved)
-	path string // ipc socket file we own, "" for tcp
+	path string // ipc or unix socket file we own, "" for tcp
 }
+
+// engineSocket is the endpoint's transport: frames in, each with the
+// engine connection it came from, and frames out to one.
+type engineSocket interface {
+	// serve hands every frame to deliver, from the goroutine that read it
+	// (deliver never blocks), until the socket closes or fails.
+	serve(deliver func(inFrame)) error
+	// send queues or writes one reply frame to peer.
+	send(peer string, body []byte) error
+	close() error
+}
+
+// inFrame is one message from an engine connection.
+type inFrame struct {
+	peer  string // the connection's id
+	body  []byte // the frame; nil unless parts == 1
+	parts int    // message parts after the routing id (ZeroMQ); always 1 on a stream
+}
+
+// zmqSocket is a ROUTER as an engineSocket.
+type zmqSocket struct{ s zmq4.Socket }
+
+func (z zmqSocket) serve(deliver func(inFrame)) error {
+	for {
+		msg, err := z.s.Recv()
+		if err != nil {
+			return err
+		}
+		if len(msg.Frames) == 0 {
+			continue
+		}
+		in := inFrame{peer: string(msg.Frames[0]), parts: len(msg.Frames) - 1}
+		if in.parts == 1 {
+			in.body = msg.Frames[1]
+		}
+		deliver(in)
+	}
+}
+
+func (z zmqSocket) send(peer string, body []byte) error {
+	return z.s.Send(zmq4.NewMsgFrom([]byte(peer), body))
+}
+
+func (z zmqSocket) close() error { return z.s.Close() }
 
 // listen binds a ROUTER socket as o says; watch hears of every engine
 // connection's end (internal/zmqx/listen.go).
@@ -52,6 +97,8 @@ func listen(o ListenOptions, logger zerolog.Logger, watch zmqx.ConnWatch) (*list
 	switch network {
 	case "ipc":
 		return listenIPC(rest, o, zlog, watch)
+	case "unix":
+		return listenUnix(rest, o, logger, watch)
 	case "tcp":
 		host, _, err := net.SplitHostPort(rest)
 		if err != nil {
@@ -65,9 +112,9 @@ func listen(o ListenOptions, logger zerolog.Logger, watch zmqx.ConnWatch) (*list
 			sock.Close()
 			return nil, fmt.Errorf("engine endpoint: %w", err)
 		}
-		return &listener{sock: sock, addr: "tcp://" + sock.Addr().String()}, nil
+		return &listener{sock: zmqSocket{sock}, addr: "tcp://" + sock.Addr().String()}, nil
 	}
-	return nil, fmt.Errorf("%w: engine_listen %q: transport %q (want ipc or tcp)", messages.ErrBadConfig, o.Addr, network)
+	return nil, fmt.Errorf("%w: engine_listen %q: transport %q (want ipc, unix or tcp)", messages.ErrBadConfig, o.Addr, network)
 }
 
 func isLoopback(host string) bool {
@@ -101,22 +148,13 @@ func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch zmqx.ConnWa
 		_ = os.Remove(tmp)
 		return nil, err
 	}
-	mode := o.Mode
-	if mode == 0 {
-		mode = 0o600
-	}
-	if o.GID >= 0 {
-		if err := os.Lchown(tmp, -1, o.GID); err != nil {
-			return fail(fmt.Errorf("engine endpoint: chown %s: %w", tmp, err))
-		}
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return fail(fmt.Errorf("engine endpoint: chmod %s: %w", tmp, err))
+	if err := restrictSocketFile(tmp, o); err != nil {
+		return fail(err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fail(fmt.Errorf("engine endpoint: %w", err))
 	}
-	return &listener{sock: sock, addr: "ipc://" + path, path: path}, nil
+	return &listener{sock: zmqSocket{sock}, addr: "ipc://" + path, path: path}, nil
 }
 
 // removeStaleSocket removes a socket file left by a daemon that died; a live
@@ -144,7 +182,7 @@ func removeStaleSocket(path string) error {
 }
 
 func (l *listener) close() error {
-	err := l.sock.Close()
+	err := l.sock.close()
 	if errors.Is(err, net.ErrClosed) {
 		// NB: zmq4 reports a connection its peer already closed; nothing leaks.
 		err = nil

@@ -118,7 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (console on a terminal, else json), console, json")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
-	fs.StringVar(&o.engineListen, "engine-listen", "", "engine endpoint `address`: ipc:///path or tcp://127.0.0.1:PORT (default from config, else none)")
+	fs.StringVar(&o.engineListen, "engine-listen", "", "engine endpoint `address`: ipc:///path, unix:///path (length-prefixed frames, no ZeroMQ) or tcp://127.0.0.1:PORT (default from config, else none)")
 	fs.DurationVar(&o.engineGrace, "engine-grace", 0, "release an engine connection silent this long (default from config, else 10s)")
 	fs.StringVar(&o.engineGroup, "engine-group", "", "`group` allowed to use the engine socket and the pool file (mode 0660)")
 	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")

@@ -20,13 +20,14 @@ type EndpointOptions struct {
 	Lookups    int           // Lookup calls measured per path
 	CopyBlocks int           // blocks per store+load round of the shm figure
 	CopyRounds int           // rounds measured
+	Transport  string        // the endpoint's transport: "ipc" (ZeroMQ) or "unix" (length-prefixed stream)
 	Timeout    time.Duration // whole-run bound
 }
 
 // DefaultEndpointOptions is what `kvtier bench endpoint` runs with no flags.
 func DefaultEndpointOptions() EndpointOptions {
 	return EndpointOptions{Slots: 4096, BlockBytes: 256 << 10, LookupKeys: 2000, Lookups: 300,
-		CopyBlocks: 64, CopyRounds: 40, Timeout: 5 * time.Minute}
+		CopyBlocks: 64, CopyRounds: 40, Transport: "ipc", Timeout: 5 * time.Minute}
 }
 
 // EndpointResult is the scenario's report: each figure through the socket
@@ -56,6 +57,7 @@ type EndpointResult struct {
 	Lookups             int     `json:"lookups"`
 	CopyBlocks          int     `json:"copy_blocks"`
 	CopyRounds          int     `json:"copy_rounds"`
+	Transport           string  `json:"transport"`
 	Slots               int     `json:"slots"`
 	BlockBytes          int     `json:"block_bytes"`
 }
@@ -69,7 +71,10 @@ type EndpointResult struct {
 func RunEndpoint(ctx context.Context, o EndpointOptions) (EndpointResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	res := EndpointResult{LookupKeys: o.LookupKeys, Lookups: o.Lookups, CopyBlocks: o.CopyBlocks,
+	if o.Transport != "ipc" && o.Transport != "unix" {
+		return EndpointResult{}, fmt.Errorf("%w: transport %q: want ipc or unix", messages.ErrBadConfig, o.Transport)
+	}
+	res := EndpointResult{Transport: o.Transport, LookupKeys: o.LookupKeys, Lookups: o.Lookups, CopyBlocks: o.CopyBlocks,
 		CopyRounds: o.CopyRounds, Slots: o.Slots, BlockBytes: o.BlockBytes}
 	if o.LookupKeys+o.CopyBlocks > o.Slots {
 		return res, fmt.Errorf("%w: %d slots hold neither %d lookup keys and %d copy blocks", messages.ErrBadConfig, o.Slots, o.LookupKeys, o.CopyBlocks)
@@ -86,7 +91,7 @@ func RunEndpoint(ctx context.Context, o EndpointOptions) (EndpointResult, error)
 	node, err := kvtier.Open(ctx, kvtier.Config{
 		PoolPath:  filepath.Join(shm, fmt.Sprintf("kvtier-bench-%d.pool", os.Getpid())),
 		PoolBytes: int64(o.Slots) * int64(o.BlockBytes), BlockBytes: o.BlockBytes,
-		EngineListen: "ipc://" + filepath.Join(dir, "engine.sock")})
+		EngineListen: o.Transport + "://" + filepath.Join(dir, "engine.sock")})
 	if err != nil {
 		return res, err
 	}

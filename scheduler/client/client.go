@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/engine"
-	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
@@ -40,7 +39,7 @@ type Options struct {
 // Client is a connection to kvtierd. Its methods are safe for concurrent use.
 type Client struct {
 	opts  Options
-	sock  zmq4.Socket
+	sock  conn
 	hello wire.Hello
 	pool  *Pool
 
@@ -65,16 +64,14 @@ type Client struct {
 // turns a regression into an error instead of a hang).
 const readLoopStop = 5 * time.Second
 
-// Dial connects to the endpoint at addr (ipc:///path or tcp://host:port),
+// Dial connects to the endpoint at addr (ipc:///path, unix:///path or tcp://host:port),
 // says Hello within ctx, and maps the pool.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 10 * time.Second
 	}
-	// NB: zmq4's send timeout (default 5 min) bounds a send the daemon does
-	// not read; a call's own deadline still ends its wait for the reply.
-	sock := zmq4.NewDealer(context.Background(), zmq4.WithDialerMaxRetries(0), zmq4.WithTimeout(opts.CallTimeout))
-	if err := dialWithin(ctx, sock, addr); err != nil {
+	sock, err := dialConn(ctx, addr, opts)
+	if err != nil {
 		return nil, err
 	}
 	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{}, open: map[string]struct{}{},
@@ -104,40 +101,6 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	return c, nil
 }
 
-// dialWithin connects, retrying a refused or absent socket (the daemon may
-// still be starting) until ctx ends. The ZMTP handshake is bounded by ctx
-// too (transport.go). On error the socket is closed.
-func dialWithin(ctx context.Context, sock zmq4.Socket, addr string) error {
-	zaddr := zmqx.ClosingDialAddr(addr)
-	backoff := 10 * time.Millisecond
-	for {
-		dialed := make(chan error, 1)
-		go func() { dialed <- sock.Dial(zaddr) }()
-		var err error
-		select {
-		case err = <-dialed:
-		case <-ctx.Done():
-			// Closing the socket closes the connection whose handshake
-			// is in flight, so the dial goroutine ends now.
-			_ = sock.Close()
-			<-dialed
-			return fmt.Errorf("kvtier client: dial %s: %w", addr, ctx.Err())
-		}
-		if err == nil {
-			return nil
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			_ = sock.Close()
-			return fmt.Errorf("kvtier client: dial %s: %w (last error: %v)", addr, ctx.Err(), err)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 200*time.Millisecond)
-	}
-}
-
 // Hello is what the daemon said when the session began.
 func (c *Client) Hello() wire.Hello { return c.hello }
 
@@ -147,15 +110,12 @@ func (c *Client) Hello() wire.Hello { return c.hello }
 func (c *Client) readLoop() {
 	defer close(c.readDone)
 	for {
-		msg, err := c.sock.Recv()
+		frame, err := c.sock.recv()
 		if err != nil {
 			c.readErr = err
 			return
 		}
-		if len(msg.Frames) != 1 {
-			continue
-		}
-		id, err := wire.ReplyID(msg.Frames[0])
+		id, err := wire.ReplyID(frame)
 		if err != nil {
 			continue
 		}
@@ -164,7 +124,7 @@ func (c *Client) readLoop() {
 		delete(c.pending, id)
 		c.mu.Unlock()
 		if ch != nil {
-			ch <- msg.Frames[0] // buffered: the caller may have given up
+			ch <- frame // buffered: the caller may have given up
 		}
 	}
 }
@@ -180,7 +140,7 @@ func (c *Client) ping() {
 	c.heartbeat.Reset(c.hello.Heartbeat)
 	c.sendMu.Unlock()
 	// The reply (id 0) matches no caller and is dropped by readLoop.
-	_ = c.sock.Send(zmq4.NewMsg(wire.EncodeRequest(&wire.Request{Op: wire.OpPing})))
+	_ = c.sock.send(wire.EncodeRequest(&wire.Request{Op: wire.OpPing}))
 }
 
 // send sends one frame. The lock is not held across the send: a send the
@@ -202,7 +162,7 @@ func (c *Client) send(q *wire.Request) error {
 	}
 	c.armHeartbeat()
 	c.sendMu.Unlock()
-	return c.sock.Send(zmq4.NewMsg(frame))
+	return c.sock.send(frame)
 }
 
 // armHeartbeat (re)arms the ping for a full period after the last frame,
@@ -319,7 +279,7 @@ func (c *Client) shutdown() error {
 	}
 	c.sendMu.Unlock()
 	close(c.done)
-	err := c.sock.Close()
+	err := c.sock.close()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil // zmq4: the daemon closed the connection first
 	}

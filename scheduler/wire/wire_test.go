@@ -1,8 +1,11 @@
 package wire
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -191,4 +194,43 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", s)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(body), 0o644))
 	}
+}
+
+func TestStreamFrames(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, WriteFrame(&buf, []byte("abc")))
+	require.NoError(t, WriteFrame(&buf, []byte{0xc0}))
+	require.Equal(t, []byte{0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 1, 0xc0}, buf.Bytes(), "u32 big-endian length, then the frame")
+	for _, want := range [][]byte{[]byte("abc"), {0xc0}} {
+		got, err := ReadFrame(&buf)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	_, err := ReadFrame(&buf)
+	require.ErrorIs(t, err, io.EOF, "EOF at a frame boundary is the stream's end")
+
+	for name, in := range map[string][]byte{
+		"zero length":  {0, 0, 0, 0},
+		"over the max": binary.BigEndian.AppendUint32(nil, MaxFrameBytes+1),
+	} {
+		_, err := ReadFrame(bytes.NewReader(in))
+		require.ErrorIs(t, err, messages.ErrBadRequest, name)
+	}
+	_, err = ReadFrame(bytes.NewReader([]byte{0, 0, 0, 5, 1, 2}))
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a frame cut short")
+	require.ErrorIs(t, WriteFrame(io.Discard, nil), messages.ErrBadRequest)
+}
+
+func FuzzReadFrame(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 0xc0})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		frame, err := ReadFrame(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		var out bytes.Buffer
+		require.NoError(t, WriteFrame(&out, frame))
+		require.Equal(t, b[:4+len(frame)], out.Bytes(), "a frame read writes back as it came")
+	})
 }

@@ -48,8 +48,8 @@ def timed(n: int, call: Callable[[], None]) -> List[float]:
     return out
 
 
-def start_daemon(kvtierd: str, tmp: str) -> tuple:
-    addr = f"ipc://{tmp}/engine.sock"
+def start_daemon(kvtierd: str, tmp: str, transport: str = "ipc") -> tuple:
+    addr = f"{transport}://{tmp}/engine.sock"
     proc = subprocess.Popen(
         [kvtierd, "--engine-listen", addr, "--pool-path", f"{tmp}/pool", "--pool-bytes", str(4096 * BLOCK),
          "--block-bytes", str(BLOCK), "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
@@ -140,10 +140,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvtier_client.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvtierd", required=True, help="the kvtierd binary (go build -o kvtierd ./cmd/kvtierd)")
     ap.add_argument("--rounds", type=int, default=500, help="Lookups measured per size")
+    ap.add_argument("--transport", choices=("ipc", "unix"), default="ipc",
+                    help="the engine endpoint's transport: ZeroMQ over ipc, or length-prefixed frames on a Unix socket")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvtier-pybench-") as tmp:
-        proc, addr = start_daemon(args.kvtierd, tmp)
+        proc, addr = start_daemon(args.kvtierd, tmp, args.transport)
         try:
             with Client(addr, name="kvtier_client.bench", heartbeat=False) as c:
                 res = lookups(c, args.rounds)
@@ -153,11 +155,12 @@ def main(argv=None) -> int:
         res["floor_pyzmq_ipc_rtt_us"], res["floor_pyzmq_ipc_rtt_p99_us"] = pyzmq_floor(tmp, 4 * args.rounds)
     res["floor_unix_rtt_us"], res["floor_unix_rtt_p99_us"] = unix_floor(4 * args.rounds)
     res["lookup_16_over_pyzmq_floor"] = res["lookup_16_p50_us"] / res["floor_pyzmq_ipc_rtt_us"]
+    res["transport"] = args.transport
     if args.json:
         print(json.dumps(res))
         return 0
     for n in SIZES:
-        print(f"lookup of {n} keys through the Python client: p50 {res[f'lookup_{n}_p50_us']:.1f} µs, "
+        print(f"lookup of {n} keys through the Python client ({args.transport}): p50 {res[f'lookup_{n}_p50_us']:.1f} µs, "
               f"p99 {res[f'lookup_{n}_p99_us']:.1f} µs")
     print(f"floors, a {PAYLOAD}-byte echo: pyzmq DEALER/ROUTER over ipc p50 {res['floor_pyzmq_ipc_rtt_us']:.1f} µs "
           f"(p99 {res['floor_pyzmq_ipc_rtt_p99_us']:.1f}), Unix socket p50 {res['floor_unix_rtt_us']:.1f} µs "

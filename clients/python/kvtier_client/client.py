@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import select
+import socket
 import struct
 import threading
 import time
@@ -117,6 +119,89 @@ def _unkeys(raw) -> List[Key]:
     return [(k[0], bytes(k[1]), int(k[2])) for k in raw or []]
 
 
+MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
+
+
+class _ZmqTransport:
+    """ipc:// and tcp://: one ZeroMQ DEALER."""
+
+    def __init__(self, addr: str, timeout: float):
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(addr)
+
+    def send(self, frame: bytes) -> None:
+        self._sock.send(frame)
+
+    def poll(self, wait_ms: int) -> bool:
+        return bool(self._sock.poll(wait_ms))
+
+    def recv(self) -> bytes:
+        return self._sock.recv()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _UnixTransport:
+    """unix:///path: each frame preceded by its length (u32 big-endian) on a
+    Unix stream socket (docs/PROTOCOL.md, "Transport"). No I/O thread: a
+    call is one write and one read."""
+
+    def __init__(self, path: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:  # the daemon may still be starting
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                s.close()
+                if time.monotonic() > deadline:
+                    raise KvtierError("UNAVAILABLE", f"no daemon at unix://{path}")
+                time.sleep(0.01)
+        self._s = s
+        self._buf = bytearray()
+
+    def send(self, frame: bytes) -> None:
+        self._s.sendall(struct.pack(">I", len(frame)) + frame)
+
+    def _complete(self) -> bool:
+        if len(self._buf) < 4:
+            return False
+        n = struct.unpack_from(">I", self._buf)[0]
+        if n == 0 or n > MAX_FRAME_BYTES:
+            raise KvtierError("BAD_REPLY", f"frame length {n}")
+        return len(self._buf) >= 4 + n
+
+    def poll(self, wait_ms: int) -> bool:
+        end = time.monotonic() + wait_ms / 1000.0
+        while not self._complete():
+            ready, _, _ = select.select([self._s], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                return False
+            chunk = self._s.recv(1 << 20)
+            if not chunk:
+                raise KvtierError("CLOSED", "the daemon closed the connection")
+            self._buf += chunk
+        return True
+
+    def recv(self) -> bytes:
+        n = struct.unpack_from(">I", self._buf)[0]
+        frame = bytes(self._buf[4:4 + n])
+        del self._buf[:4 + n]
+        return frame
+
+    def close(self) -> None:
+        self._s.close()
+
+
+def _transport(addr: str, timeout: float):
+    if addr.startswith("unix://"):
+        return _UnixTransport(addr[len("unix://"):], timeout)
+    return _ZmqTransport(addr, timeout)
+
+
 class Client:
     """One engine connection. Calls are thread-safe (one lock around the
     socket); a background thread pings while the engine is idle so the
@@ -124,10 +209,7 @@ class Client:
 
     def __init__(self, addr: str, name: str = "python", timeout: float = 10.0,
                  heartbeat: bool = True):
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(addr)
+        self._sock = _transport(addr, timeout)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._timeout = timeout
@@ -156,7 +238,7 @@ class Client:
 
     # -- transport -----------------------------------------------------
     #
-    # One DEALER, one lock. A call is sent and its reply awaited (_call), or
+    # One connection (a DEALER, or a unix:// stream), one lock. A call is sent and its reply awaited (_call), or
     # sent without waiting (send: the reply is read later by ready()/wait(),
     # or dropped when nobody asked for it: fire-and-forget). Replies are
     # matched by id; a reply read while waiting for another is kept if its

@@ -28,14 +28,17 @@ def kvtierd_bin(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def daemon(kvtierd_bin, tmp_path):
-    """A fresh kvtierd: yields its engine address; SIGTERM at the end."""
+@pytest.fixture(params=["ipc", "unix"])
+def daemon(kvtierd_bin, tmp_path, request):
+    """A fresh kvtierd on each engine transport (ZeroMQ over ipc, and the
+    length-prefixed unix stream): yields its engine address; SIGTERM at the
+    end."""
     sock = str(tmp_path / "engine.sock")
+    addr = f"{request.param}://{sock}"
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
     pool = os.path.join(shm, f"kvtier-pytest-{os.getpid()}-{time.monotonic_ns()}.pool")
     proc = subprocess.Popen(
-        [kvtierd_bin, "--engine-listen", "ipc://" + sock, "--pool-path", pool,
+        [kvtierd_bin, "--engine-listen", addr, "--pool-path", pool,
          "--pool-bytes", "8MiB", "--block-bytes", str(BLOCK), "--engine-grace", "2s",
          "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
         stderr=subprocess.PIPE, text=True)
@@ -47,7 +50,7 @@ def daemon(kvtierd_bin, tmp_path):
             assert time.monotonic() < deadline, "kvtierd did not start"
         # Keep draining its log so the daemon never blocks on a full pipe.
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        yield "ipc://" + sock
+        yield addr
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

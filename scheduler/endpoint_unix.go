@@ -1,0 +1,183 @@
+package scheduler
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/internal/zmqx"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// The unix:// engine transport: the same requests and replies as over
+// ZeroMQ, length-prefixed on a Unix stream socket (wire.WriteFrame), one
+// connection per engine session. It exists for speed: a frame crosses one
+// socket write and one read, with no I/O thread between the engine and the
+// endpoint (docs/PERFORMANCE.md, "Small Lookups and the floors under
+// them").
+
+// unixWriteTimeout bounds one reply write: an engine that stops reading is
+// dropped rather than stalling every other engine's replies.
+const unixWriteTimeout = 5 * time.Second
+
+// unixSocket is a Unix stream listener as an engineSocket.
+type unixSocket struct {
+	ln    net.Listener
+	watch zmqx.ConnWatch
+	log   zerolog.Logger
+	done  chan struct{}
+	wg    sync.WaitGroup
+
+	mu    sync.Mutex
+	conns map[string]net.Conn // by connection id
+	seq   uint64
+}
+
+// listenUnix binds a Unix stream socket at path, restricted as listenIPC
+// restricts its socket file (bound under a temporary name, then renamed).
+func listenUnix(path string, o ListenOptions, log zerolog.Logger, watch zmqx.ConnWatch) (*listener, error) {
+	if path == "" || !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("%w: engine_listen unix path %q must be absolute", messages.ErrBadConfig, path)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
+	ln, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("engine endpoint: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false) // NB: the renamed path is removed by listener.close
+	fail := func(err error) (*listener, error) {
+		ln.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	if err := restrictSocketFile(tmp, o); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("engine endpoint: %w", err))
+	}
+	s := &unixSocket{ln: ln, watch: watch, log: log, done: make(chan struct{}), conns: map[string]net.Conn{}}
+	return &listener{sock: s, addr: "unix://" + path, path: path}, nil
+}
+
+// restrictSocketFile sets a socket file's group and mode before it is
+// reachable by its real name.
+func restrictSocketFile(path string, o ListenOptions) error {
+	mode := o.Mode
+	if mode == 0 {
+		mode = 0o600
+	}
+	if o.GID >= 0 {
+		if err := os.Lchown(path, -1, o.GID); err != nil {
+			return fmt.Errorf("engine endpoint: chown %s: %w", path, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("engine endpoint: chmod %s: %w", path, err)
+	}
+	return nil
+}
+
+// serve accepts connections until the socket closes; each connection's
+// goroutine reads its frames and delivers them itself (one hand-off fewer
+// than a shared reader).
+func (s *unixSocket) serve(deliver func(inFrame)) error {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		select {
+		case <-s.done:
+			s.mu.Unlock()
+			c.Close()
+			return net.ErrClosed
+		default:
+		}
+		s.seq++
+		id := "unix-" + strconv.FormatUint(s.seq, 10)
+		s.conns[id] = c
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.read(id, c, deliver)
+	}
+}
+
+// read delivers one connection's frames until it ends, then tells the
+// endpoint (its session is released at once, as a ZeroMQ peer's is).
+func (s *unixSocket) read(id string, c net.Conn, deliver func(inFrame)) {
+	defer s.wg.Done()
+	r := bufio.NewReaderSize(c, 64<<10)
+	for {
+		frame, err := wire.ReadFrame(r)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Debug().Err(err).Str("conn", id).Msg("engine endpoint: unix connection ended")
+			}
+			break
+		}
+		deliver(inFrame{peer: id, body: frame, parts: 1})
+	}
+	s.mu.Lock()
+	delete(s.conns, id)
+	s.mu.Unlock()
+	c.Close()
+	select {
+	case <-s.done:
+	default:
+		s.watch(id)
+	}
+}
+
+func (s *unixSocket) send(peer string, body []byte) error {
+	s.mu.Lock()
+	c := s.conns[peer]
+	s.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("engine connection %s: %w", peer, net.ErrClosed)
+	}
+	c.SetWriteDeadline(time.Now().Add(unixWriteTimeout))
+	if err := wire.WriteFrame(c, body); err != nil {
+		c.Close() // its reader ends and reports the connection lost
+		return err
+	}
+	return nil
+}
+
+// close stops accepting, closes every connection and waits for the
+// socket's goroutines.
+func (s *unixSocket) close() error {
+	s.mu.Lock()
+	select {
+	case <-s.done:
+		s.mu.Unlock()
+		return nil
+	default:
+	}
+	close(s.done)
+	err := s.ln.Close()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
