@@ -41,13 +41,14 @@ def kvtierd_binary(repo: str) -> str:
 
 
 @contextmanager
-def kvtierd(binary: str, block_bytes: int, slots: int, *extra: str) -> Iterator[str]:
-    """Starts a kvtierd; yields its engine address; stops it."""
+def kvtierd(binary: str, block_bytes: int, slots: int, *extra: str, transport: str = "ipc") -> Iterator[str]:
+    """Starts a kvtierd on an ipc (ZeroMQ) or unix (stream) engine socket;
+    yields its engine address; stops it."""
     d = tempfile.mkdtemp(prefix="kvtier-bench-")
     sock = os.path.join(d, "engine.sock")
     pool = f"/dev/shm/kvtier-bench-{os.getpid()}.pool"
     proc = subprocess.Popen(
-        [binary, "--engine-listen", "ipc://" + sock, "--pool-path", pool,
+        [binary, "--engine-listen", f"{transport}://{sock}", "--pool-path", pool,
          "--pool-bytes", str(block_bytes * slots), "--block-bytes", str(block_bytes),
          "--metrics-listen", "127.0.0.1:0", "--log-format", "json", *extra],
         stderr=subprocess.PIPE, text=True)
@@ -60,7 +61,7 @@ def kvtierd(binary: str, block_bytes: int, slots: int, *extra: str) -> Iterator[
         import threading
 
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        yield "ipc://" + sock
+        yield f"{transport}://{sock}"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -172,7 +173,7 @@ def bench_manager(args) -> Dict[str, object]:
     native = Replay(native_manager(args.cpu_blocks, page_bytes=page), trace, args.per_step)
     native.run()
     binary = kvtierd_binary(args.repo)
-    with kvtierd(binary, page, args.cpu_blocks) as addr:
+    with kvtierd(binary, page, args.cpu_blocks, transport=args.transport) as addr:
         mgr = kvtier_manager(addr, page_bytes=page)
         kv = Replay(mgr, trace, args.per_step)
         kv.run()
@@ -206,6 +207,7 @@ def main(argv=None) -> int:
     m.add_argument("--cpu-blocks", type=int, default=20000)
     m.add_argument("--per-step", type=int, default=16, help="requests admitted per step")
     m.add_argument("--repo", default=".", help="where to build kvtierd if not on PATH")
+    m.add_argument("--transport", choices=("ipc", "unix"), default="ipc", help="kvtierd's engine socket")
     m.add_argument("--json", action="store_true")
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)

@@ -32,7 +32,7 @@ def _extra(config) -> Dict[str, Any]:
     if not extra["kvtier_address"]:
         raise KvtierConfigError(
             "kv_connector_extra_config.kvtier_address is required "
-            "(kvtierd's --engine-listen address, e.g. ipc:///run/kvtier/engine.sock)")
+            "(kvtierd's --engine-listen address, e.g. unix:///run/kvtier/engine.sock)")
     return extra
 
 
