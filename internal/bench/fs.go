@@ -52,13 +52,19 @@ type FSResult struct {
 	FilesWriteRatio   float64 `json:"files_write_ratio"` // fs ÷ raw files
 	WriteRatio        float64 `json:"write_ratio"`       // fs ÷ raw
 	ReadRatio         float64 `json:"read_ratio"`        // fs ÷ raw
-	Blocks            int     `json:"blocks"`
-	BlockBytes        int     `json:"block_bytes"`
-	Workers           int     `json:"workers"`
-	Window            int     `json:"window"`
-	Fsync             bool    `json:"fsync"`
-	ColdCache         bool    `json:"cold_cache"`
-	Dir               string  `json:"dir"`
+	TierLoad
+	Fsync     bool   `json:"fsync"`
+	ColdCache bool   `json:"cold_cache"`
+	Dir       string `json:"dir"`
+}
+
+// TierLoad is what a tier scenario (fs, obj) moved, in its report: Blocks
+// of BlockBytes each, through the tier's Workers, Window in flight.
+type TierLoad struct {
+	Blocks     int `json:"blocks"`
+	BlockBytes int `json:"block_bytes"`
+	Workers    int `json:"workers"`
+	Window     int `json:"window"`
 }
 
 // RunFS measures raw sequential file I/O, then the fs tier, on the same
@@ -74,7 +80,8 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 		return FSResult{}, err
 	}
 	defer os.RemoveAll(dir)
-	res := FSResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Fsync: o.Fsync, ColdCache: o.ColdCache, Dir: o.Dir}
+	res := FSResult{TierLoad: TierLoad{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window},
+		Fsync: o.Fsync, ColdCache: o.ColdCache, Dir: o.Dir}
 	src, err := randomBlocks(64, o.BlockBytes)
 	if err != nil {
 		return res, err

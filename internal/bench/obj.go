@@ -54,11 +54,8 @@ type ObjResult struct {
 	RawGetGBps float64 `json:"raw_get_GBps"`
 	PutRatio   float64 `json:"put_ratio"` // obj ÷ raw
 	GetRatio   float64 `json:"get_ratio"` // obj ÷ raw
-	Blocks     int     `json:"blocks"`
-	BlockBytes int     `json:"block_bytes"`
-	Workers    int     `json:"workers"`
-	Window     int     `json:"window"`
-	Server     string  `json:"server"` // "versitygw (started)" or the endpoint
+	TierLoad
+	Server string `json:"server"` // "versitygw (started)" or the endpoint
 }
 
 // RunObj measures raw minio-go PUT/GET, then the obj tier, on the same
@@ -69,7 +66,7 @@ func RunObj(ctx context.Context, o ObjOptions) (res ObjResult, err error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	res = ObjResult{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window, Server: o.Endpoint}
+	res = ObjResult{TierLoad: TierLoad{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window}, Server: o.Endpoint}
 	if o.AccessKey == "" {
 		o.AccessKey, o.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
 	}

@@ -68,23 +68,11 @@ func (r *residency) apply(e *messages.Event) {
 	if e.Medium != "" && e.Medium != messages.MediumCPU {
 		return
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events++
-	switch e.Kind {
-	case messages.BlockStored:
-		for _, k := range e.Keys {
-			r.keys[k.Hash] = struct{}{}
-			r.log(k.Hash, fmt.Sprintf("stored#%d", r.events))
-		}
-	case messages.BlockRemoved:
-		for _, k := range e.Keys {
-			delete(r.keys, k.Hash)
-			r.log(k.Hash, fmt.Sprintf("removed#%d", r.events))
-		}
-	case messages.AllBlocksCleared:
-		clear(r.keys)
+	hashes := make([]string, len(e.Keys))
+	for i, k := range e.Keys {
+		hashes[i] = k.Hash
 	}
+	r.change(e.Kind.String(), hashes, func(n int) string { return fmt.Sprintf("#%d", n) })
 }
 
 // applyWire takes one published event (hashes in bytes form) of batch seq.
@@ -92,19 +80,32 @@ func (r *residency) applyWire(e *events.Event, seq uint64, idx int) {
 	if e.Medium != messages.MediumCPU {
 		return
 	}
+	hashes := make([]string, len(e.BlockHashes))
+	for i, h := range e.BlockHashes {
+		hashes[i] = string(h.Bytes)
+	}
+	r.change(e.Type, hashes, func(int) string { return fmt.Sprintf("@%d.%d", seq, idx) })
+}
+
+// change applies one event of type typ (a wire event's Type, which is its
+// EventKind's name) to the model, naming it in its keys' histories by where
+// it stood (at: given the count of events taken, this one included).
+func (r *residency) change(typ string, hashes []string, at func(n int) string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events++
-	switch e.Type {
+	switch typ {
 	case events.TypeBlockStored:
-		for _, h := range e.BlockHashes {
-			r.keys[string(h.Bytes)] = struct{}{}
-			r.log(string(h.Bytes), fmt.Sprintf("stored@%d.%d", seq, idx))
+		where := at(r.events)
+		for _, h := range hashes {
+			r.keys[h] = struct{}{}
+			r.log(h, "stored"+where)
 		}
 	case events.TypeBlockRemoved:
-		for _, h := range e.BlockHashes {
-			delete(r.keys, string(h.Bytes))
-			r.log(string(h.Bytes), fmt.Sprintf("removed@%d.%d", seq, idx))
+		where := at(r.events)
+		for _, h := range hashes {
+			delete(r.keys, h)
+			r.log(h, "removed"+where)
 		}
 	case events.TypeAllBlocksCleared:
 		clear(r.keys)

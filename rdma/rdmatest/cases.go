@@ -126,12 +126,8 @@ func testWrongToken(e *env) {
 	e.randomize(e.a, src)
 	tok := rdma.NewToken()
 	we := e.expect(e.b, e.a, tok, dst)
-	before, r0 := snapshot(e.b), e.b.tr.Stats().Refused
-	e.refused(e.write(e.a, e.b, rdma.NewToken(), src, dst), e.b, before, r0)
-	ww := e.write(e.a, e.b, tok, src, dst)
-	e.ok(e.wait(we), we.what, tok, e.a.id, len(src))
-	e.ok(e.wait(ww), ww.what, tok, e.b.id, len(src))
-	e.sameBytes(e.a, src, e.b, dst)
+	e.refused(e.a, e.b, rdma.NewToken(), src, dst)
+	e.completes(we, e.a, e.b, tok, src, dst)
 }
 
 // testWrongPeer: a third node that knows the token is refused, both when
@@ -151,12 +147,8 @@ func testWrongPeer(e *env) {
 		e.randomize(impostor, src)
 		tok := rdma.NewToken()
 		we := e.expect(e.b, real, tok, dst)
-		before, r0 := snapshot(e.b), e.b.tr.Stats().Refused
-		e.refused(e.write(impostor, e.b, tok, src, dst), e.b, before, r0)
-		ww := e.write(real, e.b, tok, src, dst)
-		e.ok(e.wait(we), we.what, tok, real.id, len(src))
-		e.ok(e.wait(ww), ww.what, tok, e.b.id, len(src))
-		e.sameBytes(real, src, e.b, dst)
+		e.refused(impostor, e.b, tok, src, dst)
+		e.completes(we, real, e.b, tok, src, dst)
 	}
 }
 
@@ -175,13 +167,9 @@ func testWrongSlots(e *env) {
 		{append(slices.Clone(src), extra), append(slices.Clone(dst), other)},
 	}
 	for _, w := range wrong {
-		before, r0 := snapshot(e.b), e.b.tr.Stats().Refused
-		e.refused(e.write(e.a, e.b, tok, w.src, w.dst), e.b, before, r0)
+		e.refused(e.a, e.b, tok, w.src, w.dst)
 	}
-	ww := e.write(e.a, e.b, tok, src, dst)
-	e.ok(e.wait(we), we.what, tok, e.a.id, len(src))
-	e.ok(e.wait(ww), ww.what, tok, e.b.id, len(src))
-	e.sameBytes(e.a, src, e.b, dst)
+	e.completes(we, e.a, e.b, tok, src, dst)
 }
 
 func testDuplicateToken(e *env) {
@@ -194,10 +182,7 @@ func testDuplicateToken(e *env) {
 			e.t.Fatalf("second Expect of %s: %v, want ErrDuplicateToken", tok, err)
 		}
 	}
-	ww := e.write(e.a, e.b, tok, src, dst)
-	e.ok(e.wait(we), we.what, tok, e.a.id, len(src))
-	e.ok(e.wait(ww), ww.what, tok, e.b.id, len(src))
-	e.sameBytes(e.a, src, e.b, dst)
+	e.completes(we, e.a, e.b, tok, src, dst)
 }
 
 // testCancelBeforeData: done(ErrCanceled) once; the token is dead after;
@@ -217,8 +202,7 @@ func testCancelBeforeData(e *env) {
 	}
 	e.b.tr.Cancel(tok)
 	e.b.tr.Cancel(rdma.NewToken())
-	before, r0 := snapshot(e.b), e.b.tr.Stats().Refused
-	e.refused(e.write(e.a, e.b, tok, src, dst), e.b, before, r0)
+	e.refused(e.a, e.b, tok, src, dst)
 
 	tok2 := rdma.NewToken()
 	we2, ww2 := e.expect(e.b, e.a, tok2, dst), e.write(e.a, e.b, tok2, src, dst)

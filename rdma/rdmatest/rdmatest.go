@@ -404,19 +404,28 @@ func (e *env) transfer(p, c *node, n int) {
 	e.randomize(p, src)
 	before := snapshot(c)
 	tok := rdma.NewToken()
-	we := e.expect(c, p, tok, dst)
-	ww := e.write(p, c, tok, src, dst)
-	e.ok(e.wait(we), we.what, tok, p.id, n)
-	e.ok(e.wait(ww), ww.what, tok, c.id, n)
-	e.sameBytes(p, src, c, dst)
+	e.completes(e.expect(c, p, tok, dst), p, c, tok, src, dst)
 	e.untouched(c, before, dst)
 }
 
-// refused checks a transfer that the consumer c must refuse: with
-// TwoSided, the producer's Write fails, c has counted it, and c's slots
-// are as before; one-sided, the Write's done merely has to come.
-func (e *env) refused(w *waiter, c *node, before []byte, refusedBefore uint64) {
+// completes writes p's src slots into c's dst slots under tok, which c
+// expects as we, and checks that both ends complete and the bytes landed.
+func (e *env) completes(we *waiter, p, c *node, tok rdma.Token, src, dst []int) {
 	e.t.Helper()
+	ww := e.write(p, c, tok, src, dst)
+	e.ok(e.wait(we), we.what, tok, p.id, len(src))
+	e.ok(e.wait(ww), ww.what, tok, c.id, len(src))
+	e.sameBytes(p, src, c, dst)
+}
+
+// refused writes p's src slots into c's dst slots under tok, a transfer
+// the consumer c must refuse, and checks it: with TwoSided, the producer's
+// Write fails, c has counted it, and c's slots are as before; one-sided,
+// the Write's done merely has to come.
+func (e *env) refused(p, c *node, tok rdma.Token, src, dst []int) {
+	e.t.Helper()
+	before, refusedBefore := snapshot(c), c.tr.Stats().Refused
+	w := e.write(p, c, tok, src, dst)
 	got := e.wait(w)
 	if !e.o.TwoSided {
 		return

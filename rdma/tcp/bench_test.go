@@ -59,20 +59,9 @@ func benchFetch(b *testing.B, blocks, block int) {
 		tRaw += time.Since(start)
 	}
 	b.ResetTimer()
-	for i := range b.N {
-		// Alternate which goes first, so that drift in a shared machine's
-		// load falls on both alike.
-		if i%2 == 0 {
-			viaTransport()
-			viaRaw()
-		} else {
-			viaRaw()
-			viaTransport()
-		}
-	}
+	alternate(b.N, viaTransport, viaRaw)
 	b.StopTimer()
-	tr := float64(perOp*int64(b.N)) / tTr.Seconds() / 1e9
-	rw := float64(perOp*int64(b.N)) / tRaw.Seconds() / 1e9
+	tr, rw := gbps(perOp, b.N, tTr), gbps(perOp, b.N, tRaw)
 	b.ReportMetric(tr, "transport-GB/s")
 	b.ReportMetric(rw, "raw-GB/s")
 	b.ReportMetric(tr/rw, "ratio")
@@ -101,21 +90,31 @@ func BenchmarkFetchTLS(b *testing.B) {
 		*total += time.Since(start)
 	}
 	b.ResetTimer()
-	for i := range b.N {
-		if i%2 == 0 {
-			run(ta, tc, &tTLS)
-			run(pa, pc, &tPlain)
-		} else {
-			run(pa, pc, &tPlain)
-			run(ta, tc, &tTLS)
-		}
-	}
+	alternate(b.N, func() { run(ta, tc, &tTLS) }, func() { run(pa, pc, &tPlain) })
 	b.StopTimer()
-	tls := float64(perOp*int64(b.N)) / tTLS.Seconds() / 1e9
-	plain := float64(perOp*int64(b.N)) / tPlain.Seconds() / 1e9
+	tls, plain := gbps(perOp, b.N, tTLS), gbps(perOp, b.N, tPlain)
 	b.ReportMetric(tls, "tls-GB/s")
 	b.ReportMetric(plain, "tcp-GB/s")
 	b.ReportMetric(tls/plain, "ratio")
+}
+
+// alternate runs x and y n times each, alternating which goes first, so
+// that drift in a shared machine's load falls on both alike.
+func alternate(n int, x, y func()) {
+	for i := range n {
+		if i%2 == 0 {
+			x()
+			y()
+		} else {
+			y()
+			x()
+		}
+	}
+}
+
+// gbps is the rate of n operations of perOp bytes taking d, in GB/s.
+func gbps(perOp int64, n int, d time.Duration) float64 {
+	return float64(perOp*int64(n)) / d.Seconds() / 1e9
 }
 
 // benchPair builds a producer and a consumer on pools of blocks slots,

@@ -835,12 +835,13 @@ func TestStateModel(t *testing.T) {
 		r := &seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, m: newModel(n, clk.now),
 			nkeys: 2 * n, slotOf: map[messages.Key]int{}}
 		r.logf("NewState(%d, lru)", n)
-		r.run(20 + rng.Intn(26))
+		r.run(20+rng.Intn(26), r.step)
 	}
 }
 
-// run runs ops steps, turning a panic into a failure that names the seed.
-func (r *seqRun) run(ops int) {
+// run runs ops of step (the run's own, or an extended run's), turning a
+// panic into a failure that names the seed.
+func (r *seqRun) run(ops int, step func()) {
 	r.t.Helper()
 	defer func() {
 		if p := recover(); p != nil {
@@ -848,7 +849,7 @@ func (r *seqRun) run(ops int) {
 		}
 	}()
 	for range ops {
-		r.step()
+		step()
 	}
 }
 
@@ -1025,18 +1026,6 @@ func (r *leaseRun) check() {
 	}
 }
 
-func (r *leaseRun) run(ops int) {
-	r.t.Helper()
-	defer func() {
-		if p := recover(); p != nil {
-			r.fatalf("panic: %v\n%s", p, debug.Stack())
-		}
-	}()
-	for range ops {
-		r.step()
-	}
-}
-
 func TestLeasedHitSurvivesUntilPrepareLoad(t *testing.T) {
 	for _, seed := range seeds(t, 1_000_001, 10_000) {
 		rng := rand.New(rand.NewSource(seed))
@@ -1067,6 +1056,6 @@ func TestLeasedHitSurvivesUntilPrepareLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.logf("NewState(%d, %s) filled with %v", n, policy, fill)
-		r.run(20 + rng.Intn(21))
+		r.run(20+rng.Intn(21), r.step)
 	}
 }

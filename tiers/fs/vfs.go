@@ -100,23 +100,18 @@ func opName(op Op) string {
 }
 
 // Create implements FS.
-func (f *Faulty) Create(name string) (File, error) {
-	if err := f.check(OpCreate, name); err != nil {
-		return nil, err
-	}
-	in, err := f.inner.Create(name)
-	if err != nil {
-		return nil, err
-	}
-	return &faultyFile{File: in, fs: f, name: name}, nil
-}
+func (f *Faulty) Create(name string) (File, error) { return f.open(OpCreate, name, f.inner.Create) }
 
 // Open implements FS.
-func (f *Faulty) Open(name string) (File, error) {
-	if err := f.check(OpOpen, name); err != nil {
+func (f *Faulty) Open(name string) (File, error) { return f.open(OpOpen, name, f.inner.Open) }
+
+// open checks op on name, then opens it with open, the file wrapped so its
+// own calls can fail too.
+func (f *Faulty) open(op Op, name string, open func(string) (File, error)) (File, error) {
+	if err := f.check(op, name); err != nil {
 		return nil, err
 	}
-	in, err := f.inner.Open(name)
+	in, err := open(name)
 	if err != nil {
 		return nil, err
 	}

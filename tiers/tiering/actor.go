@@ -88,21 +88,21 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.Cascade:
 		a.cascade(ctx, m)
 	case *messages.TierLookupResult:
-		a.onTierLookup(ctx, m)
+		answer(a, ctx, m.Corr, replyLookup, m, a.onTierLookup)
 	case *messages.ReserveResult:
-		a.onReserve(ctx, m)
+		answer(a, ctx, m.Corr, replyReserve, m, a.onReserve)
 	case *messages.TierReadResult:
-		a.onRead(ctx, m)
+		answer(a, ctx, m.Corr, replyRead, m, a.onRead)
 	case *messages.TierReadBatchResult:
-		a.onReadBatch(ctx, m)
+		answer(a, ctx, m.Corr, replyReadBatch, m, a.onReadBatch)
 	case *messages.PinResult:
-		a.onPin(ctx, m)
+		answer(a, ctx, m.Corr, replyPin, m, a.onPin)
 	case *messages.TierWriteResult:
-		a.onWrite(ctx, m)
+		answer(a, ctx, m.Corr, replyWrite, m, a.onWrite)
 	case *messages.Ack:
-		a.onAck(m)
+		answer(a, ctx, m.Corr, replyCommit, m, a.onCommitAck) // corr 0 (a release's ack) is never pending
 	case *messages.TierStatsReply:
-		a.onTierStats(m)
+		answer(a, ctx, m.Corr, replyStats, m, a.onTierStats)
 	case *lookupDeadline:
 		if b := a.batches[m.batch]; b != nil {
 			a.stats.LookupsTimedOut += uint64(len(b.keys))
@@ -147,6 +147,25 @@ func (a *Actor) wakeIdle() {
 		w.Answer(struct{}{}, nil)
 	}
 	a.waiters = nil
+}
+
+// job is what a promotion and a cascade share: tier I/O into or out of CPU
+// slots held under one JobID until it ends or its deadline reaps it.
+type job struct {
+	id          messages.JobID
+	tier        int
+	keys        []messages.Key
+	outstanding int // tier I/O of the job not yet done
+	reaped      bool
+	timer       supervision.Timer
+}
+
+// stalled marks j reaped at its deadline and logs it with its tier I/O
+// still outstanding (named io).
+func (a *Actor) stalled(j *job, kind, io string) {
+	j.reaped = true
+	a.log.Warn().Uint64("job", uint64(j.id)).Str("tier", a.cfg.Tiers[j.tier].Name).Int("keys", len(j.keys)).
+		Int(io, j.outstanding).Msg("tiering: stalled " + kind + " reaped")
 }
 
 func (a *Actor) nextJob() messages.JobRef {

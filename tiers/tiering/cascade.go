@@ -6,7 +6,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
-	"github.com/kvtier/kvtier/supervision"
 )
 
 type cascadeItem struct {
@@ -15,14 +14,9 @@ type cascadeItem struct {
 }
 
 type cascade struct {
-	id          messages.JobID
-	tier        int
-	keys        []messages.Key
-	sums        map[messages.Key]uint32
-	pinning     int // LeaseToPin answers awaited
-	outstanding int // tier writes awaited
-	reaped      bool
-	timer       supervision.Timer
+	job     // outstanding: tier writes awaited
+	sums    map[messages.Key]uint32
+	pinning int // LeaseToPin answers awaited
 }
 
 // cascade queues the newly committed keys for every tier, within each
@@ -61,25 +55,20 @@ func (a *Actor) dispatch(ctx actor.Context, t int) {
 		a.waiting[t] = nil // let the backing array go
 	}
 	ref := a.nextJob()
-	c := &cascade{id: ref.ID, tier: t, keys: make([]messages.Key, n), sums: make(map[messages.Key]uint32, n), pinning: 1}
+	c := &cascade{job: job{id: ref.ID, tier: t, keys: make([]messages.Key, n)}, sums: make(map[messages.Key]uint32, n), pinning: 1}
 	for i, it := range items {
 		c.keys[i], c.sums[it.key] = it.key, it.sum
 	}
 	a.cascades[c.id] = c
 	a.queued[t] += n
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	c.timer = a.cfg.Clock.AfterFunc(a.cfg.CascadeTimeout, func() { root.Send(self, &cascadeDeadline{job: ref.ID}) })
+	c.timer = a.after(ctx, a.cfg.CascadeTimeout, &cascadeDeadline{job: ref.ID})
 	keys := c.keys
 	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: -1}, func(corr uint64) any {
 		return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: keys, WantProv: true}
 	})
 }
 
-func (a *Actor) onPin(ctx actor.Context, m *messages.PinResult) {
-	p, ok := a.take(m.Corr, replyPin)
-	if !ok {
-		return
-	}
+func (a *Actor) onPin(ctx actor.Context, p pendingReply, m *messages.PinResult) {
 	c := p.cas
 	c.pinning--
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: c.id}
@@ -136,11 +125,7 @@ func (a *Actor) write(ctx actor.Context, c *cascade, keys []messages.Key, slots 
 	}
 }
 
-func (a *Actor) onWrite(ctx actor.Context, m *messages.TierWriteResult) {
-	p, ok := a.take(m.Corr, replyWrite)
-	if !ok {
-		return
-	}
+func (a *Actor) onWrite(ctx actor.Context, p pendingReply, m *messages.TierWriteResult) {
 	c := p.cas
 	c.outstanding--
 	a.queued[c.tier]--
@@ -176,10 +161,8 @@ func (a *Actor) reapCascade(ctx actor.Context, id messages.JobID) {
 	if c == nil || c.reaped {
 		return
 	}
-	c.reaped = true
 	a.stats.CascadesReaped++
-	a.log.Warn().Uint64("job", uint64(id)).Str("tier", a.cfg.Tiers[c.tier].Name).Int("keys", len(c.keys)).
-		Int("writes_outstanding", c.outstanding).Msg("tiering: stalled cascade reaped")
+	a.stalled(&c.job, "cascade", "writes_outstanding")
 	// Writes still running keep their pins until they return (a worker is
 	// reading those slots); pins still being granted are dropped then too.
 }

@@ -99,8 +99,7 @@ func (a *Actor) startBatch(ctx actor.Context, req *messages.ReqContext, keys []m
 		a.looking[k] = b
 	}
 	a.stats.LookupsStarted += uint64(len(keys))
-	self, root, id := ctx.Self(), ctx.ActorSystem().Root, b.id
-	b.timer = a.cfg.Clock.AfterFunc(a.cfg.LookupDeadline, func() { root.Send(self, &lookupDeadline{batch: id}) })
+	b.timer = a.after(ctx, a.cfg.LookupDeadline, &lookupDeadline{batch: b.id})
 	for i, t := range a.cfg.Tiers {
 		if mask&(1<<i) == 0 {
 			continue
@@ -112,11 +111,7 @@ func (a *Actor) startBatch(ctx actor.Context, req *messages.ReqContext, keys []m
 	}
 }
 
-func (a *Actor) onTierLookup(ctx actor.Context, m *messages.TierLookupResult) {
-	p, ok := a.take(m.Corr, replyLookup)
-	if !ok {
-		return
-	}
+func (a *Actor) onTierLookup(ctx actor.Context, p pendingReply, m *messages.TierLookupResult) {
 	b := p.batch
 	if a.batches[b.id] != b || b.waiting&(1<<p.tier) == 0 {
 		return // resolved at its deadline already

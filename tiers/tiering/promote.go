@@ -7,23 +7,17 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
-	"github.com/kvtier/kvtier/supervision"
 )
 
 type promotion struct {
-	id          messages.JobID
-	tier        int
-	req         *messages.ReqContext
-	keys        []messages.Key // reserved (ToStore) once the reservation answered
-	slots       []int
-	sums        []uint32
-	ok          []bool
-	prov        []*messages.Provenance // per key once a read brought one: its stored provenance
-	outstanding int
-	issued      int // reads sent to the tier and not yet answered (they hold read budget)
-	reserved    bool
-	reaped      bool
-	timer       supervision.Timer
+	job      // keys: reserved (ToStore) once the reservation answered; outstanding: reads not yet done
+	req      *messages.ReqContext
+	slots    []int
+	sums     []uint32
+	ok       []bool
+	prov     []*messages.Provenance // per key once a read brought one: its stored provenance
+	issued   int                    // reads sent to the tier and not yet answered (they hold read budget)
+	reserved bool
 }
 
 // readTask is one key of a promotion waiting for its tier's read budget.
@@ -41,23 +35,18 @@ const maxReadsPerTier = 64
 
 func (a *Actor) promote(ctx actor.Context, req *messages.ReqContext, tier int, keys []messages.Key) {
 	ref := a.nextJob()
-	p := &promotion{id: ref.ID, tier: tier, req: req, keys: keys}
+	p := &promotion{job: job{id: ref.ID, tier: tier, keys: keys}, req: req}
 	a.proms[p.id] = p
 	for _, k := range keys {
 		a.promoting[k] = p
 	}
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	p.timer = a.cfg.Clock.AfterFunc(a.cfg.PromotionTimeout, func() { root.Send(self, &promotionDeadline{job: ref.ID}) })
+	p.timer = a.after(ctx, a.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
 	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
 		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
 	})
 }
 
-func (a *Actor) onReserve(ctx actor.Context, m *messages.ReserveResult) {
-	p, ok := a.take(m.Corr, replyReserve)
-	if !ok {
-		return
-	}
+func (a *Actor) onReserve(ctx actor.Context, p pendingReply, m *messages.ReserveResult) {
 	prom := p.prom
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	if prom.reaped {
@@ -143,11 +132,7 @@ func (a *Actor) readBatch(ctx actor.Context, prom *promotion) {
 }
 
 // onReadBatch applies a batched tier's answer key by key, as onRead does.
-func (a *Actor) onReadBatch(ctx actor.Context, m *messages.TierReadBatchResult) {
-	p, ok := a.take(m.Corr, replyReadBatch)
-	if !ok {
-		return
-	}
+func (a *Actor) onReadBatch(ctx actor.Context, p pendingReply, m *messages.TierReadBatchResult) {
 	prom := p.prom
 	for i, k := range prom.keys {
 		res := &messages.TierReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
@@ -161,11 +146,7 @@ func (a *Actor) onReadBatch(ctx actor.Context, m *messages.TierReadBatchResult) 
 	}
 }
 
-func (a *Actor) onRead(ctx actor.Context, m *messages.TierReadResult) {
-	p, ok := a.take(m.Corr, replyRead)
-	if !ok {
-		return
-	}
+func (a *Actor) onRead(ctx actor.Context, p pendingReply, m *messages.TierReadResult) {
 	prom := p.prom
 	prom.issued--
 	if !prom.reaped { // a reaped promotion gave its budget back when reaped
@@ -260,10 +241,8 @@ func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
 	if prom == nil || prom.reaped {
 		return
 	}
-	prom.reaped = true
 	a.stats.PromotionsReaped++
-	a.log.Warn().Uint64("job", uint64(id)).Str("tier", a.cfg.Tiers[prom.tier].Name).Int("keys", len(prom.keys)).
-		Int("reads_outstanding", prom.outstanding).Msg("tiering: stalled promotion reaped")
+	a.stalled(&prom.job, "promotion", "reads_outstanding")
 	until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
 	for _, k := range prom.keys {
 		a.markAbsent(k, 1<<prom.tier, until)
@@ -287,12 +266,8 @@ func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
 	a.pumpReads(ctx, prom.tier)
 }
 
-func (a *Actor) onAck(m *messages.Ack) {
-	if m.Corr == 0 {
-		return
-	}
-	p, ok := a.take(m.Corr, replyCommit)
-	if ok && m.Err != nil {
+func (a *Actor) onCommitAck(_ actor.Context, p pendingReply, m *messages.Ack) {
+	if m.Err != nil {
 		a.log.Error().Err(m.Err).Uint64("job", uint64(p.prom.id)).Msg("tiering: promotion commit refused")
 	}
 }

@@ -1,9 +1,12 @@
 package tiering
 
 import (
+	"time"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
 )
 
 type replyKind uint8
@@ -38,6 +41,15 @@ func (a *Actor) request(ctx actor.Context, pid *actor.PID, p pendingReply, build
 	ctx.Request(pid, build(a.corr))
 }
 
+// answer hands reply m to on with what its request belongs to, once; an
+// answer nothing waits for (its batch resolved at a deadline, its corr
+// forgotten) is dropped here, so no handler sees it.
+func answer[M any](a *Actor, ctx actor.Context, corr uint64, kind replyKind, m M, on func(actor.Context, pendingReply, M)) {
+	if p, ok := a.take(corr, kind); ok {
+		on(ctx, p, m)
+	}
+}
+
 func (a *Actor) take(corr uint64, kind replyKind) (pendingReply, bool) {
 	p, ok := a.pending[corr]
 	if !ok || p.kind != kind {
@@ -45,4 +57,11 @@ func (a *Actor) take(corr uint64, kind replyKind) (pendingReply, bool) {
 	}
 	delete(a.pending, corr)
 	return p, true
+}
+
+// after sends the actor msg once d has passed on its clock: a deadline
+// that ends a batch or a job, never a wait inside a handler.
+func (a *Actor) after(ctx actor.Context, d time.Duration, msg any) supervision.Timer {
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	return a.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
 }

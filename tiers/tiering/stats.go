@@ -35,11 +35,7 @@ func (a *Actor) gatherStats(ctx actor.Context, m *messages.GetTieringStats) {
 	}
 }
 
-func (a *Actor) onTierStats(m *messages.TierStatsReply) {
-	p, ok := a.take(m.Corr, replyStats)
-	if !ok {
-		return
-	}
+func (a *Actor) onTierStats(_ actor.Context, p pendingReply, m *messages.TierStatsReply) {
 	p.stats.out.Tiers[p.tier] = m.Stats
 	if p.stats.waiting--; p.stats.waiting == 0 {
 		p.stats.reply.Answer(p.stats.out, nil)
