@@ -295,4 +295,9 @@ func TestPeersBenchScenariosRun(t *testing.T) {
 	for _, k := range []string{"fetch_GBps", "raw_tcp_GBps", "fetch_over_raw"} {
 		require.Positive(t, tp[k], k)
 	}
+	secure := run(append([]string{"p2p-throughput", "--rounds", "2", "--tls"}, small...)...)
+	for _, k := range []string{"fetch_GBps", "tcp_fetch_GBps", "raw_tcp_GBps"} {
+		require.Positive(t, secure[k], k)
+	}
+	require.Equal(t, true, secure["tls"], "the fetches ran over TLS")
 }

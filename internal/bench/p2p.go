@@ -20,6 +20,9 @@ import (
 	"os/exec"
 	"strconv"
 	"time"
+
+	"github.com/kvtier/kvtier/internal/testcerts"
+	"github.com/kvtier/kvtier/messages"
 )
 
 // P2POptions size the P2P scenarios.
@@ -38,7 +41,10 @@ type P2POptions struct {
 	VisibleSteps int    // busy source steps whose stores are watched by a peer
 	Rounds       int    // throughput: fetches and raw copies measured
 	Transport    string // throughput: "tcp", or "nixl" (then tcp is measured too, same run)
+	TLS          bool   // throughput, tcp: mutual TLS on the data plane (then plain tcp is measured too, same run)
 	Timeout      time.Duration
+	tlsDir       string // the run's certificates (one per node id), when TLS
+	tlsCA        *testcerts.CA
 }
 
 // DefaultP2POptions is what `kvtier bench p2p-matrix` / `p2p-throughput`
@@ -80,6 +86,7 @@ type P2PThroughputResult struct {
 	RawTCPGBps   float64   `json:"raw_tcp_GBps"`
 	Ratio        float64   `json:"fetch_over_raw"` // target ≥ 0.8
 	Transport    string    `json:"transport"`
+	TLS          bool      `json:"tls,omitempty"` // fetch_GBps is over TLS; tcp_fetch_GBps the same run's plain tcp
 	Blocks       int       `json:"blocks"`
 	BlockBytes   int       `json:"block_bytes"`
 	Rounds       int       `json:"rounds"`
@@ -107,6 +114,13 @@ func startP2PNode(ctx context.Context, o P2POptions, id string, peers ...*child)
 		"--block-bytes", strconv.Itoa(o.BlockBytes), "--secret", p2pSecret, "--transport", o.Transport}
 	for _, p := range peers {
 		args = append(args, "--peer", p.id+"="+p.ready.PeerAddr)
+	}
+	if o.tlsCA != nil {
+		cert, key, ca, err := o.tlsCA.Files(o.tlsDir, id)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca)
 	}
 	c, err := startChild[p2pRequest, nodeReply]("node "+id, p2pRequests, exec.CommandContext(ctx, bin, args...))
 	if err != nil {
@@ -329,7 +343,24 @@ func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets
 func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResult, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	res = P2PThroughputResult{Transport: o.Transport, Blocks: o.FetchBlocks, BlockBytes: o.BlockBytes, Rounds: o.Rounds}
+	res = P2PThroughputResult{Transport: o.Transport, TLS: o.TLS, Blocks: o.FetchBlocks, BlockBytes: o.BlockBytes, Rounds: o.Rounds}
+	if o.TLS {
+		if o.Transport != "tcp" {
+			return res, fmt.Errorf("%w: --tls is the tcp data plane's", messages.ErrBadConfig)
+		}
+		fetch, _, err := throughputPair(ctx, o)
+		if err != nil {
+			return res, fmt.Errorf("plain tcp pair: %w", err)
+		}
+		res.TCPFetchGBps = median(fetch)
+		if o.tlsCA, err = testcerts.New(); err != nil {
+			return res, err
+		}
+		if o.tlsDir, err = os.MkdirTemp("", "kvtier-bench-tls-"); err != nil {
+			return res, err
+		}
+		defer os.RemoveAll(o.tlsDir)
+	}
 	if o.Transport == "nixl" {
 		tcp := o
 		tcp.Transport = "tcp"

@@ -28,6 +28,7 @@ type NodeOptions struct {
 	BlockBytes int
 	Secret     string
 	Transport  string // "tcp" (default) or "nixl"
+	TLS        kvtier.PeersTLSConfig
 	Peers      []kvtier.PeerAddr
 }
 
@@ -134,7 +135,7 @@ func fillP2P(b []byte, id int) {
 // RunNode runs a node process until stdin closes or it is asked to quit.
 func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
 	cfg := kvtier.Config{PoolBytes: o.PoolBytes, BlockBytes: o.BlockBytes,
-		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers, Transport: o.Transport}}
+		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers, Transport: o.Transport, TLS: o.TLS}}
 	node, err := kvtier.Open(ctx, cfg)
 	if err != nil {
 		return err

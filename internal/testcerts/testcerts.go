@@ -1,6 +1,7 @@
 // Package testcerts makes certificate authorities and node certificates
-// for tests of the data plane's TLS: each certificate names a node id as
-// its DNS SAN, valid for an hour around now. Never for production keys.
+// for tests and benchmarks of the data plane's TLS: each certificate names
+// a node id as its DNS SAN, valid for an hour around now. Never for
+// production keys.
 package testcerts
 
 import (
@@ -29,30 +30,55 @@ type CA struct {
 
 var serial atomic.Int64
 
-// NewCA makes a CA.
+// NewCA makes a CA (a test's).
 func NewCA(t testing.TB) *CA {
 	t.Helper()
-	key := newKey(t)
+	ca, err := New()
+	must(t, err)
+	return ca
+}
+
+// New makes a CA.
+func New() (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)), Subject: pkix.Name{CommonName: "kvtier test CA"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
 		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	cert := create(t, tmpl, tmpl, key, key)
+	cert, err := create(tmpl, tmpl, key, key)
+	if err != nil {
+		return nil, err
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &CA{cert: cert, key: key, Pool: pool}
+	return &CA{cert: cert, key: key, Pool: pool}, nil
 }
 
 // Issue signs a certificate naming node (for server and client auth) and
 // returns it with its key.
 func (ca *CA) Issue(t testing.TB, node string) tls.Certificate {
 	t.Helper()
-	key := newKey(t)
+	c, err := ca.issue(node)
+	must(t, err)
+	return c
+}
+
+func (ca *CA) issue(node string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)), Subject: pkix.Name{CommonName: node},
 		DNSNames: []string{node}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	cert := create(t, tmpl, ca.cert, key, ca.key)
-	return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
+	cert, err := create(tmpl, ca.cert, key, ca.key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}, nil
 }
 
 // Config is a node's data-plane TLS: a certificate naming cert (usually
@@ -66,43 +92,44 @@ func (ca *CA) Config(t testing.TB, cert string, trust *CA) *tls.Config {
 // as PEM files in dir, and returns their paths.
 func (ca *CA) WriteFiles(t testing.TB, dir, node string) (cert, key, caFile string) {
 	t.Helper()
-	c := ca.Issue(t, node)
-	der, err := x509.MarshalECPrivateKey(c.PrivateKey.(*ecdsa.PrivateKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, key, caFile = filepath.Join(dir, node+".crt"), filepath.Join(dir, node+".key"), filepath.Join(dir, "ca.crt")
-	writePEM(t, cert, "CERTIFICATE", c.Certificate[0])
-	writePEM(t, key, "EC PRIVATE KEY", der)
-	writePEM(t, caFile, "CERTIFICATE", ca.cert.Raw)
+	cert, key, caFile, err := ca.Files(dir, node)
+	must(t, err)
 	return cert, key, caFile
 }
 
-func writePEM(t testing.TB, path, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
+// Files is WriteFiles for a benchmark: errors returned.
+func (ca *CA) Files(dir, node string) (cert, key, caFile string, err error) {
+	c, err := ca.issue(node)
+	if err != nil {
+		return "", "", "", err
 	}
+	der, err := x509.MarshalECPrivateKey(c.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		return "", "", "", err
+	}
+	cert, key, caFile = filepath.Join(dir, node+".crt"), filepath.Join(dir, node+".key"), filepath.Join(dir, "ca.crt")
+	for _, f := range []struct {
+		path, kind string
+		der        []byte
+	}{{cert, "CERTIFICATE", c.Certificate[0]}, {key, "EC PRIVATE KEY", der}, {caFile, "CERTIFICATE", ca.cert.Raw}} {
+		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.kind, Bytes: f.der}), 0o600); err != nil {
+			return "", "", "", err
+		}
+	}
+	return cert, key, caFile, nil
 }
 
-func newKey(t testing.TB) *ecdsa.PrivateKey {
+func must(t testing.TB, err error) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return key
 }
 
-func create(t testing.TB, tmpl, parent *x509.Certificate, key, signer *ecdsa.PrivateKey) *x509.Certificate {
-	t.Helper()
+func create(tmpl, parent *x509.Certificate, key, signer *ecdsa.PrivateKey) (*x509.Certificate, error) {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
+	return x509.ParseCertificate(der)
 }
