@@ -2,10 +2,12 @@ package kvtier
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +24,44 @@ import (
 func TestAlertRulesNameOnlyExportedMetrics(t *testing.T) {
 	rules := alertRuleMetrics(t, "deploy/prometheus/kvtier.rules.yml")
 	require.Greater(t, len(rules), 10)
+	exported := describedMetrics(fullNode(t).Registry())
+	for name, alerts := range rules {
+		require.True(t, exported[name], "alerts %v read %s, which the node does not export", alerts, name)
+	}
+}
+
+// The Grafana dashboard (deploy/grafana/kvtier.json) charts only metrics a
+// node exports (a histogram's _bucket/_sum/_count series by its name).
+func TestDashboardNamesOnlyExportedMetrics(t *testing.T) {
+	data, err := os.ReadFile("deploy/grafana/kvtier.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(data, &dash))
+	exported := describedMetrics(fullNode(t).Registry())
+	charted := 0
+	for _, p := range dash.Panels {
+		for _, target := range p.Targets {
+			for _, name := range metricName.FindAllString(target.Expr, -1) {
+				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+				require.True(t, exported[name] || exported[base], "panel %q reads %s, which the node does not export", p.Title, name)
+				charted++
+			}
+		}
+	}
+	require.Greater(t, charted, 30)
+}
+
+// fullNode opens a node with every subsystem that has metrics: an engine
+// endpoint, KV events, an fs tier and peers.
+func fullNode(t *testing.T) *Node {
+	t.Helper()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -33,12 +73,12 @@ func TestAlertRulesNameOnlyExportedMetrics(t *testing.T) {
 	withPeers("n1")(&cfg)
 	node, err := Open(ctx, cfg)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
-
-	exported := describedMetrics(node.Registry())
-	for name, alerts := range rules {
-		require.True(t, exported[name], "alerts %v read %s, which the node does not export", alerts, name)
-	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, node.Close(ctx))
+	})
+	return node
 }
 
 var metricName = regexp.MustCompile(`\bkvtier_[a-z0-9_]+`)
