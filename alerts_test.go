@@ -1,7 +1,6 @@
 package kvtier
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -9,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -62,23 +60,11 @@ func TestDashboardNamesOnlyExportedMetrics(t *testing.T) {
 // endpoint, KV events, an fs tier and peers.
 func fullNode(t *testing.T) *Node {
 	t.Helper()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	dir := t.TempDir()
-	cfg := Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * testBlock, BlockBytes: testBlock,
-		EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
-		Events:       EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}}
-	withFS(filepath.Join(dir, "fs"))(&cfg)
-	withPeers("n1")(&cfg)
-	node, err := Open(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, node.Close(ctx))
-	})
-	return node
+	return open(t, 16, withFS(filepath.Join(dir, "fs")), withPeers("n1"), func(c *Config) {
+		c.PoolPath, c.EngineListen = filepath.Join(dir, "pool"), "ipc://"+filepath.Join(dir, "engine.sock")
+		c.Events = EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}
+	}).node
 }
 
 var metricName = regexp.MustCompile(`\bkvtier_[a-z0-9_]+`)

@@ -129,32 +129,48 @@ func isLoopback(host string) bool {
 // socket becomes reachable by its name: it is bound under a temporary name
 // in the same directory, restricted, then renamed into place.
 func listenIPC(path string, o ListenOptions, zlog *log.Logger, watch zmqx.ConnWatch) (*listener, error) {
+	sock := zmq4.NewRouter(zmqx.WithConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
+	err := bindSocketFile("ipc", path, o, func(tmp string) (func(), error) {
+		return func() { sock.Close() }, sock.Listen(zmqx.BoundedListenAddr("ipc://" + tmp))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &listener{sock: zmqSocket{sock}, addr: "ipc://" + path, path: path}, nil
+}
+
+// bindSocketFile binds a socket file at path (an absolute path; a stale
+// socket there is replaced, a live one refused) with bind, under a
+// temporary name in the same directory, and restricts it
+// (restrictSocketFile) before renaming it into place, so that it is never
+// reachable with wider permissions. bind returns what undoes it, run on
+// any failure.
+func bindSocketFile(kind, path string, o ListenOptions, bind func(tmp string) (undo func(), err error)) error {
 	if path == "" || !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("%w: engine_listen ipc path %q must be absolute", messages.ErrBadConfig, path)
+		return fmt.Errorf("%w: engine_listen %s path %q must be absolute", messages.ErrBadConfig, kind, path)
 	}
 	if err := removeStaleSocket(path); err != nil {
-		return nil, err
+		return err
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
-	sock := zmq4.NewRouter(zmqx.WithConnWatch(context.Background(), watch), zmq4.WithLogger(zlog))
-	if err := sock.Listen(zmqx.BoundedListenAddr("ipc://" + tmp)); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("engine endpoint: %w", err)
-	}
-	fail := func(err error) (*listener, error) {
-		sock.Close()
-		_ = os.Remove(tmp)
-		return nil, err
+	undo, err := bind(tmp)
+	if err != nil {
+		undo()
+		return fmt.Errorf("engine endpoint: %w", err)
 	}
 	if err := restrictSocketFile(tmp, o); err != nil {
-		return fail(err)
+		undo()
+		_ = os.Remove(tmp)
+		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return fail(fmt.Errorf("engine endpoint: %w", err))
+		undo()
+		_ = os.Remove(tmp)
+		return fmt.Errorf("engine endpoint: %w", err)
 	}
-	return &listener{sock: zmqSocket{sock}, addr: "ipc://" + path, path: path}, nil
+	return nil
 }
 
 // removeStaleSocket removes a socket file left by a daemon that died; a live

@@ -2,14 +2,11 @@ package scheduler
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -17,7 +14,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/internal/zmqx"
-	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
 
@@ -48,30 +44,18 @@ type unixSocket struct {
 // listenUnix binds a Unix stream socket at path, restricted as listenIPC
 // restricts its socket file (bound under a temporary name, then renamed).
 func listenUnix(path string, o ListenOptions, log zerolog.Logger, watch zmqx.ConnWatch) (*listener, error) {
-	if path == "" || !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("%w: engine_listen unix path %q must be absolute", messages.ErrBadConfig, path)
-	}
-	if err := removeStaleSocket(path); err != nil {
-		return nil, err
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	tmp := fmt.Sprintf("%s.%s.tmp", path, hex.EncodeToString(b[:]))
-	ln, err := net.Listen("unix", tmp)
+	var ln net.Listener
+	err := bindSocketFile("unix", path, o, func(tmp string) (func(), error) {
+		l, err := net.Listen("unix", tmp)
+		if err != nil {
+			return func() {}, err
+		}
+		l.(*net.UnixListener).SetUnlinkOnClose(false) // NB: the renamed path is removed by listener.close
+		ln = l
+		return func() { l.Close() }, nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("engine endpoint: %w", err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false) // NB: the renamed path is removed by listener.close
-	fail := func(err error) (*listener, error) {
-		ln.Close()
-		_ = os.Remove(tmp)
 		return nil, err
-	}
-	if err := restrictSocketFile(tmp, o); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(fmt.Errorf("engine endpoint: %w", err))
 	}
 	s := &unixSocket{ln: ln, watch: watch, log: log, done: make(chan struct{}), conns: map[string]net.Conn{}}
 	return &listener{sock: s, addr: "unix://" + path, path: path}, nil
