@@ -241,10 +241,7 @@ func TestLifecyclePauseClearCacheWithParkedPeerRounds(t *testing.T) {
 	raw := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
 	_, ok := raw.handshake(testSecret, raw.hello()).(*wire.Ready)
 	require.True(t, ok)
-	wk := make([]wire.Key, 4)
-	for i, k := range keys(ids(0, 4)...) {
-		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
-	}
+	wk := wireKeys(keys(ids(0, 4)...))
 	raw.send(&wire.Lookup{Epoch: raw.epoch, Round: 1, Keys: wk})
 	resp, ok := raw.recv().(*wire.LookupResp)
 	require.True(t, ok)

@@ -137,6 +137,15 @@ func (r *rawPeer) handshake(secret string, h *wire.Hello) wire.Frame {
 	return r.recv()
 }
 
+// wireKeys are ks as peer frames carry them.
+func wireKeys(ks []messages.Key) []wire.Key {
+	wk := make([]wire.Key, len(ks))
+	for i, k := range ks {
+		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
+	}
+	return wk
+}
+
 func requireRefused(t *testing.T, f wire.Frame, reason string) {
 	t.Helper()
 	ref, ok := f.(*wire.Refuse)
@@ -216,10 +225,7 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	p.sendBytes([]byte{0xc1, 0x00, 0xff})
 	p.sendBytes([]byte("not msgpack at all"))
 
-	wk := make([]wire.Key, len(ks))
-	for i, k := range ks {
-		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
-	}
+	wk := wireKeys(ks)
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 5, Keys: wk})
 	resp, ok := p.recv().(*wire.LookupResp)
 	require.True(t, ok)
@@ -261,10 +267,7 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 func TestPeersForgedReplayedAndCrossSessionFramesAreDroppedAndCounted(t *testing.T) {
 	prod, cons := openPair(t, 32)
 	prod.storeReady(ids(0, 4)...)
-	wk := make([]wire.Key, 4)
-	for i, k := range keys(ids(0, 4)...) {
-		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
-	}
+	wk := wireKeys(keys(ids(0, 4)...))
 	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
 	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
 	require.True(t, ok)
@@ -443,10 +446,7 @@ func TestPeersDeadConsumerReleasesItsLeasesAtOnce(t *testing.T) {
 	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "doomed")
 	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
 	require.True(t, ok)
-	wk := make([]wire.Key, len(ks))
-	for i, k := range ks {
-		wk[i] = wire.Key{Namespace: string(k.Namespace), Hash: []byte(k.Hash), Group: k.Group}
-	}
+	wk := wireKeys(ks)
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
 	_, ok = p.recv().(*wire.LookupResp)
 	require.True(t, ok)
