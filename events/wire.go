@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -225,10 +226,10 @@ func (w *writer) event(e *Event) {
 	n := 1
 	switch e.Type {
 	case TypeBlockStored:
-		n = 8 + countSet(e.ExtraKeys != nil, e.GroupIdx != nil, e.SpecKind != "", e.Window != nil,
+		n = 8 + msgp.Count(e.ExtraKeys != nil, e.GroupIdx != nil, e.SpecKind != "", e.Window != nil,
 			e.Locality != "", e.Ownership != "", e.SessionID != "")
 	case TypeBlockRemoved:
-		n = 3 + countSet(e.GroupIdx != nil, e.Locality != "", e.Ownership != "")
+		n = 3 + msgp.Count(e.GroupIdx != nil, e.Locality != "", e.Ownership != "")
 	}
 	w.mapLen(n)
 	w.str("type")
@@ -350,16 +351,6 @@ func (w *writer) where(e *Event) {
 		w.str("ownership")
 		w.str(e.Ownership)
 	}
-}
-
-func countSet(bs ...bool) int {
-	n := 0
-	for _, b := range bs {
-		if b {
-			n++
-		}
-	}
-	return n
 }
 
 // Timestamp is t as the wire's ts: float seconds since the Unix epoch.

@@ -1,7 +1,6 @@
 package messages
 
 import (
-	"errors"
 	"time"
 )
 
@@ -9,21 +8,6 @@ import (
 // control plane (peer/), and the batched read the tiering actor sends to a
 // tier that wants whole promotions at once (the P2P tier: one Fetch round
 // per peer, not one per block).
-
-// Sentinel errors of the peer path.
-var (
-	// ErrPeerUnavailable: no session with that peer is ready (handshake not
-	// done, refused, or the peer is gone).
-	ErrPeerUnavailable = errors.New("kvtier: peer unavailable")
-	// ErrPeerTimeout: a round passed its deadline; the consumer gave up.
-	ErrPeerTimeout = errors.New("kvtier: peer round timed out")
-	// ErrPeerRefused: the producer refused or failed the round, or answered
-	// it inconsistently (hits or provenances not one per key).
-	ErrPeerRefused = errors.New("kvtier: peer refused the round")
-	// ErrLeaseLost: a key was read from a peer without a live lookup lease
-	// (the round it names is not leased).
-	ErrLeaseLost = errors.New("kvtier: peer lease lost")
-)
 
 // TierReadBatch asks a batched tier to read Keys into the reserved Slots
 // (Dests[i] is slot Slots[i]'s memory) and verify each block. The caller

@@ -1,8 +1,6 @@
 package messages
 
 import (
-	"errors"
-	"fmt"
 	"time"
 )
 
@@ -14,24 +12,6 @@ import (
 // crosses in Src / Dest: the sender holds a pin (cascade) or a write
 // reservation (promotion) on that slot until the answer comes back, and the
 // tier touches the bytes only in its I/O workers, never in Receive.
-
-// Sentinel errors of the secondary tiers.
-var (
-	// ErrNotFound: the tier does not hold the block.
-	ErrNotFound = errors.New("kvtier: block not in tier")
-	// ErrTierFull: the tier has no room (capacity reached with nothing
-	// evictable, or the device said ENOSPC); the write was dropped.
-	ErrTierFull = errors.New("kvtier: secondary tier full")
-	// ErrTierUnavailable: the tier is unhealthy (endpoint unreachable, disk
-	// failing) or overloaded; the operation was shed.
-	ErrTierUnavailable = errors.New("kvtier: secondary tier unavailable")
-	// ErrTierBusy: the tier's I/O queue is full. Back-pressure, not absence:
-	// the block is still there; ask again later. It is an ErrTierUnavailable.
-	ErrTierBusy = fmt.Errorf("%w: I/O queue full", ErrTierUnavailable)
-	// ErrInvalidBlock: a stored block failed validation (bad magic, wrong
-	// key or length, checksum mismatch); it was removed and never served.
-	ErrInvalidBlock = errors.New("kvtier: invalid stored block")
-)
 
 // TierLookup asks a secondary tier which of Keys it holds.
 type TierLookup struct {

@@ -216,11 +216,21 @@ func (b *Bridge) failInFlight() {
 	}
 }
 
-// ask sends a CPU-tier request built with a fresh correlation id and
-// continues with onReply when the answer comes back.
-func (b *Bridge) ask(ctx actor.Context, build func(corr uint64) any, onReply func(any), fail func(error)) {
+// askCPU sends a CPU-tier request built with a fresh correlation id and
+// continues with onReply when its answer, of type R, comes back. An answer
+// of any other type is a bug in the tier's protocol, not the caller's: the
+// call fails with ErrInternal rather than panicking the bridge.
+func askCPU[R any](b *Bridge, ctx actor.Context, build func(corr uint64) any, onReply func(R), fail func(error)) {
 	b.corr++
-	b.pending[b.corr] = pendingCall{onReply: onReply, fail: fail}
+	b.pending[b.corr] = pendingCall{fail: fail, onReply: func(r any) {
+		reply, ok := r.(R)
+		if !ok {
+			b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", r)).Msg("bridge: cpu tier answered with the wrong type")
+			fail(fmt.Errorf("%w: the cpu tier answered %T", messages.ErrInternal, r))
+			return
+		}
+		onReply(reply)
+	}}
 	ctx.Request(b.cfg.CPU, build(b.corr))
 }
 
@@ -279,11 +289,23 @@ func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
 		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
 		return
 	}
-	b.ask(ctx, func(corr uint64) any {
+	askCPU(b, ctx, func(corr uint64) any {
 		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL}
-	}, func(r any) {
-		b.answerLookup(ctx, m, r.(*messages.LookupResult).Status)
+	}, func(r *messages.LookupResult) {
+		b.answerLookup(ctx, m, r.Status)
 	}, func(err error) { m.Reply.Answer(nil, err) })
+}
+
+// admit checks an engine call that starts a job (the node open and not
+// paused, every key well formed) and issues the job's id.
+func (b *Bridge) admit(keys []messages.Key) (messages.JobID, error) {
+	if err := b.intakeErr(); err != nil {
+		return 0, err
+	}
+	if err := validKeys(keys); err != nil {
+		return 0, err
+	}
+	return messages.JobID(b.cfg.JobSeq.Add(1)), nil
 }
 
 func (b *Bridge) intakeErr() error {
@@ -318,28 +340,24 @@ func (b *Bridge) arm(ctx actor.Context, j *job) {
 }
 
 func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
-	if err := b.intakeErr(); err != nil {
-		m.Reply.Answer(messages.LoadJob{}, err)
+	fail := func(err error) { m.Reply.Answer(messages.LoadJob{}, err) }
+	id, err := b.admit(m.Keys)
+	if err != nil {
+		fail(err)
 		return
 	}
-	if err := validKeys(m.Keys); err != nil {
-		m.Reply.Answer(messages.LoadJob{}, err)
-		return
-	}
-	id := messages.JobID(b.cfg.JobSeq.Add(1))
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
-	b.ask(ctx, func(corr uint64) any {
+	askCPU(b, ctx, func(corr uint64) any {
 		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys}
-	}, func(r any) {
-		res := r.(*messages.PinResult)
+	}, func(res *messages.PinResult) {
 		if res.Err != nil {
-			m.Reply.Answer(messages.LoadJob{}, res.Err)
+			fail(res.Err)
 			return
 		}
 		j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, res.Slots)
 		b.arm(ctx, j)
 		m.Reply.Answer(messages.LoadJob{ID: id, Slots: res.Slots, Workers: len(j.reported)}, nil)
-	}, func(err error) { m.Reply.Answer(messages.LoadJob{}, err) })
+	}, fail)
 }
 
 func (b *Bridge) touch(ctx actor.Context, m *messages.Touch) {
@@ -367,22 +385,18 @@ func (b *Bridge) completeLoad(ctx actor.Context, m *messages.CompleteLoad) {
 }
 
 func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
-	if err := b.intakeErr(); err != nil {
-		m.Reply.Answer(messages.StorePlan{}, err)
+	fail := func(err error) { m.Reply.Answer(messages.StorePlan{}, err) }
+	id, err := b.admit(m.Keys)
+	if err != nil {
+		fail(err)
 		return
 	}
-	if err := validKeys(m.Keys); err != nil {
-		m.Reply.Answer(messages.StorePlan{}, err)
-		return
-	}
-	id := messages.JobID(b.cfg.JobSeq.Add(1))
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
-	b.ask(ctx, func(corr uint64) any {
+	askCPU(b, ctx, func(corr uint64) any {
 		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
-	}, func(r any) {
-		res := r.(*messages.ReserveResult)
+	}, func(res *messages.ReserveResult) {
 		if res.Err != nil {
-			m.Reply.Answer(messages.StorePlan{}, res.Err)
+			fail(res.Err)
 			return
 		}
 		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
@@ -396,7 +410,7 @@ func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
 			plan.Job, plan.Workers = id, len(j.reported)
 		}
 		m.Reply.Answer(plan, nil)
-	}, func(err error) { m.Reply.Answer(messages.StorePlan{}, err) })
+	}, fail)
 }
 
 func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
@@ -482,9 +496,9 @@ func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *message
 		}
 		b.drained(ctx)
 	}
-	b.ask(ctx, func(corr uint64) any {
+	askCPU(b, ctx, func(corr uint64) any {
 		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req, Place: place}
-	}, func(r any) { landed(r.(*messages.Ack).Err) }, landed)
+	}, func(r *messages.Ack) { landed(r.Err) }, landed)
 }
 
 // closeIfEmpty removes a job all of whose keys were claimed.
@@ -570,9 +584,9 @@ func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
 }
 
 func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
-	b.ask(ctx, func(corr uint64) any { return &messages.TakeTierEvents{Corr: corr} },
-		func(r any) {
-			events := r.(*messages.TierEvents).Events
+	askCPU(b, ctx, func(corr uint64) any { return &messages.TakeTierEvents{Corr: corr} },
+		func(r *messages.TierEvents) {
+			events := r.Events
 			if len(*b.carry) > 0 {
 				events = append(*b.carry, events...)
 				*b.carry = nil
@@ -649,8 +663,8 @@ func (b *Bridge) drainBy(ctx actor.Context, deadline time.Time, reply messages.R
 }
 
 func (b *Bridge) clearTier(ctx actor.Context, reply messages.Reply[struct{}]) {
-	b.ask(ctx, func(corr uint64) any { return &messages.ClearTier{Corr: corr} },
-		func(r any) { reply.Answer(struct{}{}, r.(*messages.Ack).Err) },
+	askCPU(b, ctx, func(corr uint64) any { return &messages.ClearTier{Corr: corr} },
+		func(r *messages.Ack) { reply.Answer(struct{}{}, r.Err) },
 		func(err error) { reply.Answer(struct{}{}, err) })
 }
 
@@ -682,8 +696,8 @@ func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
 func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
 	c := *b.cfg.Counters
 	jobs, requests, paused := len(b.reg.jobs), len(b.reg.byReq), b.paused
-	b.ask(ctx, func(corr uint64) any { return &messages.TierStats{Corr: corr} }, func(r any) {
-		s := r.(*messages.TierStatsResult).Stats
+	askCPU(b, ctx, func(corr uint64) any { return &messages.TierStats{Corr: corr} }, func(r *messages.TierStatsResult) {
+		s := r.Stats
 		s.JobsInFlight, s.Requests, s.Paused = jobs, requests, paused
 		s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
 			c.JobsCompleted, c.ReapedLoad, c.ReapedStore, c.LateReports

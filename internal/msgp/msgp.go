@@ -240,26 +240,13 @@ func (r *Reader) BinExact(n int) ([]byte, error) {
 	return p, nil
 }
 
-// arrayLen reads an array header of at most max elements; each element
+// ArrayLen reads an array header of at most max elements; each element
 // takes at least minBytes bytes, so a length beyond the frame is refused
 // before the caller allocates for it.
 func (r *Reader) ArrayLen(max, minBytes int) (int, error) {
-	c, err := r.Peek()
+	n, err := r.containerLen(0x90, 0xdc, "an array")
 	if err != nil {
 		return 0, err
-	}
-	var n uint64
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		r.Off++
-		n = uint64(c & 0x0f)
-	case c == 0xdc || c == 0xdd:
-		r.Off++
-		if n, err = r.BE(2 << (c - 0xdc)); err != nil {
-			return 0, err
-		}
-	default:
-		return 0, fmt.Errorf("want an array, got %s", codeName(c))
 	}
 	if n > uint64(max) {
 		return 0, OverBound("array of %d elements (max %d)", n, max)
@@ -270,24 +257,11 @@ func (r *Reader) ArrayLen(max, minBytes int) (int, error) {
 	return int(n), nil
 }
 
-// mapLen reads a map header of at most max entries.
+// MapLen reads a map header of at most max entries.
 func (r *Reader) MapLen(max int) (int, error) {
-	c, err := r.Peek()
+	n, err := r.containerLen(0x80, 0xde, "a map")
 	if err != nil {
 		return 0, err
-	}
-	var n uint64
-	switch {
-	case c >= 0x80 && c <= 0x8f:
-		r.Off++
-		n = uint64(c & 0x0f)
-	case c == 0xde || c == 0xdf:
-		r.Off++
-		if n, err = r.BE(2 << (c - 0xde)); err != nil {
-			return 0, err
-		}
-	default:
-		return 0, fmt.Errorf("want a map, got %s", codeName(c))
 	}
 	if n > uint64(max) {
 		return 0, OverBound("map of %d entries (max %d)", n, max)
@@ -296,6 +270,25 @@ func (r *Reader) MapLen(max int) (int, error) {
 		return 0, ErrShort
 	}
 	return int(n), nil
+}
+
+// containerLen reads the length of an array or a map header: fix is the
+// fixarray/fixmap code (0x90, 0x80), c16 the 16-bit form's (0xdc, 0xde),
+// and the 32-bit form's code follows c16.
+func (r *Reader) containerLen(fix, c16 byte, what string) (uint64, error) {
+	c, err := r.Peek()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c >= fix && c <= fix|0x0f:
+		r.Off++
+		return uint64(c & 0x0f), nil
+	case c == c16 || c == c16+1:
+		r.Off++
+		return r.BE(2 << (c - c16))
+	}
+	return 0, fmt.Errorf("want %s, got %s", what, codeName(c))
 }
 
 // skip steps over one value of any type (extension types and floats
@@ -471,25 +464,20 @@ func (w *Writer) Bin(p []byte) {
 	w.B = append(w.B, p...)
 }
 
-func (w *Writer) ArrayLen(n int) {
-	switch {
-	case n <= 15:
-		w.B = append(w.B, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		w.B = binary.BigEndian.AppendUint16(append(w.B, 0xdc), uint16(n))
-	default:
-		w.B = binary.BigEndian.AppendUint32(append(w.B, 0xdd), uint32(n))
-	}
-}
+func (w *Writer) ArrayLen(n int) { w.containerHeader(n, 0x90, 0xdc) }
 
-func (w *Writer) MapLen(n int) {
+func (w *Writer) MapLen(n int) { w.containerHeader(n, 0x80, 0xde) }
+
+// containerHeader writes an array or map header of n entries: fix is the
+// fixarray/fixmap code, c16 the 16-bit form's (the 32-bit form's follows).
+func (w *Writer) containerHeader(n int, fix, c16 byte) {
 	switch {
 	case n <= 15:
-		w.B = append(w.B, 0x80|byte(n))
+		w.B = append(w.B, fix|byte(n))
 	case n <= math.MaxUint16:
-		w.B = binary.BigEndian.AppendUint16(append(w.B, 0xde), uint16(n))
+		w.B = binary.BigEndian.AppendUint16(append(w.B, c16), uint16(n))
 	default:
-		w.B = binary.BigEndian.AppendUint32(append(w.B, 0xdf), uint32(n))
+		w.B = binary.BigEndian.AppendUint32(append(w.B, c16+1), uint32(n))
 	}
 }
 
@@ -497,4 +485,41 @@ func (w *Writer) MapLen(n int) {
 func (w *Writer) BinString(s string) {
 	w.BinHeader(len(s))
 	w.B = append(w.B, s...)
+}
+
+// Optional map entries: a field left at its zero value is omitted, never
+// written as an empty value. Count counts the entries that are present, for
+// the MapLen written before them.
+
+// Count returns how many of set are true.
+func Count(set ...bool) int {
+	n := 0
+	for _, on := range set {
+		if on {
+			n++
+		}
+	}
+	return n
+}
+
+// OptStr writes the entry name: v unless v is empty.
+func (w *Writer) OptStr(name, v string) { opt(w, name, v, v != "", w.Str) }
+
+// OptUint writes the entry name: v unless v is 0.
+func (w *Writer) OptUint(name string, v uint64) { opt(w, name, v, v != 0, w.Uint) }
+
+// OptInt writes the entry name: v unless v is 0.
+func (w *Writer) OptInt(name string, v int64) { opt(w, name, v, v != 0, w.Int) }
+
+// OptBin writes the entry name: v unless v is empty.
+func (w *Writer) OptBin(name string, v []byte) { opt(w, name, v, len(v) > 0, w.Bin) }
+
+// OptStrs writes the entry name: v unless v is empty.
+func (w *Writer) OptStrs(name string, v []string) { opt(w, name, v, len(v) > 0, w.Strs) }
+
+func opt[T any](w *Writer, name string, v T, present bool, write func(T)) {
+	if present {
+		w.Str(name)
+		write(v)
+	}
 }

@@ -16,13 +16,7 @@ type Prov struct {
 
 // Fields counts the map entries WriteProv writes for p.
 func (p *Prov) Fields() int {
-	n := 0
-	for _, set := range [...]bool{len(p.Tokens) > 0, p.BlockSize != 0, p.LoRAID != 0, p.LoRAName != "", len(p.Extra) > 0} {
-		if set {
-			n++
-		}
-	}
-	return n
+	return Count(len(p.Tokens) > 0, p.BlockSize != 0, p.LoRAID != 0, p.LoRAName != "", len(p.Extra) > 0)
 }
 
 // WriteProv writes p's set fields as map entries (key, value), in the
@@ -35,22 +29,10 @@ func (w *Writer) WriteProv(p *Prov) {
 			w.B = binary.LittleEndian.AppendUint32(w.B, uint32(t))
 		}
 	}
-	if p.BlockSize != 0 {
-		w.Str("block_size")
-		w.Uint(uint64(p.BlockSize))
-	}
-	if p.LoRAID != 0 {
-		w.Str("lora_id")
-		w.Int(int64(p.LoRAID))
-	}
-	if p.LoRAName != "" {
-		w.Str("lora_name")
-		w.Str(p.LoRAName)
-	}
-	if len(p.Extra) > 0 {
-		w.Str("extra")
-		w.Strs(p.Extra)
-	}
+	w.OptUint("block_size", uint64(p.BlockSize))
+	w.OptInt("lora_id", int64(p.LoRAID))
+	w.OptStr("lora_name", p.LoRAName)
+	w.OptStrs("extra", p.Extra)
 }
 
 // Strs writes ss as an array of str.

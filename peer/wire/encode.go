@@ -37,13 +37,10 @@ func encode(w *writer, f Frame) {
 	case *Ready:
 		header(w, 3, opReady, f.Epoch)
 	case *Refuse:
-		header(w, 4+count(f.Msg != ""), opRefuse, f.Epoch)
+		header(w, 4+msgp.Count(f.Msg != ""), opRefuse, f.Epoch)
 		w.Str("reason")
 		w.Str(f.Reason)
-		if f.Msg != "" {
-			w.Str("msg")
-			w.Str(f.Msg)
-		}
+		w.OptStr("msg", f.Msg)
 	case *Lookup:
 		header(w, 5, opLookup, f.Epoch)
 		round(w, f.Round)
@@ -64,14 +61,11 @@ func encode(w *writer, f Frame) {
 		w.Str("ttl")
 		w.Uint(uint64(f.TTLms))
 	case *TransferDone:
-		header(w, 5+count(f.Reason != ""), opTransferDone, f.Epoch)
+		header(w, 5+msgp.Count(f.Reason != ""), opTransferDone, f.Epoch)
 		round(w, f.Round)
 		w.Str("ok")
 		w.Bool(f.OK)
-		if f.Reason != "" {
-			w.Str("reason")
-			w.Str(f.Reason)
-		}
+		w.OptStr("reason", f.Reason)
 	case *Abort:
 		header(w, 4, opAbort, f.Epoch)
 		round(w, f.Round)
@@ -87,20 +81,11 @@ func encode(w *writer, f Frame) {
 		w.Str("seq")
 		w.Uint(f.Seq)
 	case *Bye:
-		header(w, 3+count(f.Reason != ""), opBye, f.Epoch)
-		if f.Reason != "" {
-			w.Str("reason")
-			w.Str(f.Reason)
-		}
+		header(w, 3+msgp.Count(f.Reason != ""), opBye, f.Epoch)
+		w.OptStr("reason", f.Reason)
 	}
 }
 
-func count(on bool) int {
-	if on {
-		return 1
-	}
-	return 0
-}
 
 // header writes the map header and the fields every frame has: v, op, e.
 func header(w *writer, fields int, o op, epoch uint64) {
@@ -120,25 +105,19 @@ func round(w *writer, r uint64) {
 
 func encodeHalf(w *writer, o op, node string, epoch uint64, nonce []byte, ns []string,
 	blockBytes, slots int, transport string, meta, mac []byte) {
-	header(w, 8+count(len(ns) > 0)+count(len(meta) > 0)+count(o == opWelcome), o, epoch)
+	header(w, 8+msgp.Count(len(ns) > 0, len(meta) > 0, o == opWelcome), o, epoch)
 	w.Str("node")
 	w.Str(node)
 	w.Str("nonce")
 	w.Bin(nonce)
-	if len(ns) > 0 {
-		w.Str("ns")
-		w.Strs(ns)
-	}
+	w.OptStrs("ns", ns)
 	w.Str("block_bytes")
 	w.Uint(uint64(blockBytes))
 	w.Str("slots")
 	w.Uint(uint64(slots))
 	w.Str("transport")
 	w.Str(transport)
-	if len(meta) > 0 {
-		w.Str("meta")
-		w.Bin(meta)
-	}
+	w.OptBin("meta", meta)
 	if o == opWelcome {
 		w.Str("mac")
 		w.Bin(mac)
@@ -159,12 +138,12 @@ func encodeKeys(w *writer, keys []Key) {
 }
 
 func encodeResp(w *writer, f *LookupResp) {
-	header(w, 6+count(len(f.Prov) > 0), opLookupResp, f.Epoch)
+	header(w, 6+msgp.Count(len(f.Prov) > 0), opLookupResp, f.Epoch)
 	round(w, f.Round)
 	w.Str("hits")
 	w.BinHeader(len(f.Hits))
 	for _, h := range f.Hits {
-		w.B = append(w.B, byte(count(h)))
+		w.B = append(w.B, byte(msgp.Count(h)))
 	}
 	w.Str("crc")
 	w.BinHeader(4 * len(f.Checksums))
@@ -188,11 +167,8 @@ func encodeProv(w *writer, p *Provenance) {
 		return
 	}
 	rest := msgp.Prov{Tokens: p.TokenIDs, BlockSize: p.BlockSize, LoRAID: p.LoRAID, LoRAName: p.LoRAName, Extra: p.ExtraKeys}
-	w.MapLen(count(len(p.ParentHash) > 0) + rest.Fields())
-	if len(p.ParentHash) > 0 {
-		w.Str("parent")
-		w.Bin(p.ParentHash)
-	}
+	w.MapLen(msgp.Count(len(p.ParentHash) > 0) + rest.Fields())
+	w.OptBin("parent", p.ParentHash)
 	w.WriteProv(&rest)
 }
 

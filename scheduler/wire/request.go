@@ -549,19 +549,8 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 		w.Nil()
 		return
 	}
-	n := 1
-	count := func(on bool) {
-		if on {
-			n++
-		}
-	}
-	count(c.Workers != 0)
-	count(len(c.TierFilter) > 0)
-	count(len(c.PeerSources) > 0)
-	count(c.ParentBlockHash != nil)
-	count(c.SpecKind != "")
-	count(c.SlidingWindow != 0)
-	count(c.SessionID != "")
+	n := 1 + msgp.Count(c.Workers != 0, len(c.TierFilter) > 0, len(c.PeerSources) > 0,
+		c.ParentBlockHash != nil, c.SpecKind != "", c.SlidingWindow != 0, c.SessionID != "")
 	prov := msgp.Prov{Tokens: c.TokenIDs, BlockSize: c.BlockSize, LoRAID: c.LoRAID, LoRAName: c.LoRAName, Extra: c.ExtraKeys}
 	w.MapLen(n + prov.Fields())
 	w.Str("id")
@@ -570,33 +559,15 @@ func encodeReqContext(w *writer, c *messages.ReqContext, strip string) {
 		id = id[len(strip):]
 	}
 	w.Str(id)
-	if c.Workers != 0 {
-		w.Str("workers")
-		w.Uint(uint64(c.Workers))
-	}
-	if len(c.TierFilter) > 0 {
-		w.Str("tiers")
-		w.Strs(c.TierFilter)
-	}
-	if len(c.PeerSources) > 0 {
-		w.Str("peers")
-		w.Strs(c.PeerSources)
-	}
-	if c.ParentBlockHash != nil {
+	w.OptUint("workers", uint64(c.Workers))
+	w.OptStrs("tiers", c.TierFilter)
+	w.OptStrs("peers", c.PeerSources)
+	if c.ParentBlockHash != nil { // NB: not OptBin: an empty parent hash is sent
 		w.Str("parent")
 		w.Bin(c.ParentBlockHash)
 	}
 	w.WriteProv(&prov)
-	if c.SpecKind != "" {
-		w.Str("kv_cache_spec_kind")
-		w.Str(c.SpecKind)
-	}
-	if c.SlidingWindow != 0 {
-		w.Str("sliding_window")
-		w.Uint(uint64(c.SlidingWindow))
-	}
-	if c.SessionID != "" {
-		w.Str("session_id")
-		w.Str(c.SessionID)
-	}
+	w.OptStr("kv_cache_spec_kind", c.SpecKind)
+	w.OptUint("sliding_window", uint64(c.SlidingWindow))
+	w.OptStr("session_id", c.SessionID)
 }

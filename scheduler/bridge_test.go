@@ -1,15 +1,25 @@
 package scheduler
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/supervision"
 )
 
-// The bridge's job registry is plain data; these drive it with no actor.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The bridge's job registry is plain data: the registry tests drive it with
+// no actor. The actor tests at the end spawn a bridge against a scripted CPU
+// tier.
 
 func k(i int) messages.Key {
 	return messages.Key{Namespace: "ns", Hash: string(rune('a' + i))}
@@ -108,4 +118,55 @@ func TestJobPlacedOrdersKeysByTheirPlaceInTheCall(t *testing.T) {
 	assert.Equal(t, []messages.Key{k(1), k(2), k(0)}, keys, "parents before children")
 	assert.Equal(t, []int{0, 1, 2}, []int{place[0].Index, place[1].Index, place[2].Index})
 	assert.Equal(t, "x", place[1].Parent)
+}
+
+// wrongTypeCPU answers the first LookupAndLease with an Ack (a protocol bug
+// in the tier) and every later one with its proper LookupResult: all HITs.
+type wrongTypeCPU struct{ lookups int }
+
+func (c *wrongTypeCPU) Receive(ctx actor.Context) {
+	m, ok := ctx.Message().(*messages.LookupAndLease)
+	if !ok {
+		return
+	}
+	c.lookups++
+	if c.lookups == 1 {
+		ctx.Respond(&messages.Ack{Corr: m.Corr})
+		return
+	}
+	status := make([]messages.LookupStatus, len(m.Keys))
+	for i := range status {
+		status[i] = messages.Hit
+	}
+	ctx.Respond(&messages.LookupResult{Corr: m.Corr, Status: status})
+}
+
+// A CPU-tier answer of the wrong type fails that one engine call with
+// ErrInternal (a panic would answer ErrRestarted instead); the call is not
+// left unanswered, and the next call is served.
+func TestBridgeFailsACallWhoseAnswerHasTheWrongTypeAndKeepsServing(t *testing.T) {
+	system := actor.NewActorSystem()
+	defer system.Shutdown()
+	cpu := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &wrongTypeCPU{} }))
+	var seq atomic.Uint64
+	bridge := system.Root.Spawn(Props(Config{CPU: cpu, Clock: supervision.RealClock{}, LeaseTTL: time.Second,
+		Workers: 1, LoadTimeout: time.Second, StoreTimeout: time.Second, JobSeq: &seq,
+		Counters: &Counters{}, Log: zerolog.Nop()}))
+
+	lookup := func() messages.Result[[]messages.LookupStatus] {
+		reply := messages.NewReply[[]messages.LookupStatus]()
+		system.Root.Send(bridge, &messages.Lookup{Req: &messages.ReqContext{RequestID: "r"}, Keys: []messages.Key{k(0)}, Reply: reply})
+		select {
+		case r := <-reply:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("the bridge never answered the Lookup")
+			return messages.Result[[]messages.LookupStatus]{}
+		}
+	}
+	first := lookup()
+	require.ErrorIs(t, first.Err, messages.ErrInternal)
+	second := lookup()
+	require.NoError(t, second.Err)
+	require.Equal(t, []messages.LookupStatus{messages.Hit}, second.Value)
 }
