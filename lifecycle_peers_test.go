@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/internal/testloop"
 	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
@@ -286,35 +287,19 @@ func TestLifecyclePauseClearCacheWithParkedPeerRounds(t *testing.T) {
 
 // fetchLoop fetches ids from cons's peers over and over, clearing cons's
 // primary between rounds so each round goes to a peer. Every verified
-// round is counted and signalled; a round that finds no peer copy (the
-// producer went away) is counted as missed.
+// round is counted; a round that finds no peer copy (the producer went
+// away) is counted as missed.
 type fetchLoop struct {
+	*testloop.Loop
 	verified, missed atomic.Int64
-	tick, missTick   chan struct{} // one token per verified / missed round
-	stop, done       chan struct{}
-	err              error
 }
 
 func startFetchLoop(t *testing.T, cons *harness, ids ...int) *fetchLoop {
 	t.Helper()
-	l := &fetchLoop{tick: make(chan struct{}, 1<<16), missTick: make(chan struct{}, 1<<16),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	l := &fetchLoop{}
 	ks := keys(ids...)
 	want := make([]byte, testBlock)
-	go func() {
-		defer close(l.done)
-		for n := 0; ; n++ {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			if l.err = l.round(cons, n, ks, ids, want); l.err != nil {
-				return
-			}
-		}
-	}()
-	t.Cleanup(l.halt)
+	l.Loop = testloop.Start(t, func(n int, _ <-chan struct{}) error { return l.round(cons, n, ks, ids, want) })
 	return l
 }
 
@@ -335,7 +320,6 @@ func (l *fetchLoop) round(cons *harness, n int, ks []messages.Key, ids []int, wa
 	for _, s := range st {
 		if s != messages.Hit {
 			l.missed.Add(1)
-			signal(l.missTick)
 			return m.ResetCache(ctx)
 		}
 	}
@@ -353,50 +337,7 @@ func (l *fetchLoop) round(cons *harness, n int, ks []messages.Key, ids []int, wa
 		return err
 	}
 	l.verified.Add(1)
-	signal(l.tick)
 	return m.ResetCache(ctx)
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
-// awaitRounds waits until n more rounds than so far were verified.
-func (l *fetchLoop) awaitRounds(t *testing.T, ctx context.Context, n int) {
-	t.Helper()
-	l.await(t, ctx, l.tick, &l.verified, n)
-}
-
-// awaitMisses waits until n more rounds than so far found no peer copy.
-func (l *fetchLoop) awaitMisses(t *testing.T, ctx context.Context, n int) {
-	t.Helper()
-	l.await(t, ctx, l.missTick, &l.missed, n)
-}
-
-func (l *fetchLoop) await(t *testing.T, ctx context.Context, ch chan struct{}, count *atomic.Int64, n int) {
-	t.Helper()
-	target := count.Load() + int64(n)
-	for count.Load() < target {
-		select {
-		case <-ch:
-		case <-l.done:
-			t.Fatalf("fetch loop ended: %v", l.err)
-		case <-ctx.Done():
-			t.Fatalf("fetch loop made no progress: %v", ctx.Err())
-		}
-	}
-}
-
-func (l *fetchLoop) halt() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	<-l.done
 }
 
 // socketFDs counts this process's open sockets.
@@ -436,14 +377,14 @@ func TestLifecycleShutdownUnderPeerLoad(t *testing.T) {
 	prod.idle() // cascaded to the fs tier
 
 	loop := startFetchLoop(t, cons, ids(0, 8)...)
-	loop.awaitRounds(t, cons.ctx, 2)
+	loop.Await(t, cons.ctx, &loop.verified, 2, "verified rounds")
 
 	require.NoError(t, prod.m.Pause(prod.ctx, false))
 	require.False(t, prod.pending())
-	loop.awaitRounds(t, cons.ctx, 3) // served while paused
+	loop.Await(t, cons.ctx, &loop.verified, 3, "rounds served while paused")
 	require.True(t, prod.stats().Paused)
 	require.NoError(t, prod.m.Resume(prod.ctx))
-	loop.awaitRounds(t, cons.ctx, 1)
+	loop.Await(t, cons.ctx, &loop.verified, 1, "a verified round after resume")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -457,9 +398,8 @@ func TestLifecycleShutdownUnderPeerLoad(t *testing.T) {
 	require.ErrorIs(t, err, messages.ErrClosed, "a call after Close fails at once")
 
 	// The consumer keeps running: its rounds now find no peer copy.
-	loop.awaitMisses(t, cons.ctx, 2)
-	loop.halt()
-	require.NoError(t, loop.err)
+	loop.Await(t, cons.ctx, &loop.missed, 2, "rounds that found no peer copy")
+	require.NoError(t, loop.Halt())
 	cons.idle()
 	cons.quiet()
 

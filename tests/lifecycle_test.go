@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/internal/testloop"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -27,37 +28,18 @@ import (
 // and over, verifying every byte and clearing the daemon's primary tier
 // between rounds so each round goes to a peer.
 type peerFetchLoop struct {
+	*testloop.Loop
 	verified, missed atomic.Int64
-	tick             chan struct{}
-	stop, done       chan struct{}
-	err              error
 }
 
 func startPeerFetchLoop(t *testing.T, ctx context.Context, p *peerDaemon, ks []messages.Key) *peerFetchLoop {
 	t.Helper()
-	l := &peerFetchLoop{tick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		for n := 0; ; n++ {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			if l.err = l.round(ctx, p, n, ks); l.err != nil {
-				return
-			}
-			select {
-			case l.tick <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	t.Cleanup(l.halt)
+	l := &peerFetchLoop{}
+	l.Loop = testloop.Start(t, func(n int, stopping <-chan struct{}) error { return l.round(ctx, p, n, ks, stopping) })
 	return l
 }
 
-func (l *peerFetchLoop) round(ctx context.Context, p *peerDaemon, n int, ks []messages.Key) error {
+func (l *peerFetchLoop) round(ctx context.Context, p *peerDaemon, n int, ks []messages.Key, stopping <-chan struct{}) error {
 	req := &messages.ReqContext{RequestID: fmt.Sprintf("loop-%d", n)}
 	defer p.eng.RequestFinished(ctx, req) //nolint:errcheck // checked by requireQuiet
 	var st []messages.LookupStatus
@@ -70,7 +52,7 @@ func (l *peerFetchLoop) round(ctx context.Context, p *peerDaemon, n int, ks []me
 			break
 		}
 		select {
-		case <-l.stop:
+		case <-stopping:
 			return nil
 		default:
 		}
@@ -97,30 +79,6 @@ func (l *peerFetchLoop) round(ctx context.Context, p *peerDaemon, n int, ks []me
 	return p.eng.ResetCache(ctx)
 }
 
-// await waits until count grew by n.
-func (l *peerFetchLoop) await(t *testing.T, ctx context.Context, count *atomic.Int64, n int64, what string) {
-	t.Helper()
-	target := count.Load() + n
-	for count.Load() < target {
-		select {
-		case <-l.tick:
-		case <-l.done:
-			t.Fatalf("fetch loop ended waiting for %s: %v", what, l.err)
-		case <-ctx.Done():
-			t.Fatalf("fetch loop: no %s: %v", what, ctx.Err())
-		}
-	}
-}
-
-func (l *peerFetchLoop) halt() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	<-l.done
-}
-
 // terminate sends SIGTERM and requires a clean exit (0) before the
 // liveness bound.
 func (d *daemon) terminate(t *testing.T, what string) {
@@ -144,18 +102,18 @@ func TestLifecyclePausedDaemonServesPeersAndShutsDownUnderLoad(t *testing.T) {
 	a.storeBlocks(t, ctx, ks)
 
 	loop := startPeerFetchLoop(t, ctx, b, ks)
-	loop.await(t, ctx, &loop.verified, 2, "verified round")
+	loop.Await(t, ctx, &loop.verified, 2, "verified round")
 
 	require.NoError(t, a.eng.Pause(ctx, false))
 	has, err := a.eng.HasPendingWork(ctx)
 	require.NoError(t, err)
 	require.False(t, has, "serving a peer is not engine work")
-	loop.await(t, ctx, &loop.verified, 3, "round verified while the producer is paused")
+	loop.Await(t, ctx, &loop.verified, 3, "round verified while the producer is paused")
 	st, err := a.eng.Lookup(ctx, &messages.ReqContext{RequestID: "own"}, ks[:1], false)
 	require.NoError(t, err)
 	require.Equal(t, messages.Miss, st[0], "the paused producer's own engine gets MISS")
 	require.NoError(t, a.eng.Resume(ctx))
-	loop.await(t, ctx, &loop.verified, 1, "verified round after resume")
+	loop.Await(t, ctx, &loop.verified, 1, "verified round after resume")
 
 	pool := a.cmd.Args[2] // --pool-path's value
 	a.terminate(t, "producer under peer load")
@@ -164,9 +122,8 @@ func TestLifecyclePausedDaemonServesPeersAndShutsDownUnderLoad(t *testing.T) {
 	_, err = os.Stat(pool)
 	require.ErrorIs(t, err, os.ErrNotExist, "the producer removed its pool")
 
-	loop.await(t, ctx, &loop.missed, 2, "round that recomputes once the producer is gone")
-	loop.halt()
-	require.NoError(t, loop.err)
+	loop.Await(t, ctx, &loop.missed, 2, "round that recomputes once the producer is gone")
+	require.NoError(t, loop.Halt())
 	b.requireQuiet(t, ctx)
 	b.terminate(t, "consumer")
 }
@@ -183,13 +140,12 @@ func TestLifecycleDaemonShutsDownWithAStoppedPeer(t *testing.T) {
 	a.storeBlocks(t, ctx, ks)
 
 	loop := startPeerFetchLoop(t, ctx, b, ks)
-	loop.await(t, ctx, &loop.verified, 2, "verified round")
+	loop.Await(t, ctx, &loop.verified, 2, "verified round")
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // frozen mid-fetch: sockets open, nobody answers
-	loop.await(t, ctx, &loop.missed, 3, "round that gave up on the frozen producer")
+	loop.Await(t, ctx, &loop.missed, 3, "round that gave up on the frozen producer")
 
 	b.terminate(t, "consumer of a frozen peer")
-	loop.halt()
-	require.ErrorIs(t, loop.err, messages.ErrClosed, "the engine learns the node closed")
+	require.ErrorIs(t, loop.Halt(), messages.ErrClosed, "the engine learns the node closed")
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	a.terminate(t, "producer after SIGCONT")

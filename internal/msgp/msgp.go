@@ -434,28 +434,27 @@ func (w *Writer) Int(v int64) {
 }
 
 func (w *Writer) Str(s string) {
-	n := len(s)
-	switch {
-	case n <= 31:
+	if n := len(s); n <= 31 {
 		w.B = append(w.B, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		w.B = append(w.B, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		w.B = binary.BigEndian.AppendUint16(append(w.B, 0xda), uint16(n))
-	default:
-		w.B = binary.BigEndian.AppendUint32(append(w.B, 0xdb), uint32(n))
+	} else {
+		w.sizedHeader(n, 0xd9)
 	}
 	w.B = append(w.B, s...)
 }
 
-func (w *Writer) BinHeader(n int) {
+func (w *Writer) BinHeader(n int) { w.sizedHeader(n, 0xc4) }
+
+// sizedHeader writes a str or bin header in its 8-, 16- or 32-bit length
+// form: c8 is the 8-bit form's code (str8 0xd9, bin8 0xc4), and the 16- and
+// 32-bit forms' codes follow it.
+func (w *Writer) sizedHeader(n int, c8 byte) {
 	switch {
 	case n <= math.MaxUint8:
-		w.B = append(w.B, 0xc4, byte(n))
+		w.B = append(w.B, c8, byte(n))
 	case n <= math.MaxUint16:
-		w.B = binary.BigEndian.AppendUint16(append(w.B, 0xc5), uint16(n))
+		w.B = binary.BigEndian.AppendUint16(append(w.B, c8+1), uint16(n))
 	default:
-		w.B = binary.BigEndian.AppendUint32(append(w.B, 0xc6), uint32(n))
+		w.B = binary.BigEndian.AppendUint32(append(w.B, c8+2), uint32(n))
 	}
 }
 

@@ -1,12 +1,15 @@
 package msgp
 
 import (
+	"bytes"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func TestRoundTripPicksExactTypes(t *testing.T) {
@@ -79,4 +82,52 @@ func FuzzSkip(f *testing.F) {
 			t.Fatalf("skipped %d bytes of %d", r.Off, len(b))
 		}
 	})
+}
+
+// The writer's headers agree byte for byte with an independent msgpack
+// encoder (the one vLLM-compatible events are decoded with) at every length
+// where the encoding changes form, and the reader takes them back.
+func TestHeadersMatchAnIndependentEncoderAtEveryFormBoundary(t *testing.T) {
+	other := func(encode func(*msgpack.Encoder) error) []byte {
+		var buf bytes.Buffer
+		enc := msgpack.NewEncoder(&buf)
+		enc.UseCompactInts(true)
+		require.NoError(t, encode(enc))
+		return buf.Bytes()
+	}
+	for _, n := range []int{0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536} {
+		s := strings.Repeat("x", n)
+		var w Writer
+		w.Str(s)
+		require.Equal(t, other(func(e *msgpack.Encoder) error { return e.EncodeString(s) }), w.B, "str of %d bytes", n)
+		got, err := (&Reader{B: w.B}).Str(n)
+		require.NoError(t, err)
+		require.Equal(t, s, got)
+
+		w = Writer{}
+		w.Bin([]byte(s))
+		require.Equal(t, other(func(e *msgpack.Encoder) error { return e.EncodeBytes([]byte(s)) }), w.B, "bin of %d bytes", n)
+
+		w = Writer{}
+		w.ArrayLen(n)
+		require.Equal(t, other(func(e *msgpack.Encoder) error { return e.EncodeArrayLen(n) }), w.B, "array of %d", n)
+		w = Writer{}
+		w.MapLen(n)
+		require.Equal(t, other(func(e *msgpack.Encoder) error { return e.EncodeMapLen(n) }), w.B, "map of %d", n)
+	}
+}
+
+func TestOptionalEntriesAreWrittenOnlyWhenSetAndCounted(t *testing.T) {
+	var w Writer
+	set := []bool{true, false, true, false, true}
+	w.MapLen(Count(set...))
+	w.OptStr("a", "x")
+	w.OptStr("skipped", "")
+	w.OptUint("b", 7)
+	w.OptInt("skipped", 0)
+	w.OptStrs("c", []string{"y"})
+	w.OptBin("skipped", nil)
+	var got map[string]any
+	require.NoError(t, msgpack.Unmarshal(w.B, &got))
+	assert.Equal(t, map[string]any{"a": "x", "b": int8(7), "c": []any{"y"}}, got)
 }

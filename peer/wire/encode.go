@@ -67,25 +67,26 @@ func encode(w *writer, f Frame) {
 		w.Bool(f.OK)
 		w.OptStr("reason", f.Reason)
 	case *Abort:
-		header(w, 4, opAbort, f.Epoch)
-		round(w, f.Round)
+		encodeUintFrame(w, opAbort, f.Epoch, "round", f.Round)
 	case *AbortAck:
-		header(w, 4, opAbortAck, f.Epoch)
-		round(w, f.Round)
+		encodeUintFrame(w, opAbortAck, f.Epoch, "round", f.Round)
 	case *Ping:
-		header(w, 4, opPing, f.Epoch)
-		w.Str("seq")
-		w.Uint(f.Seq)
+		encodeUintFrame(w, opPing, f.Epoch, "seq", f.Seq)
 	case *Pong:
-		header(w, 4, opPong, f.Epoch)
-		w.Str("seq")
-		w.Uint(f.Seq)
+		encodeUintFrame(w, opPong, f.Epoch, "seq", f.Seq)
 	case *Bye:
 		header(w, 3+msgp.Count(f.Reason != ""), opBye, f.Epoch)
 		w.OptStr("reason", f.Reason)
 	}
 }
 
+// encodeUintFrame writes a frame whose only field beyond the header is one
+// uint: an Abort's or AbortAck's round, a Ping's or Pong's seq.
+func encodeUintFrame(w *writer, o op, epoch uint64, name string, v uint64) {
+	header(w, 4, o, epoch)
+	w.Str(name)
+	w.Uint(v)
+}
 
 // header writes the map header and the fields every frame has: v, op, e.
 func header(w *writer, fields int, o op, epoch uint64) {
