@@ -44,13 +44,7 @@ func (h *harness) objPID() *actor.PID {
 // awaitObjHealth returns once the obj tier's health is healthy.
 func (h *harness) awaitObjHealth(healthy bool) {
 	h.t.Helper()
-	r := messages.NewReply[struct{}]()
-	h.node.system.Root.Send(h.objPID(), &obj.AwaitHealth{Healthy: healthy, Reply: r})
-	select {
-	case <-r:
-	case <-h.ctx.Done():
-		h.t.Fatalf("obj tier never became healthy=%v", healthy)
-	}
+	objtest.AwaitHealth(h.t, h.ctx, h.node.system.Root, h.objPID(), healthy)
 }
 
 func TestObjCascadeThenPromotion(t *testing.T) {

@@ -6,8 +6,8 @@ package bench
 // stdout, then answers each request line read from stdin with one reply
 // line, in order, until a quit request or the end of stdin. Lines are JSON.
 //
-// Requests are typed: each protocol is a sealed set of request structs (an
-// interface Q whose marker method each gets from an embedded empty struct,
+// Requests are typed: each protocol is a sealed set of request structs (each
+// embeds request[P], P a type naming the protocol, so it is a requestOf[P];
 // and the list newRequestTypes makes of them), sent by their Go type name
 // and decoded into that type, so a child's handler is a type switch. The reply is one
 // struct type R per protocol, its fields filled by request; a handler's
@@ -26,6 +26,14 @@ import (
 
 	"github.com/kvtier/kvtier/internal/proc"
 )
+
+// request marks a struct as a request of the protocol P (embedded in each).
+type request[P any] struct{}
+
+func (request[P]) requestOf(P) {}
+
+// requestOf is the interface every request of the protocol P satisfies.
+type requestOf[P any] interface{ requestOf(P) }
 
 // requestLine is a request on the wire: Type names one of the protocol's
 // request types and Body is its value; Quit ends the child.

@@ -13,11 +13,11 @@ import (
 // A protocol of two requests and a child that answers only the first, to
 // test the children's protocol through a real process (this test binary
 // run again with KVTIER_BENCH_TEST_CHILD set).
-type testRequest interface{ testRequest() }
-
-type testReq struct{}
-
-func (testReq) testRequest() {}
+type (
+	testRequest  = requestOf[testProtocol]
+	testReq      = request[testProtocol]
+	testProtocol struct{}
+)
 
 type (
 	testAdd struct {

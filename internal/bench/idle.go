@@ -296,20 +296,12 @@ func (s *idleSetup) pauseUnderLoad(_ context.Context, o IdleOptions, res *IdleRe
 		return fmt.Errorf("pause: %w", err)
 	}
 	res.PauseMs = r.Ms
-	before, err := p.call(idleMark{})
-	if err != nil {
-		return err
-	}
-	st0, err := s.node.call(idleStatus{})
+	before, st0, err := s.snapshot(p)
 	if err != nil {
 		return err
 	}
 	time.Sleep(o.PauseWindow) // NB: the paused window being measured
-	after, err := p.call(idleMark{})
-	if err != nil {
-		return err
-	}
-	st1, err := s.node.call(idleStatus{})
+	after, st1, err := s.snapshot(p)
 	if err != nil {
 		return err
 	}
@@ -320,6 +312,15 @@ func (s *idleSetup) pauseUnderLoad(_ context.Context, o IdleOptions, res *IdleRe
 	res.PendingWhileServing, res.PausedLookupMiss = st1.Pending, st1.EngineMiss
 	_, err = s.node.call(idleResume{})
 	return err
+}
+
+// snapshot reads the fetching peer's counters, then the node's status.
+func (s *idleSetup) snapshot(p *idleChild) (mark, status idleReply, err error) {
+	if mark, err = p.call(idleMark{}); err != nil {
+		return mark, status, err
+	}
+	status, err = s.node.call(idleStatus{})
+	return mark, status, err
 }
 
 // shutdownUnderLoad closes the node gracefully while the peer fetches.

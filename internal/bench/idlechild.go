@@ -30,12 +30,11 @@ import (
 // idleRequest is a request to a child of the idle scenario: the measured
 // node answers settle, probe, pause, status, resume and close; a peer
 // settle, wait, fetch and mark; the engine settle.
-type idleRequest interface{ idleRequest() }
-
-// idleReq makes a struct a request of the idle scenario (embedded in each).
-type idleReq struct{}
-
-func (idleReq) idleRequest() {}
+type (
+	idleRequest  = requestOf[idleProtocol]
+	idleReq      = request[idleProtocol] // embedded in each
+	idleProtocol struct{}
+)
 
 type (
 	// idleSettle: collect and return free memory before the window.

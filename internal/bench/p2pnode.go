@@ -33,12 +33,11 @@ type NodeOptions struct {
 }
 
 // p2pRequest is a request to a node process.
-type p2pRequest interface{ p2pRequest() }
-
-// p2pReq makes a struct a request to a node process (embedded in each).
-type p2pReq struct{}
-
-func (p2pReq) p2pRequest() {}
+type (
+	p2pRequest  = requestOf[p2pProtocol]
+	p2pReq      = request[p2pProtocol] // embedded in each
+	p2pProtocol struct{}
+)
 
 type (
 	// p2pWaitPeer: wait until the session to Node is up.

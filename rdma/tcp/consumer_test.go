@@ -60,6 +60,19 @@ func (g *consumerRig) dial() net.Conn {
 }
 
 // expect registers an expectation from "p".
+// partialTransfer expects a transfer of random data into dst under a new
+// token, dials, and sends the transfer's header and the part of its
+// payload that cut takes of the data; the connection stays open.
+func (g *consumerRig) partialTransfer(dst []int, cut func(data [][]byte) [][]byte) (rdma.Token, *doneRec, [][]byte, net.Conn) {
+	g.t.Helper()
+	tok := rdma.NewToken()
+	d := g.expect(tok, dst)
+	data := randomSlots(g.rng, len(dst), rigSlotBytes)
+	c := g.dial()
+	send(g.t, c, append([][]byte{frame("p", tok, rigSlotBytes, dst)}, cut(data)...)...)
+	return tok, d, data, c
+}
+
 func (g *consumerRig) expect(tok rdma.Token, dst []int) *doneRec {
 	g.t.Helper()
 	d := newDone()
@@ -199,11 +212,8 @@ func TestConsumerSequentialOnOneConn(t *testing.T) {
 // slots are never written again.
 func TestConsumerCancelMidPayload(t *testing.T) {
 	g := newConsumerRig(t, Config{})
-	tok, dst := rdma.NewToken(), []int{2, 9}
-	d := g.expect(tok, dst)
-	data := randomSlots(g.rng, 2, rigSlotBytes)
-	c := g.dial()
-	send(t, c, frame("p", tok, rigSlotBytes, dst), data[0][:rigSlotBytes/2])
+	dst := []int{2, 9}
+	tok, d, data, c := g.partialTransfer(dst, func(data [][]byte) [][]byte { return [][]byte{data[0][:rigSlotBytes/2]} })
 	if got := recv(t, g.claimed, "claim"); got != tok {
 		t.Fatalf("claimed %s, want %s", got, tok)
 	}
@@ -235,11 +245,8 @@ func TestConsumerCancelMidPayload(t *testing.T) {
 // owner's Cancel or deadline); partial bytes are never reported done.
 func TestConsumerProducerDiesMidPayload(t *testing.T) {
 	g := newConsumerRig(t, Config{})
-	tok, dst := rdma.NewToken(), []int{4, 1}
-	d := g.expect(tok, dst)
-	data := randomSlots(g.rng, 2, rigSlotBytes)
-	c := g.dial()
-	send(t, c, frame("p", tok, rigSlotBytes, dst), data[0], data[1][:100])
+	dst := []int{4, 1}
+	tok, d, _, c := g.partialTransfer(dst, func(data [][]byte) [][]byte { return [][]byte{data[0], data[1][:100]} })
 	recv(t, g.claimed, "claim")
 	c.Close()
 	wantErr(t, "payload broken off", recv(t, g.refused, "refusal"), rdma.ErrProtocol)

@@ -100,13 +100,7 @@ func (h *tierHarness) stats() messages.SecondaryStats {
 
 func (h *tierHarness) awaitHealth(healthy bool) {
 	h.T.Helper()
-	r := messages.NewReply[struct{}]()
-	h.System.Root.Send(h.PID, &obj.AwaitHealth{Healthy: healthy, Reply: r})
-	select {
-	case <-r:
-	case <-h.Ctx.Done():
-		h.T.Fatalf("tier never became healthy=%v", healthy)
-	}
+	objtest.AwaitHealth(h.T, h.Ctx, h.System.Root, h.PID, healthy)
 }
 
 func TestRoundTripVerifiedAndHeadLookups(t *testing.T) {

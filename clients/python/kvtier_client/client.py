@@ -51,33 +51,34 @@ class Request:
     sliding_window: int = 0       # the group's sliding window in tokens; 0 = none
     session_id: str = ""
 
+    # The optional fields, in wire order: each is sent only when set (a
+    # parent hash even when empty), never as an empty value.
+    _SCALARS = ("workers",)
+    _LISTS = ("tiers", "peers")
+    _PROVENANCE = ("block_size", "lora_id", "lora_name")
+    _VLLM_033 = ("kv_cache_spec_kind", "sliding_window", "session_id")
+
     def wire(self) -> dict:
         m: dict = {"id": self.id}
-        if self.workers:
-            m["workers"] = self.workers
-        if self.tiers:
-            m["tiers"] = list(self.tiers)
-        if self.peers:
-            m["peers"] = list(self.peers)
+        self._put(m, self._SCALARS)
+        for name in self._LISTS:
+            if getattr(self, name):
+                m[name] = list(getattr(self, name))
         if self.parent is not None:
             m["parent"] = bytes(self.parent)
         if self.tokens:
             m["tokens"] = struct.pack(f"<{len(self.tokens)}i", *self.tokens)
-        if self.block_size:
-            m["block_size"] = self.block_size
-        if self.lora_id:
-            m["lora_id"] = self.lora_id
-        if self.lora_name:
-            m["lora_name"] = self.lora_name
+        self._put(m, self._PROVENANCE)
         if self.extra:
             m["extra"] = list(self.extra)
-        if self.kv_cache_spec_kind:
-            m["kv_cache_spec_kind"] = self.kv_cache_spec_kind
-        if self.sliding_window:
-            m["sliding_window"] = self.sliding_window
-        if self.session_id:
-            m["session_id"] = self.session_id
+        self._put(m, self._VLLM_033)
         return m
+
+    def _put(self, m: dict, names: Sequence[str]) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value:
+                m[name] = value
 
 
 @dataclass

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 
+	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
@@ -72,5 +74,18 @@ func Corrupt(t testing.TB, ctx context.Context, c *obj.Minio, bucket, name strin
 	flip(data)
 	if _, err := c.Raw().PutObject(ctx, bucket, name, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// AwaitHealth waits until the obj tier actor pid reports healthy (or
+// unhealthy), failing the test if ctx ends first.
+func AwaitHealth(t testing.TB, ctx context.Context, root *actor.RootContext, pid *actor.PID, healthy bool) {
+	t.Helper()
+	r := messages.NewReply[struct{}]()
+	root.Send(pid, &obj.AwaitHealth{Healthy: healthy, Reply: r})
+	select {
+	case <-r:
+	case <-ctx.Done():
+		t.Fatalf("obj tier never became healthy=%v", healthy)
 	}
 }
