@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -151,7 +150,7 @@ func TestBridgeFailsACallWhoseAnswerHasTheWrongTypeAndKeepsServing(t *testing.T)
 	var seq atomic.Uint64
 	bridge := system.Root.Spawn(Props(Config{CPU: cpu, Clock: supervision.RealClock{}, LeaseTTL: time.Second,
 		Workers: 1, LoadTimeout: time.Second, StoreTimeout: time.Second, JobSeq: &seq,
-		Counters: &Counters{}, Log: zerolog.Nop()}))
+		Counters: &Counters{}})) // a zero Log is disabled
 
 	lookup := func() messages.Result[[]messages.LookupStatus] {
 		reply := messages.NewReply[[]messages.LookupStatus]()

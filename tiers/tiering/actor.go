@@ -160,12 +160,17 @@ type job struct {
 	timer       supervision.Timer
 }
 
-// stalled marks j reaped at its deadline and logs it with its tier I/O
-// still outstanding (named io).
-func (a *Actor) stalled(j *job, kind, io string) {
+// stalled marks j reaped at its deadline, counts it in reaped and logs it
+// with its tier I/O still outstanding (named io); false if it already was.
+func (a *Actor) stalled(j *job, reaped *uint64, kind, io string) bool {
+	if j.reaped {
+		return false
+	}
 	j.reaped = true
+	*reaped++
 	a.log.Warn().Uint64("job", uint64(j.id)).Str("tier", a.cfg.Tiers[j.tier].Name).Int("keys", len(j.keys)).
 		Int(io, j.outstanding).Msg("tiering: stalled " + kind + " reaped")
+	return true
 }
 
 func (a *Actor) nextJob() messages.JobRef {

@@ -157,12 +157,9 @@ func (a *Actor) maybeEndCascade(ctx actor.Context, c *cascade) {
 }
 
 func (a *Actor) reapCascade(ctx actor.Context, id messages.JobID) {
-	c := a.cascades[id]
-	if c == nil || c.reaped {
-		return
+	if c := a.cascades[id]; c != nil {
+		a.stalled(&c.job, &a.stats.CascadesReaped, "cascade", "writes_outstanding")
 	}
-	a.stats.CascadesReaped++
-	a.stalled(&c.job, "cascade", "writes_outstanding")
 	// Writes still running keep their pins until they return (a worker is
 	// reading those slots); pins still being granted are dropped then too.
 }

@@ -238,11 +238,9 @@ func (a *Actor) release(ctx actor.Context, id messages.JobID) {
 
 func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
 	prom := a.proms[id]
-	if prom == nil || prom.reaped {
+	if prom == nil || !a.stalled(&prom.job, &a.stats.PromotionsReaped, "promotion", "reads_outstanding") {
 		return
 	}
-	a.stats.PromotionsReaped++
-	a.stalled(&prom.job, "promotion", "reads_outstanding")
 	until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
 	for _, k := range prom.keys {
 		a.markAbsent(k, 1<<prom.tier, until)
