@@ -107,6 +107,13 @@ type SecondaryStats struct {
 	ScannedBlocks  int    `json:"scanned_blocks"`   // blocks found by the start-up scan
 	ScanRemoved    int    `json:"scan_removed"`     // leftovers removed by the start-up scan
 	RetriedIOCalls uint64 `json:"retried_io_calls"` // transient failures retried
+
+	// The P2P tier's: lookups it was asked, the PeerLookup messages they
+	// sent (the directory's saving), and its directory's size.
+	LookupCalls    uint64 `json:"lookup_calls,omitempty"`    // TierLookup calls
+	PeerAsks       uint64 `json:"peer_asks,omitempty"`       // peers asked, summed over lookups
+	DirectoryKeys  int    `json:"directory_keys,omitempty"`  // keys the directory records, all peers
+	DirectoryBytes int64  `json:"directory_bytes,omitempty"` // its approximate memory
 }
 
 // AsyncLookup asks the tiering actor about keys the CPU tier answered MISS

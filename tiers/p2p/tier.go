@@ -36,8 +36,15 @@ type Config struct {
 	// (the sessions answer within their own round deadline; this is the
 	// tier's own guard).
 	LookupTimeout time.Duration
-	Clock         supervision.Clock
-	Log           zerolog.Logger
+	// Directory asks, on a miss, only the peers whose KV events say they
+	// hold one of its keys (directory.go), instead of every ready peer.
+	// The peers' event addresses come in WatchEvents messages.
+	Directory bool
+	// DirectoryMaxKeys bounds the keys recorded per peer (default 1<<20);
+	// past it a peer's set is incomplete and it is asked as without one.
+	DirectoryMaxKeys int
+	Clock            supervision.Clock
+	Log              zerolog.Logger
 }
 
 // Defaults for Config's zero fields.
@@ -45,15 +52,17 @@ const (
 	DefaultName          = "peers"
 	DefaultHoldTimeout   = 5 * time.Second
 	DefaultLookupTimeout = 2 * time.Second
+	DefaultDirectoryKeys = 1 << 20
 )
 
 // WithDefaults fills zero (or negative) fields.
 func (c Config) WithDefaults() Config {
 	defaults.FillNonPositive(&c, Config{
-		Name:          DefaultName,
-		HoldTimeout:   DefaultHoldTimeout,
-		LookupTimeout: DefaultLookupTimeout,
-		Clock:         supervision.RealClock{},
+		Name:             DefaultName,
+		HoldTimeout:      DefaultHoldTimeout,
+		LookupTimeout:    DefaultLookupTimeout,
+		DirectoryMaxKeys: DefaultDirectoryKeys,
+		Clock:            supervision.RealClock{},
 	})
 	return c
 }
@@ -68,7 +77,11 @@ func (c Config) WithDefaults() Config {
 //     every round with held keys is fetched, or released when its hold
 //     timer fires or when no key of it is wanted: no producer lease is
 //     left to its TTL by this side;
-//   - peers are asked only while their session is ready (PeerUp..PeerDown).
+//   - peers are asked only while their session is ready (PeerUp..PeerDown);
+//     with a directory, only those it names (or, when it names none, those
+//     it cannot vouch for), unless the request names its sources;
+//   - a peer's event watcher runs only while its session is up, and none
+//     outlives the actor.
 type Tier struct {
 	cfg     Config
 	peers   []peerRef // ready sessions, in the order they came up
@@ -80,6 +93,8 @@ type Tier struct {
 	seq     uint64 // hold timer generations
 	waiters []*messages.AwaitPeers
 	probes  map[uint64]probeReq // PeerLookup corr → probe
+	dir     *directory          // nil without Config.Directory
+	watch   *watchers
 	stats   messages.SecondaryStats
 }
 
@@ -161,7 +176,10 @@ func Props(cfg Config) *actor.Props {
 	cfg = cfg.WithDefaults()
 	t := &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
 		held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
-		stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
+		watch: newWatchers(), stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
+	if cfg.Directory {
+		t.dir = newDirectory(cfg.DirectoryMaxKeys)
+	}
 	return actor.PropsFromProducer(func() actor.Actor { return t }, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
@@ -170,12 +188,23 @@ func (t *Tier) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *peer.Up:
 		t.up(m)
+		t.startWatch(ctx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
 		t.wake()
 	case *messages.AwaitPeers:
 		t.waiters = append(t.waiters, m)
 		t.wake()
 	case *peer.Down:
 		t.down(m)
+	case *WatchEvents:
+		t.setAddrs(ctx, m)
+	case *eventBatch:
+		t.onEventBatch(m)
+	case *watchEnded:
+		t.onWatchEnded(ctx, m)
+	case *rewatch:
+		t.onRewatch(ctx, m)
+	case *actor.Stopped:
+		t.stopAllWatches()
 	case *messages.TierLookup:
 		t.lookup(ctx, m)
 	case *messages.PeerLookupResult:
@@ -210,6 +239,9 @@ func (t *Tier) Receive(ctx actor.Context) {
 		st := t.stats
 		st.Healthy = len(t.peers) > 0
 		st.InFlight = len(t.lookups) + len(t.fetches)
+		if t.dir != nil {
+			st.DirectoryKeys, st.DirectoryBytes = t.dir.size()
+		}
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: st})
 	}
 }
@@ -239,15 +271,20 @@ func (t *Tier) wake() {
 
 func (t *Tier) allUp(nodes []string) bool {
 	for _, n := range nodes {
-		up := false
-		for _, p := range t.peers {
-			up = up || p.node == n
-		}
-		if !up {
+		if !t.isUp(n) {
 			return false
 		}
 	}
 	return true
+}
+
+func (t *Tier) isUp(node string) bool {
+	for _, p := range t.peers {
+		if p.node == node {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Tier) down(m *peer.Down) {
@@ -257,17 +294,27 @@ func (t *Tier) down(m *peer.Down) {
 			break
 		}
 	}
+	t.stopWatch(m.Node)
+	if t.dir != nil {
+		t.dir.forget(m.Node)
+	}
 	t.cfg.Log.Info().Str("peer", m.Node).Str("reason", m.Reason).Msg("p2p: peer left")
 }
 
 // --- lookup -----------------------------------------------------------------
 
-// lookup asks every ready peer at once; a key is found at the first peer
-// whose answer has it.
+// lookup asks the peers that may hold the keys (every ready one, or those
+// the directory names) at once; a key is found at the first peer whose
+// answer has it.
 func (t *Tier) lookup(ctx actor.Context, m *messages.TierLookup) {
 	t.stats.Lookups += uint64(len(m.Keys))
+	t.stats.LookupCalls++
 	l := &lookup{corr: m.Corr, asker: ctx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
 	peers := t.eligible(m.Req)
+	if t.dir != nil && (m.Req == nil || len(m.Req.PeerSources) == 0) {
+		peers = t.dir.holders(peers, m.Keys)
+	}
+	t.stats.PeerAsks += uint64(len(peers))
 	if len(peers) == 0 || len(m.Keys) == 0 {
 		ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: l.found})
 		return
