@@ -6,6 +6,7 @@ package kvtier
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtier/kvtier/peer/discovery"
 	"github.com/kvtier/kvtier/rdma"
 )
 
@@ -56,6 +57,30 @@ func (n *Node) registerPeerMetrics() {
 		return []string{"peer"}
 	})
 	n.registry.MustRegister(&peerCollector{descSet: descs, node: n, transport: n.peers.transport})
+	if n.peers.discovery != nil {
+		n.registry.MustRegister(&discoveryCollector{descSet: newDescSet(discoveryMetricHelp, noLabels), reg: n.peers.discovery})
+	}
+}
+
+// discoveryCollector reads etcd discovery's state (peers.discovery) at
+// scrape time; registered only with discovery on.
+type discoveryCollector struct {
+	descSet
+	reg *discovery.Registry
+}
+
+var discoveryMetricHelp = map[string]string{
+	"discovery_up":                  "1 while this node is registered in etcd and watching its members; 0 while etcd does not answer (sessions to peers already found keep serving).",
+	"discovery_members":             "Members this node knows from etcd, itself excluded (kept as they were while etcd is down).",
+	"discovery_registrations_total": "Registrations of this node in etcd, each under a new lease: one per start, one more per outage of etcd past the lease ttl.",
+}
+
+func noLabels(string) []string { return nil }
+
+func (c *discoveryCollector) Collect(ch chan<- prometheus.Metric) {
+	c.send(ch, "discovery_up", prometheus.GaugeValue, oneIf(c.reg.Up()))
+	c.send(ch, "discovery_members", prometheus.GaugeValue, float64(c.reg.Members()))
+	c.send(ch, "discovery_registrations_total", prometheus.CounterValue, float64(c.reg.Registrations()))
 }
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {

@@ -5,7 +5,10 @@ package kvtier
 // (a bad address fails Open); the control plane ("peers") and the P2P tier
 // ("p2p", the last tier of the tiering actor) are spawned under the
 // guardian; the transport is closed after the actors stopped and before the
-// pool is unmapped (a transfer may still be writing into a slot).
+// pool is unmapped (a transfer may still be writing into a slot). With
+// peers.discovery the node registers in etcd once its control socket is
+// bound (a live node with the same id fails Open), hands the plane its
+// members (node_discovery.go), and leaves etcd before it says Bye.
 
 import (
 	"context"
@@ -21,6 +24,7 @@ import (
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
+	"github.com/kvtier/kvtier/peer/discovery"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/rdma/nixl"
 	"github.com/kvtier/kvtier/rdma/tcp"
@@ -36,6 +40,7 @@ type peersState struct {
 	cfg       peer.Config
 	plane     *actor.PID // nil without peers
 	tier      *actor.PID
+	discovery *discovery.Registry // nil without peers.discovery
 }
 
 // openPeers opens the transport and the control plane's socket.
@@ -59,7 +64,7 @@ func (n *Node) openPeers() error {
 	}
 	static := make([]peer.Addr, len(pc.Static))
 	for i, s := range pc.Static {
-		static[i] = peer.Addr{Node: s.NodeID, Addr: s.Addr}
+		static[i] = peer.Addr{Node: s.NodeID, Addr: s.Addr, Events: s.Events, EventsReplay: s.EventsReplay}
 	}
 	cfg := peer.Config{Node: pc.NodeID, Listen: pc.Listen, Secret: secret, Peers: static, Allow: pc.Allow,
 		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: n.pool.Slots(),
@@ -77,9 +82,18 @@ func (n *Node) openPeers() error {
 		_ = t.Close()
 		return err
 	}
-	n.peers = peersState{transport: t, listener: ln, counters: ctr, cfg: cfg}
+	var reg *discovery.Registry
+	if pc.Discovery.Enabled() {
+		if reg, err = n.openDiscovery(pc, ln.Addr(), t); err != nil {
+			ln.Close()
+			_ = t.Close()
+			return err
+		}
+		cfg.Members = newMemberFeed(reg, n.cfg.BlockBytes, t.Kind(), pc.Namespaces, cfg.Log)
+	}
+	n.peers = peersState{transport: t, listener: ln, counters: ctr, cfg: cfg, discovery: reg}
 	ev := n.cfg.Logger.Info().Str("node_id", pc.NodeID).Str("control", ln.Addr()).Str("transport", t.Kind()).
-		Int("static_peers", len(static))
+		Int("static_peers", len(static)).Bool("discovery", reg != nil)
 	if info, ok := nixl.Describe(t); ok {
 		ev = ev.Str("backend", info.Backend).Str("nixl_version", info.Version).Str("library", info.Library).
 			Str("agent", info.Agent).Str("ucx_tls", os.Getenv("UCX_TLS"))
@@ -154,7 +168,7 @@ func (n *Node) peerChildren(cpuPID *actor.PID) []actors.Child {
 	n.peers.plane = n.pidOf("peers")
 	return []actors.Child{
 		{Name: "p2p", Props: p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
-			Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
+			Directory: n.cfg.Peers.Directory, Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
 		{Name: "peers", Props: peer.Props(cfg, n.peers.listener, n.peers.counters)},
 	}
 }
@@ -167,9 +181,11 @@ func (p *peersState) tierName(pc PeersConfig) string {
 }
 
 // closePeers closes the data plane (after the actors stopped) and the
-// control socket (the plane closes it when it stops; idempotent).
+// control socket (the plane closes it when it stops; idempotent), and
+// leaves etcd if shutdownPeers did not (a failed Open).
 func (n *Node) closePeers() error {
 	var errs []error
+	n.leaveDiscovery(context.Background())
 	if n.peers.listener != nil {
 		n.peers.listener.Close()
 	}
@@ -217,13 +233,15 @@ func (n *Node) WaitPeers(ctx context.Context, nodes ...string) error {
 	return err
 }
 
-// shutdownPeers stops serving and using peers: new rounds are refused,
-// rounds in flight finish until deadline and are aborted then, every
-// session says Bye. Without peers it returns at once.
+// shutdownPeers stops serving and using peers: the node leaves etcd first
+// (members watching stop dialing it before its Bye reaches them), then new
+// rounds are refused, rounds in flight finish until deadline and are
+// aborted then, every session says Bye. Without peers it returns at once.
 func (n *Node) shutdownPeers(ctx context.Context, deadline time.Time) (messages.PeerShutdownResult, error) {
 	if n.peers.plane == nil {
 		return messages.PeerShutdownResult{}, nil
 	}
+	n.leaveDiscovery(ctx)
 	return callActor(ctx, n, n.peers.plane, "kvtier peers shutdown", func(r messages.Reply[messages.PeerShutdownResult]) any {
 		return &messages.PeerShutdown{Deadline: deadline, Reply: r}
 	})

@@ -20,6 +20,11 @@ type SubscriberConfig struct {
 	ReplayFrom int64
 	// NoFollow stops after the replay (needs ReplayFrom ≥ 0).
 	NoFollow bool
+	// Replayed, when set, is called once the first replay ended, with how
+	// many batches it delivered, before any live batch is delivered. A
+	// replay from 0 that delivered none means the publisher has published
+	// nothing yet (it always keeps its newest batches).
+	Replayed func(delivered int)
 }
 
 // Delivery is one batch handed to the subscriber's callback.
@@ -76,6 +81,9 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, fn func(Delivery) erro
 		if err := s.replay(ctx, uint64(cfg.ReplayFrom)); err != nil {
 			return err
 		}
+		if cfg.Replayed != nil {
+			cfg.Replayed(s.delivered)
+		}
 		if cfg.NoFollow {
 			return nil
 		}
@@ -102,8 +110,9 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, fn func(Delivery) erro
 type subscriber struct {
 	cfg     SubscriberConfig
 	fn      func(Delivery) error
-	next    uint64 // next sequence number expected
-	started bool   // next is meaningful
+	next      uint64 // next sequence number expected
+	started   bool   // next is meaningful
+	delivered int    // batches delivered so far
 }
 
 func (s *subscriber) deliver(d Delivery) error {
@@ -111,6 +120,7 @@ func (s *subscriber) deliver(d Delivery) error {
 		d.Missed = d.Seq - s.next
 	}
 	s.next, s.started = d.Seq+1, true
+	s.delivered++
 	return s.fn(d)
 }
 

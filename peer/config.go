@@ -17,6 +17,20 @@ import (
 type Addr struct {
 	Node string // its node id (its DEALER identity, and what it proves in the handshake)
 	Addr string // its control-plane ROUTER address, tcp://host:port
+	// Events and EventsReplay are where it publishes its KV events, for the
+	// P2P tier's directory ("" = unknown: the directory cannot vouch for it).
+	Events, EventsReplay string
+}
+
+// Members is a source of discovered peers: the plane subscribes when it
+// starts (again after a restart) and hears of them as MemberUp and
+// MemberDown messages.
+type Members interface {
+	// Subscribe makes send the one way members reach the plane, replacing
+	// any earlier one, and at once sends a MemberUp for every member known
+	// now; nil unsubscribes. Neither Subscribe nor send may block: the
+	// plane calls Subscribe from its Receive.
+	Subscribe(send func(msg any))
 }
 
 // Config is what the plane and its sessions need from the node.
@@ -29,6 +43,10 @@ type Config struct {
 	Namespaces []string // namespaces shared with peers; empty: any
 	BlockBytes int      // this node's pool geometry
 	Slots      int
+
+	// Members are the discovered peers (the node's etcd discovery), dialed
+	// like Peers but only while they are members; nil: static peers only.
+	Members Members
 
 	Transport rdma.Transport // the data plane, registered on the pool
 	Region    rdma.Region    // the registered pool, for checksum verification of fetched blocks
@@ -135,6 +153,17 @@ func (c *Config) allowed(node string) bool {
 	for _, p := range c.Peers {
 		if p.Node == node {
 			return true
+		}
+	}
+	return false
+}
+
+// staticEvents reports whether the static peer node has its event
+// addresses configured.
+func (c Config) staticEvents(node string) bool {
+	for _, a := range c.Peers {
+		if a.Node == node {
+			return a.Events != ""
 		}
 	}
 	return false

@@ -11,6 +11,12 @@
 // P2P tier does), and never moves block bytes itself (the rdma.Transport
 // does, and reports completions as messages).
 //
+// Peers come from the config (static) and from discovery: the node hands
+// the plane a Members source (peer/discovery on etcd, behind an adapter),
+// whose MemberUp and MemberDown messages open and close sessions exactly
+// as a static peer's is opened. A discovered peer passes the same
+// handshake and allow-list: discovery says where a node is, never who.
+//
 // Frames are decoded on the socket reader goroutines and delivered as
 // messages to the session the moment they arrive: a peer's lookup is
 // answered from the CPU tier's mailbox, never at an engine step boundary

@@ -79,7 +79,10 @@ type routerIn struct {
 //   - at most one session actor per remote node id, a child of the plane,
 //     so its supervisor restarts it and stops it with the plane;
 //   - a frame from an identity with no session starts one only when it is
-//     a Hello from an allowed node, within MaxSessions.
+//     a Hello from an allowed node, within MaxSessions;
+//   - a discovered member (members) has a session that dials it, or is in
+//     unspawned until its old session's name is free; a static peer is
+//     never a member: the configured address wins.
 type Plane struct {
 	cfg      Config
 	ctr      *Counters
@@ -88,10 +91,37 @@ type Plane struct {
 	// direct mirrors sessions for the ROUTER's reader goroutine, which hands
 	// a known peer's frames straight to its session (one mailbox hop less
 	// on every peer lookup); frames of unknown identities come here.
-	direct   *sync.Map
-	static   map[string]string // configured peers: node → address
-	shutdown *shutdown         // non-nil once PeerShutdown came
+	direct  *sync.Map
+	static  map[string]string // configured peers: node → address
+	members map[string]string // discovered peers we dial: node → address
+	// unspawned are members whose session could not be spawned yet: the
+	// session they had is still stopping under the same name.
+	unspawned map[string]bool
+	shutdown  *shutdown // non-nil once PeerShutdown came
 }
+
+// MemberUp tells the plane that discovery found a live member whose
+// control plane is at Addr. The plane dials it as it dials a static peer,
+// and the handshake still proves who it is (secret, allow-list): etcd says
+// where, the handshake says who. Ignored for this node, for a static peer
+// (the configured address wins), for a node the allow-list leaves out, and
+// once shutdown began. A member dialed at another address (it restarted
+// elsewhere) is dialed at the new one.
+type MemberUp struct {
+	Node string
+	Addr string
+	// Events and EventsReplay are where it publishes its KV events ("" =
+	// not registered), handed to the P2P tier as EventsAt.
+	Events, EventsReplay string
+}
+
+// MemberDown tells the plane that a member left: its key was deleted, or
+// its lease expired, while etcd answered — never because etcd went away.
+// Its session stops dialing it at once (outbound rounds fail, the P2P tier
+// hears Down); what the member's own rounds hold here is released when its
+// connection to us ends (a dead node's at once, else at its Bye), and the
+// session stops once nothing is left. Static peers are unaffected.
+type MemberDown struct{ Node string }
 
 // shutdown is a PeerShutdown in progress.
 type shutdown struct {
@@ -121,8 +151,9 @@ type (
 func Props(cfg Config, ln *Listener, ctr *Counters) *actor.Props {
 	cfg = cfg.WithDefaults()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Plane{cfg: cfg, ctr: ctr, ln: ln, sessions: map[string]*actor.PID{}, static: map[string]string{}, direct: &sync.Map{}}
-	}, actor.WithReceiverMiddleware(supervision.Faults))
+		return &Plane{cfg: cfg, ctr: ctr, ln: ln, sessions: map[string]*actor.PID{}, static: map[string]string{},
+			members: map[string]string{}, unspawned: map[string]bool{}, direct: &sync.Map{}}
+	}, actor.WithReceiverMiddleware(supervision.Faults), actor.WithSupervisor(sessionSupervisor{}))
 }
 
 // Receive handles the plane's messages.
@@ -147,12 +178,26 @@ func (p *Plane) Receive(ctx actor.Context) {
 			delete(p.sessions, m.node)
 			p.direct.Delete(m.node)
 			ctx.Stop(m.pid)
+			if _, member := p.members[m.node]; member {
+				p.unspawned[m.node] = true // it came back meanwhile: a new session once this one stopped
+			}
 		}
+	case *MemberUp:
+		p.memberUp(ctx, m)
+	case *MemberDown:
+		p.memberDown(ctx, m)
+	case *sessionRestarted:
+		p.redial(ctx, m.pid)
+	case *actor.Terminated:
+		p.spawnUnspawned(ctx)
 	case *shutdownDeadline:
 		if p.shutdown != nil {
 			p.finishShutdown()
 		}
 	case *actor.Stopped:
+		if p.cfg.Members != nil {
+			p.cfg.Members.Subscribe(nil)
+		}
 		p.ln.Close()
 	case *actor.Stopping, *actor.Restarting, *actor.Restart:
 	default:
@@ -177,9 +222,15 @@ func (p *Plane) start(ctx actor.Context) {
 	}, nil)
 	for _, a := range p.cfg.Peers {
 		p.static[a.Node] = a.Addr
+		p.eventsAt(ctx, a.Node, a.Events, a.EventsReplay)
 		if pid := p.spawn(ctx, a.Node, a.Addr); pid != nil {
 			p.publish(a.Node, pid) // nothing of it was queued here yet
 		}
+	}
+	if p.cfg.Members != nil {
+		// NB: discovery replays every member it knows: a restarted plane
+		// (which lost its sessions) dials them all again.
+		p.cfg.Members.Subscribe(func(m any) { root.Send(self, m) })
 	}
 }
 

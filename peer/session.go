@@ -205,6 +205,10 @@ func (s *Session) Receive(ctx actor.Context) {
 		// the new one (after its backoff), so this is the old session's end.
 		s.hs = nil
 		s.dropIn(ctx, "connection_closed")
+	case *dialAddr:
+		s.redirect(ctx, m.addr) // members.go
+	case *undial:
+		s.forget(ctx)
 	case *drain:
 		s.beginDrain(ctx, m)
 	case *drainDeadline:

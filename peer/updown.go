@@ -21,3 +21,13 @@ type Down struct {
 	Epoch   uint64
 	Reason  string
 }
+
+// EventsAt tells the P2P tier where a peer publishes its KV events, so that
+// its directory follows them (tiers/p2p/watch.go). The plane sends it for
+// every static peer and discovered member whose event addresses it knows;
+// a later one replaces the addresses.
+type EventsAt struct {
+	Node     string // the peer's node id
+	Endpoint string // its PUB address
+	Replay   string // its replay ROUTER address ("" = none)
+}

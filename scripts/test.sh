@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what the tests need and is missing
-# (versitygw, the S3 server the object tier is tested against; the Python
-# client's packages; vLLM's CPU build in a venv; promtool), then checks the
+# (versitygw, the S3 server the object tier is tested against; etcd, the
+# server peer discovery is tested against; the Python client's packages;
+# vLLM's CPU build in a venv; promtool), then checks the
 # alert rules with promtool and runs: go vet,
 # go test -race, the Python client's pytest suite (which starts a real
 # kvtierd), and the vLLM connector's suite (real vLLM engines + kvtierd). Exits non-zero on
@@ -39,6 +40,18 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 promtool check rules deploy/prometheus/kvtier.rules.yml
 (cd deploy/prometheus && promtool test rules kvtier.rules.test.yml)
+
+section "etcd (Debian's etcd-server: the peer discovery tests run a real one)"
+if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
+	# NB: the package's service is not started (no init in CI containers);
+	# the tests start their own etcd on loopback (internal/testetcd).
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	$SUDO apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+"$(command -v etcd || echo /usr/bin/etcd)" --version | sed -n 1p
 
 section "python packages for the Python client's tests"
 PY=python3

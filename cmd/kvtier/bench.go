@@ -16,7 +16,7 @@ import (
 // same-run baseline. Each scenario's bench_*.go holds its description, its
 // flags and how its result reads as text; benchScenario does the rest.
 func newBenchCmd() *cobra.Command {
-	return withCommands(&cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, fs, obj)"},
+	return withCommands(&cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, fs, obj, idle, p2p-matrix, p2p-throughput, fleet)"},
 		benchScenario(&cobra.Command{Use: "cpu", Short: cpuShort}, bench.DefaultCPUOptions, bench.RunCPU, cpuFlags, printCPU),
 		benchScenario(&cobra.Command{Use: "endpoint", Short: endpointShort}, bench.DefaultEndpointOptions, bench.RunEndpoint, endpointFlags, printEndpoint),
 		benchScenario(&cobra.Command{Use: "fs", Short: fsShort}, bench.DefaultFSOptions, bench.RunFS, fsFlags, printFS),
@@ -25,6 +25,7 @@ func newBenchCmd() *cobra.Command {
 			newBenchIdleChildCmd()),
 		benchScenario(&cobra.Command{Use: "p2p-matrix", Short: p2pMatrixShort}, bench.DefaultP2POptions, bench.RunP2PMatrix, p2pMatrixFlags, printP2PMatrix),
 		benchScenario(&cobra.Command{Use: "p2p-throughput", Short: p2pThroughputShort}, bench.DefaultP2POptions, bench.RunP2PThroughput, p2pThroughputFlags, printP2PThroughput),
+		benchScenario(&cobra.Command{Use: "fleet", Short: fleetShort}, bench.DefaultFleetOptions, bench.RunFleet, fleetFlags, printFleet),
 		newBenchP2PNodeCmd())
 }
 

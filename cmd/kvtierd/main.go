@@ -293,6 +293,11 @@ func run(args []string, stderr *os.File) int {
 		log.Error().Err(err).Str("metrics_listen", o.metricsListen).Msg("cannot listen for metrics")
 		return exitFailed
 	}
+	if cfg.Peers.Discovery.Enabled() && cfg.Peers.Discovery.Metrics == "" {
+		// NB: registered for `kvtier fleet status`; a wildcard bind takes
+		// the advertised control host, as the other registered addresses do.
+		cfg.Peers.Discovery.Metrics = metricsURL(ln.Addr().String(), cfg.Peers.Discovery.Advertise)
+	}
 	var ready atomic.Bool
 	var metrics atomic.Pointer[http.Handler]
 	srv := &http.Server{Handler: probes(&ready, &metrics), ReadHeaderTimeout: 10 * time.Second}
@@ -365,6 +370,21 @@ func shutdown(log zerolog.Logger, node *kvtier.Node, srv *http.Server, served <-
 	}
 	log.Info().Float64("shutdown_seconds", time.Since(start).Seconds()).Msg("node closed")
 	return failed
+}
+
+// metricsURL is the /metrics URL of the listener bound at addr; a wildcard
+// address takes advertise's host (tcp://host:port) when there is one.
+func metricsURL(addr, advertise string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, _, err := net.SplitHostPort(strings.TrimPrefix(advertise, "tcp://")); err == nil {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/metrics"
 }
 
 // probes routes /healthz, /readyz and /metrics.

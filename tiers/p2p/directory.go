@@ -54,6 +54,14 @@ func (d *directory) watch(node string) {
 	d.peers[node] = &peerKeys{keys: map[uint64]struct{}{}}
 }
 
+// empty records that node's stream has no batch yet: its set, empty, is
+// complete, and its first batch must be the stream's first.
+func (d *directory) empty(node string) {
+	if p := d.peers[node]; p != nil && !p.started {
+		p.complete, p.started, p.next = true, true, 0
+	}
+}
+
 // forget drops node's set (it left, or its stream ended).
 func (d *directory) forget(node string) { delete(d.peers, node) }
 
@@ -104,37 +112,77 @@ func (d *directory) applyEvent(p *peerKeys, e *events.Event) {
 	}
 }
 
-// holders returns, of candidates, the peers whose recorded set has at least
-// one of keys; when none has, the incomplete ones (and those not watched),
-// which may hold keys the directory cannot see.
+// holders returns, of candidates, the fewest peers that together hold
+// every key any of them is recorded to hold: the peer holding the most of
+// keys first (the longest cached prefix, usually all of them), then the
+// one holding the most of the rest, and so on — a key is fetched from one
+// peer, so a second holder of it is a message for nothing. When no peer is
+// named, it returns the incomplete ones (and those not watched), which may
+// hold keys the directory cannot see.
 func (d *directory) holders(candidates []peerRef, keys []messages.Key) []peerRef {
 	hashes := make([]uint64, len(keys))
 	for i, k := range keys {
 		hashes[i] = keyLow64(k)
 	}
 	var named, unsure []peerRef
+	var held [][]bool // per named peer: which keys it holds
 	for _, c := range candidates {
 		p := d.peers[c.node]
-		switch {
-		case p != nil && p.holdsAny(hashes):
-			named = append(named, c)
-		case p == nil || !p.complete:
+		if h := p.held(hashes); h != nil {
+			named, held = append(named, c), append(held, h)
+		} else if p == nil || !p.complete {
 			unsure = append(unsure, c)
 		}
 	}
-	if len(named) > 0 {
-		return named
+	if len(named) == 0 {
+		return unsure
 	}
-	return unsure
+	return cover(named, held, len(keys))
 }
 
-func (p *peerKeys) holdsAny(hashes []uint64) bool {
-	for _, h := range hashes {
+// held is which of hashes p holds, or nil if none (or p is nil).
+func (p *peerKeys) held(hashes []uint64) []bool {
+	if p == nil {
+		return nil
+	}
+	var out []bool
+	for i, h := range hashes {
 		if _, ok := p.keys[h]; ok {
-			return true
+			if out == nil {
+				out = make([]bool, len(hashes))
+			}
+			out[i] = true
 		}
 	}
-	return false
+	return out
+}
+
+// cover picks, greedily, peers until every key some peer holds is held by
+// a picked one; ties go to the earlier candidate.
+func cover(peers []peerRef, held [][]bool, n int) []peerRef {
+	covered := make([]bool, n)
+	var out []peerRef
+	for {
+		best, gain := -1, 0
+		for i, h := range held {
+			g := 0
+			for k, ok := range h {
+				if ok && !covered[k] {
+					g++
+				}
+			}
+			if g > gain {
+				best, gain = i, g
+			}
+		}
+		if best < 0 {
+			return out
+		}
+		out = append(out, peers[best])
+		for k, ok := range held[best] {
+			covered[k] = covered[k] || ok
+		}
+	}
 }
 
 // size is the directory's key count and its approximate bytes.

@@ -158,3 +158,46 @@ func TestDirectoryForgetsAPeerAndStartsItOverOnWatch(t *testing.T) {
 	assert.Equal(t, []string{"a"}, nodes(d.holders([]peerRef{peerA}, []messages.Key{dkey(1)})),
 		"but nothing is read yet, and its first batch decides: asked meanwhile")
 }
+
+// A key is fetched from one peer: the directory names the fewest peers that
+// together hold what any holds, the longest cached prefix first.
+func TestDirectoryNamesTheFewestPeersThatCoverTheKeys(t *testing.T) {
+	cases := []struct {
+		name string
+		held map[string][]uint64
+		want []string
+	}{
+		{"one peer holds the whole prefix", map[string][]uint64{"a": {1, 2, 3, 4}, "b": {1, 2, 3, 4, 5, 6}, "c": {1, 2}}, []string{"b"}},
+		{"no peer holds it all", map[string][]uint64{"a": {1, 2}, "b": {5, 6}, "c": {1, 2, 3}}, []string{"c", "b"}},
+		{"ties go to the earlier peer", map[string][]uint64{"a": {1, 2}, "b": {1, 2}, "c": {1, 2}}, []string{"a"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDirectory(100)
+			for node, ids := range tc.held {
+				d.watch(node)
+				d.apply(node, 0, 0, batch(stored(messages.MediumCPU, ids...)))
+			}
+			keys := []messages.Key{dkey(1), dkey(2), dkey(3), dkey(4), dkey(5), dkey(6)}
+			assert.Equal(t, tc.want, nodes(d.holders(all, keys)))
+		})
+	}
+}
+
+func TestDirectoryVouchesForAPeerThatHasPublishedNothing(t *testing.T) {
+	d := newDirectory(100)
+	d.watch("a")
+	d.watch("b")
+	d.empty("a") // a's replay from its first batch found none
+	assert.Equal(t, []string{"b"}, nodes(d.holders([]peerRef{peerA, peerB}, []messages.Key{dkey(1)})),
+		"a has stored nothing: only b, whose stream is not read yet, may hold the key")
+	d.apply("a", 0, 0, batch(stored(messages.MediumCPU, 1)))
+	assert.True(t, d.peers["a"].complete, "its first batch follows")
+	d.empty("a") // a late replay result changes nothing once batches were read
+	assert.Equal(t, []string{"a"}, nodes(d.holders([]peerRef{peerA, peerB}, []messages.Key{dkey(1)})))
+
+	d.watch("c")
+	d.apply("c", 4, 0, batch())
+	d.empty("c")
+	assert.False(t, d.peers["c"].complete, "batches were read first: the replay result is stale")
+}

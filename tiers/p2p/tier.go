@@ -38,7 +38,7 @@ type Config struct {
 	LookupTimeout time.Duration
 	// Directory asks, on a miss, only the peers whose KV events say they
 	// hold one of its keys (directory.go), instead of every ready peer.
-	// The peers' event addresses come in WatchEvents messages.
+	// The peers' event addresses come from the plane (peer.EventsAt).
 	Directory bool
 	// DirectoryMaxKeys bounds the keys recorded per peer (default 1<<20);
 	// past it a peer's set is incomplete and it is asked as without one.
@@ -195,10 +195,12 @@ func (t *Tier) Receive(ctx actor.Context) {
 		t.wake()
 	case *peer.Down:
 		t.down(m)
-	case *WatchEvents:
+	case *peer.EventsAt:
 		t.setAddrs(ctx, m)
 	case *eventBatch:
 		t.onEventBatch(m)
+	case *replayDone:
+		t.onReplayDone(m)
 	case *watchEnded:
 		t.onWatchEnded(ctx, m)
 	case *rewatch:

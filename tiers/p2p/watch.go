@@ -1,6 +1,7 @@
 package p2p
 
-// Following the peers' KV event streams for the directory. A watcher is a
+// Following the peers' KV event streams for the directory; the plane says
+// where each peer publishes (peer.EventsAt). A watcher is a
 // goroutine that subscribes to one peer's PUB socket (replaying from the
 // first buffered batch) and sends each batch to the tier as a message; the
 // tier applies it to the directory inside Receive. A watcher runs while its
@@ -16,17 +17,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/peer"
 )
-
-// WatchEvents tells the tier where a peer publishes its KV events, so that
-// the directory follows them. The node sends it for each peer whose event
-// addresses it learns (static config, discovery); a later one replaces the
-// addresses (and restarts the watcher).
-type WatchEvents struct {
-	Node     string // the peer's node id
-	Endpoint string // its PUB address
-	Replay   string // its replay ROUTER address ("" = none: the set starts incomplete)
-}
 
 // watchRetry is how long a failed stream waits before it is subscribed to
 // again.
@@ -39,6 +31,11 @@ type (
 		gen         uint64
 		seq, missed uint64
 		batch       *events.Batch
+	}
+	replayDone struct {
+		node      string
+		gen       uint64
+		delivered int
 	}
 	watchEnded struct {
 		node string
@@ -53,7 +50,7 @@ type (
 
 // watchers are the running watcher goroutines.
 type watchers struct {
-	addrs   map[string]WatchEvents
+	addrs   map[string]peer.EventsAt
 	running map[string]*watcher
 	gen     uint64
 	wg      sync.WaitGroup
@@ -65,11 +62,11 @@ type watcher struct {
 }
 
 func newWatchers() *watchers {
-	return &watchers{addrs: map[string]WatchEvents{}, running: map[string]*watcher{}}
+	return &watchers{addrs: map[string]peer.EventsAt{}, running: map[string]*watcher{}}
 }
 
 // setAddrs records where node publishes; it restarts a running watcher.
-func (t *Tier) setAddrs(ctx actor.Context, m *WatchEvents) {
+func (t *Tier) setAddrs(ctx actor.Context, m *peer.EventsAt) {
 	t.watch.addrs[m.Node] = *m
 	if t.isUp(m.Node) {
 		t.startWatch(ctx, m.Node)
@@ -92,6 +89,7 @@ func (t *Tier) startWatch(ctx actor.Context, node string) {
 	cfg := events.SubscriberConfig{Endpoint: addr.Endpoint, Replay: addr.Replay, ReplayFrom: -1}
 	if addr.Replay != "" {
 		cfg.ReplayFrom = 0
+		cfg.Replayed = func(delivered int) { root.Send(self, &replayDone{node: node, gen: gen, delivered: delivered}) }
 	}
 	w.wg.Add(1)
 	go func() {
@@ -122,6 +120,14 @@ func (t *Tier) current(node string, gen uint64) bool {
 func (t *Tier) onEventBatch(m *eventBatch) {
 	if t.current(m.node, m.gen) {
 		t.dir.apply(m.node, m.seq, m.missed, m.batch)
+	}
+}
+
+// onReplayDone: a replay from the first batch that found none means the
+// peer has published nothing yet: its (empty) set is complete.
+func (t *Tier) onReplayDone(m *replayDone) {
+	if t.current(m.node, m.gen) && m.delivered == 0 {
+		t.dir.empty(m.node)
 	}
 }
 

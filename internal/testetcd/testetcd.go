@@ -1,0 +1,305 @@
+// Package testetcd runs a real etcd server for tests: Debian's etcd-server
+// package (etcd 3.4, /usr/bin/etcd; scripts/test.sh installs it), one member
+// on loopback, free ports, its data in a directory of the test's. It owns
+// the server process: Start starts it and returns once it answers /health,
+// Kill and Restart stop and start it on the same ports and data (an etcd
+// that dies and comes back), Wipe restarts it with no data, Stop ends it.
+// Start and New serve tests; Launch serves benchmarks (no testing.T). The process dies with the test
+// binary (parent-death signal) and in its own process group, so nothing
+// outlives a crashed test.
+package testetcd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/internal/proc"
+)
+
+// Install is how to get the server binary.
+const Install = "apt-get install -y --no-install-recommends etcd-server"
+
+// readyTimeout bounds the wait for a started server to answer.
+const readyTimeout = 30 * time.Second
+
+// ErrNotFound: no etcd binary on PATH or in /usr/bin.
+var ErrNotFound = errors.New("testetcd: etcd not found on PATH or in /usr/bin (" + Install + ")")
+
+// Binary finds etcd: on PATH, else /usr/bin/etcd (Debian's package).
+func Binary() (string, error) {
+	if p, err := exec.LookPath("etcd"); err == nil {
+		return p, nil
+	}
+	if st, err := os.Stat("/usr/bin/etcd"); err == nil && st.Mode()&0o111 != 0 {
+		return "/usr/bin/etcd", nil
+	}
+	return "", ErrNotFound
+}
+
+// Need returns the etcd binary. Without it the test is skipped, or fails
+// when CI is "true": CI must run these tests.
+func Need(t testing.TB) string {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	return bin
+}
+
+// Start launches a server over a temporary data directory, stopped when
+// the test ends. Without the binary the test is skipped, or fails when CI
+// is "true" (Need).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s := New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// New picks the server's ports and data directory without starting it (a
+// test of a node that starts before etcd does); Start starts it. It is
+// stopped when the test ends.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s, err := newServer(Need(t), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			t.Logf("etcd output:\n%s", s.Output())
+		}
+	})
+	return s
+}
+
+// Launch starts a server outside a test (a benchmark's): bin, or Binary
+// when empty, over a temporary data directory that Stop removes.
+func Launch(ctx context.Context, bin string) (*Server, error) {
+	if bin == "" {
+		var err error
+		if bin, err = Binary(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "kvtier-etcd-")
+	if err != nil {
+		return nil, fmt.Errorf("testetcd: %w", err)
+	}
+	s, err := newServer(bin, dir)
+	if err == nil {
+		s.ownsDir = true
+		err = s.Start(ctx)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+func newServer(bin, dir string) (*Server, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		endpoint: "http://127.0.0.1:" + strconv.Itoa(ports[0]),
+		peerURL:  "http://127.0.0.1:" + strconv.Itoa(ports[1]),
+		bin:      bin,
+		dir:      dir,
+	}, nil
+}
+
+// Server is a running (or stopped) etcd.
+type Server struct {
+	endpoint string
+	peerURL  string
+	bin      string
+	dir      string
+	ownsDir  bool // Launch made dir: Stop removes it
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	out  *lockedBuffer
+}
+
+// freePorts picks n free loopback ports.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("testetcd: pick a port: %w", err)
+		}
+		defer l.Close() // NB: held until all are picked, so they differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Endpoint is the client URL, http://127.0.0.1:port.
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// Start runs the process (again: same ports, same data) and waits until it
+// answers.
+func (s *Server) Start(ctx context.Context) error {
+	s.Kill()
+	// NB: an existing data directory restarts the same member; the
+	// initial-cluster flags are ignored then.
+	cmd := exec.Command(s.bin,
+		"--name", "test", "--data-dir", s.dir+"/data",
+		"--listen-client-urls", s.endpoint, "--advertise-client-urls", s.endpoint,
+		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
+		"--initial-cluster", "test="+s.peerURL, "--initial-cluster-state", "new",
+		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn")
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	proc.DieWithParent(cmd) // a test binary that dies leaves no etcd behind
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testetcd: start %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done, s.out = cmd, done, out
+	s.mu.Unlock()
+	if err := waitReady(ctx, s.endpoint, done); err != nil {
+		s.Kill()
+		return fmt.Errorf("%w; etcd output:\n%s", err, out.String())
+	}
+	return nil
+}
+
+// waitReady asks /health with a growing pause until etcd says it is
+// healthy (it has a leader), the process exits, or readyTimeout passes.
+func waitReady(ctx context.Context, endpoint string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	client := &http.Client{Timeout: time.Second}
+	defer client.CloseIdleConnections()
+	wait := 5 * time.Millisecond
+	for {
+		err := health(ctx, client, endpoint)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-exited:
+			t.Stop()
+			return fmt.Errorf("testetcd: etcd exited before answering: %w", err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("testetcd: etcd at %s not ready: %w (last: %w)", endpoint, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+func health(ctx context.Context, client *http.Client, endpoint string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"health":"true"`) {
+		return fmt.Errorf("testetcd: /health: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+// Kill ends the process at once (SIGKILL to its group) and waits for it;
+// its data stays for Restart. A no-op when it is not running.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// Restart kills the server and starts it again on the same ports and data.
+func (s *Server) Restart(ctx context.Context) error { return s.Start(ctx) }
+
+// Wipe kills the server and starts a new one on the same ports with no
+// data: an etcd restored from nothing (revisions and leases start over).
+func (s *Server) Wipe(ctx context.Context) error {
+	s.Kill()
+	if err := os.RemoveAll(s.dir + "/data"); err != nil {
+		return fmt.Errorf("testetcd: wipe: %w", err)
+	}
+	return s.Start(ctx)
+}
+
+// Stop ends the process (and removes the data Launch made).
+func (s *Server) Stop() {
+	s.Kill()
+	if s.ownsDir {
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+// Output is what the server printed.
+func (s *Server) Output() string {
+	s.mu.Lock()
+	out := s.out
+	s.mu.Unlock()
+	if out == nil {
+		return ""
+	}
+	return out.String()
+}
+
+// lockedBuffer is the process's output, written by exec's copying
+// goroutine and read by the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

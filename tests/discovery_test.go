@@ -1,0 +1,246 @@
+package tests
+
+// Peers found through etcd, across real processes: kvtierd daemons whose
+// only peer configuration is peers.discovery find each other in a real
+// etcd (Debian's etcd 3.4; internal/testetcd), fetch blocks across nodes
+// with every byte verified, and follow the fleet as it changes — a node
+// joining late, one SIGKILLed (gone from the others within its lease TTL
+// and a heartbeat, nothing it held left leased or pinned), one stopped
+// gracefully (gone at once), etcd itself stopped (sessions keep serving)
+// and restarted (membership converges). A second node claiming a live
+// node's id exits non-zero.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// discoveryTTL is the daemons' lease (etcd's shortest): a killed node
+// leaves the others' view this long after its last keep-alive.
+const discoveryTTL = 2 * time.Second
+
+// heartbeat is the daemons' heartbeat interval (the default).
+const heartbeat = 2 * time.Second
+
+// discoveryConfig writes node id's config file: its only peers are etcd's
+// (the flags startPeerDaemon adds say the same node id, listen address
+// and secret; a config file must be valid on its own).
+func discoveryConfig(t *testing.T, etcd *testetcd.Server, id string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kvtier.yaml")
+	yaml := fmt.Sprintf(`peers:
+  node_id: %s
+  listen: tcp://127.0.0.1:0
+  secret: %s
+  discovery:
+    kind: etcd
+    endpoints: [%s]
+    ttl: %s
+`, id, peerSecret, etcd.Endpoint(), discoveryTTL)
+	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
+	return path
+}
+
+// waitMetric polls a daemon's /metrics until name reads want.
+func (p *peerDaemon) waitMetric(t *testing.T, ctx context.Context, name string, want float64) {
+	t.Helper()
+	for p.metric(t, ctx, name) != want {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never %v:\n%s", name, want, p.stderr)
+		case <-time.After(20 * time.Millisecond): // NB: polling a process's metrics; no message to wait on
+		}
+	}
+}
+
+// waitFleet waits until every daemon has a ready session to every other.
+func waitFleet(t *testing.T, ctx context.Context, fleet map[string]*peerDaemon) {
+	t.Helper()
+	for id, d := range fleet {
+		for other := range fleet {
+			if other != id {
+				d.waitPeerReady(t, ctx, other)
+			}
+		}
+		d.waitMetric(t, ctx, "kvtier_discovery_members", float64(len(fleet)-1))
+	}
+}
+
+// fetchVerified has d fetch ks (stored elsewhere) and checks every byte.
+func (p *peerDaemon) fetchVerified(t *testing.T, ctx context.Context, id string, ks []messages.Key) {
+	t.Helper()
+	req := &messages.ReqContext{RequestID: id}
+	st := p.lookupSettled(t, ctx, req, ks, messages.Retry, messages.HitPending)
+	require.Equal(t, allStatus(len(ks), messages.Hit), st, "every block fetched from a peer")
+	p.loadAndVerify(t, ctx, req, ks)
+}
+
+// waitQuiet polls until nothing is pinned, leased or being written: what a
+// dead peer's rounds held is released when its connection drops.
+func (p *peerDaemon) waitQuiet(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for {
+		s, err := p.eng.Stats(ctx)
+		require.NoError(t, err)
+		if s.Pinned == 0 && s.Leased == 0 && s.WritePending == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("never quiet: %+v", s)
+		case <-time.After(20 * time.Millisecond): // NB: polling a process's stats
+		}
+	}
+}
+
+// logIndex is the position of the first log line with message msg (-1:
+// none).
+func (p *peerDaemon) logIndex(msg string) int {
+	for i, line := range strings.Split(p.stderr.String(), "\n") {
+		if strings.Contains(line, `"message":"`+msg+`"`) {
+			return i
+		}
+	}
+	return -1
+}
+
+func etcdClient(t *testing.T, etcd *testetcd.Server) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+func registered(t *testing.T, ctx context.Context, cli *clientv3.Client, id string) bool {
+	t.Helper()
+	resp, err := cli.Get(ctx, "/kvtier/nodes/"+id)
+	require.NoError(t, err)
+	return len(resp.Kvs) == 1
+}
+
+func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	etcd := testetcd.Start(t)
+	bin := buildDaemon(t)
+	start := func(id string) *peerDaemon {
+		return startPeerDaemon(t, ctx, bin, id, "--config", discoveryConfig(t, etcd, id))
+	}
+	a, b, c := start("a"), start("b"), start("c")
+	fleet := map[string]*peerDaemon{"a": a, "b": b, "c": c}
+	waitFleet(t, ctx, fleet)
+
+	onA := peerKeys(0, 64)
+	a.storeBlocks(t, ctx, onA)
+	b.fetchVerified(t, ctx, "b-from-a", onA)
+	c.fetchVerified(t, ctx, "c-from-a", onA)
+
+	t.Log("a node claiming a live node's id exits non-zero")
+	dup := startDuplicate(t, bin, discoveryConfig(t, etcd, "a"))
+	exit, err := dup.wait(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, exit, "stderr:\n%s", dup.stderr)
+	rec, err := dup.stderr.waitJSON(ctx, "cannot open node")
+	require.NoError(t, err)
+	require.Contains(t, rec["error"], "already registered")
+
+	t.Log("a fourth node joins later and is used")
+	d := start("d")
+	fleet["d"] = d
+	waitFleet(t, ctx, fleet)
+	onD := peerKeys(5000, 32)
+	d.storeBlocks(t, ctx, onD)
+	a.fetchVerified(t, ctx, "a-from-d", onD)
+
+	t.Log("c, SIGKILLed with rounds of its own in flight, leaves within its lease TTL and a heartbeat")
+	_, err = c.eng.Lookup(ctx, &messages.ReqContext{RequestID: "c-dies"}, onD, false) // starts peer rounds on the others
+	require.NoError(t, err)
+	require.NoError(t, c.cmd.Process.Kill())
+	killed := time.Now()
+	awaitClosed(t, c.exited, exitBound, "killed c")
+	delete(fleet, "c")
+	for _, p := range fleet {
+		p.waitMetric(t, ctx, "kvtier_discovery_members", 2)
+		p.waitMetric(t, ctx, `kvtier_peer_ready{peer="c"}`, 0)
+		_, err := p.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
+		require.NoError(t, err)
+	}
+	// NB: a bound for a loaded 2-core machine, not a timing: etcd expires
+	// leases in 500 ms steps, and the watch and the scrape add their own.
+	left := time.Since(killed)
+	require.Less(t, left, discoveryTTL+heartbeat+2*time.Second, "c left the others' view %v after its death", left)
+	t.Logf("c left the others' view %v after its death", left)
+	for _, p := range fleet {
+		p.waitQuiet(t, ctx)
+	}
+	cli := etcdClient(t, etcd)
+	require.False(t, registered(t, ctx, cli, "c"), "c's key went with its lease")
+
+	t.Log("d, stopped gracefully, deletes its key before it says Bye")
+	require.True(t, registered(t, ctx, cli, "d"))
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	exit, err = d.wait(ctx)
+	require.NoError(t, err)
+	require.Zero(t, exit, "clean shutdown:\n%s", d.stderr)
+	require.False(t, registered(t, ctx, cli, "d"), "gone from etcd when the process exits, not a lease later")
+	deregistered, drained := d.logIndex("peer discovery: deregistered"), d.logIndex("kvtier peers drained")
+	require.True(t, deregistered >= 0 && drained > deregistered, "deregistered (line %d) before the sessions' Bye (line %d)", deregistered, drained)
+	delete(fleet, "d")
+	for _, p := range fleet {
+		p.waitMetric(t, ctx, "kvtier_discovery_members", 1)
+	}
+
+	t.Log("etcd stops past the lease TTL: the sessions keep serving")
+	etcd.Kill()
+	for _, p := range fleet {
+		p.waitMetric(t, ctx, "kvtier_discovery_up", 0)
+	}
+	onA2 := peerKeys(9000, 32)
+	a.storeBlocks(t, ctx, onA2)
+	b.fetchVerified(t, ctx, "b-from-a-without-etcd", onA2)
+	for _, p := range fleet {
+		_, err := p.stderr.waitJSON(ctx, "peer discovery: registration lost; registering again under a new lease")
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1.0, b.metric(t, ctx, `kvtier_peer_ready{peer="a"}`))
+	require.Equal(t, 1.0, a.metric(t, ctx, `kvtier_peer_ready{peer="b"}`))
+	require.Equal(t, 1.0, a.metric(t, ctx, "kvtier_discovery_members"), "etcd down is not a member down")
+
+	t.Log("etcd restarts: the nodes register again under new leases and membership converges")
+	require.NoError(t, etcd.Restart(ctx))
+	for _, p := range fleet {
+		p.waitMetric(t, ctx, "kvtier_discovery_up", 1)
+		require.Equal(t, 2.0, p.metric(t, ctx, "kvtier_discovery_registrations_total"))
+	}
+	e := start("e")
+	fleet["e"] = e
+	waitFleet(t, ctx, fleet)
+	onE := peerKeys(12000, 16)
+	e.storeBlocks(t, ctx, onE)
+	b.fetchVerified(t, ctx, "b-from-e", onE)
+	for _, p := range fleet {
+		p.waitQuiet(t, ctx)
+	}
+}
+
+// startDuplicate starts a daemon expected to fail at Open (it never logs
+// its listening line).
+func startDuplicate(t *testing.T, bin, cfg string) *daemon {
+	t.Helper()
+	return startDaemon(t, bin, "--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
+		"--pool-bytes", "16MiB", "--block-bytes", "64KiB", "--config", cfg)
+}
