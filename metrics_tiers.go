@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvtier/kvtier/tiers/p2p"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,6 +34,9 @@ var tierMetricHelp = map[string]string{
 	"secondary_lookups_timed_out_total": "Keys whose secondary lookup passed its deadline (answered MISS).",
 	"stalled_promotions_total":          "Promotion jobs reaped at their deadline.",
 	"stalled_cascades_total":            "Cascade jobs reaped at their deadline.",
+	"peer_lookup_calls_total":           "Lookups the P2P tier was asked: misses that reached the peers.",
+	"peer_asks_total":                   "Peers the P2P tier asked, summed over its lookups (divide by peer_lookup_calls_total: messages per miss).",
+	"peer_directory_keys":               "Keys the P2P tier's directory records, over every peer (peers.directory).",
 }
 
 // registerTierMetrics adds the secondary tiers' metrics to the registry.
@@ -77,6 +81,11 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge("tier_blocks", float64(t.Blocks), t.Name)
 		gauge("tier_bytes", float64(t.Bytes), t.Name)
 		gauge("tier_healthy", oneIf(t.Healthy), t.Name)
+		if t.Kind == p2p.Kind {
+			counter("peer_lookup_calls_total", float64(t.LookupCalls), t.Name)
+			counter("peer_asks_total", float64(t.PeerAsks), t.Name)
+			gauge("peer_directory_keys", float64(t.DirectoryKeys), t.Name)
+		}
 	}
 	counter("promotions_full_total", float64(s.PromotionsFull))
 	counter("promotions_busy_total", float64(s.PromotionsBusy))

@@ -24,6 +24,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	fleetstatus "github.com/kvtier/kvtier/internal/fleet"
 	"github.com/kvtier/kvtier/internal/testetcd"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -148,6 +149,23 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	a.storeBlocks(t, ctx, onA)
 	b.fetchVerified(t, ctx, "b-from-a", onA)
 	c.fetchVerified(t, ctx, "c-from-a", onA)
+
+	t.Log("kvtier fleet status reads the members from etcd and each one's probes and metrics")
+	status, err := fleetstatus.Status(ctx, fleetstatus.Options{Endpoints: []string{etcd.Endpoint()}})
+	require.NoError(t, err)
+	require.Len(t, status.Nodes, 3)
+	for i, n := range status.Nodes {
+		require.Equal(t, []string{"a", "b", "c"}[i], n.Node)
+		require.Empty(t, n.Err, "node %s", n.Node)
+		require.True(t, n.Ready, "node %s", n.Node)
+		require.True(t, n.DiscoveryUp, "node %s", n.Node)
+		require.Equal(t, 2, n.PeersReady, "node %s", n.Node)
+		require.Equal(t, 2, n.PeersServing, "node %s", n.Node)
+	}
+	require.Equal(t, 64.0, status.Nodes[0].Blocks["cpu"], "a holds what it stored")
+	require.Zero(t, status.Nodes[0].PeerFetched)
+	require.Equal(t, 64.0, status.Nodes[1].PeerFetched, "b fetched a's blocks")
+	require.Equal(t, 64.0, status.Nodes[2].PeerFetched, "c fetched a's blocks")
 
 	t.Log("a node claiming a live node's id exits non-zero")
 	dup := startDuplicate(t, bin, discoveryConfig(t, etcd, "a"))

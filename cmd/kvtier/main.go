@@ -32,6 +32,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(newSimCmd(), newBenchCmd())
 	root.AddCommand(newEventsCmd())
 	root.AddCommand(newChaosCmd()) // chaos.go
+	root.AddCommand(newFleetCmd()) // fleet.go
 	return root
 }
 

@@ -96,7 +96,8 @@ func decode(node string, value []byte) (Member, error) {
 func same(a, b Member) bool {
 	return a.Node == b.Node && a.Control == b.Control && a.Data == b.Data && a.Transport == b.Transport &&
 		slices.Equal(a.Namespaces, b.Namespaces) && a.BlockBytes == b.BlockBytes && a.Slots == b.Slots &&
-		a.Protocol == b.Protocol && a.Started.Equal(b.Started) && a.Instance == b.Instance
+		a.Protocol == b.Protocol && a.Started.Equal(b.Started) && a.Instance == b.Instance &&
+		a.Events == b.Events && a.EventsReplay == b.EventsReplay && a.Metrics == b.Metrics
 }
 
 // view is the members this node knows, without itself: the pure core the
