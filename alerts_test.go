@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvtier/kvtier/internal/testetcd"
 )
 
 // The alert rules operators load (deploy/prometheus/kvtier.rules.yml) name
@@ -57,11 +59,12 @@ func TestDashboardNamesOnlyExportedMetrics(t *testing.T) {
 }
 
 // fullNode opens a node with every subsystem that has metrics: an engine
-// endpoint, KV events, an fs tier and peers.
+// endpoint, KV events, an fs tier and peers found through etcd.
 func fullNode(t *testing.T) *Node {
 	t.Helper()
 	dir := t.TempDir()
-	return open(t, 16, withFS(filepath.Join(dir, "fs")), withPeers("n1"), func(c *Config) {
+	directory := func(pc *PeersConfig) { pc.Directory = true }
+	return open(t, 16, withFS(filepath.Join(dir, "fs")), withDiscovery("n1", testetcd.Start(t), directory), func(c *Config) {
 		c.PoolPath, c.EngineListen = filepath.Join(dir, "pool"), "ipc://"+filepath.Join(dir, "engine.sock")
 		c.Events = EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}
 	}).node
