@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testloop"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/discovery"
 )
@@ -33,11 +34,7 @@ func withDiscovery(node string, s *testetcd.Server, tweak ...func(*PeersConfig))
 // view, a peer's counters) until it holds or the test's bound passes.
 func awaitTrue(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		require.True(t, time.Now().Before(deadline), "%s: not within %v", what, testTimeout)
-		time.Sleep(5 * time.Millisecond) // NB: polling observable state, not waiting out a duration
-	}
+	testloop.Poll(t, what, testTimeout, cond)
 }
 
 func (h *harness) peerStat(node string) (messages.PeerStats, bool) {

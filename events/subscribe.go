@@ -108,8 +108,8 @@ func Subscribe(ctx context.Context, cfg SubscriberConfig, fn func(Delivery) erro
 }
 
 type subscriber struct {
-	cfg     SubscriberConfig
-	fn      func(Delivery) error
+	cfg       SubscriberConfig
+	fn        func(Delivery) error
 	next      uint64 // next sequence number expected
 	started   bool   // next is meaningful
 	delivered int    // batches delivered so far

@@ -22,7 +22,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	fleetstatus "github.com/kvtier/kvtier/internal/fleet"
 	"github.com/kvtier/kvtier/internal/testetcd"
@@ -118,14 +117,6 @@ func (p *peerDaemon) logIndex(msg string) int {
 	return -1
 }
 
-func etcdClient(t *testing.T, etcd *testetcd.Server) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cli.Close() })
-	return cli
-}
-
 func registered(t *testing.T, ctx context.Context, cli *clientv3.Client, id string) bool {
 	t.Helper()
 	resp, err := cli.Get(ctx, "/kvtier/nodes/"+id)
@@ -205,7 +196,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	for _, p := range fleet {
 		p.waitQuiet(t, ctx)
 	}
-	cli := etcdClient(t, etcd)
+	cli := etcd.Client(t)
 	require.False(t, registered(t, ctx, cli, "c"), "c's key went with its lease")
 
 	t.Log("d, stopped gracefully, deletes its key before it says Bye")

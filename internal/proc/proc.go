@@ -1,12 +1,15 @@
 // Package proc ties the processes kvtier's harnesses start (the S3 test
-// server, benchmark and chaos children) to the process that started them,
+// server, etcd, benchmark and chaos children) to the process that started them,
 // so none outlives it: not on a panic, not on a SIGKILL of the harness. It
-// owns no state.
+// owns no state. AwaitReady waits for such a server to answer.
 package proc
 
 import (
+	"context"
+	"fmt"
 	"os/exec"
 	"syscall"
+	"time"
 )
 
 // DieWithParent makes cmd's process receive SIGKILL when the starting
@@ -20,4 +23,30 @@ func DieWithParent(cmd *exec.Cmd) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+}
+
+// AwaitReady calls probe with a growing pause (from 2 ms to 100 ms) until
+// it succeeds, the process (exited closes when it ends) exits, or timeout
+// passes. what names the server in the error, which wraps probe's last.
+func AwaitReady(ctx context.Context, what string, timeout time.Duration, exited <-chan struct{}, probe func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	wait := 2 * time.Millisecond
+	for {
+		err := probe(ctx)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-exited:
+			t.Stop()
+			return fmt.Errorf("%s exited before answering: %w", what, err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s not ready: %w (last: %w)", what, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
 }

@@ -26,6 +26,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/kvtier/kvtier/internal/proc"
 )
 
@@ -198,28 +201,11 @@ func (s *Server) Start(ctx context.Context) error {
 // waitReady asks /health with a growing pause until etcd says it is
 // healthy (it has a leader), the process exits, or readyTimeout passes.
 func waitReady(ctx context.Context, endpoint string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	wait := 5 * time.Millisecond
-	for {
-		err := health(ctx, client, endpoint)
-		if err == nil {
-			return nil
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-exited:
-			t.Stop()
-			return fmt.Errorf("testetcd: etcd exited before answering: %w", err)
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("testetcd: etcd at %s not ready: %w (last: %w)", endpoint, ctx.Err(), err)
-		case <-t.C:
-		}
-		wait = min(2*wait, 100*time.Millisecond)
-	}
+	return proc.AwaitReady(ctx, "testetcd: etcd at "+endpoint, readyTimeout, exited, func(ctx context.Context) error {
+		return health(ctx, client, endpoint)
+	})
 }
 
 func health(ctx context.Context, client *http.Client, endpoint string) error {
@@ -302,4 +288,16 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Client is a plain client of the server, closed when the test ends: to
+// look behind the code under test.
+func (s *Server) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }

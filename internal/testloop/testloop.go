@@ -1,6 +1,7 @@
 // Package testloop runs a test's background workload: a round called over
 // and over, until the test halts it or a round fails, and a wait for the
-// loop's progress that ends at a deadline instead of a sleep. It owns the
+// loop's progress that ends at a deadline instead of a sleep; and Poll, the
+// one wait for observable state with no message to wait on. It owns the
 // loop's goroutine and its signalling; what a round does, and what it
 // counts, belong to the test.
 package testloop
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Loop is a running background workload.
@@ -72,5 +74,19 @@ func (l *Loop) Await(t testing.TB, ctx context.Context, count *atomic.Int64, n i
 		case <-ctx.Done():
 			t.Fatalf("loop: no %s: %v", what, ctx.Err())
 		}
+	}
+}
+
+// Poll checks cond every few milliseconds until it holds, failing the test
+// after bound: for state that has no message to wait on (a process's
+// registration in etcd, a node's counters).
+func Poll(t testing.TB, what string, bound time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if !time.Now().Before(deadline) {
+			t.Fatalf("%s: not within %v", what, bound)
+		}
+		time.Sleep(5 * time.Millisecond) // NB: polling observable state, not waiting out a duration
 	}
 }

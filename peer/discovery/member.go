@@ -12,21 +12,21 @@ import (
 
 // Member is what a node registers under <prefix>nodes/<node_id>, as JSON.
 type Member struct {
-	Node       string    `json:"node_id"`
-	Control    string    `json:"control"`              // control-plane ROUTER address, tcp://host:port
-	Data       string    `json:"data,omitempty"`       // data-plane address, when the node knows it (informational)
-	Transport  string    `json:"transport"`            // data plane: tcp or nixl
-	Namespaces []string  `json:"namespaces,omitempty"` // served namespaces; empty: any
-	BlockBytes int       `json:"block_bytes"`
-	Slots      int       `json:"slots"`
-	Protocol   int       `json:"protocol"` // peer wire protocol version
+	Node       string   `json:"node_id"`
+	Control    string   `json:"control"`              // control-plane ROUTER address, tcp://host:port
+	Data       string   `json:"data,omitempty"`       // data-plane address, when the node knows it (informational)
+	Transport  string   `json:"transport"`            // data plane: tcp or nixl
+	Namespaces []string `json:"namespaces,omitempty"` // served namespaces; empty: any
+	BlockBytes int      `json:"block_bytes"`
+	Slots      int      `json:"slots"`
+	Protocol   int      `json:"protocol"` // peer wire protocol version
 	// Events and EventsReplay are where the node publishes its KV events
 	// (for its peers' directories), Metrics its /metrics URL (for `kvtier
 	// fleet status`); empty when it has none.
-	Events       string `json:"events,omitempty"`
-	EventsReplay string `json:"events_replay,omitempty"`
-	Metrics      string `json:"metrics,omitempty"`
-	Started    time.Time `json:"started"`
+	Events       string    `json:"events,omitempty"`
+	EventsReplay string    `json:"events_replay,omitempty"`
+	Metrics      string    `json:"metrics,omitempty"`
+	Started      time.Time `json:"started"`
 	// Instance is drawn once per process: it tells this process's own key,
 	// surviving an etcd outage under an old lease, from another live node
 	// claiming the same id.

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -48,19 +49,8 @@ type Config struct {
 
 // WithDefaults fills zero fields.
 func (c Config) WithDefaults() Config {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.RetryMin == 0 {
-		c.RetryMin = DefaultRetryMin
-	}
-	if c.RetryMax == 0 {
+	defaults.Fill(&c, Config{Prefix: DefaultPrefix, TTL: DefaultTTL, Timeout: DefaultTimeout, RetryMin: DefaultRetryMin})
+	if c.RetryMax == 0 { // NB: after TTL's default: it is bounded by it
 		c.RetryMax = min(DefaultRetryMax, c.TTL/2)
 	}
 	if c.Self.Started.IsZero() {

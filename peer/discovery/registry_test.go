@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testloop"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -125,6 +125,23 @@ func nodeConfig(t *testing.T, s *testetcd.Server, node string) Config {
 		Log:  testLog(t).With().Str("node", node).Logger()}
 }
 
+// startEtcd runs the test's etcd, with a plain client of it.
+func startEtcd(t *testing.T) (*testetcd.Server, *clientv3.Client) {
+	t.Helper()
+	s := testetcd.Start(t)
+	return s, raw(t, s)
+}
+
+// startPair registers nodes a and b and waits until each sees the other.
+func startPair(t *testing.T, s *testetcd.Server) (a *Registry, recA *recorder, b *Registry, recB *recorder) {
+	t.Helper()
+	a, recA = start(t, s, "a")
+	b, recB = start(t, s, "b")
+	recA.awaitMembers(t, "b")
+	recB.awaitMembers(t, "a")
+	return a, recA, b, recB
+}
+
 // crash ends a registry as a killed process would: no delete, no revoke;
 // its lease is left to expire.
 func crash(r *Registry) {
@@ -137,13 +154,7 @@ func crash(r *Registry) {
 }
 
 // raw is a plain client of the test's etcd, to look behind the registry.
-func raw(t *testing.T, s *testetcd.Server) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cli.Close() })
-	return cli
-}
+func raw(t *testing.T, s *testetcd.Server) *clientv3.Client { return s.Client(t) }
 
 // held returns the record and lease under node's key (ok false: no key).
 func held(t *testing.T, cli *clientv3.Client, node string) (Member, int64, bool) {
@@ -160,15 +171,11 @@ func held(t *testing.T, cli *clientv3.Client, node string) (Member, int64, bool)
 	return m, resp.Kvs[0].Lease, true
 }
 
-// poll waits until cond holds, checking every few milliseconds: for state
-// that has no event to wait on (a process's registration in etcd).
+// poll waits until cond holds: for state that has no event to wait on (a
+// process's registration in etcd).
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		require.True(t, time.Now().Before(deadline), "%s: not after %v", what, bound)
-		time.Sleep(10 * time.Millisecond) // NB: polling observable state, not waiting for a duration
-	}
+	testloop.Poll(t, what, bound, cond)
 }
 
 func TestRegisterWatchJoinAndGracefulLeave(t *testing.T) {
@@ -253,12 +260,8 @@ func TestStartWithEtcdDownRegistersLater(t *testing.T) {
 // old key taken over, not refused as a duplicate) and the views converge,
 // a node that joined meanwhile included.
 func TestEtcdRestartReregistersAndConverges(t *testing.T) {
-	s := testetcd.Start(t)
-	cli := raw(t, s)
-	a, recA := start(t, s, "a")
-	b, recB := start(t, s, "b")
-	recA.awaitMembers(t, "b")
-	recB.awaitMembers(t, "a")
+	s, cli := startEtcd(t)
+	a, recA, b, recB := startPair(t, s)
 	_, leaseA, _ := held(t, cli, "a")
 
 	s.Kill()
@@ -297,12 +300,8 @@ func TestOwnKeyDeletedIsRegisteredAgain(t *testing.T) {
 // registers again and lists afresh — a watch resumed at the old revision
 // would wait for revisions the new etcd has not reached.
 func TestEtcdWipedReregistersAndConverges(t *testing.T) {
-	s := testetcd.Start(t)
-	cli := raw(t, s)
-	a, recA := start(t, s, "a")
-	b, recB := start(t, s, "b")
-	recA.awaitMembers(t, "b")
-	recB.awaitMembers(t, "a")
+	s, cli := startEtcd(t)
+	a, recA, b, recB := startPair(t, s)
 	poll(t, "both up", func() bool { return a.Up() && b.Up() })
 
 	require.NoError(t, s.Wipe(context.Background()))

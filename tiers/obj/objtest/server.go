@@ -125,28 +125,12 @@ func (s *Server) waitReady(ctx context.Context, exited <-chan struct{}) error {
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	wait := 2 * time.Millisecond
-	for {
-		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	return proc.AwaitReady(ctx, "objtest: versitygw at "+s.Endpoint, readyTimeout, exited, func(ctx context.Context) error {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
 		_, err := c.Raw().ListBuckets(rctx)
-		rcancel()
-		if err == nil {
-			return nil
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-exited:
-			t.Stop()
-			return fmt.Errorf("objtest: versitygw exited before answering: %w", err)
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("objtest: versitygw at %s not ready: %w (last: %v)", s.Endpoint, ctx.Err(), err)
-		case <-t.C:
-		}
-		wait = min(2*wait, 100*time.Millisecond)
-	}
+		return err
+	})
 }
 
 // Client is a minio-go client of the server for bucket (close it).
