@@ -68,7 +68,9 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("kvtier: open pool: %w", err)
 	}
 	undo.push(func() { _ = pool.Close() })
-	state, err := cpu.NewState(slots, cfg.Policy, cfg.Clock.Now)
+	// NB: leases expire on the clock's monotonic time: a wall clock stepped
+	// by NTP must neither end a HIT's lease early nor extend it.
+	state, err := cpu.NewState(slots, cfg.Policy, supervision.Steady(cfg.Clock))
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/kvtier/kvtier/internal/testloop"
 	"github.com/kvtier/kvtier/internal/testnet"
 	"github.com/kvtier/kvtier/messages"
@@ -404,7 +405,7 @@ func TestLifecycleShutdownUnderPeerLoad(t *testing.T) {
 	cons.quiet()
 
 	require.NoError(t, cons.node.Close(ctx))
-	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyNone(t, before, testleak.ZMQPubWriter)
 	// NB: at most as many as before: a socket of an earlier test in this
 	// process may still have been closing when this one began.
 	require.LessOrEqual(t, socketFDs(t), sockets, "no socket outlives the nodes")
@@ -447,7 +448,7 @@ func TestLifecycleShutdownWithStalledPeer(t *testing.T) {
 		}
 		cancel()
 	}
-	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyNone(t, before, testleak.ZMQPubWriter)
 }
 
 // A stuck disk (an fs write that never returns) does not hold shutdown:

@@ -168,7 +168,7 @@ func (n *Node) peerChildren(cpuPID *actor.PID) []actors.Child {
 	n.peers.plane = n.pidOf("peers")
 	return []actors.Child{
 		{Name: "p2p", Props: p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
-			Directory: n.cfg.Peers.Directory, Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
+			Directory: n.cfg.Peers.Directory, Tiering: n.pidOf("tiering"), Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
 		{Name: "peers", Props: peer.Props(cfg, n.peers.listener, n.peers.counters)},
 	}
 }

@@ -10,8 +10,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/supervision"
@@ -21,7 +21,7 @@ import (
 // (upstream bug, see events/); it is the one goroutine allowed to outlive a
 // node that published events.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	testleak.VerifyTestMain(m)
 }
 
 const (

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -30,5 +31,5 @@ func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
 	require.Nil(t, node)
 	_, statErr := os.Stat(pool)
 	require.ErrorIs(t, statErr, os.ErrNotExist, "the pool file is removed")
-	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyNone(t, before, testleak.ZMQPubWriter)
 }

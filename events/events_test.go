@@ -11,17 +11,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
-	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
 
-// zmq4 v0.17.0 never ends a PUB socket's writer goroutine (its socket Close
-// does not close the writer): a library leak, one goroutine per socket.
-var zmqPubWriter = goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, zmqPubWriter) }
+func TestMain(m *testing.M) { testleak.VerifyTestMain(m) }
 
 func key(h string, g uint32) messages.Key { return messages.Key{Namespace: "ns", Hash: h, Group: g} }
 

@@ -13,6 +13,14 @@ import (
 // reservation (promotion) on that slot until the answer comes back, and the
 // tier touches the bytes only in its I/O workers, never in Receive.
 
+// TierRefreshed tells the tiering actor that a tier may now hold blocks it
+// answered absent before (the P2P tier: a peer's session came up — a new
+// member, or one restarted with its data), so the absences cached from its
+// answers are dropped and the next lookups ask it again.
+type TierRefreshed struct {
+	Tier string // the tier's name
+}
+
 // TierLookup asks a secondary tier which of Keys it holds.
 type TierLookup struct {
 	Corr uint64 // echoed in TierLookupResult

@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/supervision"
@@ -85,33 +86,13 @@ const (
 
 // WithDefaults fills zero fields.
 func (c Config) WithDefaults() Config {
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	set(&c.LeaseTTL, DefaultLeaseTTL)
-	set(&c.LookupTimeout, DefaultLookupTimeout)
-	set(&c.FetchTimeout, DefaultFetchTimeout)
-	set(&c.HandshakeTimeout, DefaultHandshakeTimeout)
-	set(&c.RetryMin, DefaultRetryMin)
-	set(&c.RetryMax, DefaultRetryMax)
-	set(&c.HeartbeatInterval, DefaultHeartbeatInterval)
-	if c.MaxMalformed <= 0 {
-		c.MaxMalformed = DefaultMaxMalformed
-	}
-	if c.MaxSessions <= 0 {
-		c.MaxSessions = DefaultMaxSessions
-	}
-	if c.SendQueue <= 0 {
-		c.SendQueue = DefaultSendQueue
-	}
-	if c.Clock == nil {
-		c.Clock = supervision.RealClock{}
-	}
-	if c.JobSeq == nil {
-		c.JobSeq = &atomic.Uint64{}
-	}
+	// NB: Fill, not FillNonPositive, for the durations: a negative
+	// HeartbeatInterval means no heartbeat.
+	defaults.Fill(&c, Config{LeaseTTL: DefaultLeaseTTL, LookupTimeout: DefaultLookupTimeout,
+		FetchTimeout: DefaultFetchTimeout, HandshakeTimeout: DefaultHandshakeTimeout,
+		RetryMin: DefaultRetryMin, RetryMax: DefaultRetryMax, HeartbeatInterval: DefaultHeartbeatInterval,
+		Clock: supervision.RealClock{}, JobSeq: &atomic.Uint64{}})
+	defaults.FillNonPositive(&c, Config{MaxMalformed: DefaultMaxMalformed, MaxSessions: DefaultMaxSessions, SendQueue: DefaultSendQueue})
 	return c
 }
 

@@ -667,7 +667,7 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// NB: the current session (if any) keeps serving until this handshake
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
-	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, s.cfg.Clock.Now)
+	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock)) // NB: monotonic: a stepped wall clock must not stretch a Fetch past its ttl
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }

@@ -10,10 +10,27 @@ import (
 // real clock arms runtime timers; the manual clock fires them only when a test
 // advances it, so deadlines are tested without sleeping.
 type Clock interface {
+	// Now is the wall clock: what timestamps (event times, logs) read. It
+	// may step forward or backward, as NTP steps a machine's clock
+	// (JumpClock): a lease or deadline kept as a point in time is kept on
+	// Elapsed, never on Now.
 	Now() time.Time
+	// Elapsed is monotonic time since the clock's origin: it never steps,
+	// and it runs at the pace AfterFunc's timers fire at.
+	Elapsed() time.Duration
 	// AfterFunc calls f in its own goroutine once d has passed. f must only
 	// send a message: it never touches actor state.
 	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// steadyEpoch is the arbitrary date Steady's readings count from.
+var steadyEpoch = time.Unix(0, 0).UTC()
+
+// Steady returns c's monotonic time (Elapsed) as a time.Time, for code that
+// keeps expiries as times (the CPU tier's leases): it never steps when Now
+// does. Its readings are not dates: compare them only with each other.
+func Steady(c Clock) func() time.Time {
+	return func() time.Time { return steadyEpoch.Add(c.Elapsed()) }
 }
 
 // Timer is an armed AfterFunc.
@@ -25,8 +42,15 @@ type Timer interface {
 // RealClock is the wall clock.
 type RealClock struct{}
 
+// realOrigin is RealClock's origin; it carries a monotonic reading, so
+// time.Since(realOrigin) never steps.
+var realOrigin = time.Now()
+
 // Now returns time.Now().
 func (RealClock) Now() time.Time { return time.Now() }
+
+// Elapsed is the monotonic time since the process started.
+func (RealClock) Elapsed() time.Duration { return time.Since(realOrigin) }
 
 // AfterFunc arms a runtime timer.
 func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
@@ -35,6 +59,7 @@ func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterF
 // come due fire synchronously inside Advance, in deadline order.
 type ManualClock struct {
 	mu     sync.Mutex
+	start  time.Time
 	now    time.Time
 	timers timerHeap
 	seq    uint64
@@ -42,7 +67,7 @@ type ManualClock struct {
 
 // NewManualClock starts a manual clock at start.
 func NewManualClock(start time.Time) *ManualClock {
-	return &ManualClock{now: start}
+	return &ManualClock{start: start, now: start}
 }
 
 // Now returns the clock's current time.
@@ -50,6 +75,13 @@ func (c *ManualClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
+}
+
+// Elapsed is how far the clock was advanced since it started.
+func (c *ManualClock) Elapsed() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now.Sub(c.start)
 }
 
 // AfterFunc arms a timer that fires when the clock is advanced past now+d.

@@ -38,6 +38,10 @@ const (
 	FaultFSError   FaultKind = "fs-error"
 	FaultFSSlow    FaultKind = "fs-slow"
 	FaultFSCorrupt FaultKind = "fs-corrupt"
+	// FaultDiskFull: the fs tier's disk is full for a while: every file
+	// create, write and sync fails with ENOSPC (a write may land part of
+	// its bytes first), then the disk has room again.
+	FaultDiskFull FaultKind = "disk-full"
 	// S3 faults (tiers/obj.Faulty rules, a corrupting body, an outage of
 	// the server process).
 	FaultObjError   FaultKind = "obj-error"
@@ -53,6 +57,10 @@ const (
 	FaultPeerCorrupt  FaultKind = "peer-corrupt"
 	FaultPeerKill     FaultKind = "peer-kill"
 	FaultPeerHalfOpen FaultKind = "peer-halfopen"
+	// FaultClockJump: a node's wall clock (Clock.Now) steps forward or
+	// backward, as NTP steps it; its timers and monotonic time run on
+	// (JumpClock).
+	FaultClockJump FaultKind = "clock-jump"
 )
 
 // Point is a place a fault may be injected: a site (what is happening

@@ -167,13 +167,20 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, rec["error"], "already registered")
 
+	// join starts node id, waits until the fleet (it included) converged,
+	// stores ks on it and has by fetch them from it.
+	join := func(id string, ks []messages.Key, by *peerDaemon) *peerDaemon {
+		p := start(id)
+		fleet[id] = p
+		waitFleet(t, ctx, fleet)
+		p.storeBlocks(t, ctx, ks)
+		by.fetchVerified(t, ctx, "from-"+id, ks)
+		return p
+	}
+
 	t.Log("a fourth node joins later and is used")
-	d := start("d")
-	fleet["d"] = d
-	waitFleet(t, ctx, fleet)
 	onD := peerKeys(5000, 32)
-	d.storeBlocks(t, ctx, onD)
-	a.fetchVerified(t, ctx, "a-from-d", onD)
+	d := join("d", onD, a)
 
 	t.Log("c, SIGKILLed with rounds of its own in flight, leaves within its lease TTL and a heartbeat")
 	_, err = c.eng.Lookup(ctx, &messages.ReqContext{RequestID: "c-dies"}, onD, false) // starts peer rounds on the others
@@ -235,12 +242,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 		p.waitMetric(t, ctx, "kvtier_discovery_up", 1)
 		require.Equal(t, 2.0, p.metric(t, ctx, "kvtier_discovery_registrations_total"))
 	}
-	e := start("e")
-	fleet["e"] = e
-	waitFleet(t, ctx, fleet)
-	onE := peerKeys(12000, 16)
-	e.storeBlocks(t, ctx, onE)
-	b.fetchVerified(t, ctx, "b-from-e", onE)
+	join("e", peerKeys(12000, 16), b)
 	for _, p := range fleet {
 		p.waitQuiet(t, ctx)
 	}

@@ -13,6 +13,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -300,4 +302,62 @@ func TestPeersBenchScenariosRun(t *testing.T) {
 		require.Positive(t, secure[k], k)
 	}
 	require.Equal(t, true, secure["tls"], "the fetches ran over TLS")
+}
+
+// freeTCPAddr is a loopback address with a port free now, for a daemon that
+// must come back on the same address after a restart.
+func freeTCPAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// A producer SIGKILLed and started again with the same node id, control
+// address and fs data directory (a crashed kvtierd restarted by its
+// supervisor): the consumer's session comes back on its own, the producer's
+// fs tier finds what it had cascaded, and what the consumer fetches from the
+// new incarnation verifies byte for byte. Nothing the dead incarnation's
+// rounds held stays leased or pinned at the consumer.
+func TestPeersProducerKilledAndRestartedWithItsData(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := buildDaemon(t)
+	data := t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "kvtier.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf("secondary_tiers:\n  - {kind: fs, root: %s}\n", data)), 0o600))
+	listen := "tcp://" + freeTCPAddr(t)
+	startA := func() *peerDaemon {
+		return startPeerDaemon(t, ctx, bin, "a", "--config", cfg, "--peer-listen", listen)
+	}
+	a := startA()
+	b := startPeerDaemon(t, ctx, bin, "b", "--peer", "a="+listen)
+	b.waitPeerReady(t, ctx, "a")
+
+	ks := peerKeys(0, 64)
+	a.storeBlocks(t, ctx, ks)
+	a.waitMetric(t, ctx, `kvtier_tier_blocks{tier="fs"}`, 64) // cascaded: on disk
+	b.fetchVerified(t, ctx, "before", ks[:32])
+
+	// Killed with a lookup round of b's in flight at it.
+	_, err := b.eng.Lookup(ctx, &messages.ReqContext{RequestID: "cut"}, ks[32:], false)
+	require.NoError(t, err)
+	require.NoError(t, a.cmd.Process.Kill())
+	awaitClosed(t, a.exited, exitBound, "killed producer")
+	b.waitMetric(t, ctx, `kvtier_peer_ready{peer="a"}`, 0)
+	require.NoError(t, b.eng.RequestFinished(ctx, &messages.ReqContext{RequestID: "cut"}))
+	b.waitQuiet(t, ctx)
+
+	a = startA()
+	a.waitMetric(t, ctx, `kvtier_tier_blocks{tier="fs"}`, 64) // its restart scan found them
+	b.waitPeerReady(t, ctx, "a")                              // b's session dialed the new incarnation
+	promote := &messages.ReqContext{RequestID: "promote"}
+	require.Equal(t, allStatus(32, messages.Hit), a.lookupSettled(t, ctx, promote, ks[32:], messages.Retry, messages.HitPending),
+		"the new incarnation promotes its blocks from disk")
+	require.NoError(t, a.eng.RequestFinished(ctx, promote))
+	b.fetchVerified(t, ctx, "after", ks[32:])
+	b.waitQuiet(t, ctx)
+	a.waitQuiet(t, ctx)
 }

@@ -60,10 +60,16 @@ func blockBytesFlag(f *pflag.FlagSet, p *int) {
 	f.IntVar(p, "block-bytes", *p, "bytes per block")
 }
 
+// poolFlags declares --slots and --block-bytes: a node's pool (cpu,
+// endpoint, idle, fleet).
+func poolFlags(f *pflag.FlagSet, slots, blockBytes *int, slotsUsage string) {
+	f.IntVar(slots, "slots", *slots, slotsUsage)
+	blockBytesFlag(f, blockBytes)
+}
+
 // lookupFlags declares --slots, --block-bytes and --keys (cpu, endpoint).
 func lookupFlags(f *pflag.FlagSet, slots, blockBytes, keys *int) {
-	f.IntVar(slots, "slots", *slots, "pool slots")
-	blockBytesFlag(f, blockBytes)
+	poolFlags(f, slots, blockBytes, "pool slots")
 	f.IntVar(keys, "keys", *keys, "keys per Lookup")
 }
 

@@ -12,11 +12,7 @@ const fleetShort = "N nodes finding each other in etcd, a shared workload on ran
 
 func fleetFlags(f *pflag.FlagSet, o *bench.FleetOptions) {
 	f.IntVar(&o.Nodes, "nodes", o.Nodes, "nodes in the fleet (one process)")
-	f.IntVar(&o.Slots, "slots", o.Slots, "CPU slots per node")
-	blockBytesFlag(f, &o.BlockBytes)
-	f.IntVar(&o.Conversations, "conversations", o.Conversations, "conversations in the workload (0: 4 per node)")
-	f.IntVar(&o.Turns, "turns", o.Turns, "turns per conversation")
-	f.IntVar(&o.TurnBlocks, "turn-blocks", o.TurnBlocks, "blocks each turn adds")
+	poolFlags(f, &o.Slots, &o.BlockBytes, "CPU slots per node")
 	f.IntVar(&o.Requests, "requests", o.Requests, "requests, each a turn on a random node")
 	f.DurationVar(&o.ThinkTime, "think-time", o.ThinkTime, "a conversation's next turn comes no sooner after its last")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")

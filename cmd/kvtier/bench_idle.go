@@ -52,9 +52,8 @@ func printIdle(_ bench.IdleOptions, r bench.IdleResult) {
 
 func idleFlags(f *pflag.FlagSet, o *bench.IdleOptions) {
 	f.IntVar(&o.Peers, "peers", o.Peers, "peer node processes connected to the measured node")
-	f.IntVar(&o.Slots, "slots", o.Slots, "pool slots of every node")
+	poolFlags(f, &o.Slots, &o.BlockBytes, "pool slots of every node")
 	f.IntVar(&o.Blocks, "blocks", o.Blocks, "blocks a fetching peer fetches per round")
-	blockBytesFlag(f, &o.BlockBytes)
 	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "peer heartbeat period of every node (0: the default; negative: off)")
 	f.BoolVar(&o.Engine, "engine", o.Engine, "serve the node standalone with an idle engine process connected (false: embedded only)")
 	f.DurationVar(&o.Window, "window", o.Window, "idle measurement window")

@@ -54,7 +54,8 @@ by simulated engines, for
 --seed: messages dropped, delayed, duplicated or reordered where the design
 says they may be (docs/CHAOS.md), actors panicking, engine jobs stalling,
 filesystem and S3 calls failing, slowing down or returning flipped bits, the
-S3 server going away, peer connections cut, data-plane writes stalled or
+fs tiers' disk full for seconds, the S3 server going away, nodes' wall
+clocks stepped by NTP, peer connections cut, data-plane writes stalled or
 payloads corrupted, peer nodes killed and restarted. Then it lets the node go quiet and checks: nothing
 pinned, leased or write-pending; every leased HIT was loadable; no block
 loaded with wrong bytes; every call answered within its deadline; events
@@ -67,7 +68,7 @@ replayed with the same seed) for up to --shrink-time, prints the smallest
 sequence found and writes it to --shrink-out; --replay FILE runs exactly
 those faults again.
 
---faults takes kinds, layers (message, engine, fs, obj, peer), "all" and
+--faults takes kinds, layers (message, engine, fs, obj, clock, peer), "all" and
 "none"; "-kind" removes one (e.g. all,-panic).
 
 --soak DURATION runs consecutive seeds from --seed, each for --duration (the

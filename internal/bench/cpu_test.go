@@ -4,15 +4,11 @@ import (
 	"context"
 	"testing"
 
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
-// NB: zmq4 v0.17.0 never ends a PUB socket's writer goroutine (a library
-// leak, one per socket; the fleet's nodes publish KV events).
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
-}
+func TestMain(m *testing.M) { testleak.VerifyTestMain(m) }
 
 // TestRunCPUSmall runs the scenario at a tiny size: it must complete, every
 // lookup must be a full hit and every store must evict exactly its batch

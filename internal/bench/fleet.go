@@ -34,7 +34,7 @@ type FleetOptions struct {
 	Nodes         int           // nodes in the fleet
 	BlockBytes    int           // block size
 	Slots         int           // CPU slots per node
-	Conversations int           // conversations in the workload (default 4 per node)
+	Conversations int           // conversations in the workload (default 4 per node; no flag: the workload's shape is fixed)
 	Turns         int           // turns per conversation
 	TurnBlocks    int           // blocks each turn adds to its conversation's prefix
 	Requests      int           // requests in the workload (each a turn on a random node)

@@ -2,12 +2,17 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 )
 
@@ -116,11 +122,19 @@ func requireClean(t *testing.T, rep *Report) {
 	}
 }
 
-func allKinds(t *testing.T) []Kind {
-	kinds, err := ParseKinds("all", single{})
+// suiteKinds are the kinds of the fixed-seed suite: every kind the single
+// scenario has but the S3 outage (TestS3OutageIsAbsorbed).
+func suiteKinds(t *testing.T) []Kind {
+	kinds, err := ParseKinds("all,-obj-outage", single{})
 	require.NoError(t, err)
 	return kinds
 }
+
+// suiteRates make a short run exercise the rare kinds: block reads are few
+// in a short run (promotions only), so many are corrupted; the per-second
+// kinds fire every few seconds.
+var suiteRates = map[Kind]float64{supervision.FaultFSCorrupt: 0.3, supervision.FaultObjCorrupt: 0.5,
+	supervision.FaultDiskFull: 0.3, supervision.FaultClockJump: 0.1}
 
 // TestFixedSeedSuite runs every fault kind the single scenario has (the S3
 // outage aside: TestS3OutageIsAbsorbed) under two fixed seeds, at twice
@@ -128,7 +142,7 @@ func allKinds(t *testing.T) []Kind {
 func TestFixedSeedSuite(t *testing.T) {
 	seen := map[string]uint64{}
 	unseen := func() bool {
-		for _, k := range allKinds(t)[:len(allKinds(t))-1] {
+		for _, k := range suiteKinds(t) {
 			if seen[string(k)] == 0 {
 				return true
 			}
@@ -140,12 +154,8 @@ func TestFixedSeedSuite(t *testing.T) {
 	// corrupt in the same time.
 	for seed := uint64(1); seed <= 2 || (seed <= 5 && unseen()); seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			kinds := allKinds(t)
-			kinds = kinds[:len(kinds)-1] // all but obj-outage
-			// NB: block reads are few in a short run (promotions only):
-			// corrupt many of them.
-			rep := run(t, Options{Seed: seed, Duration: raceScale * 3 * time.Second, Kinds: kinds, Rate: 2,
-				Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultFSCorrupt: 0.3, supervision.FaultObjCorrupt: 0.5}})
+			rep := run(t, Options{Seed: seed, Duration: raceScale * 3 * time.Second, Kinds: suiteKinds(t), Rate: 2,
+				Spare: sparedActors, Rates: suiteRates})
 			requireClean(t, rep)
 			assert.Greater(t, rep.FaultsInjected, 100)
 			assert.Positive(t, rep.Operations)
@@ -156,7 +166,7 @@ func TestFixedSeedSuite(t *testing.T) {
 			}
 		})
 	}
-	for _, k := range allKinds(t)[:len(allKinds(t))-1] {
+	for _, k := range suiteKinds(t) {
 		assert.Positive(t, seen[string(k)], "fault kind %s never exercised by the suite", k)
 	}
 }
@@ -401,7 +411,8 @@ func TestPeersScenarioEveryFaultKind(t *testing.T) {
 		rep = run(t, Options{Scenario: "peers", Seed: seed, Duration: raceScale * 5 * time.Second, Kinds: kinds, Rate: 2,
 			Spare: sparedActors, Rates: map[Kind]float64{supervision.FaultPeerKill: 0.15, supervision.FaultPeerCut: 0.3,
 				supervision.FaultPeerCorrupt: 0.3, supervision.FaultPeerStall: 0.3, supervision.FaultFSCorrupt: 0.3,
-				supervision.FaultObjCorrupt: 0.5, supervision.FaultPeerHalfOpen: 0.3}})
+				supervision.FaultObjCorrupt: 0.5, supervision.FaultPeerHalfOpen: 0.3, supervision.FaultDiskFull: 0.3,
+				supervision.FaultClockJump: 0.1}})
 		requireClean(t, rep)
 		t0 = tallyPeers(rep)
 		if len(rep.KindsNotExercised) == 0 && t0.fetched > 0 && t0.kills > 0 && t0.corrupt > 0 && t0.session {
@@ -503,7 +514,10 @@ func TestParseKinds(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown fault kind")
 	fs, err := ParseKinds("fs,obj", s)
 	require.NoError(t, err)
-	assert.Equal(t, "fs-error,fs-slow,fs-corrupt,obj-error,obj-slow,obj-corrupt,obj-outage", FormatKinds(fs))
+	assert.Equal(t, "fs-error,fs-slow,fs-corrupt,disk-full,obj-error,obj-slow,obj-corrupt,obj-outage", FormatKinds(fs))
+	clock, err := ParseKinds("clock", s)
+	require.NoError(t, err)
+	assert.Equal(t, []Kind{supervision.FaultClockJump}, clock)
 	assert.Equal(t, "none", FormatKinds(nil))
 }
 
@@ -530,4 +544,128 @@ func TestP2PRestartKeepsItsPromotions(t *testing.T) {
 		requireClean(t, rep)
 	}
 	require.True(t, once.Load(), "the P2P tier was made to panic after a TierReadBatch")
+}
+
+// TestClockJumpsKeepEveryInvariant steps the node's wall clock by up to
+// ±30 s, several times, under traffic: leases (2 s), job deadlines
+// (500 ms) and lookup windows are far shorter than a step, so a lease or
+// deadline measured on the wall clock would end early (a leased HIT
+// evicted: hit-loadable) or late (a lease held past the quiet timeout:
+// no-leak). Every invariant must hold.
+func TestClockJumpsKeepEveryInvariant(t *testing.T) {
+	rep := run(t, Options{Seed: 1, Duration: raceScale * 3 * time.Second, Kinds: []Kind{supervision.FaultClockJump},
+		Rates: map[Kind]float64{supervision.FaultClockJump: 0.5}})
+	requireClean(t, rep)
+	assert.Zero(t, rep.Violations)
+	assert.Positive(t, rep.FaultsByKind[string(supervision.FaultClockJump)], "the clock was stepped")
+	require.Len(t, rep.Nodes, 1)
+	assert.NotZero(t, rep.Nodes[0].ClockOffset, "the node ended on a stepped clock")
+	assert.Positive(t, rep.Blocks.Hit, "HITs were leased across the steps")
+	for _, inv := range []string{invHitLoadable, invLeak, invDeadline, invWrongBytes} {
+		assert.Equal(t, "ok", rep.Invariants[inv], inv)
+	}
+}
+
+// TestDiskFullMidCascadeIsAbsorbed fills the fs tier's disk for a second
+// while the engines cascade into it, early in the run (the workload stores
+// most of its new blocks then): the writes it refuses are counted (never
+// lost silently), the files it tears are removed and never served, the
+// tier's index keeps to what is on disk, and the tier stores again once
+// there is room, in the seconds of traffic that follow. The fault is
+// scripted (one window, from the driver's first tick) so that the run
+// always has that tail; the seeded plan's windows are the suite's.
+func TestDiskFullMidCascadeIsAbsorbed(t *testing.T) {
+	window := supervision.Script{{Site: "disk full", N: 0}: {Kind: supervision.FaultDiskFull, Arg: 0}} // 1 s
+	rep := run(t, Options{Seed: 2, Duration: raceScale * 4 * time.Second, Kinds: []Kind{supervision.FaultDiskFull},
+		Plan: window})
+	requireClean(t, rep)
+	assert.Zero(t, rep.Violations)
+	assert.Equal(t, uint64(1), rep.FaultsByKind[string(supervision.FaultDiskFull)], "the disk filled")
+	require.Len(t, rep.Nodes, 1)
+	n := rep.Nodes[0]
+	assert.Positive(t, n.DiskFullRefused, "cascades met the full disk")
+	fsStats := fsTierStats(n.Tiering)
+	assert.GreaterOrEqual(t, fsStats.WritesFull, n.DiskFullRefused, "every refused write counted as full")
+	assert.Positive(t, fsStats.Writes, "the tier stored blocks")
+	assert.Equal(t, "ok", rep.Invariants[invDiskFull])
+	for _, note := range rep.Notes {
+		assert.NotContains(t, note, "full window", "the tier's recovery was checked")
+		assert.NotContains(t, note, "too late to expect a write", "the tier's recovery was checked")
+	}
+}
+
+func TestJumpOfSpansOneToThirtySecondsBothWays(t *testing.T) {
+	var fwd, back int
+	for range 1000 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		d := jumpOf(binary.LittleEndian.Uint64(b[:]))
+		abs := max(d, -d)
+		require.GreaterOrEqual(t, abs, clockJumpMin)
+		require.LessOrEqual(t, abs, clockJumpMax)
+		if d > 0 {
+			fwd++
+		} else {
+			back++
+		}
+	}
+	assert.Positive(t, fwd)
+	assert.Positive(t, back)
+	assert.Equal(t, -clockJumpMin, jumpOf(1))
+	assert.Equal(t, clockJumpMin, jumpOf(0))
+}
+
+// A full disk, met by the fs tier's own store: the write is refused as
+// ErrTierFull (counted), the half-written temporary file is removed, and
+// once the disk has room the same block is stored.
+func TestFullFSRefusesTearsAndRecovers(t *testing.T) {
+	root := t.TempDir()
+	d := &disk{}
+	full := newFullFS(d)
+	store := fs.NewStore(full, root, true)
+	src := make([]byte, 4096)
+	_, _ = rand.Read(src)
+	sum := crc32.Checksum(src, crc32.MakeTable(crc32.Castagnoli))
+	k := messages.Key{Namespace: "ns", Hash: strings.Repeat("h", 32)}
+
+	d.fill()
+	_, err := store.Write(k, src, sum, nil)
+	require.ErrorIs(t, err, messages.ErrTierFull)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	assert.Equal(t, uint64(1), full.refused.Load(), "one block refused")
+	disk, err := scanRoot(root)
+	require.NoError(t, err)
+	assert.Equal(t, onDisk{}, disk, "nothing published, nothing left behind")
+
+	// A write already open when the disk fills lands half its bytes.
+	d.free()
+	f, err := full.Create(filepath.Join(root, "x"+tmpMarker+"1"))
+	require.NoError(t, err)
+	d.fill()
+	n, err := f.Write(src)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	assert.Equal(t, len(src)/2, n, "a torn write")
+	require.ErrorIs(t, f.Sync(), syscall.ENOSPC)
+	require.NoError(t, f.Close())
+	disk, err = scanRoot(root)
+	require.NoError(t, err)
+	assert.Len(t, disk.torn, 1, "scanRoot finds a temporary file left behind")
+	require.NoError(t, os.Remove(disk.torn[0]))
+
+	d.free()
+	windows, _ := d.ended()
+	assert.Equal(t, 2, windows)
+	created, stored := full.sinceRoom()
+	assert.Equal(t, [2]int{0, 0}, [2]int{created, stored}, "counted from the last window's end")
+	size, err := store.Write(k, src, sum, nil)
+	require.NoError(t, err, "the disk has room again")
+	created, stored = full.sinceRoom()
+	assert.Equal(t, [2]int{1, 1}, [2]int{created, stored}, "taken and published since the disk had room")
+	disk, err = scanRoot(root)
+	require.NoError(t, err)
+	assert.Equal(t, onDisk{blocks: 1, bytes: size}, disk)
+	got := make([]byte, len(src))
+	_, _, err = store.Read(k, got)
+	require.NoError(t, err)
+	assert.Equal(t, src, got)
 }

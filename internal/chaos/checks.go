@@ -12,6 +12,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/p2p"
 )
 
@@ -114,6 +115,75 @@ func checkQuiet(ctx context.Context, rs *runState, n *nodeUnderTest) {
 			return
 		}
 	}
+}
+
+// checkDisk checks the node's fs tier absorbed the run's full disk: every
+// block write the disk refused (ENOSPC) was counted as a full write by the
+// tier and as a shed cascade by the tiering actor — none lost silently —
+// no torn temporary file is left, the tier's index accounts for exactly
+// the block files on disk (a refused write leaks neither a file nor the
+// room it reserved), and once the disk had room again the blocks it took
+// were stored. Run after checkQuiet (its stats).
+func checkDisk(rs *runState, n *nodeUnderTest) {
+	var problems []string
+	refused, fsStats := n.disk.refused.Load(), fsTierStats(n.tiering)
+	if fsStats.WritesFull < refused {
+		problems = append(problems, fmt.Sprintf("the disk refused %d block writes, the fs tier counted %d full", refused, fsStats.WritesFull))
+	}
+	if shed := n.tiering.CascadeDropped[fsStats.Name]; shed < refused {
+		problems = append(problems, fmt.Sprintf("the disk refused %d block writes, the tiering actor counted %d cascades shed", refused, shed))
+	}
+	switch disk, err := scanRoot(n.fsRoot); {
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("scan of %s: %v", n.fsRoot, err))
+	case len(disk.torn) > 0:
+		problems = append(problems, fmt.Sprintf("%d temporary block files left behind: %s", len(disk.torn), sample(disk.torn)))
+	case disk.blocks != fsStats.Blocks || disk.bytes != fsStats.Bytes:
+		problems = append(problems, fmt.Sprintf("the fs tier indexes %d blocks of %d bytes, its root holds %d of %d bytes",
+			fsStats.Blocks, fsStats.Bytes, disk.blocks, disk.bytes))
+	}
+	if p := recovered(rs, n); p != "" {
+		problems = append(problems, p)
+	}
+	if len(problems) > 0 {
+		rs.violate(n, invDiskFull, "%s", strings.Join(problems, "; "))
+		return
+	}
+	rs.pass(invDiskFull)
+}
+
+// recovered checks the node's fs tier stored blocks once the disk had room
+// again: a violation when the disk took diskRecoveryWrites block files
+// since its last window and none was published; a note when it could not
+// tell (the window ended too close to the engines' stop, or no new block
+// reached the disk since).
+func recovered(rs *runState, n *nodeUnderTest) string {
+	windows, lastEnd := rs.disk.ended()
+	if windows == 0 {
+		return ""
+	}
+	left := rs.stopped.Sub(lastEnd).Round(time.Millisecond)
+	created, stored := n.disk.sinceRoom()
+	switch {
+	case left < diskRecovery:
+		rs.note("%s: the disk was full until %v before the engines stopped: too late to expect a write after it", n.name, left)
+	case stored > 0:
+	case created >= diskRecoveryWrites:
+		return fmt.Sprintf("the disk took %d block files since it had room again (%v before the engines stopped), none was stored", created, left)
+	default:
+		rs.note("%s: %d block files reached the disk in the %v after its last full window: too few to tell it stores again", n.name, created, left)
+	}
+	return ""
+}
+
+// fsTierStats are the fs tier's figures among the node's secondary tiers.
+func fsTierStats(ts messages.TieringStats) messages.SecondaryStats {
+	for _, t := range ts.Tiers {
+		if t.Kind == tiers.KindFS {
+			return t
+		}
+	}
+	return messages.SecondaryStats{}
 }
 
 // checkEvents replays the node's event streams — what TakeEvents returned

@@ -15,8 +15,8 @@ type Kind = supervision.FaultKind
 // KindInfo describes a fault kind for the CLI and the report.
 type KindInfo struct {
 	Kind  Kind
-	Layer string  // "message", "engine", "fs", "obj", "peer"
-	Rate  float64 // default probability per eligible point (outages: per second of run)
+	Layer string  // "message", "engine", "fs", "obj", "clock", "peer"
+	Rate  float64 // default probability per eligible point (obj-outage: per second of run; disk-full: per 250 ms; clock-jump: per node per 250 ms)
 	What  string
 }
 
@@ -33,10 +33,12 @@ var Kinds = []KindInfo{
 	{supervision.FaultFSError, "fs", 0.005, "a filesystem call fails (EIO, or ENOSPC on writes: a full disk)"},
 	{supervision.FaultFSSlow, "fs", 0.005, "a filesystem call takes up to MaxDelay longer"},
 	{supervision.FaultFSCorrupt, "fs", 0.02, "a block file read returns one flipped bit"},
+	{supervision.FaultDiskFull, "fs", 1.0 / 120, "the fs tiers' disk is full for 1-3 s: creates, writes (half landed: a torn file) and syncs fail with ENOSPC (per 250 ms)"},
 	{supervision.FaultObjError, "obj", 0.01, "an S3 call fails (503 Slow Down or a reset connection)"},
 	{supervision.FaultObjSlow, "obj", 0.01, "an S3 call takes up to MaxDelay longer"},
 	{supervision.FaultObjCorrupt, "obj", 0.05, "an S3 GET body has one flipped bit"},
 	{supervision.FaultObjOutage, "obj", 1.0 / 30, "the S3 server process is killed for 1-3 s, then restarted"},
+	{supervision.FaultClockJump, "clock", 1.0 / 40, "a node's wall clock (Clock.Now) steps by ±1-30 s, as NTP steps it; its timers run on (per node per 250 ms)"},
 	{supervision.FaultPeerCut, "peer", 0.05, "a peer control link or data-plane connection is cut (per 100 ms; scenario peers)"},
 	{supervision.FaultPeerStall, "peer", 0.02, "a producer's data-plane write completes only at the consumer's fetch deadline (scenario peers)"},
 	{supervision.FaultPeerCorrupt, "peer", 0.02, "a landed data-plane payload has a flipped bit (scenario peers)"},

@@ -102,6 +102,14 @@ type NodeReport struct {
 	// none got through.
 	PeerFlipsLanded   uint64 `json:"peer_flips_landed,omitempty"`
 	PeerCorruptCaught uint64 `json:"peer_corrupt_caught,omitempty"`
+	// ClockOffset is how far the node's wall clock was stepped from the
+	// real one by clock-jump, all steps summed.
+	ClockOffset time.Duration `json:"clock_offset_ns,omitempty"`
+	// DiskFullRefused are the block writes a full disk refused with ENOSPC
+	// (disk-full; the last incarnation's): each must be counted by the fs
+	// tier as a full write (its writes_full) and by the tiering actor as a
+	// shed cascade (cascade_dropped).
+	DiskFullRefused uint64 `json:"disk_full_refused,omitempty"`
 	// Tiering is the secondary tiers' view: promotions, cascades, each
 	// tier's reads, failures, invalid blocks caught, health transitions.
 	Tiering messages.TieringStats `json:"tiering"`
@@ -148,7 +156,8 @@ func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report 
 			JobsReapedLoad: st.JobsReapedLoad, JobsReapedStore: st.JobsReapedStore, LateReports: st.LateReports,
 			LeasesExpired: st.LeasesExpired, Evictions: st.Evictions, ChecksumFailures: st.ChecksumFailures,
 			LostAtClose: n.inj.Lost(), Tiering: n.tiering, Kills: n.kills.Load(), Peers: n.peers,
-			PeerFlipsLanded: n.flipsLanded, PeerCorruptCaught: n.caught})
+			PeerFlipsLanded: n.flipsLanded, PeerCorruptCaught: n.caught, ClockOffset: n.clock.Offset(),
+			DiskFullRefused: n.disk.refused.Load()})
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -217,8 +226,11 @@ func (r *Report) WriteText(w io.Writer) {
 			kvList(ts.Promoted), kvList(ts.PromotionsFailed), kvList(ts.CascadeWritten), kvList(ts.CascadeDropped),
 			kvList(ts.CascadeFailed), ts.LookupsTimedOut)
 		for _, t := range ts.Tiers {
-			p("             tier %s: %d reads (%d failed, %d invalid caught), %d writes (%d failed), unhealthy %d times",
-				t.Name, t.Reads, t.ReadFailures, t.Invalid, t.Writes, t.WriteFailures, t.Unhealthy)
+			p("             tier %s: %d reads (%d failed, %d invalid caught), %d writes (%d failed, %d full), unhealthy %d times",
+				t.Name, t.Reads, t.ReadFailures, t.Invalid, t.Writes, t.WriteFailures, t.WritesFull, t.Unhealthy)
+		}
+		if n.ClockOffset != 0 || n.DiskFullRefused > 0 {
+			p("             wall clock stepped %v in all; %d block writes refused by a full disk", n.ClockOffset, n.DiskFullRefused)
 		}
 		if n.Kills > 0 {
 			p("             killed and restarted %d times", n.Kills)

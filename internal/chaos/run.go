@@ -70,7 +70,7 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	ledger := supervision.NewLedger(nil)
 	rs := &runState{opts: opts, nodeCfg: singleConfig().WithDefaults(), ledger: ledger,
 		gate: newGate(opts.plan(), ledger, opts.Kinds, opts.Spare), stats: newStats(), work: newWorkload(opts.Seed),
-		ns: sim.DefaultLayout.Namespace(), hooks: opts.Hooks, checked: map[string]string{}}
+		ns: sim.DefaultLayout.Namespace(), hooks: opts.Hooks, checked: map[string]string{}, disk: &disk{}}
 
 	rs.start = time.Now() // NB: the ledger's time base too, give or take microseconds
 	nodes, err := scenario.open(ctx, rs, e)
@@ -88,6 +88,7 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 
 	rs.gate.armed.Store(true)
 	stopOutages := startOutages(rs, e.s3)
+	stopJumps, stopDiskFull := startClockJumps(rs, nodes), startDiskFull(rs)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range opts.Engine.Engines {
@@ -106,11 +107,14 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 	runFor(ctx, opts, nodes)
 	rs.gate.armed.Store(false) // the run drains without new faults
 	stopOutages()
+	stopJumps()
+	stopDiskFull()
 	for _, stop := range rs.stoppers {
 		stop()
 	}
 	close(stop)
 	wg.Wait()
+	rs.stopped = time.Now()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("chaos run: %w", err)
 	}
@@ -118,6 +122,7 @@ func runOnce(ctx context.Context, opts Options, scenario Scenario) (*Report, err
 
 	for _, n := range nodes {
 		checkQuiet(ctx, rs, n)
+		checkDisk(rs, n)
 		checkEvents(ctx, rs, n)
 		checkCommitted(ctx, rs, n)
 	}
@@ -173,10 +178,35 @@ func startOutages(rs *runState, s3 *objtest.Server) (stop func()) {
 	if !rs.gate.enabled[supervision.FaultObjOutage] {
 		return func() {}
 	}
+	return everyTick(time.Second, func(done <-chan struct{}) bool {
+		d := rs.gate.decide("obj outage", supervision.FaultObjOutage)
+		if d.None() {
+			return true
+		}
+		s3.Kill()
+		down := time.NewTimer(time.Second + time.Duration(d.Arg%uint64(2*time.Second)))
+		select {
+		case <-down.C:
+		case <-done:
+			down.Stop()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s3.Restart(ctx); err != nil {
+			rs.note("S3 server did not come back after an outage: %v", err)
+		}
+		return true
+	})
+}
+
+// everyTick calls fn once per period in a goroutine of its own until the
+// returned stop is called (stop waits for it) or fn returns false; done,
+// closed by stop, lets fn cut a wait of its own short.
+func everyTick(period time.Duration, fn func(done <-chan struct{}) bool) (stop func()) {
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
 			select {
@@ -184,22 +214,9 @@ func startOutages(rs *runState, s3 *objtest.Server) (stop func()) {
 				return
 			case <-tick.C:
 			}
-			d := rs.gate.decide("obj outage", supervision.FaultObjOutage)
-			if d.None() {
-				continue
+			if !fn(done) {
+				return
 			}
-			s3.Kill()
-			down := time.NewTimer(time.Second + time.Duration(d.Arg%uint64(2*time.Second)))
-			select {
-			case <-down.C:
-			case <-done:
-				down.Stop()
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if err := s3.Restart(ctx); err != nil {
-				rs.note("S3 server did not come back after an outage: %v", err)
-			}
-			cancel()
 		}
 	}()
 	return func() {

@@ -83,8 +83,8 @@ func (single) Name() string { return "single" }
 func (single) Kinds() []Kind {
 	return []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultDuplicate, supervision.FaultReorder,
 		supervision.FaultPanic, supervision.FaultStall, supervision.FaultFSError, supervision.FaultFSSlow,
-		supervision.FaultFSCorrupt, supervision.FaultObjError, supervision.FaultObjSlow, supervision.FaultObjCorrupt,
-		supervision.FaultObjOutage}
+		supervision.FaultFSCorrupt, supervision.FaultDiskFull, supervision.FaultObjError, supervision.FaultObjSlow,
+		supervision.FaultObjCorrupt, supervision.FaultObjOutage, supervision.FaultClockJump}
 }
 
 var bucketSeq atomic.Uint64
@@ -144,10 +144,15 @@ func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir s
 		inj.Inject(r)
 	}
 	inj.Inject(rs.gate.messageRule())
+	if n.clock == nil {
+		n.clock = supervision.NewJumpClock(nil) // the node's machine clock: it outlives a kill
+	}
+	full, fsRoot := newFullFS(rs.disk), filepath.Join(e.dir, dir, "fs")
 	cfg := singleConfig()
+	cfg.Clock = n.clock
 	cfg.SecondaryTiers = []kvtier.TierConfig{
-		{Kind: tiers.KindFS, Root: filepath.Join(e.dir, dir, "fs"), Capacity: kvtier.ByteSize(chaosFSBlocks * chaosBlockBytes),
-			FS: chaosFS(rs.gate)},
+		{Kind: tiers.KindFS, Root: fsRoot, Capacity: kvtier.ByteSize(chaosFSBlocks * chaosBlockBytes),
+			FS: chaosFS(rs.gate, full)},
 		{Kind: tiers.KindObj, Endpoint: e.s3.Endpoint, Bucket: bucket, AccessKey: objtest.AccessKey,
 			SecretKey: objtest.SecretKey, ObjClient: chaosObjClient(rs.gate, s3)},
 	}
@@ -161,6 +166,7 @@ func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir s
 		return fmt.Errorf("open node %s: %w", name, err)
 	}
 	n.node, n.mgr, n.inj = node, node.Manager(), inj
+	n.disk, n.fsRoot = full, fsRoot
 	n.take = newResidency()
 	n.pub = subscribe(node.EventsEndpoint(), node.EventsReplayEndpoint())
 	return nil

@@ -28,11 +28,12 @@ const (
 	invCommitted   = "no-corrupt-committed" // quiet: every resident block still matches the checksum taken at commit
 	invPeerRounds  = "peer-rounds-answered" // quiet: every PeerLookup and PeerFetch of the P2P tier answered
 	invPeersBack   = "peers-reconnected"    // quiet: every node has a ready session to every other (after kills and cuts)
+	invDiskFull    = "disk-full-absorbed"   // quiet: ENOSPC counted as full writes, no torn file left, writes stored again after
 )
 
 // invariantNames in report order.
 var invariantNames = []string{invLeak, invTieringIdle, invHitLoadable, invWrongBytes, invDeadline, invEvents,
-	invPublished, invGoroutines, invMemory, invAnswers, invClose, invCommitted, invPeerRounds, invPeersBack}
+	invPublished, invGoroutines, invMemory, invAnswers, invClose, invCommitted, invDiskFull, invPeerRounds, invPeersBack}
 
 // peerInvariants are checked by scenarios with peers only.
 var peerInvariants = []string{invPeerRounds, invPeersBack}
@@ -107,6 +108,12 @@ type nodeUnderTest struct {
 	// incarnations; dataPlane is the current incarnation's wrapper.
 	dataPlane           *faulty.Transport
 	flipsLanded, caught uint64
+	// clock is the node's clock (clock-jump steps it), kept across its
+	// incarnations; disk and fsRoot are the current incarnation's view of
+	// the run's disk and its fs tier's root.
+	clock  *supervision.JumpClock
+	disk   *fullFS
+	fsRoot string
 
 	writesMu sync.Mutex
 	writes   map[int]slotWrite // slot → the engines' last store into it (a violation's detail)
@@ -162,6 +169,8 @@ type runState struct {
 	ns      messages.Namespace
 	hooks   Hooks
 	start   time.Time
+	disk    *disk     // the disk every node's fs tier writes to
+	stopped time.Time // when the engines stopped
 
 	// stoppers stop the scenario's fault drivers (before the run drains);
 	// closers release what the scenario holds beside its nodes (after

@@ -32,10 +32,11 @@ var fsOps = map[fs.Op]string{fs.OpCreate: "create", fs.OpOpen: "open", fs.OpWrit
 var fsFailable = map[fs.Op]bool{fs.OpCreate: true, fs.OpOpen: true, fs.OpWrite: true, fs.OpRead: true,
 	fs.OpSync: true, fs.OpRename: true}
 
-// chaosFS is the fs tier's filesystem in a run: the OS behind fs.Faulty
-// (errors, slowness) behind a bit-flipping reader.
-func chaosFS(g *gate) fs.FS {
-	faulty := fs.NewFaulty(fs.OS{})
+// chaosFS is the fs tier's filesystem in a run: the run's disk (disk, full
+// now and then) behind fs.Faulty (errors, slowness) behind a bit-flipping
+// reader.
+func chaosFS(g *gate, disk fs.FS) fs.FS {
+	faulty := fs.NewFaulty(disk)
 	faulty.Inject(func(op fs.Op, _ string) error {
 		kinds := []Kind{supervision.FaultFSSlow}
 		if fsFailable[op] {

@@ -33,27 +33,17 @@ type Member struct {
 	Instance string `json:"instance"`
 }
 
-// Kind is what happened to a member.
-type Kind uint8
+// Kind is what happened to a member, as logs name it.
+type Kind string
 
 const (
 	// Joined: a member appeared, or its record changed (it restarted,
 	// perhaps elsewhere); Event.Member is its record now.
-	Joined Kind = iota + 1
+	Joined Kind = "joined"
 	// Left: a member's key went away while etcd answered (a graceful
 	// close, an expired lease); Event.Member is its last record.
-	Left
+	Left Kind = "left"
 )
-
-func (k Kind) String() string {
-	switch k {
-	case Joined:
-		return "joined"
-	case Left:
-		return "left"
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
 
 // Event is one change of membership.
 type Event struct {

@@ -16,7 +16,7 @@ func rec(node, control string) Member {
 func kinds(evs []Event) []string {
 	out := make([]string, len(evs))
 	for i, ev := range evs {
-		out[i] = ev.Kind.String() + " " + ev.Member.Node
+		out[i] = string(ev.Kind) + " " + ev.Member.Node
 	}
 	return out
 }

@@ -174,7 +174,7 @@ func (r *Registry) update(change func(v *view) []Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ev := range change(&r.view) {
-		r.log.Debug().Str("member", ev.Member.Node).Str("control", ev.Member.Control).Msg("peer discovery: member " + ev.Kind.String())
+		r.log.Debug().Str("member", ev.Member.Node).Str("control", ev.Member.Control).Msg("peer discovery: member " + string(ev.Kind))
 		if r.sub != nil {
 			r.sub(ev)
 		}

@@ -27,10 +27,16 @@ func note(tok rdma.Token, dst []int) []byte {
 
 var t0 = time.Unix(1000, 0)
 
-func TestBookNotificationCompletesOnce(t *testing.T) {
-	b := newBook(100, 8, time.Second)
+// bookOfP is a book of 100-byte slots, 8 in flight, with the given grace,
+// connected to producer P (agent "agent-p"), and a recorder of completions.
+func bookOfP(grace time.Duration) (*book, *got) {
+	b := newBook(100, 8, grace)
 	b.connect("P", "agent-p")
-	var g got
+	return b, &got{}
+}
+
+func TestBookNotificationCompletesOnce(t *testing.T) {
+	b, g := bookOfP(time.Second)
 	tok := rdma.NewToken()
 	if err := b.expect("P", tok, []int{3, 1}, g.done); err != nil {
 		t.Fatal(err)
@@ -46,10 +52,8 @@ func TestBookNotificationCompletesOnce(t *testing.T) {
 }
 
 func TestBookRefusesAndKeepsTheExpectation(t *testing.T) {
-	b := newBook(100, 8, time.Second)
-	b.connect("P", "agent-p")
+	b, g := bookOfP(time.Second)
 	b.connect("Q", "agent-q")
-	var g got
 	tok := rdma.NewToken()
 	if err := b.expect("P", tok, []int{3, 1}, g.done); err != nil {
 		t.Fatal(err)
@@ -103,9 +107,7 @@ func TestBookExpectValidation(t *testing.T) {
 // A canceled expectation keeps its slots until the producer's notification
 // (the late write landed) or the grace; never both, never twice.
 func TestBookCancelHoldsSlotsUntilNotificationOrGrace(t *testing.T) {
-	b := newBook(100, 8, time.Second)
-	b.connect("P", "agent-p")
-	var g got
+	b, g := bookOfP(time.Second)
 	tok1, tok2 := rdma.NewToken(), rdma.NewToken()
 	b.expect("P", tok1, []int{1}, g.done)
 	b.expect("P", tok2, []int{2}, g.done)

@@ -23,18 +23,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
-	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/sim"
+	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
 
 // zmq4 v0.17.0 never ends a PUB socket's writer goroutine (a library leak,
 // one per socket; see events/publisher.go).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	testleak.VerifyTestMain(m)
 }
 
 // ---- an independent decoder of the documented format ----

@@ -80,7 +80,9 @@ type State struct {
 }
 
 // NewState builds an empty State of n slots with the named policy; now is the
-// clock leases expire against.
+// clock leases expire against. It must never step (supervision.Steady, not a
+// wall clock's Now): a forward step would end leases early, a backward one
+// would keep them past their TTL.
 func NewState(n int, policy string, now func() time.Time) (*State, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%w: %d slots", messages.ErrBadConfig, n)

@@ -40,11 +40,12 @@ type Config struct {
 	// hold one of its keys (directory.go), instead of every ready peer.
 	// The peers' event addresses come from the plane (peer.EventsAt).
 	Directory bool
-	// DirectoryMaxKeys bounds the keys recorded per peer (default 1<<20);
-	// past it a peer's set is incomplete and it is asked as without one.
-	DirectoryMaxKeys int
-	Clock            supervision.Clock
-	Log              zerolog.Logger
+	// Tiering is the tiering actor, told (TierRefreshed) when a peer comes
+	// up, so keys it cached as absent from the peers are asked again; nil:
+	// not told.
+	Tiering *actor.PID
+	Clock   supervision.Clock
+	Log     zerolog.Logger
 }
 
 // Defaults for Config's zero fields.
@@ -52,17 +53,20 @@ const (
 	DefaultName          = "peers"
 	DefaultHoldTimeout   = 5 * time.Second
 	DefaultLookupTimeout = 2 * time.Second
-	DefaultDirectoryKeys = 1 << 20
 )
+
+// directoryMaxKeys bounds the keys the directory records per peer (24 MiB
+// at most per peer); past it the peer's set is incomplete and it is asked
+// as without a directory.
+const directoryMaxKeys = 1 << 20
 
 // WithDefaults fills zero (or negative) fields.
 func (c Config) WithDefaults() Config {
 	defaults.FillNonPositive(&c, Config{
-		Name:             DefaultName,
-		HoldTimeout:      DefaultHoldTimeout,
-		LookupTimeout:    DefaultLookupTimeout,
-		DirectoryMaxKeys: DefaultDirectoryKeys,
-		Clock:            supervision.RealClock{},
+		Name:          DefaultName,
+		HoldTimeout:   DefaultHoldTimeout,
+		LookupTimeout: DefaultLookupTimeout,
+		Clock:         supervision.RealClock{},
 	})
 	return c
 }
@@ -178,7 +182,7 @@ func Props(cfg Config) *actor.Props {
 		held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
 		watch: newWatchers(), stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
 	if cfg.Directory {
-		t.dir = newDirectory(cfg.DirectoryMaxKeys)
+		t.dir = newDirectory(directoryMaxKeys)
 	}
 	return actor.PropsFromProducer(func() actor.Actor { return t }, actor.WithReceiverMiddleware(supervision.Faults))
 }
@@ -189,6 +193,9 @@ func (t *Tier) Receive(ctx actor.Context) {
 	case *peer.Up:
 		t.up(m)
 		t.startWatch(ctx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
+		if t.cfg.Tiering != nil {
+			ctx.Send(t.cfg.Tiering, &messages.TierRefreshed{Tier: t.cfg.Name})
+		}
 		t.wake()
 	case *messages.AwaitPeers:
 		t.waiters = append(t.waiters, m)

@@ -85,6 +85,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.AsyncLookup:
 		a.asyncLookup(ctx, m)
+	case *messages.TierRefreshed:
+		a.refreshed(m.Tier)
 	case *messages.Cascade:
 		a.cascade(ctx, m)
 	case *messages.TierLookupResult:

@@ -192,3 +192,19 @@ func TestBusyTierReadIsAskedAgainNotCachedAbsent(t *testing.T) {
 }
 
 type atomicCounter struct{ atomic.Uint64 }
+
+// A tier that may hold more now (a peer came up) is asked again: the
+// absences cached from its answers go, the other tiers' stay.
+func TestRefreshedTierForgetsItsCachedAbsencesOnly(t *testing.T) {
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	a := newActor(Config{Tiers: []Tier{{Name: "fs"}, {Name: "peers"}}, Clock: clock}.WithDefaults())
+	until := clock.Now().Add(time.Minute)
+	a.markAbsent(k(1), 0b11, until) // absent from both
+	a.markAbsent(k(2), 0b10, until) // absent from the peers only
+	a.refreshed("peers")
+	require.Equal(t, uint64(0b01), a.negative[k(1)].absent, "still known absent from fs")
+	_, cached := a.negative[k(2)]
+	require.False(t, cached, "nothing left to know about k(2)")
+	a.refreshed("no-such-tier")
+	require.Len(t, a.negative, 1)
+}

@@ -169,6 +169,26 @@ func (a *Actor) resolve(ctx actor.Context, b *batch) {
 	}
 }
 
+// refreshed drops the absences cached for the named tier: it may hold
+// more now. O(negative entries), for an event as rare as a peer coming up.
+func (a *Actor) refreshed(name string) {
+	for i, t := range a.cfg.Tiers {
+		if t.Name != name {
+			continue
+		}
+		bit := uint64(1) << i
+		for k, n := range a.negative {
+			if n.absent&bit != 0 {
+				if n.absent &^= bit; n.absent == 0 {
+					delete(a.negative, k)
+				} else {
+					a.negative[k] = n
+				}
+			}
+		}
+	}
+}
+
 func (a *Actor) markAbsent(k messages.Key, tiers uint64, until time.Time) {
 	if tiers == 0 {
 		return
