@@ -87,6 +87,21 @@ class Daemon:
                 out[name] = float(value)
         return out
 
+    def wait_quiet(self, timeout: float = 30.0, what: str = "") -> dict:
+        """Polls /metrics until nothing is held: no job in flight (an
+        engine reports its jobs done asynchronously, after generate()
+        returned), no slot pinned, write-pending or leased. Returns those
+        metrics; fails after timeout with what is still held."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            held = {k: m.get(k, 0.0) for k in ("kvtier_jobs_in_flight", "kvtier_pool_slots_pinned",
+                                                "kvtier_pool_slots_write_pending", "kvtier_pool_slots_leased")}
+            if not any(held.values()):
+                return m
+            assert time.monotonic() < deadline, f"still held {what}: {held}"
+            time.sleep(0.05)  # NB: polling a process's metrics; no message to wait on
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
