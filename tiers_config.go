@@ -33,6 +33,10 @@ type TierConfig struct {
 	Root     string   `yaml:"root"`
 	Capacity ByteSize `yaml:"capacity"`
 	Fsync    bool     `yaml:"fsync"`
+	// Layout is the fs tier's on-disk layout: "files" (the default, one
+	// file per block) or "segments" (append-only segment files; block files
+	// already in the root are still read).
+	Layout string `yaml:"layout"`
 
 	// obj: an S3-compatible endpoint (host:port), bucket and key prefix.
 	// Credentials come from here or, when empty, from AWS_ACCESS_KEY_ID /
@@ -111,6 +115,9 @@ func validateTiers(c Config) error {
 			}
 			if t.Capacity < 0 {
 				return badConfig("secondary_tiers[%d]: capacity %d must not be negative", i, t.Capacity)
+			}
+			if fs.ValidLayout(t.Layout) != nil {
+				return badConfig("secondary_tiers[%d]: fs layout %q (want %s or %s)", i, t.Layout, fs.LayoutFiles, fs.LayoutSegments)
 			}
 		case tiers.KindObj:
 			if t.Endpoint == "" || t.Bucket == "" {

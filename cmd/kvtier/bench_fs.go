@@ -12,9 +12,9 @@ import (
 const fsShort = "fs tier block write/read throughput vs raw sequential file I/O of the same bytes, same filesystem, same run"
 
 func printFS(_ bench.FSOptions, r bench.FSResult) {
-	fmt.Printf("%d blocks of %d bytes under %s (fsync %v, %d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Dir, r.Fsync, r.Workers, r.Window)
+	fmt.Printf("%d blocks of %d bytes under %s (layout %s, fsync %v, %d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Dir, r.Layout, r.Fsync, r.Workers, r.Window)
 	fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio)
-	fmt.Printf("write: raw one file per block (the tier's layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
+	fmt.Printf("write: raw one file per block (the files layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
 	fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio)
 }
 
@@ -24,5 +24,6 @@ func fsFlags(f *pflag.FlagSet, o *bench.FSOptions) {
 	f.IntVar(&o.Workers, "workers", o.Workers, "fs tier I/O goroutines")
 	f.IntVar(&o.Window, "window", o.Window, "operations in flight against the tier")
 	f.BoolVar(&o.Fsync, "fsync", o.Fsync, "fsync every block (tier) and after every block (raw)")
+	f.StringVar(&o.Layout, "layout", o.Layout, "fs tier layout: files (one file per block) or segments (append-only segment files)")
 	f.BoolVar(&o.ColdCache, "cold-cache", o.ColdCache, "drop the page cache before each read phase (root only): reads measure the device, not memory and CRC32C")
 }

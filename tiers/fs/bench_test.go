@@ -3,6 +3,7 @@ package fs
 import (
 	"crypto/rand"
 	"hash/crc32"
+	"path/filepath"
 	"testing"
 
 	"github.com/kvtier/kvtier/messages"
@@ -31,6 +32,31 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 		dst := make([]byte, len(src))
 		for i := range b.N {
 			if _, _, err := s.Read(benchKey(i%1000), dst); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	if err := s.fs.MkdirAll(filepath.Join(s.root, segDirName)); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("segment-write", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		size := FileSize(len(src), nil)
+		for i := range b.N {
+			id := uint64(1 + i/256) // 64 MiB segments
+			off := segHeaderSize + int64(i%256)*size
+			if err := s.writeRecord(id, off, i%256 == 0, benchKey(i), src, sum, nil, size); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("segment-read", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		size := FileSize(len(src), nil)
+		dst := make([]byte, len(src))
+		for i := range b.N {
+			j := i % 1000
+			if _, _, err := s.readAt(s.segPath(uint64(1+j/256)), segHeaderSize+int64(j%256)*size, benchKey(j), dst); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,17 +1,53 @@
-// Package fs is the filesystem secondary tier: one file per block under a
-// root directory, a small validated header, atomic publish by rename, a
-// byte capacity with LRU eviction, and an index rebuilt from the directory
-// on start so a restarted node serves what it stored before.
+// Package fs is the filesystem secondary tier: blocks under a root
+// directory, each with a small validated header, visible only once whole,
+// a byte capacity with LRU eviction, and an index rebuilt from the
+// directory on start so a restarted node serves what it stored before.
 //
-// Layout: root/<namespace>/<2-hex shard>/<hex hash>-<group>.blk. Paths are
-// derived from the key's namespace and hash only (hex), never from any other
-// string. Every byte of file I/O goes through the narrow FS interface (OS
-// for real files, Faulty to inject ENOSPC, EIO and stalls in tests).
+// Two layouts (Config.Layout):
 //
-// Each file keeps its block's provenance in its header (tiers/blockfmt),
+// files (the default): one file per block,
+// root/<namespace>/<2-hex shard>/<hex hash>-<group>.blk, written to a
+// temporary file and renamed into place; evicted one block at a time.
+//
+// segments: blocks packed into append-only segment files,
+// root/segments/<16-hex id>.seg (segformat.go). A block is a record
+// (segment, offset, length) holding exactly what a block file holds —
+// header, provenance, bytes — so every read is verified the same way. The
+// actor reserves each record at the end of the one active segment
+// (segLog, in Receive); an I/O worker opens the segment and writes the
+// record there with pwrite, no lock held, several workers at once; the
+// block is indexed only once its bytes are written (and synced with
+// Fsync). A segment is sealed at SegmentBytes (64 MiB; at most an eighth
+// of the capacity): once its writes are done a footer listing its live
+// records' offsets is written. Capacity counts whole segments (dead
+// records included) and is kept by evicting whole segments, least
+// recently used first (reading or writing a block makes its segment
+// recent). Removing one block (a bad copy, TierDelete) marks its record
+// dead; a segment with no live record left is removed. Segments are not
+// compacted: a cache's blocks are cheap to lose and immutable, so copying
+// the live blocks of a cold segment would spend write bandwidth on blocks
+// eviction is about to drop anyway, and would add a copy that races
+// reads; a segment mostly dead is simply evicted whole in its LRU turn. On
+// start the segments are read in id order: a sealed one's records from
+// its footer (each header checked); one being written when the process
+// stopped is walked from its header, every record verified whole, and
+// truncated after the last good one — its torn tail, counted, never served
+// — then sealed. Block files of the files layout in the same root are read
+// through: indexed, served, evicted and removed like one-block segments,
+// while new blocks go to segments. (The files layout does not read
+// segments.) A dead record in a sealed segment is found again after a
+// restart; a bad one is caught again on read.
+//
+// Paths are derived from the key's namespace and hash (block files) or a
+// counter (segments) only, never from any other string. Every byte of file
+// I/O goes through the narrow FS interface (OS for real files, Faulty to
+// inject ENOSPC, EIO and stalls in tests).
+//
+// Each stored block keeps its provenance in its header (tiers/blockfmt),
 // handed back with every read. The tier announces what it holds to the
-// node's event hub (medium STORAGE): blocks stored, removed, and those found
-// on disk at start once their headers are read (events.go).
+// node's event hub (medium STORAGE): blocks stored, removed (evicted: all
+// of a segment's blocks at once), and those found on disk at start once
+// their headers are read (events.go) — the same in both layouts.
 //
 // The package owns its directory, its index and its I/O workers. It never
 // touches CPU-tier state: slot bytes arrive in TierWrite/TierRead messages

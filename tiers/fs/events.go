@@ -45,6 +45,7 @@ func (in *intro) add(k messages.Key) {
 type introDone struct {
 	gen   uint64
 	keys  []messages.Key
+	at    []*record // the copies read (segments layout)
 	provs []*messages.Provenance
 	errs  []error
 }
@@ -89,11 +90,16 @@ func (a *Actor) introduce(ctx actor.Context) {
 		a.gone(ctx, keysOf(in.pending))
 		return
 	}
-	self, root, store, n, gen := ctx.Self(), ctx.ActorSystem().Root, a.t.store, a.t.cfg.BlockBytes, in.gen
+	self, root, n, gen := ctx.Self(), ctx.ActorSystem().Root, a.t.cfg.BlockBytes, in.gen
+	reads := make([]func() (*messages.Provenance, error), len(batch))
+	at := make([]*record, len(batch))
+	for i, k := range batch {
+		reads[i], at[i] = a.t.l.provenance(k, n)
+	}
 	if !a.submit(func() {
-		d := &introDone{gen: gen, keys: batch, provs: make([]*messages.Provenance, len(batch)), errs: make([]error, len(batch))}
-		for i, k := range batch {
-			d.provs[i], d.errs[i] = store.ReadProvenance(k, n)
+		d := &introDone{gen: gen, keys: batch, at: at, provs: make([]*messages.Provenance, len(batch)), errs: make([]error, len(batch))}
+		for i, read := range reads {
+			d.provs[i], d.errs[i] = read()
 		}
 		root.Send(self, d)
 	}) {
@@ -111,6 +117,7 @@ func (a *Actor) introDone(ctx actor.Context, m *introDone) {
 	}
 	var keys, bad, dead []messages.Key
 	var provs []*messages.Provenance
+	var cleanups []*cleanup
 	for i, k := range m.keys {
 		if _, ok := in.pending[k]; !ok {
 			continue
@@ -118,9 +125,9 @@ func (a *Actor) introDone(ctx actor.Context, m *introDone) {
 		switch err := m.errs[i]; {
 		case errors.Is(err, messages.ErrInvalidBlock), errors.Is(err, messages.ErrNotFound):
 			bad = append(bad, k) // gone: no longer pending, never announced
-			if a.t.index.StartDelete(k) {
+			if ok, c := a.t.l.drop(k, m.at[i]); ok {
 				a.t.stats.Invalid++
-				dead = append(dead, k)
+				dead, cleanups = append(dead, k), append(cleanups, c)
 				a.log.Warn().Err(err).Msg("fs tier: invalid block found at start removed")
 			}
 		case err != nil:
@@ -142,7 +149,7 @@ func (a *Actor) introDone(ctx actor.Context, m *introDone) {
 		for _, k := range dead {
 			delete(in.pending, k)
 		}
-		a.remove(ctx, dead, func() { a.announce(ctx, messages.BlockWriteAborted, dead, nil) })
+		a.cleanup(ctx, cleanups, func() { a.announce(ctx, messages.BlockWriteAborted, dead, nil) })
 	}
 	a.answerInventories(ctx)
 }
@@ -197,7 +204,7 @@ func (a *Actor) inventory(ctx actor.Context, m *messages.TierInventory) {
 
 func (a *Actor) inventoryResult(corr uint64) *messages.InventoryResult {
 	return &messages.InventoryResult{Corr: corr, Medium: messages.MediumStorage, Ownership: a.t.cfg.Name,
-		Keys: a.t.index.ReadyKeys()}
+		Keys: a.t.l.ReadyKeys()}
 }
 
 func (a *Actor) answerInventories(ctx actor.Context) {

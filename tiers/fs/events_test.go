@@ -44,13 +44,51 @@ type fsHarness struct {
 	tier *Tier
 }
 
-func openFS(t *testing.T, root string, capacity int64) *fsHarness {
+// openTier opens cfg (named "disk", blocks of evBlock, no log) and runs it
+// until the test ends.
+func openTier(t *testing.T, cfg Config) *fsHarness {
 	t.Helper()
-	tier, err := Open(Config{Name: "disk", Root: root, BlockBytes: evBlock, Capacity: capacity, Log: zerolog.Nop()})
+	return openTierWith(t, cfg, harnessOpts{})
+}
+
+// harnessOpts vary openTierWith.
+type harnessOpts struct {
+	crash bool // at the end only stop the workers, as a killed process leaves the disk (no seal)
+	drop  bool // the hub drops events nobody reads
+}
+
+func openTierWith(t *testing.T, cfg Config, o harnessOpts) *fsHarness {
+	t.Helper()
+	cfg.Name, cfg.BlockBytes, cfg.Log = "disk", evBlock, zerolog.Nop()
+	tier, err := Open(cfg)
 	require.NoError(t, err)
-	h := tiertest.Start(t, tier.Props, tiertest.Options{Timeout: 30 * time.Second, Events: 1024,
-		Medium: messages.MediumStorage, Ownership: "disk", Locality: "LOCAL", Close: tier.Close})
+	closeTier := tier.Close
+	if o.crash {
+		closeTier = tier.workers.Close
+	}
+	h := tiertest.Start(t, tier.Props, tiertest.Options{Timeout: 30 * time.Second, Events: 1024, Drop: o.drop,
+		Medium: messages.MediumStorage, Ownership: "disk", Locality: "LOCAL", Close: closeTier})
 	return &fsHarness{Harness: h, tier: tier}
+}
+
+// layouts are the layouts behaviour tests run against.
+var layouts = []string{LayoutFiles, LayoutSegments}
+
+// forLayouts runs f as a subtest per layout.
+func forLayouts(t *testing.T, f func(t *testing.T, layout string)) {
+	for _, l := range layouts {
+		t.Run(l, func(t *testing.T) { f(t, l) })
+	}
+}
+
+// blockCost is the capacity one block of n bytes with provenance p takes
+// in layout, stored alone (segments: a segment of one record, what a
+// capacity under eight records makes).
+func blockCost(layout string, n int, p *messages.Provenance) int64 {
+	if layout == LayoutSegments {
+		return FileSize(n, p) + segEntrySize + segOverhead
+	}
+	return FileSize(n, p)
 }
 
 func evSrc(i int) ([]byte, uint32) {
@@ -75,9 +113,12 @@ func (h *fsHarness) read(i int) *messages.TierReadResult {
 }
 
 func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
+	forLayouts(t, testFSAnnouncesWithProvenanceAndReadsItBack)
+}
+
+func testFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T, layout string) {
 	root := t.TempDir()
-	size := FileSize(evBlock, provOf(1))
-	h := openFS(t, root, 2*size)
+	h := openTier(t, Config{Root: root, Capacity: 2 * blockCost(layout, evBlock, provOf(1)), Layout: layout})
 	h.write(0, provOf(0))
 	e := h.Next()
 	assert.Equal(t, messages.BlockWriting, e.Kind)
@@ -108,11 +149,7 @@ func TestFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T) {
 	assert.Equal(t, []messages.Key{benchKey(1)}, e.Keys)
 
 	// Corrupt block 2's bytes: the read fails, the block is removed and announced.
-	path := h.tier.store.Path(benchKey(2))
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	data[len(data)-1] ^= 1
-	require.NoError(t, os.WriteFile(path, data, 0o644))
+	flipByte(t, root, benchKey(2), -1)
 	require.ErrorIs(t, h.read(2).Err, messages.ErrInvalidBlock)
 	e = h.Next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
@@ -136,7 +173,13 @@ func writeV1(t *testing.T, s *Store, k messages.Key, src []byte, sum uint32) {
 	require.NoError(t, os.WriteFile(s.Path(k), append(hdr, src...), 0o644))
 }
 
+// Block files written by the files layout are introduced and served by
+// either layout: the segments layout reads them through.
 func TestReopenedFSIntroducesWhatItHolds(t *testing.T) {
+	forLayouts(t, testReopenedFSIntroducesWhatItHolds)
+}
+
+func testReopenedFSIntroducesWhatItHolds(t *testing.T, layout string) {
 	root := t.TempDir()
 	s := NewStore(OS{}, root, false)
 	const n = introBatch + 20 // more than one batch
@@ -157,7 +200,7 @@ func TestReopenedFSIntroducesWhatItHolds(t *testing.T) {
 	data[HeaderSize+6] ^= 0xff
 	require.NoError(t, os.WriteFile(s.Path(bad), data, 0o644))
 
-	h := openFS(t, root, 0)
+	h := openTier(t, Config{Root: root, Layout: layout})
 	inv := h.Inventory() // answered once every block found is introduced
 	assert.Len(t, inv, n+1, "the corrupt block is gone")
 	assert.NotContains(t, inv, bad)
@@ -186,6 +229,7 @@ func TestReopenedFSIntroducesWhatItHolds(t *testing.T) {
 	}
 	assert.Contains(t, stored, benchKey(n))
 	assert.Nil(t, stored[benchKey(n)], "a version 1 block has no provenance")
+	h.quiesce()
 	_, err = os.Stat(s.Path(bad))
 	assert.ErrorIs(t, err, os.ErrNotExist)
 

@@ -31,5 +31,7 @@ var (
 func relPath(k messages.Key) string { return filepath.FromSlash(blockfmt.RelPath(k)) }
 
 // HeaderSize is the bytes each block file adds to its block: a tier of
-// capacity N × (block + HeaderSize) holds N blocks.
+// capacity N × (block + HeaderSize) holds N blocks (files layout; a
+// segment adds 8 bytes a block and 56 a segment, and evicts whole
+// segments).
 const HeaderSize = headerSize

@@ -90,15 +90,8 @@ func (x *Index) BeginWrite(k messages.Key, size int64) (evicted []messages.Key, 
 		return nil, errBusy
 	}
 	if x.capacity > 0 {
-		if size > x.capacity {
-			return nil, fmt.Errorf("%w: block of %d bytes over capacity %d", messages.ErrTierFull, size, x.capacity)
-		}
-		var freeable int64
-		for el := x.lru.Back(); el != nil && x.used-freeable+size > x.capacity; el = el.Prev() {
-			freeable += el.Value.(*entry).size
-		}
-		if x.used-freeable+size > x.capacity {
-			return nil, fmt.Errorf("%w: %d of %d bytes in use, none evictable", messages.ErrTierFull, x.used, x.capacity)
+		if err := checkRoom(x.lru, func(el *list.Element) int64 { return el.Value.(*entry).size }, x.used, size, x.capacity); err != nil {
+			return nil, err
 		}
 		for x.used+size > x.capacity {
 			v := x.lru.Back().Value.(*entry)
@@ -198,6 +191,23 @@ func (x *Index) CheckInvariants() error {
 	}
 	if x.capacity > 0 && x.used > x.capacity {
 		return fmt.Errorf("used %d over capacity %d", x.used, x.capacity)
+	}
+	return nil
+}
+
+// checkRoom fails with ErrTierFull a write of need bytes that would not
+// fit in capacity even once every evictable unit on lru (least recent at
+// the back, each size bytes) is gone; nil when it fits.
+func checkRoom(lru *list.List, size func(*list.Element) int64, used, need, capacity int64) error {
+	if need > capacity {
+		return fmt.Errorf("%w: block of %d bytes over capacity %d", messages.ErrTierFull, need, capacity)
+	}
+	var freeable int64
+	for el := lru.Back(); el != nil && used-freeable+need > capacity; el = el.Prev() {
+		freeable += size(el)
+	}
+	if used-freeable+need > capacity {
+		return fmt.Errorf("%w: %d of %d bytes in use, none evictable", messages.ErrTierFull, used, capacity)
 	}
 	return nil
 }

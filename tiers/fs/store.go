@@ -110,36 +110,55 @@ func ioErr(op string, err error) error {
 // file has none). A file that fails a check is ErrInvalidBlock (the caller
 // removes it); a missing file is ErrNotFound.
 func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
-	f, h, p, err := s.open(k, len(dest))
+	return s.readAt(s.Path(k), 0, k, dest)
+}
+
+// readAt reads and verifies, as Read does, k's stored block at offset base
+// of the file at path (a block file: 0; a segment: its record's offset).
+func (s *Store) readAt(path string, base int64, k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
+	f, h, p, err := s.open(path, base, k, len(dest))
 	if err != nil {
 		return 0, nil, err
 	}
 	defer f.Close()
+	if err := readVerify(f, base+h.BlockOffset(), dest, h.Sum, k); err != nil {
+		return 0, nil, err
+	}
+	return h.Sum, p, nil
+}
+
+// readVerify reads len(dest) bytes at off into dest and checks their
+// CRC32C is sum: ErrInvalidBlock when short or different.
+func readVerify(f File, off int64, dest []byte, sum uint32, k messages.Key) error {
 	// NB: read and checksum chunk by chunk, so each chunk is summed while it
 	// is still in cache: the checksum then costs little beyond the copy.
 	var got uint32
-	base := h.BlockOffset()
-	for off := 0; off < len(dest); off += readChunk {
-		chunk := dest[off:min(off+readChunk, len(dest))]
-		if n, err := f.ReadAt(chunk, base+int64(off)); n < len(chunk) {
+	for o := 0; o < len(dest); o += readChunk {
+		chunk := dest[o:min(o+readChunk, len(dest))]
+		if n, err := f.ReadAt(chunk, off+int64(o)); n < len(chunk) {
 			if err != nil && !errors.Is(err, io.EOF) {
-				return 0, nil, ioErr("read", err)
+				return ioErr("read", err)
 			}
-			return 0, nil, fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, off+n, len(dest))
+			return fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, o+n, len(dest))
 		}
 		got = crc32.Update(got, castagnoli, chunk)
 	}
-	if got != h.Sum {
-		return 0, nil, fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, h.Sum, got)
+	if got != sum {
+		return fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, sum, got)
 	}
-	return h.Sum, p, nil
+	return nil
 }
 
 // ReadProvenance reads only k's header and provenance (a block of n
 // bytes): what the start-up announcements need. The block's bytes are
 // verified when it is read.
 func (s *Store) ReadProvenance(k messages.Key, n int) (*messages.Provenance, error) {
-	f, _, p, err := s.open(k, n)
+	return s.provenanceAt(s.Path(k), 0, k, n)
+}
+
+// provenanceAt is ReadProvenance for k's stored block at base in path.
+func (s *Store) provenanceAt(path string, base int64, k messages.Key, n int) (*messages.Provenance, error) {
+	f, _, p, err := s.open(path, base, k, n)
 	if err != nil {
 		return nil, err
 	}
@@ -147,17 +166,17 @@ func (s *Store) ReadProvenance(k messages.Key, n int) (*messages.Provenance, err
 	return p, nil
 }
 
-// open opens k's file and reads and checks its header (for a block of n
-// bytes) and provenance.
-func (s *Store) open(k messages.Key, n int) (File, blockfmt.Header, *messages.Provenance, error) {
-	f, err := s.fs.Open(s.Path(k))
+// open opens path and reads and checks the header (of k's block of n
+// bytes) and provenance at base.
+func (s *Store) open(path string, base int64, k messages.Key, n int) (File, blockfmt.Header, *messages.Provenance, error) {
+	f, err := s.fs.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, blockfmt.Header{}, nil, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
 	}
 	if err != nil {
 		return nil, blockfmt.Header{}, nil, ioErr("open", err)
 	}
-	h, p, err := readHeader(f, k, n)
+	h, p, err := readHeader(f, base, k, n)
 	if err != nil {
 		_ = f.Close()
 		return nil, blockfmt.Header{}, nil, err
@@ -165,30 +184,26 @@ func (s *Store) open(k messages.Key, n int) (File, blockfmt.Header, *messages.Pr
 	return f, h, p, nil
 }
 
-// headerRead is what one read fetches of a file's start: the header and a
-// typical provenance section (a second read fetches a larger one).
+// headerRead is what one read fetches of a stored block's start: the
+// header and a typical provenance section (a second read fetches a larger
+// one).
 const headerRead = 4 << 10
 
-func readHeader(f File, k messages.Key, n int) (blockfmt.Header, *messages.Provenance, error) {
+// readHeader reads, at base, the header of k's block of n bytes and its
+// provenance.
+func readHeader(f File, base int64, k messages.Key, n int) (blockfmt.Header, *messages.Provenance, error) {
 	var buf [headerRead]byte
-	got, err := f.ReadAt(buf[:], 0)
-	if got < headerSize {
-		if err != nil && !errors.Is(err, io.EOF) {
-			return blockfmt.Header{}, nil, ioErr("read", err)
-		}
-		return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, k)
-	}
-	h, err := decodeHeader(buf[:got])
+	h, got, err := readRawHeader(f, base, buf[:], k)
 	if err != nil {
-		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", k, err)
+		return blockfmt.Header{}, nil, err
 	}
 	if err := h.Check(k, n); err != nil {
 		return blockfmt.Header{}, nil, err
 	}
-	section := buf[headerSize:min(got, headerSize+h.ProvLen)]
+	section := got[headerSize:min(len(got), headerSize+h.ProvLen)]
 	if len(section) < h.ProvLen {
 		section = make([]byte, h.ProvLen)
-		if m, err := f.ReadAt(section, headerSize); m < len(section) {
+		if m, err := f.ReadAt(section, base+headerSize); m < len(section) {
 			if err != nil && !errors.Is(err, io.EOF) {
 				return blockfmt.Header{}, nil, ioErr("read", err)
 			}
@@ -200,6 +215,24 @@ func readHeader(f File, k messages.Key, n int) (blockfmt.Header, *messages.Prove
 		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", k, err)
 	}
 	return h, p, nil
+}
+
+// readRawHeader reads up to len(buf) bytes at base and decodes the header
+// they start with; what names the block in errors is who (a key, or a
+// segment offset). It returns the bytes read.
+func readRawHeader(f File, base int64, buf []byte, who any) (blockfmt.Header, []byte, error) {
+	got, err := f.ReadAt(buf, base)
+	if got < headerSize {
+		if err != nil && !errors.Is(err, io.EOF) {
+			return blockfmt.Header{}, nil, ioErr("read", err)
+		}
+		return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, who)
+	}
+	h, err := decodeHeader(buf[:got])
+	if err != nil {
+		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", who, err)
+	}
+	return h, buf[:got], nil
 }
 
 // Remove deletes k's file; a missing file is not an error.
@@ -220,11 +253,17 @@ type scanned struct {
 // ScanResult is what a start-up scan found.
 type ScanResult struct {
 	blocks  []scanned // oldest first
-	Removed int       // leftovers removed: temporary files, misnamed or mis-sized block files
+	Removed int       // leftovers removed: temporary files, misnamed or mis-sized block files; bad segments and records
 	Skipped int       // entries that are not ours, left alone
+	// The segment layout's: torn tails truncated (and their bytes), and
+	// segments left unsealed (an I/O error; walked again at the next start).
+	Torn      int
+	TornBytes int64
+	Unsealed  int
 }
 
-// Scan walks the root and lists the block files, oldest first. Temporary
+// Scan walks the root and lists the block files, oldest first (the
+// segments directory is not its to read). Temporary
 // files (a write interrupted by a crash), block files whose name does not
 // parse and block files whose size cannot be header, provenance and
 // blockBytes are removed and counted: they can never be served. Headers
@@ -240,6 +279,9 @@ func (s *Store) Scan(blockBytes int) (ScanResult, error) {
 		return res, ioErr("read root", err)
 	}
 	for _, nd := range nsDirs {
+		if nd.Name() == segDirName {
+			continue // the segment layout's (ScanSegments)
+		}
 		ns, ok := parseNSDir(nd.Name())
 		if !ok || !nd.IsDir() {
 			res.Skipped++

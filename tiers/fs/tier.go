@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -19,12 +21,19 @@ import (
 type Config struct {
 	Name       string // tier name in stats and filters (default "fs")
 	Root       string // directory of the blocks (created if absent)
-	Capacity   int64  // byte capacity including headers; 0 = unbounded
-	BlockBytes int    // the node's block size: files of any other size are invalid
-	Fsync      bool   // sync each block file before publishing it
+	Capacity   int64  // byte capacity including headers (and segment overhead); 0 = unbounded
+	BlockBytes int    // the node's block size: blocks of any other size are invalid
+	Fsync      bool   // sync each block (file or segment record) before it is readable
 	Workers    int    // I/O goroutines (default 4)
 	Queue      int    // I/O operations waiting for a goroutine before writes are shed (default 256)
 	FS         FS     // nil: the real filesystem
+	// Layout is how blocks are kept: "files" (the default: one file per
+	// block) or "segments" (packed into append-only segment files; block
+	// files found in the root are read through). See doc.go.
+	Layout string
+	// SegmentBytes is the size a segment is sealed at (segments layout;
+	// default 64 MiB, and at most an eighth of a nonzero Capacity).
+	SegmentBytes int64
 	// Locality is the `locality` of the tier's KV events: "LOCAL" (the
 	// default) for a node's own disk, "REMOTE" for a filesystem other nodes
 	// read too.
@@ -39,50 +48,115 @@ const (
 	DefaultLocality = "LOCAL"
 )
 
-// Tier is an opened fs tier: its index (rebuilt from the directory), its
-// store and its I/O workers. The actor (Props) serves it; the node closes
-// the workers after the actor stopped.
+// Tier is an opened fs tier: its layout's state (rebuilt from the
+// directory), its store and its I/O workers. The actor (Props) serves it;
+// the node closes the workers after the actor stopped.
 type Tier struct {
 	cfg     Config
 	store   *Store
-	index   *Index
+	l       layout  // index or segs
+	index   *Index  // the files layout's (nil otherwise)
+	segs    *segLog // the segments layout's (nil otherwise)
+	scan    ScanResult
 	workers *tiers.Workers
 	stats   messages.SecondaryStats
 	intro   intro // announcing the blocks found at start (survives restarts)
 }
 
-// Open scans cfg.Root, rebuilding the index (oldest files least recent),
-// removing leftovers, and evicting the oldest blocks if the capacity shrank
-// since they were written. It runs before the actor starts, off any mailbox.
+// ValidLayout checks a Config.Layout value ("" is the default, files).
+func ValidLayout(layout string) error {
+	switch layout {
+	case "", LayoutFiles, LayoutSegments:
+		return nil
+	}
+	return fmt.Errorf("%w: fs tier layout %q (want %q or %q)", messages.ErrBadConfig, layout, LayoutFiles, LayoutSegments)
+}
+
+// Open scans cfg.Root, rebuilding the index (oldest blocks least recent),
+// removing leftovers, and evicting the oldest blocks (files layout) or
+// segments (segments layout) if the capacity shrank since they were
+// written. It runs before the actor starts, off any mailbox.
 func Open(cfg Config) (*Tier, error) {
 	if cfg.Root == "" || cfg.BlockBytes <= 0 {
 		return nil, fmt.Errorf("%w: fs tier needs a root and a block size", messages.ErrBadConfig)
 	}
+	if err := ValidLayout(cfg.Layout); err != nil {
+		return nil, err
+	}
+	if cfg.SegmentBytes < 0 {
+		return nil, fmt.Errorf("%w: fs tier segment bytes %d must not be negative", messages.ErrBadConfig, cfg.SegmentBytes)
+	}
 	defaults.FillNonPositive(&cfg, Config{
-		Name:     tiers.KindFS,
-		Workers:  DefaultWorkers,
-		Queue:    DefaultQueue,
-		FS:       OS{},
-		Locality: DefaultLocality,
+		Name:         tiers.KindFS,
+		Workers:      DefaultWorkers,
+		Queue:        DefaultQueue,
+		FS:           OS{},
+		Locality:     DefaultLocality,
+		Layout:       LayoutFiles,
+		SegmentBytes: DefaultSegmentBytes,
 	})
-	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync), index: NewIndex(cfg.Capacity)}
+	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync)}
 	start := time.Now()
-	res, err := t.store.Scan(cfg.BlockBytes)
+	var over int
+	var err error
+	if cfg.Layout == LayoutSegments {
+		over, err = t.openSegments()
+	} else {
+		over, err = t.openFiles()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fs tier %s: scan %s: %w", cfg.Name, cfg.Root, err)
 	}
-	over := 0
-	for _, b := range res.blocks {
-		if cfg.Capacity > 0 && t.index.Used()+b.size > cfg.Capacity {
-			// The capacity shrank: the oldest blocks (scanned first) go.
-			// NB: scanning oldest first and stopping late keeps the newest.
-			continue
-		}
-		t.index.Add(b.key, b.size)
+	removed := t.scan.Removed + over + t.scan.Torn
+	t.stats = messages.SecondaryStats{Name: cfg.Name, Kind: tiers.KindFS, Healthy: true,
+		ScannedBlocks: t.l.Blocks(), ScanRemoved: removed, Capacity: cfg.Capacity}
+	t.workers = tiers.NewWorkers(cfg.Workers, cfg.Queue)
+	ev := cfg.Log.Info()
+	if t.scan.Torn > 0 || t.scan.Unsealed > 0 {
+		ev = cfg.Log.Warn()
 	}
-	// Anything left out for capacity is removed now, before serving.
-	for _, b := range res.blocks {
-		if !t.index.Has(b.key) {
+	ev.Str("tier", cfg.Name).Str("root", cfg.Root).Str("layout", cfg.Layout).Int("blocks", t.l.Blocks()).
+		Int64("bytes", t.l.Used()).Int("removed", removed).Int("skipped", t.scan.Skipped).
+		Int("torn_tails", t.scan.Torn).Int64("torn_bytes", t.scan.TornBytes).Int("unsealed", t.scan.Unsealed).
+		Dur("took", time.Since(start)).Msg("fs tier: index rebuilt from directory")
+	return t, nil
+}
+
+// keepNewest decides which of sizes (oldest first) a capacity keeps: the
+// newest that fit (all when capacity is 0).
+func keepNewest(sizes []int64, capacity int64) []bool {
+	keep := make([]bool, len(sizes))
+	var used int64
+	for i := len(sizes) - 1; i >= 0; i-- {
+		if capacity == 0 || used+sizes[i] <= capacity {
+			keep[i], used = true, used+sizes[i]
+		}
+	}
+	return keep
+}
+
+// openFiles rebuilds the files layout's index; it returns how many block
+// files the capacity left out (removed).
+func (t *Tier) openFiles() (int, error) {
+	res, err := t.store.Scan(t.cfg.BlockBytes)
+	if err != nil {
+		return 0, err
+	}
+	t.scan, t.index = res, NewIndex(t.cfg.Capacity)
+	if segs, err := t.store.fs.ReadDir(filepath.Join(t.cfg.Root, segDirName)); err == nil && len(segs) > 0 {
+		t.cfg.Log.Warn().Str("tier", t.cfg.Name).Int("segments", len(segs)).
+			Msg("fs tier: segment files found, not read by the files layout (layout: segments reads them, and block files)")
+	}
+	t.l = filesLayout{Index: t.index, store: t.store}
+	sizes := make([]int64, len(res.blocks))
+	for i, b := range res.blocks {
+		sizes[i] = b.size
+	}
+	over := 0
+	// NB: the capacity shrank: the oldest blocks go, the newest stay.
+	for i, keep := range keepNewest(sizes, t.cfg.Capacity) {
+		b := res.blocks[i]
+		if !keep || !t.index.Add(b.key, b.size) {
 			if err := t.store.Remove(b.key); err == nil {
 				over++
 			}
@@ -90,21 +164,122 @@ func Open(cfg Config) (*Tier, error) {
 		}
 		t.intro.add(b.key)
 	}
-	t.stats = messages.SecondaryStats{Name: cfg.Name, Kind: tiers.KindFS, Healthy: true,
-		ScannedBlocks: t.index.Blocks(), ScanRemoved: res.Removed + over, Capacity: cfg.Capacity}
-	t.workers = tiers.NewWorkers(cfg.Workers, cfg.Queue)
-	cfg.Log.Info().Str("tier", cfg.Name).Str("root", cfg.Root).Int("blocks", t.index.Blocks()).
-		Int64("bytes", t.index.Used()).Int("removed", res.Removed+over).Int("skipped", res.Skipped).
-		Dur("took", time.Since(start)).Msg("fs tier: index rebuilt from directory")
-	return t, nil
+	t.scan.blocks = nil
+	return over, nil
+}
+
+// unitFound is a unit of the segments layout found at start: a segment, or
+// a block file of the files layout.
+type unitFound struct {
+	seg   *segment
+	recs  []segRec
+	mtime time.Time
+}
+
+// openSegments rebuilds the segments layout's log from the segments and
+// the block files under the root; it returns how many units the capacity
+// (or newer copies of all their blocks) left out (removed).
+func (t *Tier) openSegments() (int, error) {
+	res, err := t.store.Scan(t.cfg.BlockBytes)
+	if err != nil {
+		return 0, err
+	}
+	found, maxID, err := t.store.ScanSegments(t.cfg.BlockBytes, &res)
+	if err != nil {
+		return 0, err
+	}
+	t.scan = res
+	t.scan.blocks = nil
+	// NB: segments in id order — a key's newer copy is always in a later
+	// segment, or later in the same one — with the block files (oldest
+	// first) merged in by modification time.
+	units := make([]unitFound, 0, len(res.blocks)+len(found))
+	for len(res.blocks) > 0 || len(found) > 0 {
+		if len(res.blocks) > 0 && (len(found) == 0 || !found[0].mtime.Before(res.blocks[0].mtime)) {
+			b := res.blocks[0]
+			res.blocks = res.blocks[1:]
+			units = append(units, unitFound{seg: &segment{key: b.key, size: b.size},
+				recs: []segRec{{key: b.key, size: b.size}}, mtime: b.mtime})
+			continue
+		}
+		f := found[0]
+		found = found[1:]
+		units = append(units, unitFound{seg: &segment{id: f.id, size: f.size, end: f.end}, recs: f.recs, mtime: f.mtime})
+	}
+	liveRecs(units)
+	sizes := make([]int64, len(units))
+	for i, u := range units {
+		sizes[i] = u.seg.size
+	}
+	t.segs = newSegLog(t.cfg.Capacity, t.cfg.SegmentBytes, maxID+1)
+	t.l = segLayout{x: t.segs, store: t.store}
+	over := 0
+	for i, keep := range keepNewest(sizes, t.cfg.Capacity) {
+		u := units[i]
+		if !keep || len(u.recs) == 0 {
+			if t.store.removePath(segLayout{store: t.store}.path(u.seg)) == nil {
+				over++
+			}
+			continue
+		}
+		t.segs.addFound(u.seg, u.recs)
+		for _, r := range u.recs {
+			t.intro.add(r.key)
+		}
+	}
+	return over, nil
+}
+
+// liveRecs leaves in each unit (oldest first) only the records that are
+// their key's newest copy.
+func liveRecs(units []unitFound) {
+	type at struct{ unit, rec int }
+	newest := map[messages.Key]at{}
+	for i, u := range units {
+		for j, r := range u.recs {
+			newest[r.key] = at{i, j}
+		}
+	}
+	for i := range units {
+		recs := units[i].recs[:0]
+		for j, r := range units[i].recs {
+			if newest[r.key] == (at{i, j}) {
+				recs = append(recs, r)
+			}
+		}
+		units[i].recs = recs
+	}
 }
 
 // Name is the tier's name.
 func (t *Tier) Name() string { return t.cfg.Name }
 
 // Close stops the I/O workers, waiting for running operations until ctx
-// ends. Call it after the actor stopped.
-func (t *Tier) Close(ctx context.Context) error { return t.workers.Close(ctx) }
+// ends. Call it after the actor stopped. The segments layout then seals the
+// segments it was writing, so the next start need not walk them.
+func (t *Tier) Close(ctx context.Context) error {
+	if err := t.workers.Close(ctx); err != nil {
+		return err
+	}
+	if t.segs == nil {
+		return nil
+	}
+	l := segLayout{x: t.segs, store: t.store}
+	for _, c := range t.segs.closing() {
+		var err error
+		if c.seal {
+			err = t.store.sealSegment(c.seg.id, c.seg.end, c.offs)
+		} else {
+			err = t.store.removePath(l.path(c.seg))
+		}
+		if err != nil {
+			// NB: not the caller's problem: the next start walks an unsealed
+			// segment, and rescans a file left behind.
+			t.cfg.Log.Warn().Err(err).Str("tier", t.cfg.Name).Uint64("segment", c.seg.id).Msg("fs tier: closing segment failed")
+		}
+	}
+	return nil
+}
 
 // Props builds the tier's actor over t (which survives restarts); it
 // announces what the tier holds to hub (nil: events off, nothing announced).
@@ -122,14 +297,17 @@ func (t *Tier) Props(hub *actor.PID) *actor.Props {
 // the writes it starts and abandons.
 //
 // Invariants:
-//   - the index is touched only inside Receive; file I/O runs only on the
-//     tier's workers and comes back as readDone / writeDone / removeDone.
+//   - the layout's state (index or segment log) is touched only inside
+//     Receive; file I/O runs only on the tier's workers and comes back as
+//     readDone / writeDone / cleanupDone / choreDone / introDone.
 //   - every request is answered exactly once, to its sender.
 //   - a write is submitted only when the worker queue has room, so an
 //     index change (reservation, evictions) is never left without the I/O
 //     that completes it.
 //   - a block that fails validation on read is made unreadable before the
-//     answer goes out, then its file is removed: it is never served.
+//     answer goes out, then its file is removed (files layout; in a
+//     segment its record is dead, the segment removed once none is live):
+//     it is never served.
 //   - with a hub: announced stored − removed = the index's readable keys
 //     minus those the start-up introduction has not announced yet; a
 //     TierInventory is answered once the introduction is over.
@@ -146,19 +324,24 @@ type (
 	readDone struct {
 		req    *messages.TierRead
 		sender *actor.PID
+		at     *record // the copy read (segments layout)
 		sum    uint32
 		prov   *messages.Provenance
 		err    error
 	}
 	writeDone struct {
-		req     *messages.TierWrite
-		sender  *actor.PID
-		evicted []messages.Key
-		err     error
+		req    *messages.TierWrite
+		sender *actor.PID
+		op     *writeOp
+		err    error
 	}
-	removeDone struct {
-		keys []messages.Key
+	cleanupDone struct {
+		cs   []*cleanup
 		then func() // run in Receive once the files are gone (nil: nothing)
+	}
+	choreDone struct {
+		c   chore
+		err error
 	}
 )
 
@@ -176,23 +359,29 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *writeDone:
 		a.writeDone(ctx, m)
 	case *messages.TierDelete:
-		if a.t.index.StartDelete(m.Key) {
+		if ok, c := a.t.l.drop(m.Key, nil); ok {
 			a.t.stats.Deleted++
 			a.gone(ctx, []messages.Key{m.Key})
-			a.remove(ctx, []messages.Key{m.Key}, nil)
+			a.cleanup(ctx, []*cleanup{c}, nil)
 		}
 	case *introDone:
 		a.introDone(ctx, m)
 	case *messages.TierInventory:
 		a.inventory(ctx, m)
-	case *removeDone:
+	case *cleanupDone:
 		a.inFlight--
-		for _, k := range m.keys {
-			a.t.index.EndDelete(k)
+		for _, c := range m.cs {
+			c.done()
 		}
 		if m.then != nil {
 			m.then()
 		}
+	case *choreDone:
+		a.inFlight--
+		if m.err != nil {
+			a.log.Warn().Err(m.err).Msg("fs tier: " + m.c.what + " failed")
+		}
+		m.c.done(m.err)
 	case *messages.TierStatsQuery:
 		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
 	case *actor.Started:
@@ -202,12 +391,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("fs tier: unknown message dropped")
 	}
 	a.introduce(ctx)
+	a.housekeep(ctx)
 }
 
 func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
 	found := make([]bool, len(m.Keys))
 	for i, k := range m.Keys {
-		found[i] = a.t.index.Has(k)
+		found[i] = a.t.l.Has(k)
 		if found[i] {
 			a.t.stats.Found++
 		}
@@ -227,16 +417,17 @@ func (a *Actor) submit(f func()) bool {
 }
 
 func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
-	if !a.t.index.Has(m.Key) {
+	if !a.t.l.Has(m.Key) {
 		a.t.stats.ReadFailures++
 		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %v", messages.ErrNotFound, m.Key)})
 		return
 	}
-	a.t.index.Touch(m.Key)
-	self, root, sender, store := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender(), a.t.store
+	a.t.l.Touch(m.Key)
+	self, root, sender := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender()
+	read, at := a.t.l.reader(m.Key)
 	if !a.submit(func() {
-		sum, prov, err := store.Read(m.Key, m.Dest)
-		root.Send(self, &readDone{req: m, sender: sender, sum: sum, prov: prov, err: err})
+		sum, prov, err := read(m.Dest)
+		root.Send(self, &readDone{req: m, sender: sender, at: at, sum: sum, prov: prov, err: err})
 	}) {
 		a.t.stats.ReadFailures++
 		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s", messages.ErrTierBusy, a.t.cfg.Name)})
@@ -253,11 +444,11 @@ func (a *Actor) readDone(ctx actor.Context, m *readDone) {
 		// forget it (and remove whatever is there) so it is never offered.
 		// The reader hears of the failure once the bad copy is gone.
 		a.t.stats.ReadFailures++
-		if a.t.index.StartDelete(m.req.Key) {
+		if ok, c := a.t.l.drop(m.req.Key, m.at); ok {
 			a.t.stats.Invalid++
 			a.gone(ctx, []messages.Key{m.req.Key})
 			a.log.Warn().Err(m.err).Msg("fs tier: invalid block removed")
-			a.remove(ctx, []messages.Key{m.req.Key}, func() { a.answerRead(ctx, m) })
+			a.cleanup(ctx, []*cleanup{c}, func() { a.answerRead(ctx, m) })
 			return
 		}
 	default:
@@ -285,10 +476,10 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 		respond(fmt.Errorf("%w: %s: I/O queue full", messages.ErrTierUnavailable, a.t.cfg.Name))
 		return
 	}
-	evicted, err := a.t.index.BeginWrite(m.Key, FileSize(len(m.Src), m.Prov))
+	op, err := a.t.l.beginWrite(m, FileSize(len(m.Src), m.Prov))
 	switch {
 	case errors.Is(err, errExists):
-		a.t.index.Touch(m.Key)
+		a.t.l.Touch(m.Key)
 		respond(nil)
 		return
 	case errors.Is(err, errBusy):
@@ -300,33 +491,24 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 		respond(err)
 		return
 	}
-	a.t.stats.Evictions += uint64(len(evicted))
-	a.gone(ctx, evicted)
+	a.t.stats.Evictions += uint64(len(op.evicted))
+	a.gone(ctx, op.evicted)
 	a.note(ctx, messages.BlockWriting, m.Key)
-	self, root, sender, store := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender(), a.t.store
+	self, root, sender := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender()
 	if !a.submit(func() {
-		for _, k := range evicted {
-			_ = store.Remove(k) // NB: a file left behind is re-validated by the next scan
-		}
-		_, err := store.Write(m.Key, m.Src, m.Checksum, m.Prov)
-		root.Send(self, &writeDone{req: m, sender: sender, evicted: evicted, err: err})
+		err := op.io()
+		root.Send(self, &writeDone{req: m, sender: sender, op: op, err: err})
 	}) {
 		// Only when the pool closed: undo the reservation.
-		a.t.index.EndWrite(m.Key, false)
+		op.abort()
 		a.note(ctx, messages.BlockWriteAborted, m.Key)
-		for _, k := range evicted {
-			a.t.index.EndDelete(k)
-		}
 		respond(fmt.Errorf("%w: %s: closed", messages.ErrTierUnavailable, a.t.cfg.Name))
 	}
 }
 
 func (a *Actor) writeDone(ctx actor.Context, m *writeDone) {
 	a.inFlight--
-	for _, k := range m.evicted {
-		a.t.index.EndDelete(k)
-	}
-	a.t.index.EndWrite(m.req.Key, m.err == nil)
+	m.op.end(m.err == nil)
 	switch {
 	case m.err == nil:
 		a.t.stats.Writes++
@@ -349,28 +531,49 @@ func (a *Actor) writeDone(ctx actor.Context, m *writeDone) {
 	}
 }
 
-// remove deletes the files of keys already marked deleting in the index.
-// remove deletes keys' files on a worker; then, if set, runs in Receive
-// once they are gone (or at once when the I/O queue is full).
-func (a *Actor) remove(ctx actor.Context, keys []messages.Key, then func()) {
-	self, root, store := ctx.Self(), ctx.ActorSystem().Root, a.t.store
-	if !a.submit(func() {
-		for _, k := range keys {
-			_ = store.Remove(k)
+// cleanup runs the I/O of cs (nil entries: none) on a worker; then, if
+// set, runs in Receive once it is done (or at once when there is none, or
+// when the I/O queue is full: the files are left for the next scan).
+func (a *Actor) cleanup(ctx actor.Context, cs []*cleanup, then func()) {
+	cs = slices.DeleteFunc(cs, func(c *cleanup) bool { return c == nil })
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	if len(cs) > 0 && a.submit(func() {
+		for _, c := range cs {
+			c.io()
 		}
-		root.Send(self, &removeDone{keys: keys, then: then})
+		root.Send(self, &cleanupDone{cs: cs, then: then})
 	}) {
-		for _, k := range keys {
-			a.t.index.EndDelete(k)
+		return
+	}
+	for _, c := range cs {
+		if c.skipped != nil {
+			c.skipped()
 		}
-		if then != nil {
-			then()
+		c.done()
+	}
+	if then != nil {
+		then()
+	}
+}
+
+// housekeep submits the layout's chores due (the segments layout's seals
+// and removals); one the queue refuses is due again after the next
+// message.
+func (a *Actor) housekeep(ctx actor.Context) {
+	chores := a.t.l.chores()
+	for i, c := range chores {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		if !a.submit(func() { root.Send(self, &choreDone{c: c, err: c.io()}) }) {
+			for _, c := range chores[i:] {
+				c.requeue()
+			}
+			return
 		}
 	}
 }
 
 func (a *Actor) snapshot() messages.SecondaryStats {
 	s := a.t.stats
-	s.Blocks, s.Bytes, s.InFlight = a.t.index.Blocks(), a.t.index.Used(), a.inFlight
+	s.Blocks, s.Bytes, s.InFlight = a.t.l.Blocks(), a.t.l.Used(), a.inFlight
 	return s
 }

@@ -7,9 +7,12 @@ import (
 	"github.com/kvtier/kvtier/supervision"
 )
 
-// File is an open block file: written once in sequence, or read at offsets.
+// File is an open block or segment file: a block file is written once in
+// sequence, a segment file at offsets (WriteAt, by several workers at once,
+// each into the range the actor reserved for it); either is read at offsets.
 type File interface {
 	io.Writer
+	io.WriterAt
 	io.ReaderAt
 	Sync() error
 	Close() error
@@ -22,6 +25,12 @@ type FS interface {
 	Create(name string) (File, error)
 	// Open opens name for reading.
 	Open(name string) (File, error)
+	// OpenWrite opens name for writing at offsets (WriteAt), creating it if
+	// it does not exist and never truncating it: a segment file, which
+	// every write into it opens.
+	OpenWrite(name string) (File, error)
+	// Truncate cuts name to size bytes (a segment's torn tail).
+	Truncate(name string, size int64) error
 	Rename(oldpath, newpath string) error
 	Remove(name string) error
 	MkdirAll(dir string) error
@@ -39,6 +48,14 @@ func (OS) Create(name string) (File, error) {
 // Open implements FS.
 func (OS) Open(name string) (File, error) { return os.Open(name) }
 
+// OpenWrite implements FS.
+func (OS) OpenWrite(name string) (File, error) {
+	return os.OpenFile(name, os.O_WRONLY|os.O_CREATE, 0o644)
+}
+
+// Truncate implements FS.
+func (OS) Truncate(name string, size int64) error { return os.Truncate(name, size) }
+
 // Rename implements FS.
 func (OS) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
 
@@ -54,7 +71,9 @@ func (OS) ReadDir(dir string) ([]os.DirEntry, error) { return os.ReadDir(dir) }
 // Op names a filesystem call for fault rules.
 type Op uint8
 
-// Operations a Rule sees.
+// Operations a Rule sees. OpenWrite is seen as OpCreate, a WriteAt as
+// OpWrite: a rule that fills the disk or fails writes fails the segment
+// layout's as it does the files layout's.
 const (
 	OpCreate Op = iota + 1
 	OpOpen
@@ -66,6 +85,7 @@ const (
 	OpRemove
 	OpMkdir
 	OpReadDir
+	OpTruncate
 )
 
 // Rule decides whether op on path fails: a non-nil error is returned
@@ -96,7 +116,7 @@ func (f *Faulty) check(op Op, path string) error {
 }
 
 func opName(op Op) string {
-	return [...]string{"?", "create", "open", "write", "read", "sync", "close", "rename", "remove", "mkdir", "readdir"}[op]
+	return [...]string{"?", "create", "open", "write", "read", "sync", "close", "rename", "remove", "mkdir", "readdir", "truncate"}[op]
 }
 
 // Create implements FS.
@@ -116,6 +136,19 @@ func (f *Faulty) open(op Op, name string, open func(string) (File, error)) (File
 		return nil, err
 	}
 	return &faultyFile{File: in, fs: f, name: name}, nil
+}
+
+// OpenWrite implements FS (seen by rules as OpCreate).
+func (f *Faulty) OpenWrite(name string) (File, error) {
+	return f.open(OpCreate, name, f.inner.OpenWrite)
+}
+
+// Truncate implements FS.
+func (f *Faulty) Truncate(name string, size int64) error {
+	if err := f.check(OpTruncate, name); err != nil {
+		return err
+	}
+	return f.inner.Truncate(name, size)
 }
 
 // Rename implements FS.
@@ -161,6 +194,13 @@ func (f *faultyFile) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return f.File.Write(p)
+}
+
+func (f *faultyFile) WriteAt(p []byte, off int64) (int, error) {
+	if err := f.fs.check(OpWrite, f.name); err != nil {
+		return 0, err
+	}
+	return f.File.WriteAt(p, off)
 }
 
 func (f *faultyFile) ReadAt(p []byte, off int64) (int, error) {

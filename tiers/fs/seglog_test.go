@@ -1,0 +1,147 @@
+package fs
+
+// The segment layout's decision logic alone, no I/O: reservations at the
+// end of the active segment, roll-over at the target size, whole-segment
+// eviction in LRU order within the capacity, dead blocks, chores.
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// logWrite reserves and completes k's record of size bytes.
+func logWrite(t *testing.T, x *segLog, k messages.Key, size int64) *segWrite {
+	t.Helper()
+	w, err := x.beginWrite(k, size)
+	require.NoError(t, err)
+	x.endWrite(w, true)
+	require.NoError(t, x.checkInvariants())
+	return w
+}
+
+func TestSegLogReservesSequentiallyAndRolls(t *testing.T) {
+	const rec = 100
+	cost := int64(rec + segEntrySize)
+	x := newSegLog(0, segOverhead+3*cost, 1)
+	var ws []*segWrite
+	for i := range 7 {
+		ws = append(ws, logWrite(t, x, benchKey(i), rec))
+	}
+	for i, w := range ws {
+		require.Equal(t, uint64(1+i/3), w.rec.seg.id, "three records a segment")
+		require.Equal(t, int64(segHeaderSize+(i%3)*rec), w.rec.off, "back to back from the header")
+		require.Equal(t, i%3 == 0, w.first, "the first record writes the segment header")
+	}
+	require.Equal(t, 7, x.ready)
+	require.Equal(t, 3*segOverhead+7*cost, x.used)
+	// Two full segments, settled: each due its seal, once.
+	c := x.chores()
+	require.Len(t, c, 2)
+	require.True(t, c[0].seal)
+	require.Equal(t, []int64{segHeaderSize, segHeaderSize + rec, segHeaderSize + 2*rec}, c[0].offs)
+	require.Empty(t, x.chores())
+	x.choreDone(c[0], nil)
+	x.requeue(c[1])
+	require.Len(t, x.chores(), 1, "a chore the queue refused is due again")
+
+	// A record larger than the target still takes a segment of its own.
+	w, err := x.beginWrite(benchKey(100), 10*rec)
+	require.NoError(t, err)
+	require.Equal(t, int64(segHeaderSize), w.rec.off)
+	_, err = x.beginWrite(benchKey(100), rec)
+	require.ErrorIs(t, err, errBusy, "no second write of a key being written")
+	x.endWrite(w, false)
+	require.False(t, x.has(benchKey(100)))
+	require.NoError(t, x.checkInvariants())
+	_, err = x.beginWrite(benchKey(0), rec)
+	require.ErrorIs(t, err, errExists)
+}
+
+func TestSegLogEvictsWholeSegmentsInLRUOrder(t *testing.T) {
+	const rec = 100
+	cost := int64(rec + segEntrySize)
+	seg := segOverhead + 2*cost   // two records a segment
+	x := newSegLog(8*seg, seg, 1) // sealed at seg: an eighth of the capacity
+	for i := range 16 {
+		logWrite(t, x, benchKey(i), rec)
+	}
+	require.Equal(t, 8*seg, x.used, "full to the byte")
+	x.touch(benchKey(0)) // segment 1 most recent (segment 8, the active one, is not evictable)
+	w, err := x.beginWrite(benchKey(16), rec)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{benchKey(2), benchKey(3)}, w.evicted, "the least recently used segment goes whole")
+	require.Len(t, w.removes, 1)
+	require.Equal(t, uint64(2), w.removes[0].id)
+	require.False(t, x.has(benchKey(2)))
+	require.True(t, x.has(benchKey(0)))
+	x.endWrite(w, true)
+	require.NoError(t, x.checkInvariants())
+	require.LessOrEqual(t, x.used, x.capacity)
+
+	// A record that cannot fit even with every settled segment gone.
+	_, err = x.beginWrite(benchKey(50), 8*seg)
+	require.ErrorIs(t, err, messages.ErrTierFull)
+	require.NoError(t, x.checkInvariants())
+}
+
+func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
+	const rec = 100
+	cost := int64(rec + segEntrySize)
+	x := newSegLog(0, segOverhead+2*cost, 1)
+	first := logWrite(t, x, benchKey(0), rec)
+	logWrite(t, x, benchKey(1), rec)
+	logWrite(t, x, benchKey(2), rec) // segment 1 full and settled
+	require.Len(t, x.chores(), 1)    // its seal, in flight from now
+
+	dropped := func(k messages.Key, at *record) bool {
+		ok, gone := x.drop(k, at)
+		require.Nil(t, gone, "segment 1's seal is in flight")
+		return ok
+	}
+	require.False(t, dropped(benchKey(0), &record{}), "a failed read of another copy drops nothing")
+	require.True(t, dropped(benchKey(0), first.rec))
+	require.False(t, dropped(benchKey(0), nil), "already gone")
+	used := x.used
+	require.True(t, dropped(benchKey(1), nil))
+	require.Equal(t, used-first.rec.seg.size, x.used, "a settled segment with no live block goes")
+	require.Empty(t, x.chores(), "its removal waits for its seal in flight")
+	x.choreDone(segChore{seg: first.rec.seg, seal: true}, nil)
+	c := x.chores()
+	require.Len(t, c, 1)
+	require.False(t, c[0].seal, "then its file is removed")
+	require.NoError(t, x.checkInvariants())
+
+	// Removed, then written again: a new record, readable.
+	w := logWrite(t, x, benchKey(0), rec)
+	require.True(t, x.has(benchKey(0)))
+	require.NotEqual(t, first.rec, w.rec)
+
+	// A dead block in the active segment: the segment, once rolled with
+	// nothing live, goes without a seal.
+	require.True(t, dropped(benchKey(2), nil))
+	require.True(t, dropped(benchKey(0), nil))
+	logWrite(t, x, benchKey(3), rec)
+	logWrite(t, x, benchKey(4), rec)
+	c = x.chores()
+	require.Len(t, c, 1)
+	require.False(t, c[0].seal, "an emptied segment is removed, not sealed")
+	require.NoError(t, x.checkInvariants())
+
+	// Emptied once sealed: its removal is the caller's, at once.
+	x.choreDone(c[0], nil)
+	logWrite(t, x, benchKey(5), rec) // segment 3 (3, 4) full
+	for _, c := range x.chores() {
+		x.choreDone(c, nil)
+	}
+	_, gone := x.drop(benchKey(3), nil)
+	require.Nil(t, gone)
+	ok, gone := x.drop(benchKey(4), nil)
+	require.True(t, ok)
+	require.NotNil(t, gone)
+	require.Equal(t, uint64(3), gone.id)
+	require.Empty(t, x.chores())
+	require.NoError(t, x.checkInvariants())
+}
