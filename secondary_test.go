@@ -110,12 +110,22 @@ func (h *harness) cascadeThenPromote(kind, promotedMsg string) ([]messages.Looku
 	return first, ts
 }
 
+// fsLayouts runs a test against each fs tier layout (secondary_tiers'
+// layout:), through a whole node.
+func fsLayouts(t *testing.T, test func(t *testing.T, layout func(*TierConfig))) {
+	for _, name := range []string{"files", "segments"} {
+		t.Run(name, func(t *testing.T) { test(t, func(tc *TierConfig) { tc.Layout = name }) })
+	}
+}
+
 func TestSecondaryCascadeThenPromotion(t *testing.T) {
-	h := open(t, 8, withFS(t.TempDir()))
-	first, ts := h.cascadeThenPromote("fs", "promoted: the next lookup hits the whole prefix")
-	require.Equal(t, statuses(7, messages.Miss), first[1:], "prefix: the scan stops at the RETRY")
-	require.Equal(t, 0, ts.InFlightCascades+ts.InFlightLookups+ts.InFlightPromotions)
-	require.False(t, h.pending(), "secondary work is never engine work")
+	fsLayouts(t, func(t *testing.T, layout func(*TierConfig)) {
+		h := open(t, 8, withFS(t.TempDir(), layout))
+		first, ts := h.cascadeThenPromote("fs", "promoted: the next lookup hits the whole prefix")
+		require.Equal(t, statuses(7, messages.Miss), first[1:], "prefix: the scan stops at the RETRY")
+		require.Equal(t, 0, ts.InFlightCascades+ts.InFlightLookups+ts.InFlightPromotions)
+		require.False(t, h.pending(), "secondary work is never engine work")
+	})
 }
 
 func TestSecondaryNonPrefixLookupAndAbsentKeys(t *testing.T) {
@@ -135,25 +145,27 @@ func TestSecondaryNonPrefixLookupAndAbsentKeys(t *testing.T) {
 // The node restarts on the same root: the blocks it cascaded before are
 // found, promoted and every byte verified.
 func TestSecondaryRestartPersistence(t *testing.T) {
-	root := t.TempDir()
-	all := ids(0, 24)
-	func() {
-		h := open(t, 32, withFS(root))
-		h.store(&messages.ReqContext{RequestID: "w"}, all...)
+	fsLayouts(t, func(t *testing.T, layout func(*TierConfig)) {
+		root := t.TempDir()
+		all := ids(0, 24)
+		func() {
+			h := open(t, 32, withFS(root, layout))
+			h.store(&messages.ReqContext{RequestID: "w"}, all...)
+			h.idle()
+			require.Equal(t, uint64(len(all)), h.tiering().CascadeWritten["fs"])
+			require.NoError(t, h.node.Close(h.ctx))
+		}()
+		h := open(t, 32, withFS(root, layout))
+		ts := h.tiering()
+		require.Equal(t, len(all), ts.Tiers[0].ScannedBlocks, "the index is rebuilt from the directory")
+		req := &messages.ReqContext{RequestID: "after-restart"}
+		ks := keys(all...)
+		require.Equal(t, messages.Retry, h.lookup(req, ks, true)[0])
 		h.idle()
-		require.Equal(t, uint64(len(all)), h.tiering().CascadeWritten["fs"])
-		require.NoError(t, h.node.Close(h.ctx))
-	}()
-	h := open(t, 32, withFS(root))
-	ts := h.tiering()
-	require.Equal(t, len(all), ts.Tiers[0].ScannedBlocks, "the index is rebuilt from the directory")
-	req := &messages.ReqContext{RequestID: "after-restart"}
-	ks := keys(all...)
-	require.Equal(t, messages.Retry, h.lookup(req, ks, true)[0])
-	h.idle()
-	require.Equal(t, statuses(len(all), messages.Hit), h.lookup(req, ks, true))
-	h.loadAndVerify(req, all...)
-	h.quiet()
+		require.Equal(t, statuses(len(all), messages.Hit), h.lookup(req, ks, true))
+		h.loadAndVerify(req, all...)
+		h.quiet()
+	})
 }
 
 // A block whose bytes rot on disk is found, fails verification on
