@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvtier/kvtier/internal/testetcd"
 	"github.com/kvtier/kvtier/internal/testloop"
 	"github.com/kvtier/kvtier/messages"
@@ -155,4 +157,37 @@ func TestDiscoveryConfigValidation(t *testing.T) {
 		require.ErrorIs(t, err, messages.ErrBadConfig, name)
 		require.ErrorContains(t, err, tc.want, name)
 	}
+}
+
+// A member whose key leaves etcd while its session is ready and answering
+// (etcd lost it, not the member) is probed, not dropped: its session lives
+// on. One that does not answer the probe is let go.
+func TestDiscoveryMemberThatLeftEtcdButAnswersIsKept(t *testing.T) {
+	s := testetcd.Start(t)
+	a := open(t, 16, withDiscovery("a", s))
+	b := open(t, 16, withDiscovery("b", s))
+	require.NoError(t, b.node.WaitPeers(b.ctx, "a"))
+	a.storeReady(ids(0, 4)...)
+
+	// a's key and lease go behind its back (as when a lease lapses while a
+	// is cut off from etcd); a registers again when it notices.
+	cli := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/kvtier/nodes/a")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
+	awaitTrue(t, "a registered again", func() bool {
+		r, err := cli.Get(ctx, "/kvtier/nodes/a")
+		return err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease != resp.Kvs[0].Lease
+	})
+	awaitTrue(t, "b sees a again", func() bool { return b.metricTotals("", "")["kvtier_discovery_members"] == 1 })
+
+	st, ok := b.peerStat("a")
+	require.True(t, ok)
+	require.True(t, st.Ready)
+	require.Zero(t, st.Resets, "the session to a lived through a's absence from etcd")
+	b.fetchAndVerify(&messages.ReqContext{RequestID: "r"}, ids(0, 4)...)
 }

@@ -92,6 +92,7 @@ type PeerStats struct {
 	Served     uint64 `json:"served"`      // blocks we wrote into its pool
 	FetchNanos uint64 `json:"fetch_ns"`    // total fetch latency, for a mean
 	Fetches    uint64 `json:"fetches"`     // fetch rounds completed
+	Resets     uint64 `json:"resets"`      // times its ready outbound session was lost
 }
 
 // GetPeerStats asks the control plane for every peer's counters.

@@ -78,7 +78,7 @@ func (c *Counters) Peers() []messages.PeerStats {
 			Lookups: p.lookups.Load(), Hits: p.hits.Load(),
 			Fetched: p.fetched.Load(), FetchBytes: p.fetchBytes.Load(),
 			Failures: p.failures.Load(), Corrupt: p.corrupt.Load(), Served: p.served.Load(),
-			FetchNanos: p.fetchNanos.Load(), Fetches: p.fetches.Load(),
+			FetchNanos: p.fetchNanos.Load(), Fetches: p.fetches.Load(), Resets: p.resets.Load(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })

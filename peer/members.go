@@ -5,6 +5,7 @@ package peer
 
 import (
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvtier/kvtier/peer/wire"
 )
 
 // Messages the plane sends a session for discovery.
@@ -115,6 +116,7 @@ func (sessionSupervisor) HandleFailure(sys *actor.ActorSystem, sup actor.Supervi
 // (the member dialed us first) or elsewhere (it restarted on another
 // address; the old link and its rounds end).
 func (s *Session) redirect(ctx actor.Context, addr string) {
+	s.unlisted = false // listed again
 	if addr == s.addr || s.drain != nil || s.stopped {
 		return
 	}
@@ -127,19 +129,62 @@ func (s *Session) redirect(ctx actor.Context, addr string) {
 	s.dial(ctx)
 }
 
-// forget stops dialing the peer: outbound rounds fail, the P2P tier hears
-// Down, the link closes and no redial is armed. The inbound side lasts as
-// long as the peer's own session to us; with nothing left the session asks
-// the plane to stop it.
+// forget stops dialing the peer, which left discovery. A peer whose
+// session is ready is asked first (a Ping, answered within a heartbeat
+// interval): one that answers is alive and only cut off from etcd — or
+// etcd from it — so it is kept until its session fails (unlisted); one
+// that does not is let go at once.
 func (s *Session) forget(ctx actor.Context) {
 	if s.addr == "" || s.stopped {
 		return
 	}
+	if s.out.phase == outReady && s.cfg.HeartbeatInterval > 0 {
+		s.unlisted = true
+		s.out.pingSeq++ // NB: the probe's own seq space (probeSeqBit), apart from the heartbeat's
+		seq := probeSeqBit | s.out.pingSeq
+		s.sendOut(&wire.Ping{Epoch: s.out.epoch, Seq: seq})
+		self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
+		s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &probeTimer{gen: gen, seq: seq}) })
+		return
+	}
+	s.letGo(ctx)
+}
+
+// probeSeqBit marks the seq of a liveness probe's Ping (and its Pong).
+const probeSeqBit = 1 << 63
+
+// probeTimer: a liveness probe's answer is due.
+type probeTimer struct{ gen, seq uint64 }
+
+// onProbeTimer keeps an unlisted peer that answered its probe, and lets
+// go of one that did not.
+func (s *Session) onProbeTimer(ctx actor.Context, m *probeTimer) {
+	if !s.unlisted || m.gen != s.out.gen {
+		return // listed again, or its session already failed
+	}
+	if s.out.probe >= m.seq {
+		s.log.Info().Msg("peer: left discovery but answers; kept until its session fails")
+		return
+	}
+	s.unlisted = false
+	s.letGo(ctx)
+}
+
+// letGo stops dialing the peer: outbound rounds fail, the P2P tier hears
+// Down, the link closes and no redial is armed.
+func (s *Session) letGo(ctx actor.Context) {
 	s.addr = ""
 	s.resetOut(ctx, "member_left")
 	if s.out.timer != nil {
 		s.out.timer.Stop()
 	}
+	s.releaseIfIdle(ctx)
+}
+
+// releaseIfIdle asks the plane to stop this session once it dials no one
+// and serves no one: the inbound side lasts as long as the peer's own
+// session to us.
+func (s *Session) releaseIfIdle(ctx actor.Context) {
 	if s.in == nil && s.hs == nil && len(s.rounds.rounds) == 0 && s.drain == nil {
 		ctx.Send(ctx.Parent(), &sessionIdle{node: s.node, pid: ctx.Self()})
 		return

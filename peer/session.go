@@ -60,6 +60,10 @@ type Session struct {
 	drain   *draining
 	idleSeq uint64
 	stopped bool // cleanup ran: arm nothing more
+	// unlisted: the peer left discovery while its outbound session was
+	// ready and answering (etcd may be what it cannot reach); the session
+	// is kept until it fails, and not redialed then (members.go).
+	unlisted bool
 }
 
 // draining is a PeerShutdown reaching this session: no new rounds; the
@@ -101,6 +105,7 @@ type outbound struct {
 	pongSeq uint64
 	missed  int
 	hb      supervision.Timer
+	probe   uint64 // the last liveness probe's seq answered (members.go)
 }
 
 type outPhase uint8
@@ -176,6 +181,8 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.onOutTimer(ctx, m)
 	case *hbTimer:
 		s.onHeartbeat(ctx, m)
+	case *probeTimer:
+		s.onProbeTimer(ctx, m)
 	case *outboundFrame:
 		s.onOutboundFrame(ctx, m)
 	case *inboundFrame:
@@ -352,6 +359,12 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	}
 	s.out.gen++
 	s.out.phase = outIdle
+	if s.unlisted { // it left discovery, and now its session failed too
+		s.unlisted = false
+		s.addr = ""
+		s.releaseIfIdle(ctx)
+		return
+	}
 	if s.addr == "" || s.drain != nil {
 		return
 	}
@@ -426,7 +439,9 @@ func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
 	case *wire.AbortAck:
 		// Nothing held: the round was forgotten when we sent the Abort.
 	case *wire.Pong:
-		if f.Seq > s.out.pongSeq {
+		if f.Seq&probeSeqBit != 0 {
+			s.out.probe = max(s.out.probe, f.Seq)
+		} else if f.Seq > s.out.pongSeq {
 			s.out.pongSeq, s.out.missed = f.Seq, 0
 		}
 	case *wire.Bye:

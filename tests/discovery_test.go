@@ -255,3 +255,39 @@ func startDuplicate(t *testing.T, bin, cfg string) *daemon {
 	return startDaemon(t, bin, "--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
 		"--pool-bytes", "16MiB", "--block-bytes", "64KiB", "--config", cfg)
 }
+
+// A member whose lease lapses while it is frozen (SIGSTOP: alive to the
+// kernel, deaf to its peers) is probed by the others when etcd reports it
+// gone, does not answer, and is let go: it leaves their sessions within a
+// heartbeat of leaving etcd. Thawed, it registers again and is dialed again.
+func TestDiscoveryFrozenMemberIsLetGoWhenItLeavesEtcd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	etcd := testetcd.Start(t)
+	bin := buildDaemon(t)
+	start := func(id string) *peerDaemon {
+		return startPeerDaemon(t, ctx, bin, id, "--config", discoveryConfig(t, etcd, id))
+	}
+	a, b := start("a"), start("b")
+	waitFleet(t, ctx, map[string]*peerDaemon{"a": a, "b": b})
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	cli := etcd.Client(t)
+	resp, err := cli.Get(ctx, "/kvtier/nodes/a")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)) // as its lease lapsing would
+	require.NoError(t, err)
+	b.waitMetric(t, ctx, "kvtier_discovery_members", 0)
+	b.waitMetric(t, ctx, `kvtier_peer_ready{peer="a"}`, 0) // no answer to the probe: let go
+	_, err = b.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
+	require.NoError(t, err)
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	b.waitMetric(t, ctx, "kvtier_discovery_members", 1)
+	b.waitPeerReady(t, ctx, "a")
+	onA := peerKeys(0, 16)
+	a.storeBlocks(t, ctx, onA)
+	b.fetchVerified(t, ctx, "after-thaw", onA)
+	b.waitQuiet(t, ctx)
+}
