@@ -171,17 +171,11 @@ func TestDiscoveryMemberThatLeftEtcdButAnswersIsKept(t *testing.T) {
 
 	// a's key and lease go behind its back (as when a lease lapses while a
 	// is cut off from etcd); a registers again when it notices.
+	lapsed := s.Lapse(t, "/kvtier/nodes/a")
 	cli := s.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	resp, err := cli.Get(ctx, "/kvtier/nodes/a")
-	require.NoError(t, err)
-	require.Len(t, resp.Kvs, 1)
-	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-	require.NoError(t, err)
 	awaitTrue(t, "a registered again", func() bool {
-		r, err := cli.Get(ctx, "/kvtier/nodes/a")
-		return err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease != resp.Kvs[0].Lease
+		r, err := cli.Get(a.ctx, "/kvtier/nodes/a")
+		return err == nil && len(r.Kvs) == 1 && clientv3.LeaseID(r.Kvs[0].Lease) != lapsed
 	})
 	awaitTrue(t, "b sees a again", func() bool { return b.metricTotals("", "")["kvtier_discovery_members"] == 1 })
 

@@ -124,14 +124,21 @@ func registered(t *testing.T, ctx context.Context, cli *clientv3.Client, id stri
 	return len(resp.Kvs) == 1
 }
 
-func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+// discoveryRig runs the test's etcd and returns a context bounding the
+// test and a starter of kvtierd processes whose only peers are etcd's.
+func discoveryRig(t *testing.T, bound time.Duration) (context.Context, *testetcd.Server, func(id string) *peerDaemon) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	t.Cleanup(cancel)
 	etcd := testetcd.Start(t)
 	bin := buildDaemon(t)
-	start := func(id string) *peerDaemon {
+	return ctx, etcd, func(id string) *peerDaemon {
 		return startPeerDaemon(t, ctx, bin, id, "--config", discoveryConfig(t, etcd, id))
 	}
+}
+
+func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
+	ctx, etcd, start := discoveryRig(t, 4*time.Minute)
 	a, b, c := start("a"), start("b"), start("c")
 	fleet := map[string]*peerDaemon{"a": a, "b": b, "c": c}
 	waitFleet(t, ctx, fleet)
@@ -159,7 +166,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	require.Equal(t, 64.0, status.Nodes[2].PeerFetched, "c fetched a's blocks")
 
 	t.Log("a node claiming a live node's id exits non-zero")
-	dup := startDuplicate(t, bin, discoveryConfig(t, etcd, "a"))
+	dup := startDuplicate(t, buildDaemon(t), discoveryConfig(t, etcd, "a"))
 	exit, err := dup.wait(ctx)
 	require.NoError(t, err)
 	require.NotZero(t, exit, "stderr:\n%s", dup.stderr)
@@ -261,26 +268,15 @@ func startDuplicate(t *testing.T, bin, cfg string) *daemon {
 // gone, does not answer, and is let go: it leaves their sessions within a
 // heartbeat of leaving etcd. Thawed, it registers again and is dialed again.
 func TestDiscoveryFrozenMemberIsLetGoWhenItLeavesEtcd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	etcd := testetcd.Start(t)
-	bin := buildDaemon(t)
-	start := func(id string) *peerDaemon {
-		return startPeerDaemon(t, ctx, bin, id, "--config", discoveryConfig(t, etcd, id))
-	}
+	ctx, etcd, start := discoveryRig(t, 2*time.Minute)
 	a, b := start("a"), start("b")
 	waitFleet(t, ctx, map[string]*peerDaemon{"a": a, "b": b})
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
-	cli := etcd.Client(t)
-	resp, err := cli.Get(ctx, "/kvtier/nodes/a")
-	require.NoError(t, err)
-	require.Len(t, resp.Kvs, 1)
-	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)) // as its lease lapsing would
-	require.NoError(t, err)
+	etcd.Lapse(t, "/kvtier/nodes/a")
 	b.waitMetric(t, ctx, "kvtier_discovery_members", 0)
 	b.waitMetric(t, ctx, `kvtier_peer_ready{peer="a"}`, 0) // no answer to the probe: let go
-	_, err = b.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
+	_, err := b.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
 	require.NoError(t, err)
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))

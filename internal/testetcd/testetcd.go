@@ -301,3 +301,22 @@ func (s *Server) Client(t testing.TB) *clientv3.Client {
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
 }
+
+// Lapse revokes the lease key is held under, as the lease lapsing would
+// (the key goes with it), and returns the lease; the test fails if key is
+// not held under one.
+func (s *Server) Lapse(t testing.TB, key string) clientv3.LeaseID {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	cli := s.Client(t)
+	resp, err := cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("etcd: %s is not held under a lease (%v)", key, err)
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if _, err := cli.Revoke(ctx, lease); err != nil {
+		t.Fatalf("etcd: revoke %s's lease: %v", key, err)
+	}
+	return lease
+}
