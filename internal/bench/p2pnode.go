@@ -289,21 +289,11 @@ func allHit(st []messages.LookupStatus) bool {
 }
 
 func (d *driver) loadVerify(ctx context.Context, req *messages.ReqContext, ks []messages.Key) (int, error) {
-	job, err := d.m.PrepareLoad(ctx, req, ks)
+	n, err := loadAndVerify(ctx, d.m, req, ks, d.o.BlockBytes)
 	if err != nil {
-		return 0, err
+		return n, err
 	}
-	want := make([]byte, d.o.BlockBytes)
-	for i, k := range ks {
-		fillP2P(want, int(binary.BigEndian.Uint64([]byte(k.Hash))))
-		if string(want) != string(d.m.Pool().Slot(job.Slots[i])) {
-			return i, fmt.Errorf("block %d: wrong bytes", i)
-		}
-	}
-	if err := d.m.CompleteLoad(ctx, req, ks); err != nil {
-		return 0, err
-	}
-	return len(ks), d.m.RequestFinished(ctx, req)
+	return n, d.m.RequestFinished(ctx, req)
 }
 
 // busyKey is block j of request r's prompt in generation g of the busy

@@ -5,6 +5,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -136,7 +137,7 @@ func get(ctx context.Context, client *http.Client, url string) (int, []byte, err
 
 func parse(body []byte) (map[string]*dto.MetricFamily, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
