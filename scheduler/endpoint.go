@@ -91,6 +91,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	cfg.Hello.Grace = cfg.Grace
 	cfg.Hello.Heartbeat = max(cfg.Grace/3, time.Millisecond)
 	cfg.Hello.MaxKeys, cfg.Hello.MaxFrameBytes = wire.MaxKeys, wire.MaxFrameBytes
+	cfg.Hello.PackedKeys = true
 	e := &Endpoint{cfg: cfg, table: newSessionTable(), out: make(chan outbound, outQueue),
 		done: make(chan struct{}), metrics: newEndpointMetrics()}
 	ln, err := listen(cfg.Listen, cfg.Log, e.connLost)

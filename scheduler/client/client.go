@@ -190,6 +190,7 @@ func (c *Client) do(ctx context.Context, q *wire.Request) (*wire.Reply, error) {
 	deadline, _ := ctx.Deadline()
 	q.Timeout = max(min(time.Until(deadline), wire.MaxTimeout), time.Millisecond)
 	q.ID = c.nextID.Add(1)
+	q.PackedKeys = c.hello.PackedKeys // NB: only when the daemon reads them
 	ch := make(chan []byte, 1)
 	c.mu.Lock()
 	c.pending[q.ID] = ch

@@ -21,6 +21,7 @@ type Hello struct {
 	MaxKeys       int                // keys per call
 	MaxFrameBytes int                // bytes per frame
 	JobWorkers    int                // worker reports a job expects by default
+	PackedKeys    bool               // the daemon reads "pkeys" (pkeys.go); absent from older daemons
 }
 
 // Reply is one answer. Err is set on failure; otherwise the fields of the
@@ -76,7 +77,7 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	switch op {
 	case OpHello:
 		h := rp.Hello
-		body(11)
+		body(12)
 		kvUint(&w, "protocol", uint64(h.Protocol))
 		kvUint(&w, "session", h.Session)
 		w.Str("pool_path")
@@ -90,6 +91,8 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		kvUint(&w, "max_keys", uint64(h.MaxKeys))
 		kvUint(&w, "max_frame_bytes", uint64(h.MaxFrameBytes))
 		kvUint(&w, "job_workers", uint64(h.JobWorkers))
+		w.Str("packed_keys")
+		w.Bool(h.PackedKeys)
 	case OpLookup:
 		body(1)
 		w.Str("status")
@@ -398,6 +401,8 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 		h.MaxFrameBytes = int(u(math.MaxInt32))
 	case "job_workers":
 		h.JobWorkers = int(u(MaxWorkers))
+	case "packed_keys":
+		h.PackedKeys, err = r.Bool()
 	default:
 		return r.Skip(0)
 	}

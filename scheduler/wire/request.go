@@ -95,11 +95,13 @@ const (
 	fWorker
 	fClear
 	fClient
+	fPKeys // packed keys: in place of fKeys (pkeys.go)
 )
 
 var fieldNames = map[string]field{
 	"timeout_ms": fTimeout, "req": fReq, "keys": fKeys, "prefix": fPrefix, "ok": fOK,
 	"job": fJob, "worker": fWorker, "clear": fClear, "client": fClient,
+	"pkeys": fPKeys,
 }
 
 // schema: the fields each op allows, and those it requires.
@@ -130,6 +132,10 @@ type Request struct {
 	Timeout time.Duration        // the client's deadline for this call; 0 = the daemon's default
 	Req     *messages.ReqContext // request-scoped ops
 	Keys    []messages.Key       // key-carrying ops
+	// PackedKeys: the keys came as "pkeys" (decoder); send them so when they
+	// can be (encoder: one namespace, one hash length; the daemon's hello
+	// said packed_keys).
+	PackedKeys bool
 	Prefix  bool                 // lookup
 	OK      bool                 // complete_store, job_done
 	Job     messages.JobID       // job_done
@@ -221,6 +227,18 @@ func (d *requestDecoder) decode() (*Request, error) {
 	}
 	d.req.Op = op
 	s := schema[op]
+	if seen&fPKeys != 0 {
+		// pkeys stands in for keys: allowed and required where keys is.
+		if seen&fKeys != 0 {
+			return nil, d.fail(CodeBadRequest, "fields \"keys\" and \"pkeys\": one or the other")
+		}
+		if s.allowed&fKeys == 0 {
+			return nil, d.fail(CodeBadRequest, "%s takes no field \"pkeys\"", op)
+		}
+		seen = seen&^fPKeys | fKeys
+		d.offsets[fKeys], d.req.PackedKeys = d.offsets[fPKeys], true
+		delete(d.offsets, fPKeys)
+	}
 	if extra := seen &^ s.allowed; extra != 0 {
 		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
 	}
@@ -239,7 +257,11 @@ func (d *requestDecoder) decode() (*Request, error) {
 			if errors.Is(err, messages.ErrBadKey) {
 				code = CodeBadKey
 			}
-			return nil, d.fail(code, "field %q: %v", fieldName(f), err)
+			name := fieldName(f)
+			if f == fKeys && d.req.PackedKeys {
+				name = "pkeys"
+			}
+			return nil, d.fail(code, "field %q: %v", name, err)
 		}
 	}
 	return &d.req, nil
@@ -301,7 +323,11 @@ func (d *requestDecoder) field(f field) error {
 	case fReq:
 		q.Req, err = decodeReqContext(r)
 	case fKeys:
-		q.Keys, err = decodeKeys(r, MaxKeys)
+		if q.PackedKeys {
+			q.Keys, err = decodePackedKeys(r, MaxKeys)
+		} else {
+			q.Keys, err = decodeKeys(r, MaxKeys)
+		}
 	case fPrefix:
 		q.Prefix, err = r.Bool()
 	case fOK:
@@ -507,14 +533,23 @@ func EncodeRequest(q *Request) []byte {
 		if !set(x.f, x.on) {
 			continue
 		}
-		w.Str(fieldName(x.f))
+		name := fieldName(x.f)
+		packed := x.f == fKeys && q.PackedKeys && packable(q.Keys)
+		if packed {
+			name = "pkeys"
+		}
+		w.Str(name)
 		switch x.f {
 		case fTimeout:
 			w.Uint(uint64(max(q.Timeout/time.Millisecond, 1)))
 		case fReq:
 			encodeReqContext(&w, q.Req, "")
 		case fKeys:
-			encodeKeys(&w, q.Keys)
+			if packed {
+				encodePackedKeys(&w, q.Keys)
+			} else {
+				encodeKeys(&w, q.Keys)
+			}
 		case fPrefix:
 			w.Bool(q.Prefix)
 		case fOK:

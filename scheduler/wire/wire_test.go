@@ -137,7 +137,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		}
 	}
 	h := Hello{Protocol: 1, Session: 3, PoolPath: "/dev/shm/x", BlockBytes: 4096, Slots: 8, Namespace: ns,
-		Heartbeat: time.Second, Grace: 3 * time.Second, MaxKeys: MaxKeys, MaxFrameBytes: MaxFrameBytes, JobWorkers: 2}
+		Heartbeat: time.Second, Grace: 3 * time.Second, MaxKeys: MaxKeys, MaxFrameBytes: MaxFrameBytes, JobWorkers: 2, PackedKeys: true}
 	got, err := DecodeReply(EncodeReply(OpHello, &Reply{ID: 1, Hello: h}, nil), OpHello)
 	require.NoError(t, err)
 	require.Equal(t, h, got.Hello)
@@ -177,6 +177,8 @@ func corpusSeeds() [][]byte {
 		{Op: OpJobDone, ID: 3, Job: 4, Worker: 1, OK: true}, {Op: OpPause, ID: 4, Clear: true},
 		{Op: OpCompleteStore, ID: 5, Req: ctx, Keys: testKeys(1), OK: true, Timeout: time.Second},
 		{Op: OpPrepareStore, ID: 6, Req: ctx033, Keys: testKeys(2)},
+		{Op: OpLookup, ID: 7, Req: ctx, Keys: testKeys(3), PackedKeys: true},
+		{Op: OpTouch, ID: 8, Req: ctx, Keys: testKeys(1), PackedKeys: true},
 	} {
 		seeds = append(seeds, EncodeRequest(&q))
 	}

@@ -158,3 +158,56 @@ def test_abandoned_session_is_released_after_grace(daemon):
     lost.pool.release()
     lost._mm.close()
     lost._sock.close()
+
+
+def test_packed_and_listed_keys_agree(daemon):
+    """The daemon says it reads "pkeys"; keys sent packed (one namespace,
+    one hash length, groups per key or shared) and as a list per key (the
+    fallback: hashes of two lengths) reach the same blocks."""
+    from kvtier_client.client import _key_field, _key_list
+
+    with Client(daemon) as c:
+        assert c.hello.packed_keys
+        grouped = [(NS, i.to_bytes(32, "big"), i % 3) for i in range(1, 9)]
+        assert "pkeys" in _key_field(grouped) and "groups" in _key_field(grouped)["pkeys"]
+        plan = c.prepare_store(Request("w"), grouped)
+        assert plan.to_store == grouped, "the daemon decoded each key's group"
+        c.job_done(plan.job, 0, True)
+        assert c.lookup(Request("r"), grouped + [key(99)]) == [HIT] * 8 + [MISS]
+        c._key_field = _key_list  # as a client of an older daemon sends them
+        assert c.lookup(Request("r"), grouped + [key(99)]) == [HIT] * 8 + [MISS]
+        mixed = [grouped[0], (NS, b"short", 0)]
+        assert "keys" in _key_field(mixed)
+        assert c.lookup(Request("r2"), mixed, prefix=False) == [HIT, MISS]
+
+
+def test_a_call_to_a_stopped_daemon_times_out(daemon):
+    """The reply wait is bounded: a daemon that stops answering (SIGSTOP)
+    costs the caller its timeout, a TIMEOUT error, and the connection
+    still works once the daemon runs again."""
+    with Client(daemon, heartbeat=False) as c:
+        pid = _pid_listening_on(daemon)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            with pytest.raises(KvtierError) as e:
+                c._call("ping", timeout=0.3)
+            assert e.value.code == "TIMEOUT"
+            assert time.monotonic() - t < 5, "the wait ended near its timeout"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        c.ping()  # the late reply to the timed-out ping is dropped, this one is read
+
+
+def _pid_listening_on(addr: str) -> int:
+    """The daemon's pid: the one process whose command line names addr."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if addr.encode() in f.read().split(b"\0"):
+                    pids.append(int(d))
+        except (OSError, ValueError):
+            continue
+    assert len(pids) == 1, pids
+    return pids[0]
