@@ -41,10 +41,7 @@ func (s *Store) writeRecord(id uint64, off int64, first bool, k messages.Key, sr
 			prefix = append(encodeSegHeader(id), prefix...)
 			off -= segHeaderSize
 		}
-		if _, err := f.WriteAt(prefix, off); err != nil {
-			return ioErr("write", err)
-		}
-		if _, err := f.WriteAt(src, off+int64(len(prefix))); err != nil {
+		if err := writeAtv(f, [][]byte{prefix, src}, off); err != nil {
 			return ioErr("write", err)
 		}
 		return nil
