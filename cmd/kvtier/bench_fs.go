@@ -12,10 +12,11 @@ import (
 const fsShort = "fs tier block write/read throughput vs raw sequential file I/O of the same bytes, same filesystem, same run"
 
 func printFS(_ bench.FSOptions, r bench.FSResult) {
-	fmt.Printf("%d blocks of %d bytes under %s (layout %s, fsync %v, %d workers, %d in flight)\n", r.Blocks, r.BlockBytes, r.Dir, r.Layout, r.Fsync, r.Workers, r.Window)
-	fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio)
+	fmt.Printf("%d blocks of %d bytes under %s (layout %s, fsync %v, %d workers, %d in flight), medians of %d interleaved rounds\n",
+		r.Blocks, r.BlockBytes, r.Dir, r.Layout, r.Fsync, r.Workers, r.Window, r.Rounds)
+	fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f× ± %.2f\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio, r.WriteRatioSpread)
 	fmt.Printf("write: raw one file per block (the files layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
-	fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f×\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio)
+	fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f× ± %.2f\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio, r.ReadRatioSpread)
 }
 
 func fsFlags(f *pflag.FlagSet, o *bench.FSOptions) {
@@ -25,5 +26,6 @@ func fsFlags(f *pflag.FlagSet, o *bench.FSOptions) {
 	f.IntVar(&o.Window, "window", o.Window, "operations in flight against the tier")
 	f.BoolVar(&o.Fsync, "fsync", o.Fsync, "fsync every block (tier) and after every block (raw)")
 	f.StringVar(&o.Layout, "layout", o.Layout, "fs tier layout: files (one file per block) or segments (append-only segment files)")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "interleaved rounds (raw then tier, tier then raw, …); figures are medians, ratios have their spread")
 	f.BoolVar(&o.ColdCache, "cold-cache", o.ColdCache, "drop the page cache before each read phase (root only): reads measure the device, not memory and CRC32C")
 }

@@ -28,13 +28,14 @@ type FSOptions struct {
 	Fsync      bool          // fsync every block (and the raw file once per block)
 	ColdCache  bool          // drop the page cache before each read phase (needs root): reads hit the device, not memory
 	Layout     string        // the tier's layout: "files" (default) or "segments"
+	Rounds     int           // interleaved rounds (raw then tier, tier then raw, …); figures are their medians
 	Timeout    time.Duration // whole-run bound
 }
 
 // DefaultFSOptions is what `kvtier bench fs` runs with no flags: 1 GiB.
 func DefaultFSOptions() FSOptions {
 	return FSOptions{Dir: os.TempDir(), Blocks: 4096, BlockBytes: 256 << 10, Workers: 4, Window: 16, Layout: fs.LayoutFiles,
-		Timeout: 10 * time.Minute}
+		Rounds: 5, Timeout: 10 * time.Minute}
 }
 
 // FSResult is the scenario's report. Raw figures are one file written and
@@ -53,8 +54,14 @@ type FSResult struct {
 	// checksum. It separates the filesystem's per-file cost from the tier's.
 	RawFilesWriteGBps float64 `json:"raw_files_write_GBps"`
 	FilesWriteRatio   float64 `json:"files_write_ratio"` // fs ÷ raw files
-	WriteRatio        float64 `json:"write_ratio"`       // fs ÷ raw
-	ReadRatio         float64 `json:"read_ratio"`        // fs ÷ raw
+	WriteRatio        float64 `json:"write_ratio"`       // median fs ÷ median raw
+	ReadRatio         float64 `json:"read_ratio"`        // median fs ÷ median raw
+	// WriteRatioSpread and ReadRatioSpread are the half-width of the
+	// interquartile range of the per-round ratios: the ± to read beside
+	// the ratios.
+	WriteRatioSpread float64 `json:"write_ratio_spread"`
+	ReadRatioSpread  float64 `json:"read_ratio_spread"`
+	Rounds           int     `json:"rounds"`
 	TierLoad
 	Fsync     bool   `json:"fsync"`
 	ColdCache bool   `json:"cold_cache"`
@@ -91,44 +98,75 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 	}
 	defer os.RemoveAll(dir)
 	res := FSResult{TierLoad: TierLoad{Blocks: o.Blocks, BlockBytes: o.BlockBytes, Workers: o.Workers, Window: o.Window},
-		Fsync: o.Fsync, ColdCache: o.ColdCache, Layout: o.Layout, Dir: o.Dir}
+		Fsync: o.Fsync, ColdCache: o.ColdCache, Layout: o.Layout, Dir: o.Dir, Rounds: max(o.Rounds, 1)}
 	src, err := randomBlocks(64, o.BlockBytes)
 	if err != nil {
 		return res, err
 	}
+	// NB: the raw file and the tier alternate which goes first (raw, tier;
+	// tier, raw; …), so the box's drift hits both alike (stats.go).
+	var s fsSamples
+	for r := range res.Rounds {
+		if err := fsRound(ctx, dir, src, o, r%2 == 1, &s); err != nil {
+			return res, err
+		}
+	}
+	res.RawWriteGBps, res.RawReadGBps, res.RawFilesWriteGBps = median(s.rawW), median(s.rawR), median(s.files)
+	res.FSWriteGBps, res.FSReadGBps = median(s.tierW), median(s.tierR)
+	res.WriteRatio, res.ReadRatio = res.FSWriteGBps/res.RawWriteGBps, res.FSReadGBps/res.RawReadGBps
+	res.WriteRatioSpread, res.ReadRatioSpread = ratioSpread(s.rawW, s.tierW), ratioSpread(s.rawR, s.tierR)
+	res.FilesWriteRatio = res.FSWriteGBps / res.RawFilesWriteGBps
+	return res, nil
+}
+
+// fsSamples are each round's throughputs, GB/s.
+type fsSamples struct{ rawW, rawR, files, tierW, tierR []float64 }
+
+// fsRound measures the raw file, the per-file baseline and the tier once
+// each (the tier first when tierFirst), on fresh files.
+func fsRound(ctx context.Context, dir string, src [][]byte, o FSOptions, tierFirst bool, s *fsSamples) error {
 	total := float64(o.Blocks) * float64(o.BlockBytes)
+	gbps := func(d time.Duration) float64 { return total / d.Seconds() / 1e9 }
 	// NB: each phase starts with no dirty pages of the one before, so the
 	// kernel's writeback throttling does not charge one for the other, and
 	// with the files of the one before removed, so that none starts with a
 	// page cache the others filled (the later phases paid for reclaiming
 	// it: the tier, measured last, ran up to 2× slower for it).
-	unix.Sync()
-	w, r, err := rawIO(filepath.Join(dir, "raw"), src, o)
-	if err != nil {
-		return res, err
+	raw := func() error {
+		unix.Sync()
+		w, r, err := rawIO(filepath.Join(dir, "raw"), src, o)
+		if err != nil {
+			return err
+		}
+		s.rawW, s.rawR = append(s.rawW, gbps(w)), append(s.rawR, gbps(r))
+		if err := os.Remove(filepath.Join(dir, "raw")); err != nil {
+			return err
+		}
+		unix.Sync()
+		wf, err := rawFiles(filepath.Join(dir, "files"), src, o)
+		if err != nil {
+			return err
+		}
+		s.files = append(s.files, gbps(wf))
+		return os.RemoveAll(filepath.Join(dir, "files"))
 	}
-	res.RawWriteGBps, res.RawReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
-	if err := os.Remove(filepath.Join(dir, "raw")); err != nil {
-		return res, err
+	tier := func() error {
+		unix.Sync()
+		w, r, err := tierIO(ctx, filepath.Join(dir, "tier"), src, o)
+		if err != nil {
+			return err
+		}
+		s.tierW, s.tierR = append(s.tierW, gbps(w)), append(s.tierR, gbps(r))
+		return os.RemoveAll(filepath.Join(dir, "tier"))
 	}
-	unix.Sync()
-	wf, err := rawFiles(filepath.Join(dir, "files"), src, o)
-	if err != nil {
-		return res, err
+	first, second := raw, tier
+	if tierFirst {
+		first, second = tier, raw
 	}
-	res.RawFilesWriteGBps = total / wf.Seconds() / 1e9
-	if err := os.RemoveAll(filepath.Join(dir, "files")); err != nil {
-		return res, err
+	if err := first(); err != nil {
+		return err
 	}
-	unix.Sync()
-	w, r, err = tierIO(ctx, filepath.Join(dir, "tier"), src, o)
-	if err != nil {
-		return res, err
-	}
-	res.FSWriteGBps, res.FSReadGBps = total/w.Seconds()/1e9, total/r.Seconds()/1e9
-	res.WriteRatio, res.ReadRatio = res.FSWriteGBps/res.RawWriteGBps, res.FSReadGBps/res.RawReadGBps
-	res.FilesWriteRatio = res.FSWriteGBps / res.RawFilesWriteGBps
-	return res, nil
+	return second()
 }
 
 // rawIO writes the blocks into one file and reads them back, sequentially.
