@@ -136,12 +136,12 @@ type Request struct {
 	// can be (encoder: one namespace, one hash length; the daemon's hello
 	// said packed_keys).
 	PackedKeys bool
-	Prefix  bool                 // lookup
-	OK      bool                 // complete_store, job_done
-	Job     messages.JobID       // job_done
-	Worker  int                  // job_done
-	Clear   bool                 // pause
-	Client  string               // hello: a name for logs
+	Prefix     bool           // lookup
+	OK         bool           // complete_store, job_done
+	Job        messages.JobID // job_done
+	Worker     int            // job_done
+	Clear      bool           // pause
+	Client     string         // hello: a name for logs
 }
 
 // DecodeRequest decodes one request frame. Its errors are *DecodeError.

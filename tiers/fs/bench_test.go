@@ -56,7 +56,7 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 		dst := make([]byte, len(src))
 		for i := range b.N {
 			j := i % 1000
-			if _, _, err := s.readAt(s.segPath(uint64(1+j/256)), segHeaderSize+int64(j%256)*size, benchKey(j), dst); err != nil {
+			if _, _, err := s.readAt(s.segPath(uint64(1+j/256)), true, segHeaderSize+int64(j%256)*size, benchKey(j), dst); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -150,13 +150,15 @@ func (l segLayout) path(s *segment) string {
 func (l segLayout) reader(k messages.Key) (func([]byte) (uint32, *messages.Provenance, error), *record) {
 	r := l.x.entries[k]
 	path, off, store := l.path(r.seg), r.off, l.store
-	return func(dest []byte) (uint32, *messages.Provenance, error) { return store.readAt(path, off, k, dest) }, r
+	keep := r.seg.id != 0 // NB: a block file read through is read once: not kept open
+	return func(dest []byte) (uint32, *messages.Provenance, error) { return store.readAt(path, keep, off, k, dest) }, r
 }
 
 func (l segLayout) provenance(k messages.Key, n int) (func() (*messages.Provenance, error), *record) {
 	r := l.x.entries[k]
 	path, off, store := l.path(r.seg), r.off, l.store
-	return func() (*messages.Provenance, error) { return store.provenanceAt(path, off, k, n) }, r
+	keep := r.seg.id != 0
+	return func() (*messages.Provenance, error) { return store.provenanceAt(path, keep, off, k, n) }, r
 }
 
 // drop marks k's record dead; a segment (or block file) left with no live

@@ -63,19 +63,15 @@ func (s *Store) sealSegment(id uint64, end int64, offs []int64) error {
 	})
 }
 
-// withSegment opens segment id for writing (created if absent, never
-// truncated), runs fn on it, syncs it with fsync on, and closes it; a sync
-// or close that fails fails the write.
-func (s *Store) withSegment(id uint64, fn func(f File) error) (err error) {
-	f, err := s.fs.OpenWrite(s.segPath(id))
+// withSegment runs fn on segment id open for writing (created if absent,
+// never truncated; kept open between writes) and, with fsync on, syncs it;
+// a sync that fails fails the write.
+func (s *Store) withSegment(id uint64, fn func(f File) error) error {
+	f, release, err := s.segs.acquire(s.segPath(id), true)
 	if err != nil {
 		return ioErr("open", err)
 	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = ioErr("close", cerr)
-		}
-	}()
+	defer release()
 	if err := fn(f); err != nil {
 		return err
 	}
@@ -87,8 +83,10 @@ func (s *Store) withSegment(id uint64, fn func(f File) error) (err error) {
 	return nil
 }
 
-// removePath removes a file; a missing one is not an error.
+// removePath removes a file (a segment's open copies let go first); a
+// missing one is not an error.
 func (s *Store) removePath(path string) error {
+	s.segs.drop(path)
 	if err := s.fs.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return ioErr("remove", err)
 	}

@@ -33,12 +33,26 @@ type Store struct {
 	root   string
 	fsync  bool
 	tmpSeq atomic.Uint64
+	segs   *fileCache // segment files kept open between operations
 }
 
 // NewStore serves blocks under root through fsys; with fsync every write
 // is synced before it is published.
 func NewStore(fsys FS, root string, fsync bool) *Store {
-	return &Store{fs: fsys, root: root, fsync: fsync}
+	return &Store{fs: fsys, root: root, fsync: fsync, segs: newFileCache(fsys, maxCachedFiles)}
+}
+
+// openRead opens path for reading: through the cache of open segment files
+// with keep (a segment), else for this one operation (a block file).
+func (s *Store) openRead(path string, keep bool) (File, func(), error) {
+	if keep {
+		return s.segs.acquire(path, false)
+	}
+	f, err := s.fs.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func() { _ = f.Close() }, nil
 }
 
 // Path is key's file.
@@ -114,17 +128,18 @@ func ioErr(op string, err error) error {
 // file has none). A file that fails a check is ErrInvalidBlock (the caller
 // removes it); a missing file is ErrNotFound.
 func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
-	return s.readAt(s.Path(k), 0, k, dest)
+	return s.readAt(s.Path(k), false, 0, k, dest)
 }
 
 // readAt reads and verifies, as Read does, k's stored block at offset base
-// of the file at path (a block file: 0; a segment: its record's offset).
-func (s *Store) readAt(path string, base int64, k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
-	f, h, p, err := s.open(path, base, k, len(dest))
+// of the file at path (a block file: 0; a segment, kept open: its record's
+// offset).
+func (s *Store) readAt(path string, segment bool, base int64, k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
+	f, release, h, p, err := s.open(path, segment, base, k, len(dest))
 	if err != nil {
 		return 0, nil, err
 	}
-	defer f.Close()
+	defer release()
 	if err := readVerify(f, base+h.BlockOffset(), dest, h.Sum, k); err != nil {
 		return 0, nil, err
 	}
@@ -157,35 +172,36 @@ func readVerify(f File, off int64, dest []byte, sum uint32, k messages.Key) erro
 // bytes): what the start-up announcements need. The block's bytes are
 // verified when it is read.
 func (s *Store) ReadProvenance(k messages.Key, n int) (*messages.Provenance, error) {
-	return s.provenanceAt(s.Path(k), 0, k, n)
+	return s.provenanceAt(s.Path(k), false, 0, k, n)
 }
 
-// provenanceAt is ReadProvenance for k's stored block at base in path.
-func (s *Store) provenanceAt(path string, base int64, k messages.Key, n int) (*messages.Provenance, error) {
-	f, _, p, err := s.open(path, base, k, n)
+// provenanceAt is ReadProvenance for k's stored block at base in path (a
+// segment: kept open).
+func (s *Store) provenanceAt(path string, segment bool, base int64, k messages.Key, n int) (*messages.Provenance, error) {
+	_, release, _, p, err := s.open(path, segment, base, k, n)
 	if err != nil {
 		return nil, err
 	}
-	_ = f.Close()
+	release()
 	return p, nil
 }
 
-// open opens path and reads and checks the header (of k's block of n
-// bytes) and provenance at base.
-func (s *Store) open(path string, base int64, k messages.Key, n int) (File, blockfmt.Header, *messages.Provenance, error) {
-	f, err := s.fs.Open(path)
+// open opens path (a segment: through the cache) and reads and checks the
+// header (of k's block of n bytes) and provenance at base. release lets
+// the file go.
+func (s *Store) open(path string, segment bool, base int64, k messages.Key, n int) (f File, release func(), h blockfmt.Header, p *messages.Provenance, err error) {
+	f, release, err = s.openRead(path, segment)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, blockfmt.Header{}, nil, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
+		return nil, nil, h, nil, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
 	}
 	if err != nil {
-		return nil, blockfmt.Header{}, nil, ioErr("open", err)
+		return nil, nil, h, nil, ioErr("open", err)
 	}
-	h, p, err := readHeader(f, base, k, n)
-	if err != nil {
-		_ = f.Close()
-		return nil, blockfmt.Header{}, nil, err
+	if h, p, err = readHeader(f, base, k, n); err != nil {
+		release()
+		return nil, nil, h, nil, err
 	}
-	return f, h, p, nil
+	return f, release, h, p, nil
 }
 
 // headerRead is what one read fetches of a stored block's start: the

@@ -261,6 +261,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	if err := t.workers.Close(ctx); err != nil {
 		return err
 	}
+	defer t.store.segs.closeAll()
 	if t.segs == nil {
 		return nil
 	}
