@@ -52,6 +52,7 @@ func printP2PMatrix(_ bench.P2POptions, r bench.P2PMatrixResult) {
 	fmt.Printf("  busy source (%d requests, %d ms steps): cold %.3f s, warm %.3f s\n", r.Requests, r.StepMs, r.BusyColdS, r.BusyWarmS)
 	fmt.Printf("  busy penalty (busy_warm / idle_warm): %.3f×   (cold: %.3f×)\n", r.BusyPenalty, r.ColdPenalty)
 	fmt.Printf("store → visible to a peer, busy source: p50 %.2f ms, p99 %.2f ms over %d blocks sets\n", r.VisibleP50Ms, r.VisibleP99Ms, r.VisibleSamples)
+	fmt.Printf("peer lookup round trip, busy source: p50 %.0f µs, p99 %.0f µs over %d lookups\n", r.PeerLookupP50Us, r.PeerLookupP99Us, r.PeerLookups)
 }
 
 func printP2PThroughput(_ bench.P2POptions, r bench.P2PThroughputResult) {

@@ -57,19 +57,26 @@ func DefaultP2POptions() P2POptions {
 
 // P2PMatrixResult is the matrix's report.
 type P2PMatrixResult struct {
-	IdleColdS        float64   `json:"idle_cold_s"`
-	IdleWarmS        float64   `json:"idle_warm_s"`
-	BusyColdS        float64   `json:"busy_cold_s"`
-	BusyWarmS        float64   `json:"busy_warm_s"`
-	BusyPenalty      float64   `json:"busy_penalty"`        // median busy_warm / median idle_warm; target ≤ 1.05
-	PenaltySpread    float64   `json:"busy_penalty_spread"` // ± half the IQR of the per-pair ratios
-	IdleWarmSpread   float64   `json:"idle_warm_spread"`    // IQR / median of the idle samples
-	BusyWarmSpread   float64   `json:"busy_warm_spread"`    // IQR / median of the busy samples
-	WarmPairs        int       `json:"warm_pairs"`          // interleaved (idle, busy) pairs measured
-	ColdPenalty      float64   `json:"busy_cold_penalty"`   // busy_cold / idle_cold
-	VisibleP50Ms     float64   `json:"store_to_peer_visible_p50_ms"`
-	VisibleP99Ms     float64   `json:"store_to_peer_visible_p99_ms"` // target < 5
-	VisibleSamples   int       `json:"store_to_peer_visible_samples"`
+	IdleColdS      float64 `json:"idle_cold_s"`
+	IdleWarmS      float64 `json:"idle_warm_s"`
+	BusyColdS      float64 `json:"busy_cold_s"`
+	BusyWarmS      float64 `json:"busy_warm_s"`
+	BusyPenalty    float64 `json:"busy_penalty"`        // median busy_warm / median idle_warm; target ≤ 1.05
+	PenaltySpread  float64 `json:"busy_penalty_spread"` // ± half the IQR of the per-pair ratios
+	IdleWarmSpread float64 `json:"idle_warm_spread"`    // IQR / median of the idle samples
+	BusyWarmSpread float64 `json:"busy_warm_spread"`    // IQR / median of the busy samples
+	WarmPairs      int     `json:"warm_pairs"`          // interleaved (idle, busy) pairs measured
+	ColdPenalty    float64 `json:"busy_cold_penalty"`   // busy_cold / idle_cold
+	VisibleP50Ms   float64 `json:"store_to_peer_visible_p50_ms"`
+	VisibleP99Ms   float64 `json:"store_to_peer_visible_p99_ms"` // target < 5
+	VisibleSamples int     `json:"store_to_peer_visible_samples"`
+	// PeerLookupP50Us and PeerLookupP99Us are the round trips of the
+	// visible probe's lookups (one step's blocks of every busy request, back
+	// to back) from a peer of the busy source: a peer's lookup while the
+	// source's engine is busy; target p99 < 1 ms.
+	PeerLookupP50Us  float64   `json:"peer_lookup_p50_us"`
+	PeerLookupP99Us  float64   `json:"peer_lookup_p99_us"`
+	PeerLookups      int       `json:"peer_lookups"`
 	FetchBlocks      int       `json:"fetch_blocks"`
 	BlockBytes       int       `json:"block_bytes"`
 	FetchMB          float64   `json:"fetch_mb"`
@@ -165,7 +172,7 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	if err := m.setBusy(false); err != nil {
 		return res, err
 	}
-	vis, err := measureVisible(ctx, o, src, sets)
+	vis, probe, err := measureVisible(ctx, o, src, sets)
 	if err != nil {
 		return res, err
 	}
@@ -182,6 +189,7 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	res.ColdPenalty = res.BusyColdS / res.IdleColdS
 	res.VisibleSamples = len(vis)
 	res.VisibleP50Ms, res.VisibleP99Ms = percentileMs(vis, 0.50), percentileMs(vis, 0.99)
+	res.PeerLookupP50Us, res.PeerLookupP99Us, res.PeerLookups = probe.LookupP50Us, probe.LookupP99Us, probe.Lookups
 	return res, nil
 }
 
@@ -299,42 +307,46 @@ func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
 }
 
 // measureVisible restarts the busy engine on fresh keys while a peer
-// watches each step's stores; milliseconds from commit to visible.
-func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) ([]float64, error) {
+// watches each step's stores; milliseconds from commit to visible, and the
+// watcher's report (its lookups' round trips).
+func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) ([]float64, nodeReply, error) {
 	if _, err := src.call(p2pStopBusy{}); err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	cons, err := startP2PNode(ctx, o, "cons-visible", src)
 	if err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	defer cons.quit()
 	if _, err := cons.call(p2pWaitPeer{Node: src.id}); err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	busy := o.busy(sets.take())
 	if err := cons.send(p2pProbeSteps{Node: src.id, Steps: o.VisibleSteps, Shape: busy}); err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	if _, err := src.call(p2pStartBusy{Shape: busy}); err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	seen, err := cons.recv()
 	if err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	commits, err := src.call(p2pCommitTimes{})
 	if err != nil {
-		return nil, err
+		return nil, nodeReply{}, err
 	}
 	if len(commits.Times) < len(seen.Times) {
-		return nil, errors.New("fewer commits than visible blocks")
+		return nil, nodeReply{}, errors.New("fewer commits than visible blocks")
 	}
 	out := make([]float64, len(seen.Times))
 	for i, t := range seen.Times {
 		out[i] = float64(t-commits.Times[i]) / 1e6
 	}
-	return out, nil
+	if os.Getenv("KVTIER_BENCH_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "store to visible, ms, per (step, request): %.2f\n", out)
+	}
+	return out, seen, nil
 }
 
 // RunP2PThroughput compares fetch throughput with a raw TCP copy of the

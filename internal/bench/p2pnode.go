@@ -116,20 +116,45 @@ type nodeReply struct {
 	Times     []int64              `json:"times,omitempty"`
 	PeerStats []messages.PeerStats `json:"peer_stats,omitempty"`
 	Steps     int                  `json:"steps,omitempty"`
+	// LookupP50Us and LookupP99Us: the probe's peer lookups, round trip.
+	LookupP50Us float64 `json:"lookup_p50_us,omitempty"`
+	LookupP99Us float64 `json:"lookup_p99_us,omitempty"`
+	Lookups     int     `json:"lookups,omitempty"`
 }
 
 // p2pKey is block id i of the P2P scenarios; fillP2P its content.
 func p2pKey(i int) messages.Key { return benchKey(i) }
 
+// fillP2P writes block id's content into b: a fixed pseudo-random
+// template with id stamped into its first word of every 4 KiB, so a block
+// that lands in another's slot, or bytes at a wrong offset, fail
+// verification. Filling costs a copy: an engine's GPU-to-CPU copies cost
+// its CPU nothing (DMA), and the xorshift stream this replaces (~1.5 GB/s)
+// spent ~10 ms of the busy source's CPU at every step boundary, which the
+// store-to-visible probe then measured on a 2-core box.
 func fillP2P(b []byte, id int) {
-	x := uint64(id)*0x9E3779B97F4A7C15 + 1
-	for i := 0; i+8 <= len(b); i += 8 {
+	t := p2pTemplate()
+	for o := 0; o < len(b); o += len(t) {
+		copy(b[o:], t)
+	}
+	for o := 0; o+8 <= len(b); o += 4 << 10 {
+		binary.LittleEndian.PutUint64(b[o:], uint64(id)^binary.LittleEndian.Uint64(t[o%len(t):]))
+	}
+}
+
+// p2pTemplate is fillP2P's 1 MiB template (xorshift64 from a fixed seed:
+// the same in every process of a run).
+var p2pTemplate = sync.OnceValue(func() []byte {
+	t := make([]byte, 1<<20)
+	x := uint64(0x9E3779B97F4A7C15)
+	for i := 0; i+8 <= len(t); i += 8 {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
-		binary.LittleEndian.PutUint64(b[i:], x)
+		binary.LittleEndian.PutUint64(t[i:], x)
 	}
-}
+	return t
+})
 
 // RunNode runs a node process until stdin closes or it is asked to quit.
 func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
@@ -404,6 +429,7 @@ func (d *driver) probeSteps(ctx context.Context, q p2pProbeSteps) (nodeReply, er
 	c := q.Shape
 	perReq := c.Prompt / c.Chunk
 	times := make([]int64, 0, q.Steps*c.Requests)
+	var rtts []float64 // µs
 	deadline := time.Now().Add(time.Duration(q.Steps+5) * time.Duration(c.StepMs) * time.Millisecond * 2)
 	for s := 0; s < q.Steps; s++ {
 		g, chunk := s/perReq, s%perReq
@@ -419,11 +445,13 @@ func (d *driver) probeSteps(ctx context.Context, q p2pProbeSteps) (nodeReply, er
 			if time.Now().After(deadline) {
 				return nodeReply{Times: times}, fmt.Errorf("step %d never became visible", s)
 			}
+			t0 := time.Now()
 			hits, err := d.node.ProbePeer(ctx, q.Node, ks)
 			if err != nil {
 				return nodeReply{}, err
 			}
 			now := time.Now().UnixNano()
+			rtts = append(rtts, float64(now-t0.UnixNano())/1e3)
 			for r := 0; r < c.Requests; r++ {
 				if seen[r] == 0 && allTrue(hits[r*c.Chunk:(r+1)*c.Chunk]) {
 					seen[r] = now
@@ -433,7 +461,7 @@ func (d *driver) probeSteps(ctx context.Context, q p2pProbeSteps) (nodeReply, er
 		}
 		times = append(times, seen...)
 	}
-	return nodeReply{Times: times}, nil
+	return nodeReply{Times: times, Lookups: len(rtts), LookupP50Us: quantile(rtts, 0.50), LookupP99Us: quantile(rtts, 0.99)}, nil
 }
 
 func allTrue(bs []bool) bool {
