@@ -211,3 +211,18 @@ def _pid_listening_on(addr: str) -> int:
             continue
     assert len(pids) == 1, pids
     return pids[0]
+
+
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_bench_reports_every_figure(kvtierd_bin, transport, capsys):
+    """python -m kvtier_client.bench runs its interleaved rounds against a
+    real kvtierd and its echo processes and reports each figure."""
+    from kvtier_client import bench
+
+    assert bench.main(["--kvtierd", kvtierd_bin, "--transport", transport, "--rounds", "2", "--per-round", "5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for n in bench.SIZES:
+        assert 0 < res[f"lookup_{n}_p50_us"] <= res[f"lookup_{n}_p99_us"]
+    for floor in ("floor_unix_rtt", "floor_pyzmq_ipc_rtt"):
+        assert 0 < res[f"{floor}_us"] <= res[f"{floor}_p99_us"]
+    assert res["lookup_16_over_floor"] > 0 and res["rounds"] == 2 and res["transport"] == transport
