@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -107,4 +108,25 @@ func TestPackedKeysErrors(t *testing.T) {
 	gg["group"], gg["groups"] = 1, []byte{0, 0, 0, 1, 0, 0, 0, 2}
 	_, err = DecodeRequest(frame(gg))
 	require.ErrorContains(t, err, "one or the other")
+}
+
+// BenchmarkDecodeLookup2000 decodes a 2,000-key Lookup with its keys as a
+// list per key and packed: the daemon's share of a long prefix's call.
+func BenchmarkDecodeLookup2000(b *testing.B) {
+	keys := make([]messages.Key, 2000)
+	for i := range keys {
+		keys[i] = messages.Key{Namespace: ns, Hash: fmt.Sprintf("%032d", i)}
+	}
+	for _, packed := range []bool{false, true} {
+		frame := EncodeRequest(&Request{Op: OpLookup, ID: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys, Prefix: true, PackedKeys: packed})
+		b.Run(map[bool]string{false: "keys", true: "pkeys"}[packed], func(b *testing.B) {
+			b.SetBytes(int64(len(frame)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, err := DecodeRequest(frame); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
