@@ -189,6 +189,7 @@ def test_a_call_to_a_stopped_daemon_times_out(daemon):
         pid = _pid_listening_on(daemon)
         os.kill(pid, signal.SIGSTOP)
         try:
+            _await_stopped(pid)  # NB: SIGSTOP is delivered asynchronously
             t = time.monotonic()
             with pytest.raises(KvtierError) as e:
                 c._call("ping", timeout=0.3)
@@ -197,6 +198,20 @@ def test_a_call_to_a_stopped_daemon_times_out(daemon):
         finally:
             os.kill(pid, signal.SIGCONT)
         c.ping()  # the late reply to the timed-out ping is dropped, this one is read
+
+
+def _await_stopped(pid: int) -> None:
+    """Returns once every thread of pid is stopped (state T), within 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"threads of {pid} not stopped: {states}"
+        time.sleep(0.001)
 
 
 def _pid_listening_on(addr: str) -> int:
