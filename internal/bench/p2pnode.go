@@ -126,9 +126,10 @@ type nodeReply struct {
 func p2pKey(i int) messages.Key { return benchKey(i) }
 
 // fillP2P writes block id's content into b: a fixed pseudo-random
-// template with id stamped into its first word of every 4 KiB, so a block
-// that lands in another's slot, or bytes at a wrong offset, fail
-// verification. Filling costs a copy: an engine's GPU-to-CPU copies cost
+// template with a word of every 256 bytes replaced by one mixed from id
+// and its offset, so a block that lands in another's slot, bytes moved
+// within a block or between blocks by 256 bytes or more, or a 1 MiB
+// template repeat, fail verification. Filling costs a copy: an engine's GPU-to-CPU copies cost
 // its CPU nothing (DMA), and the xorshift stream this replaces (~1.5 GB/s)
 // spent ~10 ms of the busy source's CPU at every step boundary, which the
 // store-to-visible probe then measured on a 2-core box.
@@ -137,8 +138,9 @@ func fillP2P(b []byte, id int) {
 	for o := 0; o < len(b); o += len(t) {
 		copy(b[o:], t)
 	}
-	for o := 0; o+8 <= len(b); o += 4 << 10 {
-		binary.LittleEndian.PutUint64(b[o:], uint64(id)^binary.LittleEndian.Uint64(t[o%len(t):]))
+	stamp := uint64(id)*0x9E3779B97F4A7C15 + 1
+	for o := 0; o+8 <= len(b); o += 256 {
+		binary.LittleEndian.PutUint64(b[o:], binary.LittleEndian.Uint64(t[o%len(t):])^(stamp+uint64(o)))
 	}
 }
 

@@ -123,7 +123,7 @@ func (p *packedKeys) field(r *reader, name string) error {
 		p.ns, err = r.Str(MaxNamespaceBytes)
 	case pkHashLen:
 		var hl uint64
-		if hl, err = r.Uint(math.MaxUint32); err == nil {
+		if hl, err = r.Uint(math.MaxUint64); err == nil { // NB: any length outside 1..64 is BAD_KEY
 			if hl == 0 || hl > messages.MaxHashBytes {
 				return fmt.Errorf("%w: hash_len %d (want 1..%d)", messages.ErrBadKey, hl, messages.MaxHashBytes)
 			}

@@ -88,6 +88,7 @@ func TestPackedKeysErrors(t *testing.T) {
 		"no hashes":             {frame(without("hashes")), CodeBadRequest, messages.ErrBadRequest},
 		"hash_len 0":            {frame(with("hash_len", 0)), CodeBadKey, messages.ErrBadKey},
 		"hash_len 65":           {frame(with("hash_len", 65)), CodeBadKey, messages.ErrBadKey},
+		"hash_len 2^40":         {frame(with("hash_len", uint64(1)<<40)), CodeBadKey, messages.ErrBadKey},
 		"hashes not a multiple": {frame(with("hashes", []byte("aab"))), CodeBadRequest, messages.ErrBadRequest},
 		"no hashes at all":      {frame(with("hashes", []byte{})), CodeBadRequest, messages.ErrBadRequest},
 		"groups short":          {frame(with("groups", []byte{0, 0, 0, 1})), CodeBadRequest, messages.ErrBadRequest},

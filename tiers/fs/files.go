@@ -17,14 +17,19 @@ import (
 //     worker holds it: an operation never sees its file closed under it.
 //   - at most max files are cached; one held by a worker past that is
 //     closed when it is let go.
+//   - a file opened while its path was being dropped (its segment
+//     removed) is never cached: it serves the one operation that opened it
+//     and closes, so no deleted segment stays open in the cache.
 //   - a file opened for writing is never handed out for reading, nor the
-//     reverse (a Faulty FS sees opens as it did).
+//     reverse. (A Faulty FS sees each file's first open, not one per
+//     operation.)
 type fileCache struct {
 	fs    FS
 	max   int
 	mu    sync.Mutex
 	files map[fileKey]*cachedFile
 	lru   list.List // of *cachedFile, most recently used first
+	drops uint64    // drop calls so far: an open that saw one begin is not cached
 }
 
 type fileKey struct {
@@ -60,6 +65,7 @@ func (c *fileCache) acquire(path string, write bool) (File, func(), error) {
 		c.mu.Unlock()
 		return cf.f, func() { c.release(cf) }, nil
 	}
+	drops := c.drops
 	c.mu.Unlock()
 	// NB: opened outside the lock: one worker's slow open never holds up
 	// another's cached file.
@@ -80,6 +86,13 @@ func (c *fileCache) acquire(path string, write bool) (File, func(), error) {
 		return cf.f, func() { c.release(cf) }, nil
 	}
 	cf := &cachedFile{key: key, f: f, refs: 1}
+	if c.drops != drops {
+		// A removal ran while this was opening: the file may be a deleted
+		// segment's. Serve this operation, cache nothing.
+		cf.gone = true
+		c.mu.Unlock()
+		return f, func() { c.release(cf) }, nil
+	}
 	cf.elem = c.lru.PushFront(cf)
 	c.files[key] = cf
 	closing := c.trimLocked()
@@ -102,6 +115,7 @@ func (c *fileCache) release(cf *cachedFile) {
 // each closes now, or when the last worker holding it lets it go.
 func (c *fileCache) drop(path string) {
 	c.mu.Lock()
+	c.drops++
 	var closing []File
 	for _, write := range []bool{false, true} {
 		if cf := c.files[fileKey{path, write}]; cf != nil {

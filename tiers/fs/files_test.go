@@ -124,3 +124,35 @@ func TestFileCacheUnderConcurrentWorkers(t *testing.T) {
 	c.closeAll()
 	require.Equal(t, fsys.opens.Load(), fsys.closes.Load())
 }
+
+// An open that raced a removal of its path (the file opened, then dropped
+// and deleted before it was cached) serves its operation and is not
+// cached: no deleted segment stays open.
+func TestFileCacheDoesNotKeepAFileDroppedWhileOpening(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	require.NoError(t, os.WriteFile(path, []byte("x"), 0o644))
+	fsys := &dropWhileOpening{}
+	c := newFileCache(fsys, 4)
+	fsys.during = func() { c.drop(path) }
+	f, rel, err := c.acquire(path, false)
+	require.NoError(t, err)
+	_, err = f.ReadAt(make([]byte, 1), 0)
+	require.NoError(t, err, "the operation that opened it is served")
+	rel()
+	c.mu.Lock()
+	require.Empty(t, c.files, "nothing cached")
+	c.mu.Unlock()
+	require.Equal(t, fsys.opens.Load(), fsys.closes.Load(), "closed once let go")
+}
+
+// dropWhileOpening runs during inside each Open, after the file opened.
+type dropWhileOpening struct {
+	countingFS
+	during func()
+}
+
+func (d *dropWhileOpening) Open(name string) (File, error) {
+	f, err := d.countingFS.Open(name)
+	d.during()
+	return f, err
+}

@@ -65,7 +65,10 @@ func (s *Store) sealSegment(id uint64, end int64, offs []int64) error {
 
 // withSegment runs fn on segment id open for writing (created if absent,
 // never truncated; kept open between writes) and, with fsync on, syncs it;
-// a sync that fails fails the write.
+// a sync that fails fails the write. (A close is no longer per write: on a
+// local filesystem it reports nothing a write or sync did not; with fsync
+// off a write error the kernel finds only at writeback is not reported, as
+// it was not before either.)
 func (s *Store) withSegment(id uint64, fn func(f File) error) error {
 	f, release, err := s.segs.acquire(s.segPath(id), true)
 	if err != nil {

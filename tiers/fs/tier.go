@@ -258,10 +258,12 @@ func (t *Tier) Name() string { return t.cfg.Name }
 // ends. Call it after the actor stopped. The segments layout then seals the
 // segments it was writing, so the next start need not walk them.
 func (t *Tier) Close(ctx context.Context) error {
+	// NB: even when a worker outlives ctx: a file it still holds closes
+	// when it lets it go.
+	defer t.store.segs.closeAll()
 	if err := t.workers.Close(ctx); err != nil {
 		return err
 	}
-	defer t.store.segs.closeAll()
 	if t.segs == nil {
 		return nil
 	}

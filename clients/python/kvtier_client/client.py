@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import mmap
 import os
+import select
+import signal
 import socket
 import struct
 import threading
@@ -135,12 +138,18 @@ def _key_field(keys: Sequence[Key]) -> dict:
     if (not 0 < hash_len <= MAX_HASH_BYTES or list(map(_first, keys)).count(ns) != n
             or list(map(len, hashes)).count(hash_len) != n):
         return _key_list(keys)
-    pk = {"ns": ns, "hash_len": hash_len, "hashes": b"".join(hashes)}
+    joined = b"".join(hashes)
+    if len(joined) != n * hash_len:  # NB: a memoryview of wider items: len() counts items, not bytes
+        return _key_list(keys)
+    pk = {"ns": ns, "hash_len": hash_len, "hashes": joined}
     groups = list(map(_group, keys))
     if groups.count(groups[0]) == n:
         pk["group"] = int(groups[0])
     else:
-        pk["groups"] = struct.pack(f">{n}I", *groups)
+        try:
+            pk["groups"] = struct.pack(f">{n}I", *groups)
+        except struct.error:  # a group outside uint32: sent as it is, refused by the daemon
+            return _key_list(keys)
     return {"pkeys": pk}
 
 
@@ -150,6 +159,38 @@ def _unkeys(raw) -> List[Key]:
 
 MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
 MAX_HASH_BYTES = 64  # messages.MaxHashBytes
+
+
+class _SignalMask:
+    """Blocks every signal in the calling thread around a short blocking
+    recv, through libc's pthread_sigmask on prebuilt sets: ~1.6 µs a pair,
+    where Python's signal.pthread_sigmask, which builds Python sets, costs
+    ~60 µs. One per transport; calls are serialized by the client's lock."""
+
+    def __init__(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._set = libc.pthread_sigmask
+        self._set.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self._full, self._old = (ctypes.c_ubyte * 128)(), (ctypes.c_ubyte * 128)()  # NB: sizeof(sigset_t) is 128 in glibc and musl
+        if libc.sigfillset(ctypes.byref(self._full)) != 0:
+            raise OSError("sigfillset failed")
+        self._pfull, self._pold = ctypes.addressof(self._full), ctypes.addressof(self._old)
+
+    def block(self) -> None:
+        if self._set(signal.SIG_BLOCK, self._pfull, self._pold) != 0:
+            raise OSError(ctypes.get_errno(), "pthread_sigmask")
+
+    def restore(self) -> None:
+        self._set(signal.SIG_SETMASK, self._pold, None)
+
+
+def _signal_mask():
+    """A _SignalMask, or None where libc cannot be reached (the wait is then
+    a select() from the start)."""
+    try:
+        return _SignalMask()
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 class _ZmqTransport:
@@ -178,14 +219,18 @@ class _UnixTransport:
     Unix stream socket (docs/PROTOCOL.md, "Transport"). No I/O thread: a
     call is one write and one read.
 
-    The wait for a reply is a blocking ``recv`` bounded by SO_RCVTIMEO, not
-    a select() followed by a recv: the kernel then wakes this thread
-    straight into the read, ~20 µs sooner per call than a poll wake-up on a
-    small VM (docs/PERFORMANCE.md, "Small Lookups and the floors under
-    them"). A wait of 0 is one non-blocking recv."""
+    A reply is awaited first in a blocking ``recv`` bounded by SO_RCVTIMEO
+    (the first ``_FAST_MS``), not a select() followed by a recv: the kernel
+    then wakes this thread straight into the read, ~20 µs sooner per call on
+    a small VM (docs/PERFORMANCE.md, "Small Lookups and the floors under
+    them"). Signals are blocked in this thread meanwhile: an interrupted
+    recv would be restarted by Python with a fresh SO_RCVTIMEO, and a stream
+    of signals (a profiler's timer) could stretch the wait without end. The
+    rest of a longer wait is a select() (interruptible, its timeout
+    recomputed after a signal). A wait of 0 is one non-blocking recv."""
 
-    _CHUNK = 1 << 16   # bytes read per recv
-    _QUANTUM_MS = 50   # the longest single blocking recv; longer waits loop
+    _CHUNK = 1 << 16  # bytes read per recv
+    _FAST_MS = 2      # the blocking recv's bound; longer waits go on in select()
 
     def __init__(self, path: str, timeout: float):
         deadline = time.monotonic() + timeout
@@ -199,11 +244,13 @@ class _UnixTransport:
                 if time.monotonic() > deadline:
                     raise KvtierError("UNAVAILABLE", f"no daemon at unix://{path}")
                 time.sleep(0.01)
+        s.settimeout(None)  # NB: blocking, whatever socket.setdefaulttimeout says
         self._s = s
         self._rcvtimeo_ms = -1  # SO_RCVTIMEO as last set; -1 = never
         self._chunk = bytearray(self._CHUNK)
         self._view = memoryview(self._chunk)
         self._buf = bytearray()  # bytes read and not yet taken by recv()
+        self._mask = _signal_mask()
 
     def send(self, frame: bytes) -> None:
         self._s.sendall(struct.pack(">I", len(frame)) + frame)
@@ -222,21 +269,36 @@ class _UnixTransport:
                                struct.pack("ll", ms // 1000, (ms % 1000) * 1000))
             self._rcvtimeo_ms = ms
 
-    def _fill(self, wait_ms: int) -> bool:
-        """Reads what arrives within wait_ms (at least 1 ms unless 0);
-        False when nothing did."""
+    def _recv(self, flags: int = 0):
+        """One recv_into; None when nothing was there (EAGAIN)."""
         try:
-            if wait_ms <= 0:
-                n = self._s.recv_into(self._view, self._CHUNK, socket.MSG_DONTWAIT)
-            else:
-                self._set_rcvtimeo(min(wait_ms, self._QUANTUM_MS))
-                n = self._s.recv_into(self._view, self._CHUNK)
+            n = self._s.recv_into(self._view, self._CHUNK, flags)
         except BlockingIOError:  # nothing yet (EAGAIN: SO_RCVTIMEO ran out)
-            return False
+            return None
         if n == 0:
             raise KvtierError("CLOSED", "the daemon closed the connection")
         self._buf += self._view[:n]
-        return True
+        return n
+
+    def _fill(self, wait_ms: int) -> bool:
+        """Reads what arrives within wait_ms (0: what is there); False when
+        nothing did."""
+        if wait_ms <= 0:
+            return self._recv(socket.MSG_DONTWAIT) is not None
+        fast = 0
+        if self._mask is not None:
+            fast = min(wait_ms, self._FAST_MS)
+            self._set_rcvtimeo(fast)
+            self._mask.block()
+            try:
+                if self._recv() is not None:
+                    return True
+            finally:
+                self._mask.restore()
+            if wait_ms <= fast:
+                return False
+        ready, _, _ = select.select([self._s], [], [], (wait_ms - fast) / 1000.0)
+        return bool(ready) and self._recv(socket.MSG_DONTWAIT) is not None
 
     def poll(self, wait_ms: int) -> bool:
         if wait_ms <= 0:

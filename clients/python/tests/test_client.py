@@ -183,19 +183,26 @@ def test_packed_and_listed_keys_agree(daemon):
 
 def test_a_call_to_a_stopped_daemon_times_out(daemon):
     """The reply wait is bounded: a daemon that stops answering (SIGSTOP)
-    costs the caller its timeout, a TIMEOUT error, and the connection
-    still works once the daemon runs again."""
+    costs the caller its timeout, a TIMEOUT error — even while a timer
+    signal interrupts the wait every millisecond, as a sampling profiler's
+    would — and the connection still works once the daemon runs again."""
     with Client(daemon, heartbeat=False) as c:
         pid = _pid_listening_on(daemon)
         os.kill(pid, signal.SIGSTOP)
+        ticks = []
+        old = signal.signal(signal.SIGALRM, lambda *_: ticks.append(1))
         try:
             _await_stopped(pid)  # NB: SIGSTOP is delivered asynchronously
+            signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
             t = time.monotonic()
             with pytest.raises(KvtierError) as e:
                 c._call("ping", timeout=0.3)
             assert e.value.code == "TIMEOUT"
             assert time.monotonic() - t < 5, "the wait ended near its timeout"
+            assert ticks, "the timer interrupted the wait"
         finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
             os.kill(pid, signal.SIGCONT)
         c.ping()  # the late reply to the timed-out ping is dropped, this one is read
 
