@@ -248,3 +248,18 @@ def test_bench_reports_every_figure(kvtierd_bin, transport, capsys):
     for floor in ("floor_unix_rtt", "floor_pyzmq_ipc_rtt"):
         assert 0 < res[f"{floor}_us"] <= res[f"{floor}_p99_us"]
     assert res["lookup_16_over_floor"] > 0 and res["rounds"] == 2 and res["transport"] == transport
+
+
+def test_key_packing_falls_back_where_it_cannot_pack():
+    """Keys that cannot be packed exactly travel as a list per key: hashes
+    of two lengths, two namespaces, a memoryview whose items are wider than
+    a byte (len() counts items), a group outside uint32."""
+    from kvtier_client.client import _key_field
+
+    h = bytes(range(32))
+    assert "pkeys" in _key_field([(NS, h, 0), (NS, h[::-1], 0)])
+    for keys in ([(NS, h, 0), (NS, h[:16], 0)],
+                 [(NS, h, 0), ("other", h, 0)],
+                 [(NS, memoryview(h).cast("I"), 0), (NS, memoryview(h[::-1]).cast("I"), 0)],
+                 [(NS, h, 0), (NS, h, 1 << 32)]):
+        assert "keys" in _key_field(keys), keys
