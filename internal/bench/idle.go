@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 )
@@ -153,11 +153,11 @@ func (s *idleSetup) start(o IdleOptions) error {
 	_, _ = rand.Read(secret)
 	sec := hex.EncodeToString(secret)
 	addrs := make([]string, o.Peers+1) // the node's, then each peer's
-	for i := range addrs {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
+	ports, err := freeport.Ports(len(addrs))
+	if err != nil {
+		return err
+	}
+	for i, port := range ports {
 		addrs[i] = fmt.Sprintf("tcp://127.0.0.1:%d", port)
 	}
 	common := []string{"--secret", sec, "--block-bytes", strconv.Itoa(o.BlockBytes), "--slots", strconv.Itoa(o.Slots),
@@ -193,15 +193,6 @@ func (s *idleSetup) start(o IdleOptions) error {
 		}
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // measureIdle counts context switches of the node's process, every peer

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,6 +28,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
 )
 
@@ -124,7 +124,7 @@ func Launch(ctx context.Context, bin string) (*Server, error) {
 }
 
 func newServer(bin, dir string) (*Server, error) {
-	ports, err := freePorts(2)
+	ports, err := freeport.Ports(2)
 	if err != nil {
 		return nil, err
 	}
@@ -148,20 +148,6 @@ type Server struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	out  *lockedBuffer
-}
-
-// freePorts picks n free loopback ports.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("testetcd: pick a port: %w", err)
-		}
-		defer l.Close() // NB: held until all are picked, so they differ
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Endpoint is the client URL, http://127.0.0.1:port.

@@ -9,22 +9,22 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/stretchr/testify/require"
 )
 
 // freeAddr is a loopback TCP address nobody listens on right now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return "tcp://" + addr
+	return "tcp://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 // TestSimCLIEventsMatchItsInventory is the must-hold with real

@@ -21,6 +21,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
@@ -74,7 +75,7 @@ type Server struct {
 func Launch(ctx context.Context, bin, dir string) (*Server, error) {
 	var last error
 	for range 3 { // NB: the port is free when picked; another process may take it first
-		port, err := freePort()
+		port, err := freeport.Port()
 		if err != nil {
 			return nil, err
 		}
@@ -84,15 +85,6 @@ func Launch(ctx context.Context, bin, dir string) (*Server, error) {
 		}
 	}
 	return nil, last
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("objtest: pick a port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // start runs the process and waits for readiness.
