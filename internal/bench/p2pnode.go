@@ -129,9 +129,10 @@ func p2pKey(i int) messages.Key { return benchKey(i) }
 // template with a word of every 256 bytes replaced by one mixed from id
 // and its offset, so a block that lands in another's slot, bytes moved
 // within a block or between blocks by 256 bytes or more, or a 1 MiB
-// template repeat, fail verification. Filling costs a copy: an engine's GPU-to-CPU copies cost
-// its CPU nothing (DMA), and the xorshift stream this replaces (~1.5 GB/s)
-// spent ~10 ms of the busy source's CPU at every step boundary, which the
+// template repeat, fail verification. Filling costs a copy: an engine's
+// GPU-to-CPU copies cost its CPU nothing (DMA), and the xorshift stream
+// this replaces (~5 GB/s) spent ~3.3 ms of the busy source's CPU at every
+// step boundary (128 blocks of 128 KiB; the template: ~0.4 ms), which the
 // store-to-visible probe then measured on a 2-core box.
 func fillP2P(b []byte, id int) {
 	t := p2pTemplate()

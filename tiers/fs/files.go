@@ -97,7 +97,7 @@ func (c *fileCache) acquire(path string, write bool) (File, func(), error) {
 	c.files[key] = cf
 	closing := c.trimLocked()
 	c.mu.Unlock()
-	closeAll(closing)
+	closeFiles(closing)
 	return f, func() { c.release(cf) }, nil
 }
 
@@ -123,7 +123,7 @@ func (c *fileCache) drop(path string) {
 		}
 	}
 	c.mu.Unlock()
-	closeAll(closing)
+	closeFiles(closing)
 }
 
 // closeAll empties the cache (the tier is closing).
@@ -134,7 +134,7 @@ func (c *fileCache) closeAll() {
 		closing = c.leaveLocked(cf, closing)
 	}
 	c.mu.Unlock()
-	closeAll(closing)
+	closeFiles(closing)
 }
 
 // trimLocked pushes the least recently used files out past the bound.
@@ -158,7 +158,7 @@ func (c *fileCache) leaveLocked(cf *cachedFile, closing []File) []File {
 	return closing
 }
 
-func closeAll(files []File) {
+func closeFiles(files []File) {
 	for _, f := range files {
 		_ = f.Close()
 	}
