@@ -39,24 +39,27 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 	if err := s.fs.MkdirAll(filepath.Join(s.root, segDirName)); err != nil {
 		b.Fatal(err)
 	}
+	entry := entryHead + FileSize(len(src), nil) - int64(len(src))
+	base := entriesFor(DefaultSegmentBytes, int64(len(src)), entry)
+	where := func(i int) recordWrite { // as segLog reserves it: 256 blocks a 64 MiB segment
+		return recordWrite{id: uint64(1 + i/256), first: i%256 == 0, dataBase: base,
+			off: segHeaderSize + int64(i%256)*entry, size: entry, data: base + int64(i%256)*int64(len(src))}
+	}
 	b.Run("segment-write", func(b *testing.B) {
 		b.SetBytes(int64(len(src)))
-		size := FileSize(len(src), nil)
 		for i := range b.N {
-			id := uint64(1 + i/256) // 64 MiB segments
-			off := segHeaderSize + int64(i%256)*size
-			if err := s.writeRecord(id, off, i%256 == 0, benchKey(i), src, sum, nil, size); err != nil {
+			if err := s.writeRecord(where(i), benchKey(i), src, sum, nil); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("segment-read", func(b *testing.B) {
 		b.SetBytes(int64(len(src)))
-		size := FileSize(len(src), nil)
 		dst := make([]byte, len(src))
 		for i := range b.N {
-			j := i % 1000
-			if _, _, err := s.readAt(s.segPath(uint64(1+j/256)), true, segHeaderSize+int64(j%256)*size, benchKey(j), dst); err != nil {
+			w := where(i % 1000)
+			at := storedAt{path: s.segPath(w.id), keep: true, off: w.off, data: w.data}
+			if _, _, err := s.readAt(at, benchKey(i%1000), dst); err != nil {
 				b.Fatal(err)
 			}
 		}

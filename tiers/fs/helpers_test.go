@@ -3,6 +3,7 @@ package fs
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,17 +30,20 @@ func (h *fsHarness) quiesce() messages.SecondaryStats {
 	}
 }
 
-// span is where a stored block lies: its file, and the record's offset and
-// size in it.
+// span is where a stored block lies: its file; where its entry starts (a
+// version 2 segment's; else where its header does); where its header
+// starts and its length with the provenance section; where its block
+// starts and its length.
 type span struct {
-	path      string
-	off, size int64
+	path               string
+	entry, hdr, hdrLen int64
+	data, block        int64
 }
 
 // findBlock finds k's stored block under root, by reading the files as the
-// start-up scan would: a sealed segment's records at the offsets its footer
-// lists, an unsealed one's back to back from its header, else k's block
-// file.
+// start-up scan would: a sealed segment's entries at the offsets its
+// footer lists, an unsealed one's back to back from its header, else k's
+// block file.
 func findBlock(t *testing.T, root string, k messages.Key) (span, bool) {
 	t.Helper()
 	segs, _ := filepath.Glob(filepath.Join(root, segDirName, "*"+segExt))
@@ -48,23 +52,43 @@ func findBlock(t *testing.T, root string, k messages.Key) (span, bool) {
 	for _, p := range segs {
 		data, err := os.ReadFile(p)
 		require.NoError(t, err)
+		head, valid := decodeSegHeader(data)
+		require.True(t, valid, p)
+		at := func(off int64) (span, bool) { // the record at off, and whether it is k's
+			if head.version == segV1 {
+				h, err := blockfmt.Decode(data[off:])
+				if err != nil {
+					return span{}, false
+				}
+				return span{path: p, entry: off, hdr: off, hdrLen: h.BlockOffset(), data: off + h.BlockOffset(), block: h.Length}, h.Key == k
+			}
+			block, valid := decodeEntryHead(data[off:])
+			h, err := blockfmt.Decode(data[off+entryHead:])
+			if !valid || err != nil {
+				return span{}, false
+			}
+			return span{path: p, entry: off, hdr: off + entryHead, hdrLen: h.BlockOffset(), data: block, block: h.Length}, h.Key == k
+		}
 		if offs, _, sealed := readFooterOf(t, p); sealed {
 			for _, off := range offs {
-				if h, err := blockfmt.Decode(data[off:]); err == nil && h.Key == k {
-					found, ok = span{path: p, off: off, size: h.Size()}, true
+				if sp, is := at(off); is {
+					found, ok = sp, true
 				}
 			}
 			continue
 		}
-		for off := int64(segHeaderSize); off+headerSize <= int64(len(data)); {
-			h, err := blockfmt.Decode(data[off:])
-			if err != nil {
-				break
+		for off := int64(segHeaderSize); off+entryHead+headerSize <= int64(len(data)); {
+			sp, is := at(off)
+			if sp.block == 0 {
+				break // a header that does not decode: the walk's end
 			}
-			if h.Key == k {
-				found, ok = span{path: p, off: off, size: h.Size()}, true // NB: the last copy wins
+			if is {
+				found, ok = sp, true // NB: the last copy wins
 			}
-			off += h.Size()
+			off = sp.hdr + sp.hdrLen
+			if head.version == segV1 {
+				off += sp.block
+			}
 		}
 	}
 	if ok {
@@ -72,32 +96,31 @@ func findBlock(t *testing.T, root string, k messages.Key) (span, bool) {
 	}
 	p := NewStore(OS{}, root, false).Path(k)
 	if info, err := os.Stat(p); err == nil {
-		return span{path: p, size: info.Size()}, true
+		return span{path: p, hdrLen: info.Size() - evBlock, data: info.Size() - evBlock, block: evBlock}, true
 	}
 	return span{}, false
 }
 
-// flipByte flips the byte at (from the record's end, if negative) in k's
-// stored block.
+// flipByte flips the byte at (counted from the header's start through the
+// provenance section into the block; from the block's end if negative) in
+// k's stored block.
 func flipByte(t *testing.T, root string, k messages.Key, at int64) {
 	t.Helper()
 	sp, ok := findBlock(t, root, k)
 	require.True(t, ok, "%v stored", k)
-	if at < 0 {
-		at += sp.size
+	switch {
+	case at < 0:
+		at += sp.data + sp.block
+	case at < sp.hdrLen:
+		at += sp.hdr
+	default:
+		at += sp.data - sp.hdrLen
 	}
-	f, err := os.OpenFile(sp.path, os.O_RDWR, 0)
-	require.NoError(t, err)
-	defer f.Close()
-	var b [1]byte
-	_, err = f.ReadAt(b[:], sp.off+at)
-	require.NoError(t, err)
-	b[0] ^= 1
-	_, err = f.WriteAt(b[:], sp.off+at)
-	require.NoError(t, err)
+	flipAt(t, sp.path, at)
 }
 
-// segFiles lists the segment files under root and their total size.
+// segFiles lists the segment files under root and the bytes they take on
+// disk (a hole takes none).
 func segFiles(t *testing.T, root string) ([]string, int64) {
 	t.Helper()
 	segs, err := filepath.Glob(filepath.Join(root, segDirName, "*"+segExt))
@@ -106,7 +129,7 @@ func segFiles(t *testing.T, root string) ([]string, int64) {
 	for _, p := range segs {
 		info, err := os.Stat(p)
 		require.NoError(t, err)
-		total += info.Size()
+		total += info.Sys().(*syscall.Stat_t).Blocks * 512
 	}
 	return segs, total
 }

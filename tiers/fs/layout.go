@@ -147,18 +147,22 @@ func (l segLayout) path(s *segment) string {
 	return l.store.segPath(s.id)
 }
 
+// at is where record r is stored. A block file read through is read once:
+// not kept open.
+func (l segLayout) at(r *record) storedAt {
+	return storedAt{path: l.path(r.seg), keep: r.seg.id != 0, off: r.off, data: r.data}
+}
+
 func (l segLayout) reader(k messages.Key) (func([]byte) (uint32, *messages.Provenance, error), *record) {
 	r := l.x.entries[k]
-	path, off, store := l.path(r.seg), r.off, l.store
-	keep := r.seg.id != 0 // NB: a block file read through is read once: not kept open
-	return func(dest []byte) (uint32, *messages.Provenance, error) { return store.readAt(path, keep, off, k, dest) }, r
+	at, store := l.at(r), l.store
+	return func(dest []byte) (uint32, *messages.Provenance, error) { return store.readAt(at, k, dest) }, r
 }
 
 func (l segLayout) provenance(k messages.Key, n int) (func() (*messages.Provenance, error), *record) {
 	r := l.x.entries[k]
-	path, off, store := l.path(r.seg), r.off, l.store
-	keep := r.seg.id != 0
-	return func() (*messages.Provenance, error) { return store.provenanceAt(path, keep, off, k, n) }, r
+	at, store := l.at(r), l.store
+	return func() (*messages.Provenance, error) { return store.provenanceAt(at, k, n) }, r
 }
 
 // drop marks k's record dead; a segment (or block file) left with no live
@@ -174,7 +178,8 @@ func (l segLayout) drop(k messages.Key, at *record) (bool, *cleanup) {
 }
 
 func (l segLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, error) {
-	w, err := l.x.beginWrite(m.Key, size)
+	block := int64(len(m.Src))
+	w, err := l.x.beginWrite(m.Key, entryHead+size-block, block)
 	if err != nil {
 		return nil, err
 	}
@@ -182,14 +187,15 @@ func (l segLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, erro
 	for i, s := range w.removes {
 		removes[i] = l.path(s)
 	}
-	store, id, off, first := l.store, w.rec.seg.id, w.rec.off, w.first
+	store, r := l.store, w.rec
+	rw := recordWrite{id: r.seg.id, first: w.first, dataBase: r.seg.dataBase, off: r.off, size: r.size, data: r.data}
 	return &writeOp{
 		evicted: w.evicted,
 		io: func() error {
 			for _, p := range removes {
 				_ = store.removePath(p) // NB: a file left behind is re-validated by the next scan
 			}
-			return store.writeRecord(id, off, first, m.Key, m.Src, m.Checksum, m.Prov, size)
+			return store.writeRecord(rw, m.Key, m.Src, m.Checksum, m.Prov)
 		},
 		end:   func(ok bool) { l.x.endWrite(w, ok) },
 		abort: func() { l.x.abortWrite(w) },
@@ -203,15 +209,20 @@ func (l segLayout) chores() []chore {
 	}
 	out := make([]chore, len(due))
 	for i, c := range due {
-		store, s := l.store, c.seg
-		out[i] = chore{done: func(err error) { l.x.choreDone(c, err) }, requeue: func() { l.x.requeue(c) }}
-		if c.seal {
-			id, end, offs := s.id, s.end, c.offs
-			out[i].what, out[i].io = "seal segment", func() error { return store.sealSegment(id, end, offs) }
-		} else {
-			path := l.path(s)
-			out[i].what, out[i].io = "remove segment", func() error { return store.removePath(path) }
-		}
+		what, io := l.choreIO(c)
+		out[i] = chore{what: what, io: io, done: func(err error) { l.x.choreDone(c, err) }, requeue: func() { l.x.requeue(c) }}
 	}
 	return out
+}
+
+// choreIO is the I/O of c: its segment's seal (footer), or its file's
+// removal.
+func (l segLayout) choreIO(c segChore) (what string, io func() error) {
+	store, s := l.store, c.seg
+	if !c.seal {
+		path := l.path(s)
+		return "remove segment", func() error { return store.removePath(path) }
+	}
+	h, entries, end, offs := segHead{id: s.id, version: segV2, dataBase: s.dataBase}, s.entries, s.end, c.offs
+	return "seal segment", func() error { return store.sealSegment(h, entries, end, offs) }
 }

@@ -25,9 +25,9 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
-// recCost is what one record takes in a segment: the stored block and its
-// footer entry.
-func recCost(p *messages.Provenance) int64 { return FileSize(evBlock, p) + segEntrySize }
+// recCost is what one record takes in a segment: its entry, its block and
+// its footer entry.
+func recCost(p *messages.Provenance) int64 { return entryHead + FileSize(evBlock, p) + segEntrySize }
 
 // tryWrite writes src as block i's.
 func (h *fsHarness) tryWrite(i int, src []byte, p *messages.Provenance) error {
@@ -364,14 +364,21 @@ func TestSegmentsTornTail(t *testing.T) {
 		lastGood bool // block 4 survives
 		torn     int
 	}{
-		{"truncated mid-record", func(t *testing.T, path string, last span) {
-			require.NoError(t, os.Truncate(path, last.off+HeaderSize+100))
+		{"truncated mid-block", func(t *testing.T, path string, last span) {
+			require.NoError(t, os.Truncate(path, last.data+100))
 		}, false, 1},
-		{"last record corrupt", func(t *testing.T, path string, last span) {
-			flipAt(t, path, last.off+last.size-1)
+		{"last block corrupt", func(t *testing.T, path string, last span) {
+			flipAt(t, path, last.data+last.block-1)
 		}, false, 1},
 		{"header torn", func(t *testing.T, path string, last span) {
-			flipAt(t, path, last.off+3)
+			flipAt(t, path, last.hdr+3)
+		}, false, 1},
+		{"entry never written", func(t *testing.T, path string, last span) {
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = f.WriteAt(make([]byte, last.hdr+last.hdrLen-last.entry), last.entry)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
 		}, false, 1},
 		{"garbage after the last record", func(t *testing.T, path string, last span) {
 			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
@@ -526,8 +533,12 @@ func TestSegmentsReadThroughBlockFiles(t *testing.T) {
 		}
 	})
 	require.Equal(t, 6, blockFiles(t, root))
-	file := FileSize(evBlock, provOf(1))
-	capacity := 6*file + 2*(segOverhead+recCost(provOf(1)))
+	// Room for the six block files and two one-block segments, and then a
+	// third segment once two block files are gone: a segment of one block
+	// takes more room than a block file (its header and footer, and a
+	// filesystem block of rounding for each of its two regions).
+	file, seg := FileSize(evBlock, provOf(1)), segOverhead+recCost(provOf(1))
+	capacity := 4*file + 3*seg + file/2
 	h := openTier(t, Config{Root: root, Layout: LayoutSegments, Capacity: capacity})
 	assert.ElementsMatch(t, keysOfRange(0, 6), h.Inventory())
 	e := h.Next()
@@ -544,8 +555,7 @@ func TestSegmentsReadThroughBlockFiles(t *testing.T) {
 		assert.Equal(t, provOf(i), r.Prov)
 	}
 	// New blocks go to segments; the capacity then evicts the least
-	// recently used block files (a segment of one block takes a little
-	// more room than a block file: two go).
+	// recently used block files: two go.
 	h.write(10, provOf(10))
 	h.write(11, provOf(11))
 	require.Empty(t, h.removedUntilStored(benchKey(11)))
@@ -579,17 +589,21 @@ func TestOpenRejectsAnUnknownLayout(t *testing.T) {
 }
 
 // readFooterOf reads a segment file's footer: its offsets, where its
-// records end, and whether it has a valid one.
+// records (version 2: blocks) end, and whether it has a valid one.
 func readFooterOf(t *testing.T, path string) ([]int64, int64, bool) {
 	t.Helper()
-	id, ok := parseSegName(path[len(path)-len(segName(0)):])
-	require.True(t, ok)
 	info, err := os.Stat(path)
 	require.NoError(t, err)
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
-	return readFooter(f, id, info.Size())
+	var b [segHeaderSize]byte
+	_, err = f.ReadAt(b[:], 0)
+	require.NoError(t, err)
+	head, ok := decodeSegHeader(b[:])
+	require.True(t, ok)
+	offs, _, end, sealed := readFooter(f, head, info.Size())
+	return offs, end, sealed
 }
 
 func flipAt(t *testing.T, path string, off int64) {

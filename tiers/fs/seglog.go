@@ -30,14 +30,17 @@ import (
 // Invariants:
 //   - used = Σ size over the segments not gone; with a capacity,
 //     used ≤ capacity after every beginWrite.
-//   - a segment's size ≥ the bytes its file holds once sealed: header,
-//     footer, every record reserved in it and its footer entry.
+//   - a segment's size ≥ the bytes its file holds on disk once sealed:
+//     header, footer, every entry and block reserved in it and its footer
+//     entry, and a filesystem block of rounding for each of its two
+//     regions (the entry region's unused rest is a hole).
 //   - lru holds exactly the settled segments not gone, most recent first.
 //   - entries holds every key being written or readable; a readable key's
 //     record is in its segment's live set, a written one's segment has it
 //     counted in inflight.
-//   - at most one segment is active; records are reserved at its end only,
-//     so a record's bytes are written by exactly one write.
+//   - at most one segment is active; entries and blocks are reserved at the
+//     ends of its two regions only, so a record's bytes are written by
+//     exactly one write; only version 2 segments are ever active.
 type segLog struct {
 	capacity  int64 // 0 = unbounded
 	target    int64 // bytes a segment is sealed at
@@ -59,19 +62,23 @@ type segment struct {
 	sealing  bool         // footer write in flight
 	due      bool         // in sealDue
 	gone     bool         // evicted or emptied
-	end      int64        // next record's offset
+	dataBase int64        // written here (version 2): the data region's start
+	entries  int64        // written here: the next entry's offset
+	end      int64        // written here: the next block's offset; found: where the records end
 	size     int64        // bytes accounted
 	inflight int          // writes reserved and not done
 	live     map[messages.Key]*record
 	elem     *list.Element
 }
 
-// record is a block's place in a segment: the stored block (header,
-// provenance, bytes) of size bytes at off.
+// record is a block's place in a segment: its entry (header, provenance)
+// of size bytes at off and its block at data (version 2); or (version 1, a
+// block file) the stored block (header, provenance, bytes) of size bytes
+// at off, data 0.
 type record struct {
-	seg       *segment
-	off, size int64
-	ready     bool
+	seg             *segment
+	off, size, data int64
+	ready           bool
 }
 
 // newSegLog makes an empty log. Segments are sealed at segmentBytes or, with
@@ -96,7 +103,7 @@ func (x *segLog) addFound(s *segment, recs []segRec) {
 		if x.entries[r.key] != nil {
 			continue
 		}
-		rec := &record{seg: s, off: r.off, size: r.size, ready: true}
+		rec := &record{seg: s, off: r.off, size: r.size, data: r.data, ready: true}
 		s.live[r.key], x.entries[r.key] = rec, rec
 		x.ready++
 	}
@@ -127,20 +134,21 @@ type segWrite struct {
 	removes []*segment
 }
 
-// beginWrite reserves size bytes for k's record at the end of the active
-// segment (rolling over to a new one when it is full), evicting least
-// recently used segments as the capacity needs. The evicted segments' keys
+// beginWrite reserves room for k's record in the active segment (rolling
+// over to a new one when it is full): entry bytes at the end of its entry
+// region, block bytes at the end of its data region. It evicts least
+// recently used segments as the capacity needs; the evicted segments' keys
 // are unreadable from now. ErrTierFull when even evicting every settled
 // segment would not make room; errExists, errBusy as Index.BeginWrite.
-func (x *segLog) beginWrite(k messages.Key, size int64) (*segWrite, error) {
+func (x *segLog) beginWrite(k messages.Key, entry, block int64) (*segWrite, error) {
 	if r := x.entries[k]; r != nil {
 		if r.ready {
 			return nil, errExists
 		}
 		return nil, errBusy
 	}
-	cost := size + segEntrySize
-	if a := x.active; a != nil && a.end > segHeaderSize && a.size+cost > x.target {
+	cost := entry + block + segEntrySize
+	if a := x.active; a != nil && !a.empty() && (a.size+cost > x.target || a.entries+entry > a.dataBase) {
 		x.roll()
 	}
 	need := cost
@@ -161,13 +169,16 @@ func (x *segLog) beginWrite(k messages.Key, size int64) (*segWrite, error) {
 		}
 	}
 	if x.active == nil {
-		x.active = &segment{id: x.nextID, end: segHeaderSize, size: segOverhead, live: map[messages.Key]*record{}}
+		base := entriesFor(x.target, block, entry)
+		x.active = &segment{id: x.nextID, dataBase: base, entries: segHeaderSize, end: base, size: segOverhead,
+			live: map[messages.Key]*record{}}
 		x.nextID++
 		x.used += segOverhead
 	}
 	a := x.active
-	w.rec, w.first = &record{seg: a, off: a.end, size: size}, a.end == segHeaderSize
-	a.end += size
+	w.rec, w.first = &record{seg: a, off: a.entries, size: entry, data: a.end}, a.empty()
+	a.entries += entry
+	a.end += block
 	a.size += cost
 	a.inflight++
 	x.used += cost
@@ -284,7 +295,7 @@ func (x *segLog) requeueRemoval(s *segment) { x.removeDue = append(x.removeDue, 
 type segChore struct {
 	seg  *segment
 	seal bool
-	offs []int64 // seal: the live records' offsets
+	offs []int64 // seal: the live records' entry offsets
 }
 
 // chores returns the I/O due now, marking seals in flight. Each is
@@ -363,7 +374,7 @@ func (x *segLog) closing() []segChore {
 	x.removeDue, x.sealDue = nil, nil
 	for s := range segs {
 		switch {
-		case s.id == 0 || s.sealed || s.gone || s.end == segHeaderSize:
+		case s.id == 0 || s.sealed || s.gone || s.empty():
 		case len(s.live) == 0:
 			out = append(out, segChore{seg: s})
 		default:
@@ -372,6 +383,15 @@ func (x *segLog) closing() []segChore {
 		s.sealed = true
 	}
 	return out
+}
+
+// empty reports whether nothing was ever reserved in s, one being written.
+func (s *segment) empty() bool { return s.entries == segHeaderSize }
+
+// minSize is what s takes on disk at most once sealed (a segment being
+// written), as the invariants have it.
+func (s *segment) minSize() int64 {
+	return segOverhead + s.entries - segHeaderSize + s.end - s.dataBase + int64(len(s.live))*segEntrySize
 }
 
 // keys are s's live keys in offset order.
@@ -446,8 +466,8 @@ func (x *segLog) checkInvariants() error {
 	var used int64
 	for s := range segs {
 		used += s.size
-		if s.id != 0 && s.size < s.end+int64(len(s.live))*segEntrySize+segFooterFixed {
-			return fmt.Errorf("segment %d: %d bytes accounted, %d reserved", s.id, s.size, s.end)
+		if s.dataBase != 0 && s.size < s.minSize() {
+			return fmt.Errorf("segment %d: %d bytes accounted, %d reserved", s.id, s.size, s.minSize())
 		}
 		if writing[s] != s.inflight {
 			return fmt.Errorf("segment %d: %d writes in flight, %d keys writing", s.id, s.inflight, writing[s])

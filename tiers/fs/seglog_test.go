@@ -1,8 +1,9 @@
 package fs
 
 // The segment layout's decision logic alone, no I/O: reservations at the
-// end of the active segment, roll-over at the target size, whole-segment
-// eviction in LRU order within the capacity, dead blocks, chores.
+// ends of the active segment's two regions, roll-over at the target size
+// or a full entry region, whole-segment eviction in LRU order within the
+// capacity, dead blocks, chores.
 
 import (
 	"testing"
@@ -12,10 +13,17 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
-// logWrite reserves and completes k's record of size bytes.
-func logWrite(t *testing.T, x *segLog, k messages.Key, size int64) *segWrite {
+// The records of these tests: an entry of ent bytes, a block of blk.
+const (
+	ent  = 100
+	blk  = 256
+	cost = ent + blk + segEntrySize
+)
+
+// logWrite reserves and completes k's record.
+func logWrite(t *testing.T, x *segLog, k messages.Key) *segWrite {
 	t.Helper()
-	w, err := x.beginWrite(k, size)
+	w, err := x.beginWrite(k, ent, blk)
 	require.NoError(t, err)
 	x.endWrite(w, true)
 	require.NoError(t, x.checkInvariants())
@@ -23,54 +31,76 @@ func logWrite(t *testing.T, x *segLog, k messages.Key, size int64) *segWrite {
 }
 
 func TestSegLogReservesSequentiallyAndRolls(t *testing.T) {
-	const rec = 100
-	cost := int64(rec + segEntrySize)
 	x := newSegLog(0, segOverhead+3*cost, 1)
 	var ws []*segWrite
 	for i := range 7 {
-		ws = append(ws, logWrite(t, x, benchKey(i), rec))
+		ws = append(ws, logWrite(t, x, benchKey(i)))
 	}
 	for i, w := range ws {
+		base := w.rec.seg.dataBase
 		require.Equal(t, uint64(1+i/3), w.rec.seg.id, "three records a segment")
-		require.Equal(t, int64(segHeaderSize+(i%3)*rec), w.rec.off, "back to back from the header")
+		require.Equal(t, int64(segHeaderSize+(i%3)*ent), w.rec.off, "entries back to back from the header")
+		require.Equal(t, int64(ent), w.rec.size)
+		require.Zero(t, base%segPage, "the data region starts at a filesystem block")
+		require.GreaterOrEqual(t, base, int64(segHeaderSize+3*entryBudget), "room for an entry per block slot")
+		require.Equal(t, base+int64(i%3)*blk, w.rec.data, "blocks back to back from the data region's start")
 		require.Equal(t, i%3 == 0, w.first, "the first record writes the segment header")
 	}
 	require.Equal(t, 7, x.ready)
-	require.Equal(t, 3*segOverhead+7*cost, x.used)
+	require.Equal(t, int64(3*segOverhead+7*cost), x.used)
 	// Two full segments, settled: each due its seal, once.
 	c := x.chores()
 	require.Len(t, c, 2)
 	require.True(t, c[0].seal)
-	require.Equal(t, []int64{segHeaderSize, segHeaderSize + rec, segHeaderSize + 2*rec}, c[0].offs)
+	require.Equal(t, []int64{segHeaderSize, segHeaderSize + ent, segHeaderSize + 2*ent}, c[0].offs)
 	require.Empty(t, x.chores())
 	x.choreDone(c[0], nil)
 	x.requeue(c[1])
 	require.Len(t, x.chores(), 1, "a chore the queue refused is due again")
 
 	// A record larger than the target still takes a segment of its own.
-	w, err := x.beginWrite(benchKey(100), 10*rec)
+	w, err := x.beginWrite(benchKey(100), ent, 10*blk)
 	require.NoError(t, err)
 	require.Equal(t, int64(segHeaderSize), w.rec.off)
-	_, err = x.beginWrite(benchKey(100), rec)
+	_, err = x.beginWrite(benchKey(100), ent, blk)
 	require.ErrorIs(t, err, errBusy, "no second write of a key being written")
 	x.endWrite(w, false)
 	require.False(t, x.has(benchKey(100)))
 	require.NoError(t, x.checkInvariants())
-	_, err = x.beginWrite(benchKey(0), rec)
+	_, err = x.beginWrite(benchKey(0), ent, blk)
 	require.ErrorIs(t, err, errExists)
 }
 
+// Entries larger than the region kept for them close the segment early;
+// one always fits a new segment's region.
+func TestSegLogRollsWhenTheEntryRegionIsFull(t *testing.T) {
+	const block = 64 << 10
+	x := newSegLog(0, 64*block, 1)
+	write := func(i int, entry int64) *record {
+		w, err := x.beginWrite(benchKey(i), entry, block)
+		require.NoError(t, err)
+		x.endWrite(w, true)
+		require.NoError(t, x.checkInvariants())
+		return w.rec
+	}
+	first := write(0, ent)
+	big := first.seg.dataBase / 2
+	require.Equal(t, uint64(1), write(1, big).seg.id, "half the region still fits")
+	r := write(2, big)
+	require.Equal(t, uint64(2), r.seg.id, "the region is full: a new segment, long before its target size")
+	require.GreaterOrEqual(t, r.seg.dataBase, int64(segHeaderSize)+2*big, "sized for its first entry")
+	require.Zero(t, r.seg.dataBase%block)
+}
+
 func TestSegLogEvictsWholeSegmentsInLRUOrder(t *testing.T) {
-	const rec = 100
-	cost := int64(rec + segEntrySize)
-	seg := segOverhead + 2*cost   // two records a segment
+	seg := int64(segOverhead + 2*cost) // two records a segment
 	x := newSegLog(8*seg, seg, 1) // sealed at seg: an eighth of the capacity
 	for i := range 16 {
-		logWrite(t, x, benchKey(i), rec)
+		logWrite(t, x, benchKey(i))
 	}
 	require.Equal(t, 8*seg, x.used, "full to the byte")
 	x.touch(benchKey(0)) // segment 1 most recent (segment 8, the active one, is not evictable)
-	w, err := x.beginWrite(benchKey(16), rec)
+	w, err := x.beginWrite(benchKey(16), ent, blk)
 	require.NoError(t, err)
 	require.Equal(t, []messages.Key{benchKey(2), benchKey(3)}, w.evicted, "the least recently used segment goes whole")
 	require.Len(t, w.removes, 1)
@@ -82,18 +112,16 @@ func TestSegLogEvictsWholeSegmentsInLRUOrder(t *testing.T) {
 	require.LessOrEqual(t, x.used, x.capacity)
 
 	// A record that cannot fit even with every settled segment gone.
-	_, err = x.beginWrite(benchKey(50), 8*seg)
+	_, err = x.beginWrite(benchKey(50), ent, 8*seg)
 	require.ErrorIs(t, err, messages.ErrTierFull)
 	require.NoError(t, x.checkInvariants())
 }
 
 func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
-	const rec = 100
-	cost := int64(rec + segEntrySize)
 	x := newSegLog(0, segOverhead+2*cost, 1)
-	first := logWrite(t, x, benchKey(0), rec)
-	logWrite(t, x, benchKey(1), rec)
-	logWrite(t, x, benchKey(2), rec) // segment 1 full and settled
+	first := logWrite(t, x, benchKey(0))
+	logWrite(t, x, benchKey(1))
+	logWrite(t, x, benchKey(2)) // segment 1 full and settled
 	require.Len(t, x.chores(), 1)    // its seal, in flight from now
 
 	dropped := func(k messages.Key, at *record) bool {
@@ -115,7 +143,7 @@ func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
 	require.NoError(t, x.checkInvariants())
 
 	// Removed, then written again: a new record, readable.
-	w := logWrite(t, x, benchKey(0), rec)
+	w := logWrite(t, x, benchKey(0))
 	require.True(t, x.has(benchKey(0)))
 	require.NotEqual(t, first.rec, w.rec)
 
@@ -123,8 +151,8 @@ func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
 	// nothing live, goes without a seal.
 	require.True(t, dropped(benchKey(2), nil))
 	require.True(t, dropped(benchKey(0), nil))
-	logWrite(t, x, benchKey(3), rec)
-	logWrite(t, x, benchKey(4), rec)
+	logWrite(t, x, benchKey(3))
+	logWrite(t, x, benchKey(4))
 	c = x.chores()
 	require.Len(t, c, 1)
 	require.False(t, c[0].seal, "an emptied segment is removed, not sealed")
@@ -132,7 +160,7 @@ func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
 
 	// Emptied once sealed: its removal is the caller's, at once.
 	x.choreDone(c[0], nil)
-	logWrite(t, x, benchKey(5), rec) // segment 3 (3, 4) full
+	logWrite(t, x, benchKey(5)) // segment 3 (3, 4) full
 	for _, c := range x.chores() {
 		x.choreDone(c, nil)
 	}

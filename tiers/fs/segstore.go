@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"slices"
 	"time"
@@ -22,41 +23,58 @@ import (
 // segPath is segment id's file.
 func (s *Store) segPath(id uint64) string { return segPath(s.root, id) }
 
-// writeRecord writes k's stored block (header, provenance p, src) at off
-// in segment id, the size bytes the actor reserved there; first: the
-// segment's first record, whose write puts the segment header too. It
-// checks src against sum first, and with fsync syncs the segment before it
-// returns. Out of space is ErrTierFull.
-func (s *Store) writeRecord(id uint64, off int64, first bool, k messages.Key, src []byte, sum uint32,
-	p *messages.Provenance, size int64) error {
+// recordWrite is where the actor reserved a record in segment id: its
+// entry of size bytes at off, its block at data; first: the segment's
+// first record, whose write puts the segment header (with dataBase) too.
+type recordWrite struct {
+	id              uint64
+	first           bool
+	dataBase        int64
+	off, size, data int64
+}
+
+// writeRecord writes k's record (its entry, header and provenance p, and
+// its block src) where w says, the block first: an entry a process crash
+// left on disk names a block that is there. It checks src against sum
+// first, and with fsync syncs the segment before it returns. Out of space
+// is ErrTierFull.
+func (s *Store) writeRecord(w recordWrite, k messages.Key, src []byte, sum uint32, p *messages.Provenance) error {
 	if got := crc32.Checksum(src, castagnoli); got != sum {
 		return fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 	}
 	prefix, _ := blockfmt.Prefix(k, len(src), sum, p)
-	if n := int64(len(prefix) + len(src)); n != size {
-		return fmt.Errorf("fs tier: %v: record of %d bytes, %d reserved", k, n, size)
+	if n := int64(entryHead + len(prefix)); n != w.size {
+		return fmt.Errorf("fs tier: %v: entry of %d bytes, %d reserved", k, n, w.size)
 	}
-	return s.withSegment(id, func(f File) error {
-		if first {
-			prefix = append(encodeSegHeader(id), prefix...)
-			off -= segHeaderSize
+	entry, off := [][]byte{encodeEntryHead(w.data), prefix}, w.off
+	if w.first {
+		entry, off = append([][]byte{encodeSegHeader(w.id, w.dataBase)}, entry...), off-segHeaderSize
+	}
+	return s.withSegment(w.id, func(f File) error {
+		if err := writeAtv(f, [][]byte{src}, w.data); err != nil {
+			return ioErr("write", err)
 		}
-		if err := writeAtv(f, [][]byte{prefix, src}, off); err != nil {
+		if err := writeAtv(f, entry, off); err != nil {
 			return ioErr("write", err)
 		}
 		return nil
 	})
 }
 
-// sealSegment writes segment id's footer at end, listing the records at
-// offs, and its header again (a first write that failed left none); with
-// fsync it syncs the segment.
-func (s *Store) sealSegment(id uint64, end int64, offs []int64) error {
-	return s.withSegment(id, func(f File) error {
-		if _, err := f.WriteAt(encodeSegHeader(id), 0); err != nil {
+// sealSegment writes the footer of segment h.id at end, listing the
+// entries (version 1: records) at offs, the entries ending at entriesEnd
+// (version 2), and its header again (a first write that failed left none);
+// with fsync it syncs the segment.
+func (s *Store) sealSegment(h segHead, entriesEnd, end int64, offs []int64) error {
+	header := encodeSegHeader(h.id, h.dataBase)
+	if h.version == segV1 {
+		header = encodeSegHeaderV1(h.id)
+	}
+	return s.withSegment(h.id, func(f File) error {
+		if _, err := f.WriteAt(header, 0); err != nil {
 			return ioErr("write", err)
 		}
-		if _, err := f.WriteAt(encodeFooter(id, offs), end); err != nil {
+		if _, err := f.WriteAt(encodeFooter(h.version, h.id, entriesEnd, offs), end); err != nil {
 			return ioErr("write", err)
 		}
 		return nil
@@ -96,18 +114,19 @@ func (s *Store) removePath(path string) error {
 	return nil
 }
 
-// segRec is a record the scan found: key's stored block of size bytes at
-// off.
+// segRec is a record the scan found: key's entry of size bytes at off and
+// its block at data (version 2), or (version 1) its stored block of size
+// bytes at off.
 type segRec struct {
-	key       messages.Key
-	off, size int64
+	key             messages.Key
+	off, size, data int64
 }
 
 // segFound is a segment the start-up scan found.
 type segFound struct {
 	id    uint64
-	size  int64 // the file's size once the scan is done with it
-	end   int64 // where its records end (its footer starts)
+	size  int64 // bytes accounted once the scan is done with it
+	end   int64 // where its records (version 2: blocks) end
 	mtime time.Time
 	recs  []segRec // in offset order
 }
@@ -118,7 +137,7 @@ type segFound struct {
 // read, as a block file's are). A segment without a valid footer was being
 // written when the process stopped: its records are walked from the start
 // and verified whole (header, provenance, CRC32C of the block); the file is
-// truncated after the last good one — what follows is its torn tail,
+// truncated after the last good block — what follows is its torn tail,
 // counted in Torn — and sealed (recoverSegment). A file whose segment
 // header is bad, or that holds no valid record, is removed (Removed); a
 // record whose header is bad in a sealed segment is left out (Removed).
@@ -166,6 +185,15 @@ func compareU64(a, b uint64) int {
 	return 0
 }
 
+// segScan is one segment file being scanned: its header, size and the
+// tier's block size.
+type segScan struct {
+	f     File
+	head  segHead
+	size  int64
+	block int
+}
+
 // scanSegment reads segment id (size bytes): keep is false when it is to
 // be removed.
 func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResult) (seg segFound, keep bool) {
@@ -180,65 +208,112 @@ func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResu
 	if n, _ := f.ReadAt(hdr[:], 0); n < segHeaderSize {
 		return segFound{}, false
 	}
-	if got, ok := decodeSegHeader(hdr[:]); !ok || got != id {
+	head, ok := decodeSegHeader(hdr[:])
+	if !ok || head.id != id || (head.version == segV2 && head.dataBase%segPage != 0) {
 		return segFound{}, false
 	}
+	sc := segScan{f: f, head: head, size: size, block: blockBytes}
 	seg = segFound{id: id, size: size}
-	if offs, end, ok := readFooter(f, id, size); ok {
-		seg.end = end
-		for i, off := range offs {
+	offs, entriesEnd, end, ok := readFooter(f, head, size)
+	if !ok {
+		return s.recoverSegment(sc, seg, res)
+	}
+	seg.end = end
+	for i, off := range offs {
+		var r segRec
+		var err error
+		if head.version == segV1 {
 			limit := end
 			if i+1 < len(offs) {
 				limit = offs[i+1]
 			}
-			h, err := recordHeader(f, off, limit, blockBytes)
-			if err != nil {
-				res.Removed++
-				continue
-			}
-			seg.recs = append(seg.recs, segRec{key: h.Key, off: off, size: h.Size()})
+			r, err = sc.recordAt(off, limit)
+		} else {
+			r, err = sc.entryAt(off, entriesEnd, end)
 		}
-		return seg, len(seg.recs) > 0
+		if err != nil {
+			res.Removed++
+			continue
+		}
+		seg.recs = append(seg.recs, r)
 	}
-	return s.recoverSegment(f, seg, blockBytes, res)
+	if head.version == segV2 {
+		seg.size = sc.accounted(entriesEnd, end, len(offs))
+	}
+	return seg, len(seg.recs) > 0
 }
 
-// readFooter reads and checks segment id's footer (a file of size bytes):
-// the offsets it lists and where the records end.
-func readFooter(f File, id uint64, size int64) ([]int64, int64, bool) {
-	if size < segHeaderSize+segFooterFixed {
-		return nil, 0, false
+// accounted is what a version 2 segment whose entries end at entriesEnd,
+// its blocks at end, with n records, is accounted: as segLog accounts one
+// being written.
+func (sc segScan) accounted(entriesEnd, end int64, n int) int64 {
+	return segOverhead + entriesEnd - segHeaderSize + end - sc.head.dataBase + int64(n)*segEntrySize
+}
+
+// readFooter reads and checks the footer of segment h (a file of size
+// bytes): the offsets it lists, where its entries end (version 2) and
+// where its records (version 2: blocks) end.
+func readFooter(f File, h segHead, size int64) (offs []int64, entriesEnd, end int64, ok bool) {
+	floor := int64(segHeaderSize)
+	if h.version == segV2 {
+		floor = h.dataBase
 	}
-	var tail [segFooterFixed]byte
-	if n, _ := f.ReadAt(tail[:], size-segFooterFixed); n < segFooterFixed {
-		return nil, 0, false
+	if size < floor+int64(segFooterFixed(h.version)) {
+		return nil, 0, 0, false
 	}
-	count, ok := footerCount(tail[:], id)
-	footer := int64(count)*segEntrySize + segFooterFixed
-	if !ok || size-footer < segHeaderSize {
-		return nil, 0, false
+	var tail [24]byte
+	if n, _ := f.ReadAt(tail[:], size-24); n < 24 {
+		return nil, 0, 0, false
+	}
+	count, ok := footerCount(tail[:], h.id, h.version)
+	footer := int64(count)*segEntrySize + int64(segFooterFixed(h.version))
+	if !ok || size-footer < floor {
+		return nil, 0, 0, false
 	}
 	b := make([]byte, footer)
 	if n, _ := f.ReadAt(b, size-footer); int64(n) < footer {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
-	offs, ok := decodeFooter(b, id, size-footer)
-	return offs, size - footer, ok
+	limit := size - footer
+	if h.version == segV2 {
+		limit = h.dataBase
+	}
+	offs, entriesEnd, ok = decodeFooter(b, h.id, h.version, limit)
+	return offs, entriesEnd, size - footer, ok
 }
 
-// recordHeader reads and checks the header of the record at off, which
-// must end by limit and hold a block of blockBytes.
-func recordHeader(f File, off, limit int64, blockBytes int) (blockfmt.Header, error) {
+// recordAt reads and checks the header of the version 1 record at off,
+// which must end by limit and hold a block of the tier's size.
+func (sc segScan) recordAt(off, limit int64) (segRec, error) {
 	var buf [headerSize]byte
-	h, _, err := readRawHeader(f, off, buf[:], segOffset(off))
+	h, _, err := readRawHeader(sc.f, off, buf[:], segOffset(off))
 	switch {
 	case err != nil:
-		return h, err
-	case h.Length != int64(blockBytes) || off+h.Size() > limit:
-		return h, fmt.Errorf("%w: segment offset %d: record of %d bytes (block %d) past %d",
+		return segRec{}, err
+	case h.Length != int64(sc.block) || off+h.Size() > limit:
+		return segRec{}, fmt.Errorf("%w: segment offset %d: record of %d bytes (block %d) past %d",
 			messages.ErrInvalidBlock, off, h.Size(), h.Length, limit)
 	}
-	return h, nil
+	return segRec{key: h.Key, off: off, size: h.Size()}, nil
+}
+
+// entryAt reads and checks the version 2 entry at off, which must end by
+// entriesEnd, and whose block of the tier's size must lie in a slot of the
+// data region ending by end.
+func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
+	var buf [entryHead + headerSize]byte
+	data, h, _, err := readRawEntry(sc.f, off, buf[:], segOffset(off))
+	if err != nil {
+		return segRec{}, err
+	}
+	size := entryHead + headerSize + int64(h.ProvLen)
+	block := int64(sc.block)
+	if h.Length != block || off+size > entriesEnd || data < sc.head.dataBase ||
+		(data-sc.head.dataBase)%block != 0 || data > end-block {
+		return segRec{}, fmt.Errorf("%w: segment offset %d: entry of %d bytes (block %d at %d) past %d or out of its slots",
+			messages.ErrInvalidBlock, off, size, h.Length, data, entriesEnd)
+	}
+	return segRec{key: h.Key, off: off, size: size, data: data}, nil
 }
 
 // segOffset names a record by its offset in errors.
@@ -246,73 +321,115 @@ type segOffset int64
 
 func (o segOffset) String() string { return fmt.Sprintf("segment offset %d", int64(o)) }
 
-// recoverSegment walks an unsealed segment's records, verifying each one
-// whole, truncates it after the last good one and seals it. A record whose
-// header is sound but whose provenance or bytes are not (a write cut short
-// before one that landed) is skipped and counted in Removed; the walk stops
-// at a header that does not decode or a record cut short, and everything
-// from the end of the last good record on is the torn tail.
-func (s *Store) recoverSegment(f File, seg segFound, blockBytes int, res *ScanResult) (segFound, bool) {
-	buf := make([]byte, blockBytes)
-	off, good := int64(segHeaderSize), int64(segHeaderSize)
+// recoverSegment walks an unsealed segment's records (version 2: entries)
+// from its header, verifying each one whole, truncates it after the last
+// good block and seals it. A record whose header is sound but whose
+// provenance or bytes are not (a write cut short before one that landed)
+// is skipped and counted in Removed; the walk stops at a header that does
+// not decode or (version 1) a record cut short, and everything after the
+// last good record is the torn tail.
+func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFound, bool) {
+	buf := make([]byte, sc.block)
+	limit := sc.size
+	off, entriesEnd, good := int64(segHeaderSize), int64(segHeaderSize), int64(segHeaderSize)
+	if sc.head.version == segV2 {
+		limit, good = sc.head.dataBase, sc.head.dataBase
+	}
 	skipped := 0
 	var failed error
-	for off < seg.size {
-		h, err := recordHeader(f, off, seg.size, blockBytes)
-		if err != nil {
+	for off < limit {
+		r, err := sc.walkOne(off, buf)
+		if err != nil && (r.size == 0 || !errors.Is(err, messages.ErrInvalidBlock)) {
 			if !errors.Is(err, messages.ErrInvalidBlock) {
 				failed = err
 			}
 			break
 		}
-		_, _, err = readHeader(f, off, h.Key, blockBytes) // the provenance too
-		if err == nil {
-			err = readVerify(f, off+h.BlockOffset(), buf, h.Sum, h.Key)
-		}
-		if err != nil && !errors.Is(err, messages.ErrInvalidBlock) {
-			failed = err
-			break
-		}
 		if err != nil {
 			skipped++
 		} else {
-			seg.recs = append(seg.recs, segRec{key: h.Key, off: off, size: h.Size()})
-			good = off + h.Size()
+			seg.recs = append(seg.recs, r)
+			entriesEnd = r.off + r.size
+			good = max(good, sc.recordEnd(r))
 			res.Removed += skipped // NB: bad records before a good one; after the last, they are the tail
 			skipped = 0
 		}
-		off += h.Size()
+		off += r.size
 	}
 	seg.end = good
+	n := int64(len(seg.recs))
 	if failed != nil {
 		// NB: an I/O error is no proof of a torn tail: what was verified
 		// is served, the rest is left for the next start to walk again.
 		res.Unsealed++
-		seg.size = max(seg.size, good+int64(len(seg.recs))*segEntrySize+segFooterFixed)
-		return seg, len(seg.recs) > 0
+		seg.size += segOverhead + n*segEntrySize
+		return seg, n > 0
 	}
-	if good < seg.size {
+	if good < sc.size {
 		res.Torn++
-		res.TornBytes += seg.size - good
-		if len(seg.recs) == 0 {
+		res.TornBytes += sc.size - good
+		if n == 0 {
 			return seg, false
 		}
 		if err := s.fs.Truncate(s.segPath(seg.id), good); err != nil {
 			res.Unsealed++
-			seg.size += int64(len(seg.recs))*segEntrySize + segFooterFixed
+			seg.size += segOverhead + n*segEntrySize
 			return seg, true
 		}
 	}
-	if len(seg.recs) == 0 {
+	if n == 0 {
 		return seg, false
 	}
-	offs := make([]int64, len(seg.recs))
+	offs := make([]int64, n)
 	for i, r := range seg.recs {
 		offs[i] = r.off
 	}
-	seg.size = good + int64(len(offs))*segEntrySize + segFooterFixed
-	if err := s.sealSegment(seg.id, good, offs); err != nil {
+	seg.size = good + n*segEntrySize + int64(segFooterFixed(sc.head.version))
+	if sc.head.version == segV2 {
+		seg.size = sc.accounted(entriesEnd, good, len(offs))
+	}
+	if err := s.sealSegment(sc.head, entriesEnd, good, offs); err != nil {
 		res.Unsealed++ // walked again at the next start
 	}
 	return seg, true
+}
+
+// walkOne reads and verifies whole (header, provenance, block) the record
+// (version 2: entry and block) at off of a segment being recovered, into
+// buf. A header that does not decode or (version 1) a record cut short
+// returns no size: the walk stops there.
+func (sc segScan) walkOne(off int64, buf []byte) (segRec, error) {
+	var r segRec
+	var err error
+	if sc.head.version == segV1 {
+		r, err = sc.recordAt(off, sc.size)
+	} else {
+		r, err = sc.entryAt(off, sc.head.dataBase, math.MaxInt64)
+	}
+	if err != nil {
+		return segRec{}, err
+	}
+	var h blockfmt.Header
+	if r.data == 0 {
+		h, _, err = readHeader(sc.f, off, r.key, sc.block)
+	} else {
+		h, _, err = readEntry(sc.f, off, r.data, r.key, sc.block)
+	}
+	if err == nil {
+		at := r.data
+		if at == 0 {
+			at = off + h.BlockOffset()
+		}
+		err = readVerify(sc.f, at, buf, h.Sum, h.Key)
+	}
+	return r, err
+}
+
+// recordEnd is where r's bytes end in the file: its block's end (version
+// 2), or its record's.
+func (sc segScan) recordEnd(r segRec) int64 {
+	if r.data != 0 {
+		return r.data + int64(sc.block)
+	}
+	return r.off + r.size
 }

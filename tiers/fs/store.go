@@ -128,19 +128,31 @@ func ioErr(op string, err error) error {
 // file has none). A file that fails a check is ErrInvalidBlock (the caller
 // removes it); a missing file is ErrNotFound.
 func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
-	return s.readAt(s.Path(k), false, 0, k, dest)
+	return s.readAt(storedAt{path: s.Path(k)}, k, dest)
 }
 
-// readAt reads and verifies, as Read does, k's stored block at offset base
-// of the file at path (a block file: 0; a segment, kept open: its record's
-// offset).
-func (s *Store) readAt(path string, segment bool, base int64, k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
-	f, release, h, p, err := s.open(path, segment, base, k, len(dest))
+// storedAt is where a stored block is: its file (through the cache of open
+// files when keep: a segment), the offset of its header (a block file: 0;
+// a version 1 segment: its record's; version 2: its entry's) and that of
+// its block when apart from it (version 2; else 0: behind the header).
+type storedAt struct {
+	path      string
+	keep      bool
+	off, data int64
+}
+
+// readAt reads and verifies, as Read does, k's stored block at at.
+func (s *Store) readAt(at storedAt, k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
+	f, release, h, p, err := s.open(at, k, len(dest))
 	if err != nil {
 		return 0, nil, err
 	}
 	defer release()
-	if err := readVerify(f, base+h.BlockOffset(), dest, h.Sum, k); err != nil {
+	block := at.data
+	if block == 0 {
+		block = at.off + h.BlockOffset()
+	}
+	if err := readVerify(f, block, dest, h.Sum, k); err != nil {
 		return 0, nil, err
 	}
 	return h.Sum, p, nil
@@ -172,13 +184,12 @@ func readVerify(f File, off int64, dest []byte, sum uint32, k messages.Key) erro
 // bytes): what the start-up announcements need. The block's bytes are
 // verified when it is read.
 func (s *Store) ReadProvenance(k messages.Key, n int) (*messages.Provenance, error) {
-	return s.provenanceAt(s.Path(k), false, 0, k, n)
+	return s.provenanceAt(storedAt{path: s.Path(k)}, k, n)
 }
 
-// provenanceAt is ReadProvenance for k's stored block at base in path (a
-// segment: kept open).
-func (s *Store) provenanceAt(path string, segment bool, base int64, k messages.Key, n int) (*messages.Provenance, error) {
-	_, release, _, p, err := s.open(path, segment, base, k, n)
+// provenanceAt is ReadProvenance for k's stored block at at.
+func (s *Store) provenanceAt(at storedAt, k messages.Key, n int) (*messages.Provenance, error) {
+	_, release, _, p, err := s.open(at, k, n)
 	if err != nil {
 		return nil, err
 	}
@@ -186,18 +197,22 @@ func (s *Store) provenanceAt(path string, segment bool, base int64, k messages.K
 	return p, nil
 }
 
-// open opens path (a segment: through the cache) and reads and checks the
-// header (of k's block of n bytes) and provenance at base. release lets
-// the file go.
-func (s *Store) open(path string, segment bool, base int64, k messages.Key, n int) (f File, release func(), h blockfmt.Header, p *messages.Provenance, err error) {
-	f, release, err = s.openRead(path, segment)
+// open opens at's file and reads and checks the header (of k's block of n
+// bytes) and provenance there. release lets the file go.
+func (s *Store) open(at storedAt, k messages.Key, n int) (f File, release func(), h blockfmt.Header, p *messages.Provenance, err error) {
+	f, release, err = s.openRead(at.path, at.keep)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, h, nil, fmt.Errorf("%w: %v", messages.ErrNotFound, k)
 	}
 	if err != nil {
 		return nil, nil, h, nil, ioErr("open", err)
 	}
-	if h, p, err = readHeader(f, base, k, n); err != nil {
+	if at.data != 0 {
+		h, p, err = readEntry(f, at.off, at.data, k, n)
+	} else {
+		h, p, err = readHeader(f, at.off, k, n)
+	}
+	if err != nil {
 		release()
 		return nil, nil, h, nil, err
 	}
@@ -217,6 +232,27 @@ func readHeader(f File, base int64, k messages.Key, n int) (blockfmt.Header, *me
 	if err != nil {
 		return blockfmt.Header{}, nil, err
 	}
+	return checkStored(f, base, h, got, k, n)
+}
+
+// readEntry reads, at off in a version 2 segment, the entry of k's block
+// of n bytes (which it must place at data): its header and provenance.
+func readEntry(f File, off, data int64, k messages.Key, n int) (blockfmt.Header, *messages.Provenance, error) {
+	var buf [headerRead]byte
+	at, h, got, err := readRawEntry(f, off, buf[:], k)
+	switch {
+	case err != nil:
+		return blockfmt.Header{}, nil, err
+	case at != data:
+		return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: entry names a block at %d, not %d", messages.ErrInvalidBlock, k, at, data)
+	}
+	return checkStored(f, off+entryHead, h, got, k, n)
+}
+
+// checkStored checks that decoded header h, at base, is k's block of n
+// bytes, and decodes the provenance section after it: from got (the bytes
+// read from base on) or, when larger, read apart.
+func checkStored(f File, base int64, h blockfmt.Header, got []byte, k messages.Key, n int) (blockfmt.Header, *messages.Provenance, error) {
 	if err := h.Check(k, n); err != nil {
 		return blockfmt.Header{}, nil, err
 	}
@@ -235,6 +271,28 @@ func readHeader(f File, base int64, k messages.Key, n int) (blockfmt.Header, *me
 		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", k, err)
 	}
 	return h, p, nil
+}
+
+// readRawEntry reads up to len(buf) bytes at off, an entry of a version 2
+// segment, and decodes its head and the header after it: the block's
+// offset, the header, and the bytes read from the header on.
+func readRawEntry(f File, off int64, buf []byte, who any) (int64, blockfmt.Header, []byte, error) {
+	got, err := f.ReadAt(buf, off)
+	if got < entryHead+headerSize {
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, blockfmt.Header{}, nil, ioErr("read", err)
+		}
+		return 0, blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated entry", messages.ErrInvalidBlock, who)
+	}
+	data, ok := decodeEntryHead(buf)
+	if !ok {
+		return 0, blockfmt.Header{}, nil, fmt.Errorf("%w: %v: entry head checksum", messages.ErrInvalidBlock, who)
+	}
+	h, err := decodeHeader(buf[entryHead:got])
+	if err != nil {
+		return 0, blockfmt.Header{}, nil, fmt.Errorf("%v: %w", who, err)
+	}
+	return data, h, buf[entryHead:got], nil
 }
 
 // readRawHeader reads up to len(buf) bytes at base and decodes the header

@@ -269,16 +269,11 @@ func (t *Tier) Close(ctx context.Context) error {
 	}
 	l := segLayout{x: t.segs, store: t.store}
 	for _, c := range t.segs.closing() {
-		var err error
-		if c.seal {
-			err = t.store.sealSegment(c.seg.id, c.seg.end, c.offs)
-		} else {
-			err = t.store.removePath(l.path(c.seg))
-		}
-		if err != nil {
+		what, io := l.choreIO(c)
+		if err := io(); err != nil {
 			// NB: not the caller's problem: the next start walks an unsealed
 			// segment, and rescans a file left behind.
-			t.cfg.Log.Warn().Err(err).Str("tier", t.cfg.Name).Uint64("segment", c.seg.id).Msg("fs tier: closing segment failed")
+			t.cfg.Log.Warn().Err(err).Str("chore", what).Str("tier", t.cfg.Name).Uint64("segment", c.seg.id).Msg("fs tier: closing segment failed")
 		}
 	}
 	return nil
