@@ -94,7 +94,7 @@ func TestSegLogRollsWhenTheEntryRegionIsFull(t *testing.T) {
 
 func TestSegLogEvictsWholeSegmentsInLRUOrder(t *testing.T) {
 	seg := int64(segOverhead + 2*cost) // two records a segment
-	x := newSegLog(8*seg, seg, 1) // sealed at seg: an eighth of the capacity
+	x := newSegLog(8*seg, seg, 1)      // sealed at seg: an eighth of the capacity
 	for i := range 16 {
 		logWrite(t, x, benchKey(i))
 	}
@@ -121,8 +121,8 @@ func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
 	x := newSegLog(0, segOverhead+2*cost, 1)
 	first := logWrite(t, x, benchKey(0))
 	logWrite(t, x, benchKey(1))
-	logWrite(t, x, benchKey(2)) // segment 1 full and settled
-	require.Len(t, x.chores(), 1)    // its seal, in flight from now
+	logWrite(t, x, benchKey(2))   // segment 1 full and settled
+	require.Len(t, x.chores(), 1) // its seal, in flight from now
 
 	dropped := func(k messages.Key, at *record) bool {
 		ok, gone := x.drop(k, at)
