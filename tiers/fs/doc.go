@@ -10,17 +10,20 @@
 // temporary file and renamed into place; evicted one block at a time.
 //
 // segments: blocks packed into append-only segment files,
-// root/segments/<16-hex id>.seg (segformat.go). A block is a record
-// (segment, offset, length) holding exactly what a block file holds —
-// header, provenance, bytes — so every read is verified the same way. The
-// actor reserves each record at the end of the one active segment
-// (segLog, in Receive); an I/O worker opens the segment and writes the
-// record there with pwrite, no lock held, several workers at once; the
-// block is indexed only once its bytes are written (and synced with
-// Fsync). A segment is sealed at SegmentBytes (64 MiB; at most an eighth
-// of the capacity): once its writes are done a footer listing its live
-// records' offsets is written. Capacity counts whole segments (dead
-// records included) and is kept by evicting whole segments, least
+// root/segments/<16-hex id>.seg (segformat.go). A segment has two regions:
+// entries at its start, each a block's header and provenance (what a
+// block file holds but the block) and where its block is; and the blocks,
+// each at a block-size-aligned offset, so a block's write covers whole
+// page-cache folios as a sequential file's would. Every read is verified
+// as a block file's is. The actor reserves each record at the ends of the
+// one active segment's two regions (segLog, in Receive); an I/O worker
+// writes the block, then its entry, with pwrite, no lock held, several
+// workers at once; the block is indexed only once both are written (and
+// synced with Fsync). A segment is sealed at SegmentBytes (64 MiB; at most
+// an eighth of the capacity), or earlier when its entries outgrow the
+// region kept for them: once its writes are done a footer listing its live
+// entries is written after its blocks. Capacity counts whole segments
+// (dead records included) and is kept by evicting whole segments, least
 // recently used first (reading or writing a block makes its segment
 // recent). Removing one block (a bad copy, TierDelete) marks its record
 // dead; a segment with no live record left is removed. Segments are not
@@ -28,15 +31,17 @@
 // the live blocks of a cold segment would spend write bandwidth on blocks
 // eviction is about to drop anyway, and would add a copy that races
 // reads; a segment mostly dead is simply evicted whole in its LRU turn. On
-// start the segments are read in id order: a sealed one's records from
+// start the segments are read in id order: a sealed one's entries from
 // its footer (each header checked); one being written when the process
 // stopped is walked from its header, every record verified whole, and
-// truncated after the last good one — its torn tail, counted, never served
-// — then sealed. Block files of the files layout in the same root are read
-// through: indexed, served, evicted and removed like one-block segments,
-// while new blocks go to segments. (The files layout does not read
-// segments.) A dead record in a sealed segment is found again after a
-// restart; a bad one is caught again on read.
+// truncated after the last good block — its torn tail, counted, never
+// served — then sealed. Segments of the first format (records of header,
+// provenance and block back to back) are read, recovered and evicted the
+// same way, never written to. Block files of the files layout in the same
+// root are read through: indexed, served, evicted and removed like
+// one-block segments, while new blocks go to segments. (The files layout
+// does not read segments.) A dead record in a sealed segment is found
+// again after a restart; a bad one is caught again on read.
 //
 // Paths are derived from the key's namespace and hash (block files) or a
 // counter (segments) only, never from any other string. Every byte of file

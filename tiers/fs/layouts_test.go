@@ -639,3 +639,32 @@ func TestSegmentsCapacityShrankKeepsTheNewest(t *testing.T) {
 	assert.LessOrEqual(t, onDisk, 3*seg)
 	assert.Equal(t, 3, h.stats().ScanRemoved)
 }
+
+// A segment that cannot be opened at start (EIO, out of descriptors) is
+// neither served nor removed: the next start serves it.
+func TestSegmentsUnreadableAtStartIsKept(t *testing.T) {
+	root := t.TempDir()
+	t.Run("write", func(t *testing.T) {
+		h := openTier(t, Config{Root: root, Layout: LayoutSegments})
+		for i := range 3 {
+			h.write(i, provOf(i))
+		}
+	})
+	segs, _ := segFiles(t, root)
+	require.Len(t, segs, 1)
+	faulty := NewFaulty(OS{})
+	faulty.Inject(func(op Op, path string) error {
+		if op == OpOpen && path == segs[0] {
+			return syscall.EIO
+		}
+		return nil
+	})
+	t.Run("unreadable", func(t *testing.T) {
+		h := openTier(t, Config{Root: root, Layout: LayoutSegments, FS: faulty})
+		assert.Empty(t, h.Inventory())
+		assert.Equal(t, 1, h.tier.scan.Skipped)
+		assert.Zero(t, h.tier.scan.Removed)
+	})
+	h := openTier(t, Config{Root: root, Layout: LayoutSegments})
+	assert.ElementsMatch(t, keysOfRange(0, 3), h.Inventory(), "served once readable again")
+}

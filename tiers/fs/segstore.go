@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"math"
 	"path/filepath"
@@ -161,7 +162,13 @@ func (s *Store) ScanSegments(blockBytes int, res *ScanResult) ([]segFound, uint6
 			continue
 		}
 		maxID = max(maxID, id)
-		seg, keep := s.scanSegment(id, info.Size(), blockBytes, res)
+		seg, keep, err := s.scanSegment(id, info.Size(), blockBytes, res)
+		if err != nil {
+			// NB: unreadable now (EMFILE, EIO): left for the next start,
+			// neither served nor removed.
+			res.Skipped++
+			continue
+		}
 		if !keep {
 			if s.removePath(s.segPath(id)) == nil {
 				res.Removed++
@@ -195,28 +202,30 @@ type segScan struct {
 }
 
 // scanSegment reads segment id (size bytes): keep is false when it is to
-// be removed.
-func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResult) (seg segFound, keep bool) {
-	path := s.segPath(id)
-	f, err := s.fs.Open(path)
+// be removed; an error when it could not be opened or its header read.
+func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResult) (seg segFound, keep bool, err error) {
+	f, err := s.fs.Open(s.segPath(id))
 	if err != nil {
-		res.Skipped++ // NB: unreadable now; left for the next start
-		return segFound{}, false
+		return segFound{}, false, err
 	}
 	defer f.Close()
 	var hdr [segHeaderSize]byte
-	if n, _ := f.ReadAt(hdr[:], 0); n < segHeaderSize {
-		return segFound{}, false
+	if n, err := f.ReadAt(hdr[:], 0); n < segHeaderSize {
+		if err != nil && !errors.Is(err, io.EOF) {
+			return segFound{}, false, err
+		}
+		return segFound{}, false, nil
 	}
 	head, ok := decodeSegHeader(hdr[:])
 	if !ok || head.id != id || (head.version == segV2 && head.dataBase%segPage != 0) {
-		return segFound{}, false
+		return segFound{}, false, nil
 	}
 	sc := segScan{f: f, head: head, size: size, block: blockBytes}
 	seg = segFound{id: id, size: size}
 	offs, entriesEnd, end, ok := readFooter(f, head, size)
 	if !ok {
-		return s.recoverSegment(sc, seg, res)
+		seg, keep = s.recoverSegment(sc, seg, res)
+		return seg, keep, nil
 	}
 	seg.end = end
 	for i, off := range offs {
@@ -240,7 +249,7 @@ func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResu
 	if head.version == segV2 {
 		seg.size = sc.accounted(entriesEnd, end, len(offs))
 	}
-	return seg, len(seg.recs) > 0
+	return seg, len(seg.recs) > 0, nil
 }
 
 // accounted is what a version 2 segment whose entries end at entriesEnd,
