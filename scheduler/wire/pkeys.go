@@ -167,14 +167,26 @@ func (p *packedKeys) keys(max int) ([]messages.Key, error) {
 		return nil, fmt.Errorf("groups: %d bytes for %d keys (want %d)", len(p.groups), n, 4*n)
 	}
 	keys := make([]messages.Key, n)
-	ns := messages.Namespace(p.ns)
+	ns, groups := messages.Namespace(p.ns), p.seen[pkGroups]
+	var chunk string
 	for i := range keys {
-		// NB: one string per key, copied out of the frame: a key kept by a
-		// tier (index, negative cache) must not pin its whole call's hashes.
-		keys[i] = messages.Key{Namespace: ns, Hash: string(p.hashes[i*p.hashLen : (i+1)*p.hashLen]), Group: p.group}
-		if p.seen[pkGroups] {
+		// NB: the hashes are copied out of the frame hashesPerCopy at a
+		// time, each key's a slice of its copy: a key kept by a tier
+		// (index, lease, negative cache) pins at most that many hashes,
+		// never its whole call's, for one allocation per that many keys
+		// rather than one per key (2,000 keys: ~60 of 73 µs).
+		j := i % hashesPerCopy
+		if j == 0 {
+			end := min(i+hashesPerCopy, n)
+			chunk = string(p.hashes[i*p.hashLen : end*p.hashLen])
+		}
+		keys[i] = messages.Key{Namespace: ns, Hash: chunk[j*p.hashLen : (j+1)*p.hashLen], Group: p.group}
+		if groups {
 			keys[i].Group = binary.BigEndian.Uint32(p.groups[4*i:])
 		}
 	}
 	return keys, nil
 }
+
+// hashesPerCopy is how many decoded hashes share one allocation.
+const hashesPerCopy = 16
