@@ -277,8 +277,10 @@ func stripSession(id string) string {
 func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout time.Duration,
 	reply messages.Reply[T], fill func(*wire.Reply, T)) {
 	sid := s.id
+	// NB: the deadline on the endpoint's clock, so that tests drive it.
+	expired := make(chan struct{})
+	timer := e.cfg.Clock.AfterFunc(timeout, func() { close(expired) })
 	started := e.track.goTracked(func() {
-		timer := time.NewTimer(timeout)
 		defer timer.Stop()
 		var body []byte
 		select {
@@ -290,7 +292,7 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 				fill(rp, r.Value)
 				body = wire.EncodeReply(q.Op, rp, stripSession)
 			}
-		case <-timer.C:
+		case <-expired:
 			body = wire.EncodeError(q.ID, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded))
 		case <-e.done:
 			return
@@ -298,7 +300,9 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		e.reply(peer, body)
 		e.system.Root.Send(e.pid, &callDone{session: sid})
 	})
-	if started {
-		s.inflight++
+	if !started {
+		timer.Stop()
+		return
 	}
+	s.inflight++
 }

@@ -1,0 +1,162 @@
+package scheduler
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// stallingBridge is a bridge that hands every Lookup to the test instead
+// of answering it (a stalled bridge cannot be produced for real on demand),
+// and releases sessions at once.
+type stallingBridge struct{ lookups chan<- *messages.Lookup }
+
+func (b stallingBridge) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.Lookup:
+		b.lookups <- m
+	case *messages.ReleaseSession:
+		m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open)}, nil)
+	}
+}
+
+// rawSession is an engine speaking frames on the endpoint's unix socket.
+type rawSession struct {
+	t    testing.TB
+	conn net.Conn
+	id   uint64
+}
+
+// call sends q and reads the next frame, which must be q's reply.
+func (s *rawSession) call(q *wire.Request) *wire.Reply {
+	s.t.Helper()
+	s.send(q)
+	rp := s.next(q.Op)
+	require.Equal(s.t, q.ID, rp.ID, "the next frame answers %s", q.Op)
+	return rp
+}
+
+func (s *rawSession) send(q *wire.Request) {
+	s.t.Helper()
+	s.id++
+	q.ID = s.id
+	require.NoError(s.t, wire.WriteFrame(s.conn, wire.EncodeRequest(q)))
+}
+
+// next reads the next frame, as a reply to op.
+func (s *rawSession) next(op wire.Op) *wire.Reply {
+	s.t.Helper()
+	require.NoError(s.t, s.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	frame, err := wire.ReadFrame(s.conn)
+	require.NoError(s.t, err)
+	rp, err := wire.DecodeReply(frame, op)
+	require.NoError(s.t, err)
+	return rp
+}
+
+// stalled starts an endpoint on a unix socket in front of a stalling
+// bridge, its timers on a manual clock, and says hello: the session, the
+// Lookups the bridge got, the clock.
+func stalled(t *testing.T) (*rawSession, <-chan *messages.Lookup, *supervision.ManualClock) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	lookups := make(chan *messages.Lookup, 1)
+	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return stallingBridge{lookups: lookups} }))
+	clock := supervision.NewManualClock(time.Unix(1, 0))
+	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(t.TempDir(), "e.sock")},
+		Clock: clock, Grace: time.Hour, CallTimeout: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	e.Start(system, system.Root.Spawn(e.Props()), bridge)
+	conn, err := net.Dial("unix", strings.TrimPrefix(e.Addr(), "unix://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	s := &rawSession{t: t, conn: conn}
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpHello, Client: "test"}).Err)
+	return s, lookups, clock
+}
+
+var twoKeys = []messages.Key{{Namespace: "ns", Hash: "a"}, {Namespace: "ns", Hash: "b"}}
+
+// A call the bridge does not answer within its timeout is answered
+// TIMEOUT by the endpoint, and counted as over: the session can still be
+// released. The bridge's late answer then sends nothing.
+func TestEndpointAnswersACallTheBridgeNeverAnswers(t *testing.T) {
+	s, lookups, clock := stalled(t)
+	s.send(&wire.Request{Op: wire.OpLookup, Req: &messages.ReqContext{RequestID: "r"}, Keys: twoKeys, Timeout: time.Second})
+	late := <-lookups // NB: the call's timer is armed before the bridge has it
+	clock.Advance(time.Second)
+	rp := s.next(wire.OpLookup)
+	require.NotNil(t, rp.Err, "the timer answers")
+	require.Equal(t, wire.CodeTimeout, rp.Err.Code)
+	late.Reply.Answer([]messages.LookupStatus{messages.Hit, messages.Hit}, nil) // NB: synchronous: a reply would be queued now
+
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpPing}).Err, "the next frame is the ping's: the late answer sent nothing")
+	bye := s.call(&wire.Request{Op: wire.OpBye})
+	require.Nil(t, bye.Err, "released: the timed-out call was counted as over")
+	require.Equal(t, 1, bye.Released.Requests, "with the request the lookup opened")
+}
+
+// An answer in time is the reply, and the call's timer then answers
+// nothing.
+func TestEndpointRepliesWithTheBridgesAnswer(t *testing.T) {
+	s, lookups, clock := stalled(t)
+	s.send(&wire.Request{Op: wire.OpLookup, Req: &messages.ReqContext{RequestID: "r"}, Keys: twoKeys, Timeout: time.Second})
+	(<-lookups).Reply.Answer([]messages.LookupStatus{messages.Hit, messages.Miss}, nil)
+	rp := s.next(wire.OpLookup)
+	require.Nil(t, rp.Err)
+	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss}, rp.Status)
+
+	clock.Advance(time.Minute) // past the call's timeout: its timer was stopped
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpPing}).Err, "the next frame is the ping's: no TIMEOUT")
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpBye}).Err)
+}
+
+// answeringBridge answers every Lookup at once, all HITs.
+type answeringBridge struct{}
+
+func (answeringBridge) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.Lookup:
+		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
+	case *messages.ReleaseSession:
+		m.Reply.Answer(messages.SessionReleased{}, nil)
+	}
+}
+
+// BenchmarkEndpointLookupRoundTrip is one engine's 16-key Lookups, one at a
+// time, over the unix transport, against a bridge that answers at once:
+// the endpoint's own hops (reader, actor, reply, writer), no tier.
+func BenchmarkEndpointLookupRoundTrip(b *testing.B) {
+	system := actor.NewActorSystem()
+	defer system.Shutdown()
+	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return answeringBridge{} }))
+	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock")},
+		Grace: time.Hour, CallTimeout: time.Hour})
+	require.NoError(b, err)
+	defer e.Close()
+	e.Start(system, system.Root.Spawn(e.Props()), bridge)
+	conn, err := net.Dial("unix", strings.TrimPrefix(e.Addr(), "unix://"))
+	require.NoError(b, err)
+	defer conn.Close()
+	s := &rawSession{t: b, conn: conn}
+	s.call(&wire.Request{Op: wire.OpHello, Client: "bench"})
+	keys := make([]messages.Key, 16)
+	for i := range keys {
+		keys[i] = messages.Key{Namespace: "ns", Hash: string(rune('a' + i))}
+	}
+	q := &wire.Request{Op: wire.OpLookup, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys}
+	b.ResetTimer()
+	for range b.N {
+		s.call(q)
+	}
+}
