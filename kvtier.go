@@ -29,6 +29,7 @@ import (
 type Node struct {
 	cfg      Config
 	system   *actor.ActorSystem
+	dispatch *actors.WarmDispatcher // runs the actors' mailboxes
 	guardian *actor.PID
 	bridge   *actor.PID
 	pool     *cpu.Pool
@@ -129,10 +130,15 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	children = append(children, tierKids...)
 	children = append(children, peerKids...)
 	children = append(hub, children...)
+	n.dispatch = actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
+	for _, c := range children {
+		c.Props.Configure(actor.WithDispatcher(n.dispatch))
+	}
 	spawned := make(chan map[string]*actor.PID, 1)
 	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), guardianName)
 	if err != nil {
 		n.system.Shutdown()
+		n.dispatch.Close()
 		return fmt.Errorf("spawn guardian: %w", err)
 	}
 	n.guardian = guardian
@@ -285,6 +291,7 @@ func (n *Node) stopActors(ctx context.Context) error {
 	}
 	close(n.stopped)
 	n.system.Shutdown()
+	n.dispatch.Close()
 	supervision.DetachFaults(n.system)
 	return err
 }
