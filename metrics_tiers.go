@@ -29,6 +29,7 @@ var tierMetricHelp = map[string]string{
 	"tier_invalid_blocks_total":         "Stored blocks found invalid and removed, never served.",
 	"tier_writes_full_total":            "Writes refused for lack of room (capacity, ENOSPC).",
 	"tier_evictions_total":              "Blocks evicted from a secondary tier for capacity.",
+	"tier_chore_failures_total":         "Housekeeping I/O of an fs tier that failed: segment seals (at start too) and removals; an unsealed segment is walked again at the next start.",
 	"promotions_full_total":             "Promotions refused because the CPU tier had no slot.",
 	"promotions_busy_total":             "Promotion reads a tier refused for back-pressure (I/O queue full): asked again later, never taken as absent.",
 	"secondary_lookups_timed_out_total": "Keys whose secondary lookup passed its deadline (answered MISS).",
@@ -78,6 +79,7 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		counter("tier_invalid_blocks_total", float64(t.Invalid), t.Name)
 		counter("tier_writes_full_total", float64(t.WritesFull), t.Name)
 		counter("tier_evictions_total", float64(t.Evictions), t.Name)
+		counter("tier_chore_failures_total", float64(t.ChoreFailures), t.Name)
 		gauge("tier_blocks", float64(t.Blocks), t.Name)
 		gauge("tier_bytes", float64(t.Bytes), t.Name)
 		gauge("tier_healthy", oneIf(t.Healthy), t.Name)

@@ -115,6 +115,11 @@ type SecondaryStats struct {
 	ScannedBlocks  int    `json:"scanned_blocks"`   // blocks found by the start-up scan
 	ScanRemoved    int    `json:"scan_removed"`     // leftovers removed by the start-up scan
 	RetriedIOCalls uint64 `json:"retried_io_calls"` // transient failures retried
+	// ChoreFailures is housekeeping I/O that failed (fs segments layout):
+	// a segment's seal (its footer; at start, a torn segment's) or its
+	// removal. Blocks are not lost by it: an unsealed segment is walked and
+	// sealed at the next start, a file left behind is rescanned.
+	ChoreFailures uint64 `json:"chore_failures"`
 
 	// The P2P tier's: lookups it was asked, the PeerLookup messages they
 	// sent (the directory's saving), and its directory's size.

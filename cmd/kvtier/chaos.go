@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/chaos"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // chaosOptions are the flags of `kvtier chaos`.
@@ -28,6 +29,7 @@ type chaosOptions struct {
 	maxDelay  time.Duration
 	engines   int
 	spare     []string
+	fsLayout  string
 	json      bool
 	shrink    time.Duration
 	shrinkOut string
@@ -71,6 +73,10 @@ those faults again.
 --faults takes kinds, layers (message, engine, fs, obj, clock, peer), "all" and
 "none"; "-kind" removes one (e.g. all,-panic).
 
+--fs-layout segments runs the fs tiers with blocks packed in append-only
+segment files (the fs, disk-full faults and checks included) instead of one
+file per block.
+
 --soak DURATION runs consecutive seeds from --seed, each for --duration (the
 last one for what is left), until DURATION has passed; it prints one line per
 seed (one JSON object with --json) and a summary, and fails if any seed
@@ -88,6 +94,7 @@ violated an invariant.`,
 	f.DurationVar(&o.maxDelay, "max-delay", chaos.DefaultMaxDelay, "longest message delay or slow I/O")
 	f.IntVar(&o.engines, "engines", def.Engines, "simulated engine scheduler threads")
 	f.StringSliceVar(&o.spare, "spare", nil, "actors never made to panic (bridge, cpu, tiering, tier-fs, tier-obj, events, session)")
+	f.StringVar(&o.fsLayout, "fs-layout", fs.LayoutFiles, "the fs tiers' layout: files (one file per block) or segments (append-only segment files)")
 	f.BoolVar(&o.json, "json", false, "print the report as one JSON object")
 	f.DurationVar(&o.shrink, "shrink-time", 2*time.Minute, "time allowed to shrink a violation's fault sequence (0: no shrinking)")
 	f.StringVar(&o.shrinkOut, "shrink-out", "", "write the shrunk fault sequence here (default kvtier-chaos-SEED-faults.json)")
@@ -135,7 +142,7 @@ func runSeed(ctx context.Context, o chaosOptions) (*chaos.Report, error) {
 		return nil, err
 	}
 	opts := chaos.Options{Scenario: o.scenario, Seed: o.seed, Duration: o.duration, Kinds: kinds, Rate: o.rate,
-		MaxDelay: o.maxDelay, Spare: o.spare, Shrink: o.shrink, Dir: o.dir, Versitygw: o.versitygw}
+		MaxDelay: o.maxDelay, Spare: o.spare, FSLayout: o.fsLayout, Shrink: o.shrink, Dir: o.dir, Versitygw: o.versitygw}
 	opts.Engine.Engines = o.engines
 	if o.verbose {
 		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Logger()

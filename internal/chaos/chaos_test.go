@@ -621,7 +621,7 @@ func TestJumpOfSpansOneToThirtySecondsBothWays(t *testing.T) {
 func TestFullFSRefusesTearsAndRecovers(t *testing.T) {
 	root := t.TempDir()
 	d := &disk{}
-	full := newFullFS(d)
+	full := newFullFS(d, 4096)
 	store := fs.NewStore(full, root, true)
 	src := make([]byte, 4096)
 	_, _ = rand.Read(src)

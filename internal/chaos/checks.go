@@ -118,29 +118,33 @@ func checkQuiet(ctx context.Context, rs *runState, n *nodeUnderTest) {
 }
 
 // checkDisk checks the node's fs tier absorbed the run's full disk: every
-// block write the disk refused (ENOSPC) was counted as a full write by the
-// tier and as a shed cascade by the tiering actor — none lost silently —
-// no torn temporary file is left, the tier's index accounts for exactly
-// the block files on disk (a refused write leaks neither a file nor the
-// room it reserved), and once the disk had room again the blocks it took
+// write the disk refused (ENOSPC) was counted by the tier, as a full write
+// or (a segment's seal) a failed chore, and each of them but the chores as
+// a shed cascade by the tiering actor — none lost silently —
+// no torn temporary file is left, what the root holds is what the tier
+// accounts (accounts), and once the disk had room again the blocks it took
 // were stored. Run after checkQuiet (its stats).
 func checkDisk(rs *runState, n *nodeUnderTest) {
 	var problems []string
 	refused, fsStats := n.disk.refused.Load(), fsTierStats(n.tiering)
-	if fsStats.WritesFull < refused {
-		problems = append(problems, fmt.Sprintf("the disk refused %d block writes, the fs tier counted %d full", refused, fsStats.WritesFull))
+	chores := fsStats.ChoreFailures
+	if fsStats.WritesFull+chores < refused {
+		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the fs tier counted %d full and %d failed chores",
+			refused, fsStats.WritesFull, chores))
 	}
-	if shed := n.tiering.CascadeDropped[fsStats.Name]; shed < refused {
-		problems = append(problems, fmt.Sprintf("the disk refused %d block writes, the tiering actor counted %d cascades shed", refused, shed))
+	if shed := n.tiering.CascadeDropped[fsStats.Name]; shed+chores < refused {
+		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the tiering actor counted %d cascades shed (and the tier %d failed chores)",
+			refused, shed, chores))
 	}
 	switch disk, err := scanRoot(n.fsRoot); {
 	case err != nil:
 		problems = append(problems, fmt.Sprintf("scan of %s: %v", n.fsRoot, err))
 	case len(disk.torn) > 0:
 		problems = append(problems, fmt.Sprintf("%d temporary block files left behind: %s", len(disk.torn), sample(disk.torn)))
-	case disk.blocks != fsStats.Blocks || disk.bytes != fsStats.Bytes:
-		problems = append(problems, fmt.Sprintf("the fs tier indexes %d blocks of %d bytes, its root holds %d of %d bytes",
-			fsStats.Blocks, fsStats.Bytes, disk.blocks, disk.bytes))
+	default:
+		if p := accounts(rs.opts.segments(), disk, fsStats, int64(rs.nodeCfg.BlockBytes)); p != "" {
+			problems = append(problems, p)
+		}
 	}
 	if p := recovered(rs, n); p != "" {
 		problems = append(problems, p)
@@ -152,11 +156,48 @@ func checkDisk(rs *runState, n *nodeUnderTest) {
 	rs.pass(invDiskFull)
 }
 
+// accounts compares what an fs tier's root holds with what the tier
+// accounts (its Blocks and Bytes), once the tier is quiet; "" when they
+// agree. A refused write must leak neither a file nor room.
+//
+// Files layout: exactly — the tier indexes every block file, and its bytes
+// are the files' sizes.
+//
+// Segments layout: the tier accounts whole segments, a failed record's room
+// included (dead until its segment goes), and a segment's room at least as
+// the bytes its file takes once sealed (tiers/fs seglog.go), so exact counts
+// cannot be had from the files. What holds: the room the segment files take
+// (roomOf, a hole taking none) and the block files read through is at most
+// what the tier accounts — a segment file it forgot, or one it stopped
+// accounting before its removal, breaks it — and at least its indexed
+// blocks' bytes; and it accounts no more than its capacity.
+func accounts(segments bool, disk onDisk, st messages.SecondaryStats, blockBytes int64) string {
+	if !segments {
+		if disk.blocks != st.Blocks || disk.bytes != st.Bytes {
+			return fmt.Sprintf("the fs tier indexes %d blocks of %d bytes, its root holds %d of %d bytes",
+				st.Blocks, st.Bytes, disk.blocks, disk.bytes)
+		}
+		return ""
+	}
+	taken := disk.bytes + disk.segRoom
+	switch {
+	case taken > st.Bytes:
+		return fmt.Sprintf("the fs tier accounts %d bytes, its root takes %d (%d segment files, %d block files)",
+			st.Bytes, taken, disk.segments, disk.blocks)
+	case int64(st.Blocks)*blockBytes > taken:
+		return fmt.Sprintf("the fs tier indexes %d blocks of %d bytes, its root takes only %d (%d segment files, %d block files)",
+			st.Blocks, blockBytes, taken, disk.segments, disk.blocks)
+	case st.Capacity > 0 && st.Bytes > st.Capacity:
+		return fmt.Sprintf("the fs tier accounts %d bytes, over its capacity of %d", st.Bytes, st.Capacity)
+	}
+	return ""
+}
+
 // recovered checks the node's fs tier stored blocks once the disk had room
-// again: a violation when the disk took diskRecoveryWrites block files
-// since its last window and none was published; a note when it could not
-// tell (the window ended too close to the engines' stop, or no new block
-// reached the disk since).
+// again: a violation when the disk took diskRecoveryWrites blocks since its
+// last window and none was published (fullFS.count says what that is in
+// each layout); a note when it could not tell (the window ended too close
+// to the engines' stop, or no new block reached the disk since).
 func recovered(rs *runState, n *nodeUnderTest) string {
 	windows, lastEnd := rs.disk.ended()
 	if windows == 0 {
@@ -169,9 +210,9 @@ func recovered(rs *runState, n *nodeUnderTest) string {
 		rs.note("%s: the disk was full until %v before the engines stopped: too late to expect a write after it", n.name, left)
 	case stored > 0:
 	case created >= diskRecoveryWrites:
-		return fmt.Sprintf("the disk took %d block files since it had room again (%v before the engines stopped), none was stored", created, left)
+		return fmt.Sprintf("the disk took %d blocks since it had room again (%v before the engines stopped), none was stored", created, left)
 	default:
-		rs.note("%s: %d block files reached the disk in the %v after its last full window: too few to tell it stores again", n.name, created, left)
+		rs.note("%s: %d blocks reached the disk in the %v after its last full window: too few to tell it stores again", n.name, created, left)
 	}
 	return ""
 }

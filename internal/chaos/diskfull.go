@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/fs"
@@ -25,6 +27,17 @@ import (
 // CascadeDropped), remove what it tore, never serve it (its checksums;
 // no-wrong-bytes and no-corrupt-committed), and store again once there is
 // room: the disk-full-absorbed invariant.
+//
+// Both layouts of the fs tier meet it (Options.FSLayout). The files layout
+// creates a temporary file per block (Create), writes it (Write) and renames
+// it into place. The segments layout opens a segment file (OpenWrite: a
+// create when the segment is new) and writes each record with WriteAt —
+// one call per buffer under these wrappers: the block, then its entry (the
+// segment header first, for a segment's first record) — and seals a
+// segment by writing its header and footer (WriteAt). Every write fails
+// while the disk is full, so a seal is refused too: that is no block's
+// write: the tier counts it as a failed chore (ChoreFailures; at start, a
+// torn segment's seal too), the segment read unsealed.
 //
 // The seam is the fs tier's own (Config.FS, the fs.FS it does every call
 // through): fullFS is the innermost layer, under the fs-error/fs-slow
@@ -46,8 +59,12 @@ const (
 	diskFullMargin = 3 * diskRecovery / 2
 )
 
-// tmpMarker marks the fs tier's temporary block files (tiers/fs format.go).
-const tmpMarker = ".tmp."
+// tmpMarker marks the fs tier's temporary block files (tiers/fs format.go);
+// segExt names its segment files (segformat.go). Neither is exported.
+const (
+	tmpMarker = ".tmp."
+	segExt    = ".seg"
+)
 
 // errDiskFull is what a full disk answers.
 var errDiskFull = syscall.ENOSPC
@@ -127,23 +144,33 @@ func startDiskFull(rs *runState) (stop func()) {
 
 // fullFS is one node incarnation's view of the run's disk: the OS's
 // filesystem, failing creates, writes and syncs with ENOSPC while the disk
-// is full. It counts the block writes it failed (the store gives a block up
-// at its first error, so each refusal is one block), and the block files
-// created and published since the last window ended.
+// is full. It counts the calls it failed: each is a block's write — the
+// store gives a block up at its first error, so each such refusal is one
+// block — or a segment's seal (segments layout). And it counts the blocks
+// the disk took and published since the last window ended (count).
+//
+// Invariant: the fs tier's WritesFull + ChoreFailures ≥ refused (a full
+// write or a failed chore it counted without a refusal: its capacity,
+// fs-error's faults, which fail the call above this layer).
 type fullFS struct {
 	fs.FS
 	d       *disk
+	block   int // the node's block size: a write of as many bytes is a block's
 	refused atomic.Uint64
 
 	mu      sync.Mutex
 	epoch   int // windows ended when created and stored were counted from
-	created int // block files the disk took since then
-	stored  int // of them, renamed into place
+	created int // blocks the disk took since then
+	stored  int // of them, published
 }
 
-func newFullFS(d *disk) *fullFS { return &fullFS{FS: fs.OS{}, d: d} }
+func newFullFS(d *disk, blockBytes int) *fullFS { return &fullFS{FS: fs.OS{}, d: d, block: blockBytes} }
 
-// count adds created and stored files, counting from the last window's end.
+// count adds created and stored blocks, counting from the last window's
+// end. A block is created when its bytes start to reach the disk and
+// stored when the tier publishes it: the files layout's Create and Rename
+// of its temporary file; the segments layout's WriteAt of its bytes and of
+// its header (landed).
 func (f *fullFS) count(created, stored int) {
 	windows, _ := f.d.ended()
 	f.mu.Lock()
@@ -173,7 +200,7 @@ func (f *fullFS) refuse(op, name string) error {
 	return &os.PathError{Op: op, Path: name, Err: errDiskFull}
 }
 
-// Create implements fs.FS.
+// Create implements fs.FS: a block's temporary file (files layout).
 func (f *fullFS) Create(name string) (fs.File, error) {
 	if f.d.full.Load() {
 		return nil, f.refuse("open", name)
@@ -186,7 +213,27 @@ func (f *fullFS) Create(name string) (fs.File, error) {
 	return fullFile{File: in, fs: f, name: name}, nil
 }
 
-// Rename implements fs.FS: a block published.
+// OpenWrite implements fs.FS: a segment file, opened to write a record or
+// a seal. A full disk refuses it when it creates the file (a new segment);
+// opening a file that exists takes no room, and never fails so on a real
+// disk.
+func (f *fullFS) OpenWrite(name string) (fs.File, error) {
+	if f.d.full.Load() && !exists(name) {
+		return nil, f.refuse("open", name)
+	}
+	in, err := f.FS.OpenWrite(name)
+	if err != nil {
+		return nil, err
+	}
+	return fullFile{File: in, fs: f, name: name}, nil
+}
+
+func exists(name string) bool {
+	_, err := os.Lstat(name)
+	return err == nil
+}
+
+// Rename implements fs.FS: a block published (files layout).
 func (f *fullFS) Rename(oldpath, newpath string) error {
 	if err := f.FS.Rename(oldpath, newpath); err != nil {
 		return err
@@ -213,6 +260,44 @@ func (w fullFile) Write(p []byte) (int, error) {
 	return n, w.fs.refuse("write", w.name)
 }
 
+// WriteAt lands half of p and fails when the disk is full, as Write does:
+// the record (or the seal) is torn.
+func (w fullFile) WriteAt(p []byte, off int64) (int, error) {
+	if !w.fs.d.full.Load() {
+		n, err := w.File.WriteAt(p, off)
+		if err == nil {
+			w.fs.landed(p)
+		}
+		return n, err
+	}
+	n, err := w.File.WriteAt(p[:len(p)/2], off)
+	if err != nil {
+		return n, err
+	}
+	return n, w.fs.refuse("write", w.name)
+}
+
+// landed counts a segment write that reached the disk whole: a block's
+// bytes (as many as the node's block: no entry, header or footer is) are a
+// block the disk took; a block's header (tiers/blockfmt: the stored block's
+// header and provenance, its entry's last part) publishes it — the tier
+// writes a record's block, then its entry (tiers/fs doc.go), and indexes it
+// once both landed. Nothing else a segment holds decodes as a block's
+// header.
+func (f *fullFS) landed(p []byte) {
+	switch {
+	case len(p) == f.block:
+		f.count(1, 0)
+	case isBlockHeader(p):
+		f.count(0, 1)
+	}
+}
+
+func isBlockHeader(p []byte) bool {
+	_, err := blockfmt.Decode(p)
+	return err == nil
+}
+
 // Sync fails when the disk is full, as a delayed allocation that finds no
 // room does.
 func (w fullFile) Sync() error {
@@ -223,12 +308,15 @@ func (w fullFile) Sync() error {
 }
 
 // onDisk is what an fs tier's root holds: its block files and their
-// bytes, and the temporary files left behind (a write that failed — a full
-// disk tears it — must remove its own).
+// bytes, its segment files and the room they take, and the temporary
+// files left behind (a write that failed — a full disk tears it — must
+// remove its own; the segments layout makes none).
 type onDisk struct {
-	blocks int
-	bytes  int64
-	torn   []string
+	blocks   int
+	bytes    int64
+	segments int
+	segRoom  int64
+	torn     []string
 }
 
 // scanRoot walks an fs tier's root.
@@ -251,8 +339,63 @@ func scanRoot(root string) (onDisk, error) {
 			}
 			out.blocks++
 			out.bytes += info.Size()
+		case strings.HasSuffix(e.Name(), segExt):
+			switch room, err := roomOf(path); {
+			case errors.Is(err, iofs.ErrNotExist): // removed since the listing
+			case err != nil:
+				return err
+			default:
+				out.segments++
+				out.segRoom += room
+			}
 		}
 		return nil
 	})
 	return out, err
+}
+
+// roomOf is the room a file takes on disk: the bytes of its data extents
+// (SEEK_DATA/SEEK_HOLE: a hole, such as a segment's between its entry and
+// data regions, takes none), and no more than its allocated blocks. Each
+// alone can overstate it — allocated blocks count XFS's speculative
+// preallocation past the end of a file being written, and a filesystem
+// that does not report holes reports the whole file as data — never
+// understate it, but on a filesystem that compresses.
+func roomOf(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	room := dataBytes(int(f.Fd()), info.Size())
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		room = min(room, st.Blocks*512)
+	}
+	return room, nil
+}
+
+// dataBytes sums the data extents of the open file fd of size bytes (the
+// whole file where the filesystem does not tell).
+func dataBytes(fd int, size int64) int64 {
+	var total int64
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			if err == unix.ENXIO { // no data past off
+				return total
+			}
+			return size
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return size
+		}
+		total += min(hole, size) - data
+		off = hole
+	}
+	return total
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 )
 
@@ -32,6 +33,9 @@ type Options struct {
 	// "tier-fs", "tier-obj" or "tier-*" for every secondary tier, "events").
 	Spare  []string
 	Engine EngineConfig
+	// FSLayout is the fs tiers' layout (tiers/fs Config.Layout): "files"
+	// (""; one file per block) or "segments" (append-only segment files).
+	FSLayout string
 
 	// Plan replaces the seeded plan (the shrinker replays a Script).
 	Plan supervision.Plan
@@ -131,5 +135,11 @@ func (o Options) Command() string {
 	if def := DefaultEngineConfig(); o.Engine.Engines != def.Engines {
 		cmd += fmt.Sprintf(" --engines %d", o.Engine.Engines)
 	}
+	if o.segments() {
+		cmd += " --fs-layout " + o.FSLayout
+	}
 	return cmd
 }
+
+// segments reports whether the fs tiers keep their blocks in segments.
+func (o Options) segments() bool { return o.FSLayout == fs.LayoutSegments }

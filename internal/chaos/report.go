@@ -18,6 +18,8 @@ type Report struct {
 	Seed     uint64   `json:"seed"`
 	Duration string   `json:"duration"`
 	Kinds    []string `json:"fault_kinds"`
+	// FSLayout is the fs tiers' layout when it is not the default (files).
+	FSLayout string `json:"fs_layout,omitempty"`
 
 	FaultsInjected int               `json:"faults_injected"`
 	FaultsByKind   map[string]uint64 `json:"faults_by_kind"` // every enabled kind, 0 included
@@ -105,14 +107,24 @@ type NodeReport struct {
 	// ClockOffset is how far the node's wall clock was stepped from the
 	// real one by clock-jump, all steps summed.
 	ClockOffset time.Duration `json:"clock_offset_ns,omitempty"`
-	// DiskFullRefused are the block writes a full disk refused with ENOSPC
+	// DiskFullRefused are the writes a full disk refused with ENOSPC
 	// (disk-full; the last incarnation's): each must be counted by the fs
 	// tier as a full write (its writes_full) and by the tiering actor as a
-	// shed cascade (cascade_dropped).
+	// shed cascade (cascade_dropped), or (a segment's seal) by the tier as
+	// a failed chore (chore_failures).
 	DiskFullRefused uint64 `json:"disk_full_refused,omitempty"`
 	// Tiering is the secondary tiers' view: promotions, cascades, each
 	// tier's reads, failures, invalid blocks caught, health transitions.
 	Tiering messages.TieringStats `json:"tiering"`
+}
+
+// fsLayoutOf is the run's fs layout as the report names it: "" for the
+// default.
+func fsLayoutOf(o Options) string {
+	if o.segments() {
+		return o.FSLayout
+	}
+	return ""
 }
 
 // report builds the run's report.
@@ -121,7 +133,7 @@ func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report 
 		rs.pass(inv)
 	}
 	s := rs.stats
-	r := &Report{Scenario: rs.opts.Scenario, Seed: rs.opts.Seed, Duration: rs.opts.Duration.String(),
+	r := &Report{Scenario: rs.opts.Scenario, Seed: rs.opts.Seed, Duration: rs.opts.Duration.String(), FSLayout: fsLayoutOf(rs.opts),
 		FaultsInjected: rs.ledger.Total(), FaultsByKind: map[string]uint64{}, OperationsByCall: map[string]CallReport{},
 		Requests: s.requests.Load(), Recomputes: s.faultRecomputed.Load(), FaultedRequests: s.faultedRequests.Load(),
 		VoidedLoads: s.voidedLoads.Load(), StalledJobs: s.stalledJobs.Load(), LateStores: s.lateStores.Load(),
@@ -195,7 +207,11 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // WriteText writes the report for a human.
 func (r *Report) WriteText(w io.Writer) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
-	p("kvtier chaos: scenario %s, seed %d, %s (%.1f s wall)", r.Scenario, r.Seed, r.Duration, r.WallSeconds)
+	layout := ""
+	if r.FSLayout != "" {
+		layout = ", fs layout " + r.FSLayout
+	}
+	p("kvtier chaos: scenario %s%s, seed %d, %s (%.1f s wall)", r.Scenario, layout, r.Seed, r.Duration, r.WallSeconds)
 	p("faults       %d injected: %s", r.FaultsInjected, kvList(r.FaultsByKind))
 	if len(r.KindsNotExercised) > 0 {
 		p("             not exercised: %s", strings.Join(r.KindsNotExercised, ", "))
@@ -230,7 +246,7 @@ func (r *Report) WriteText(w io.Writer) {
 				t.Name, t.Reads, t.ReadFailures, t.Invalid, t.Writes, t.WriteFailures, t.WritesFull, t.Unhealthy)
 		}
 		if n.ClockOffset != 0 || n.DiskFullRefused > 0 {
-			p("             wall clock stepped %v in all; %d block writes refused by a full disk", n.ClockOffset, n.DiskFullRefused)
+			p("             wall clock stepped %v in all; %d writes refused by a full disk", n.ClockOffset, n.DiskFullRefused)
 		}
 		if n.Kills > 0 {
 			p("             killed and restarted %d times", n.Kills)

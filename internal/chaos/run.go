@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 )
 
@@ -25,6 +26,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	opts = opts.withDefaults()
 	scenario, err := ScenarioByName(opts.Scenario)
 	if err != nil {
+		return nil, err
+	}
+	if err := fs.ValidLayout(opts.FSLayout); err != nil {
 		return nil, err
 	}
 	for _, k := range opts.Kinds {

@@ -147,12 +147,12 @@ func openInto(ctx context.Context, rs *runState, e *env, n *nodeUnderTest, dir s
 	if n.clock == nil {
 		n.clock = supervision.NewJumpClock(nil) // the node's machine clock: it outlives a kill
 	}
-	full, fsRoot := newFullFS(rs.disk), filepath.Join(e.dir, dir, "fs")
+	full, fsRoot := newFullFS(rs.disk, chaosBlockBytes), filepath.Join(e.dir, dir, "fs")
 	cfg := singleConfig()
 	cfg.Clock = n.clock
 	cfg.SecondaryTiers = []kvtier.TierConfig{
 		{Kind: tiers.KindFS, Root: fsRoot, Capacity: kvtier.ByteSize(chaosFSBlocks * chaosBlockBytes),
-			FS: chaosFS(rs.gate, full)},
+			Layout: rs.opts.FSLayout, FS: chaosFS(rs.gate, full)},
 		{Kind: tiers.KindObj, Endpoint: e.s3.Endpoint, Bucket: bucket, AccessKey: objtest.AccessKey,
 			SecretKey: objtest.SecretKey, ObjClient: chaosObjClient(rs.gate, s3)},
 	}

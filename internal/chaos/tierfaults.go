@@ -25,7 +25,7 @@ import (
 
 var fsOps = map[fs.Op]string{fs.OpCreate: "create", fs.OpOpen: "open", fs.OpWrite: "write", fs.OpRead: "read",
 	fs.OpSync: "sync", fs.OpClose: "close", fs.OpRename: "rename", fs.OpRemove: "remove", fs.OpMkdir: "mkdir",
-	fs.OpReadDir: "readdir"}
+	fs.OpReadDir: "readdir", fs.OpTruncate: "truncate"}
 
 // fsFailable are the calls an fs-error fault may fail; the others only
 // slow down (a failed remove or close is not a fault the tier reports).

@@ -668,3 +668,36 @@ func TestSegmentsUnreadableAtStartIsKept(t *testing.T) {
 	h := openTier(t, Config{Root: root, Layout: LayoutSegments})
 	assert.ElementsMatch(t, keysOfRange(0, 3), h.Inventory(), "served once readable again")
 }
+
+// A seal that fails is counted (ChoreFailures), and loses nothing: the
+// segment is read as it is, and walked and sealed at the next start.
+func TestSegmentsFailedSealCountedNothingLost(t *testing.T) {
+	root := t.TempDir()
+	faulty := NewFaulty(OS{})
+	cfg := Config{Root: root, Layout: LayoutSegments, FS: faulty, SegmentBytes: segOverhead + 2*recCost(nil)}
+	t.Run("write", func(t *testing.T) {
+		h := openTier(t, cfg)
+		h.write(0, nil)
+		h.write(1, nil) // segment 1 full
+		first := segPath(root, 1)
+		faulty.Inject(func(op Op, path string) error {
+			if op == OpWrite && path == first {
+				return syscall.EIO
+			}
+			return nil
+		})
+		h.write(2, nil) // rolls: segment 1's seal is due, and fails
+		s := h.quiesce()
+		assert.Equal(t, uint64(1), s.ChoreFailures)
+		_, _, sealed := readFooterOf(t, first)
+		assert.False(t, sealed)
+		for i := range 3 {
+			src, _ := evSrc(i)
+			h.readsAs(i, src)
+		}
+	})
+	h := openTier(t, Config{Root: root, Layout: LayoutSegments, SegmentBytes: cfg.SegmentBytes})
+	assert.ElementsMatch(t, keysOfRange(0, 3), h.Inventory())
+	assert.Zero(t, h.tier.scan.Torn)
+	assert.Zero(t, h.stats().ChoreFailures)
+}

@@ -109,7 +109,8 @@ func Open(cfg Config) (*Tier, error) {
 	}
 	removed := t.scan.Removed + over + t.scan.Torn
 	t.stats = messages.SecondaryStats{Name: cfg.Name, Kind: tiers.KindFS, Healthy: true,
-		ScannedBlocks: t.l.Blocks(), ScanRemoved: removed, Capacity: cfg.Capacity}
+		ScannedBlocks: t.l.Blocks(), ScanRemoved: removed, Capacity: cfg.Capacity,
+		ChoreFailures: uint64(t.scan.Unsealed)}
 	t.workers = tiers.NewWorkers(cfg.Workers, cfg.Queue)
 	ev := cfg.Log.Info()
 	if t.scan.Torn > 0 || t.scan.Unsealed > 0 {
@@ -377,6 +378,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *choreDone:
 		a.inFlight--
 		if m.err != nil {
+			a.t.stats.ChoreFailures++
 			a.log.Warn().Err(m.err).Msg("fs tier: " + m.c.what + " failed")
 		}
 		m.c.done(m.err)
