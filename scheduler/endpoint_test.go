@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
@@ -135,16 +136,27 @@ func (answeringBridge) Receive(ctx actor.Context) {
 
 // BenchmarkEndpointLookupRoundTrip is one engine's 16-key Lookups, one at a
 // time, over the unix transport, against a bridge that answers at once:
-// the endpoint's own hops (reader, actor, reply, writer), no tier.
+// the endpoint's own hops (reader, actor, reply, writer), no tier; the
+// actors' mailboxes on protoactor's default dispatcher (a new goroutine per
+// activation) and on the node's (actors.WarmDispatcher).
 func BenchmarkEndpointLookupRoundTrip(b *testing.B) {
+	b.Run("goroutine-per-activation", func(b *testing.B) { benchRoundTrip(b) })
+	b.Run("warm-pool", func(b *testing.B) {
+		d := actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
+		defer d.Close()
+		benchRoundTrip(b, actor.WithDispatcher(d))
+	})
+}
+
+func benchRoundTrip(b *testing.B, opts ...actor.PropsOption) {
 	system := actor.NewActorSystem()
 	defer system.Shutdown()
-	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return answeringBridge{} }))
+	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return answeringBridge{} }, opts...))
 	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock")},
 		Grace: time.Hour, CallTimeout: time.Hour})
 	require.NoError(b, err)
 	defer e.Close()
-	e.Start(system, system.Root.Spawn(e.Props()), bridge)
+	e.Start(system, system.Root.Spawn(e.Props().Configure(opts...)), bridge)
 	conn, err := net.Dial("unix", strings.TrimPrefix(e.Addr(), "unix://"))
 	require.NoError(b, err)
 	defer conn.Close()
