@@ -7,6 +7,7 @@ package kvtier
 // size-limited tmpfs where the machine lets us mount one.
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -172,15 +173,36 @@ func TestSecondaryRestartPersistence(t *testing.T) {
 // promotion, is deleted and becomes a MISS: the request does not RETRY it
 // forever.
 func TestSecondaryCorruptCopyIsDeletedNotServed(t *testing.T) {
+	for _, layout := range []string{"files", "segments"} {
+		t.Run(layout, func(t *testing.T) { testSecondaryCorruptCopy(t, layout) })
+	}
+}
+
+func testSecondaryCorruptCopy(t *testing.T, layout string) {
 	root := t.TempDir()
-	h := open(t, 4, withFS(root))
+	h := open(t, 4, withFS(root, func(tc *TierConfig) { tc.Layout = layout }))
 	h.store(&messages.ReqContext{RequestID: "w"}, 7)
 	h.idle()
 	h.evictAll(4)
-	path := filepath.Join(root, string(testNS), "00", "0000000000000007-0.blk")
+	// NB: the block's last byte ends its block file; in a segment, found
+	// by its bytes (fill's, as the store wrote them).
+	path, last := filepath.Join(root, string(testNS), "00", "0000000000000007-0.blk"), -1
+	if layout == "segments" {
+		segs, err := filepath.Glob(filepath.Join(root, "segments", "*.seg"))
+		require.NoError(t, err)
+		require.Len(t, segs, 1)
+		path = segs[0]
+	}
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
-	data[len(data)-1] ^= 0xff
+	if layout == "segments" {
+		block := make([]byte, testBlock)
+		fill(block, 7)
+		at := bytes.Index(data, block)
+		require.GreaterOrEqual(t, at, 0, "block 7 in its segment")
+		last = at + testBlock - 1 - len(data)
+	}
+	data[len(data)+last] ^= 0xff
 	require.NoError(t, os.WriteFile(path, data, 0o644))
 
 	req := &messages.ReqContext{RequestID: "r"}
@@ -194,8 +216,10 @@ func TestSecondaryCorruptCopyIsDeletedNotServed(t *testing.T) {
 	require.Equal(t, uint64(1), ts.PromotionsFailed["fs"])
 	require.Equal(t, uint64(1), ts.Tiers[0].Invalid)
 	require.Zero(t, ts.Promoted["fs"])
-	_, err = os.Stat(path)
-	require.ErrorIs(t, err, os.ErrNotExist, "the bad copy is removed")
+	if layout == "files" {
+		_, err = os.Stat(path)
+		require.ErrorIs(t, err, os.ErrNotExist, "the bad copy is removed")
+	} // NB: a segment's dead record goes with its segment
 	h.quiet()
 }
 

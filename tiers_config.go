@@ -33,9 +33,9 @@ type TierConfig struct {
 	Root     string   `yaml:"root"`
 	Capacity ByteSize `yaml:"capacity"`
 	Fsync    bool     `yaml:"fsync"`
-	// Layout is the fs tier's on-disk layout: "files" (the default, one
-	// file per block) or "segments" (append-only segment files; block files
-	// already in the root are still read).
+	// Layout is the fs tier's on-disk layout: "segments" (the default:
+	// append-only segment files; block files already in the root are still
+	// read) or "files" (one file per block).
 	Layout string `yaml:"layout"`
 
 	// obj: an S3-compatible endpoint (host:port), bucket and key prefix.

@@ -73,9 +73,9 @@ those faults again.
 --faults takes kinds, layers (message, engine, fs, obj, clock, peer), "all" and
 "none"; "-kind" removes one (e.g. all,-panic).
 
---fs-layout segments runs the fs tiers with blocks packed in append-only
-segment files (the fs, disk-full faults and checks included) instead of one
-file per block.
+--fs-layout files runs the fs tiers with one file per block instead of
+blocks packed in append-only segment files (the default); the fs and
+disk-full faults and their checks cover both.
 
 --soak DURATION runs consecutive seeds from --seed, each for --duration (the
 last one for what is left), until DURATION has passed; it prints one line per
@@ -94,7 +94,7 @@ violated an invariant.`,
 	f.DurationVar(&o.maxDelay, "max-delay", chaos.DefaultMaxDelay, "longest message delay or slow I/O")
 	f.IntVar(&o.engines, "engines", def.Engines, "simulated engine scheduler threads")
 	f.StringSliceVar(&o.spare, "spare", nil, "actors never made to panic (bridge, cpu, tiering, tier-fs, tier-obj, events, session)")
-	f.StringVar(&o.fsLayout, "fs-layout", fs.LayoutFiles, "the fs tiers' layout: files (one file per block) or segments (append-only segment files)")
+	f.StringVar(&o.fsLayout, "fs-layout", fs.DefaultLayout, "the fs tiers' layout: segments (append-only segment files) or files (one file per block)")
 	f.BoolVar(&o.json, "json", false, "print the report as one JSON object")
 	f.DurationVar(&o.shrink, "shrink-time", 2*time.Minute, "time allowed to shrink a violation's fault sequence (0: no shrinking)")
 	f.StringVar(&o.shrinkOut, "shrink-out", "", "write the shrunk fault sequence here (default kvtier-chaos-SEED-faults.json)")

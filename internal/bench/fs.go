@@ -27,14 +27,14 @@ type FSOptions struct {
 	Window     int           // operations in flight against the tier
 	Fsync      bool          // fsync every block (and the raw file once per block)
 	ColdCache  bool          // drop the page cache before each read phase (needs root): reads hit the device, not memory
-	Layout     string        // the tier's layout: "files" (default) or "segments"
+	Layout     string        // the tier's layout: "segments" (default) or "files"
 	Rounds     int           // interleaved rounds (raw then tier, tier then raw, …); figures are their medians
 	Timeout    time.Duration // whole-run bound
 }
 
 // DefaultFSOptions is what `kvtier bench fs` runs with no flags: 1 GiB.
 func DefaultFSOptions() FSOptions {
-	return FSOptions{Dir: os.TempDir(), Blocks: 4096, BlockBytes: 256 << 10, Workers: 4, Window: 16, Layout: fs.LayoutFiles,
+	return FSOptions{Dir: os.TempDir(), Blocks: 4096, BlockBytes: 256 << 10, Workers: 4, Window: 16, Layout: fs.DefaultLayout,
 		Rounds: 5, Timeout: 10 * time.Minute}
 }
 
@@ -87,9 +87,7 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 	if err := fs.ValidLayout(o.Layout); err != nil {
 		return FSResult{}, err
 	}
-	if o.Layout == "" {
-		o.Layout = fs.LayoutFiles
-	}
+	o.Layout = fs.LayoutOf(o.Layout)
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	dir, err := os.MkdirTemp(o.Dir, "kvtier-bench-fs-")

@@ -33,8 +33,9 @@ type Options struct {
 	// "tier-fs", "tier-obj" or "tier-*" for every secondary tier, "events").
 	Spare  []string
 	Engine EngineConfig
-	// FSLayout is the fs tiers' layout (tiers/fs Config.Layout): "files"
-	// (""; one file per block) or "segments" (append-only segment files).
+	// FSLayout is the fs tiers' layout (tiers/fs Config.Layout):
+	// "segments" ("": the default; append-only segment files) or "files"
+	// (one file per block).
 	FSLayout string
 
 	// Plan replaces the seeded plan (the shrinker replays a Script).
@@ -135,11 +136,8 @@ func (o Options) Command() string {
 	if def := DefaultEngineConfig(); o.Engine.Engines != def.Engines {
 		cmd += fmt.Sprintf(" --engines %d", o.Engine.Engines)
 	}
-	if o.segments() {
-		cmd += " --fs-layout " + o.FSLayout
-	}
-	return cmd
+	return cmd + " --fs-layout " + fs.LayoutOf(o.FSLayout) // NB: always: the default may change
 }
 
 // segments reports whether the fs tiers keep their blocks in segments.
-func (o Options) segments() bool { return o.FSLayout == fs.LayoutSegments }
+func (o Options) segments() bool { return fs.LayoutOf(o.FSLayout) == fs.LayoutSegments }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // Report is the outcome of a run.
@@ -18,8 +19,8 @@ type Report struct {
 	Seed     uint64   `json:"seed"`
 	Duration string   `json:"duration"`
 	Kinds    []string `json:"fault_kinds"`
-	// FSLayout is the fs tiers' layout when it is not the default (files).
-	FSLayout string `json:"fs_layout,omitempty"`
+	// FSLayout is the fs tiers' layout.
+	FSLayout string `json:"fs_layout"`
 
 	FaultsInjected int               `json:"faults_injected"`
 	FaultsByKind   map[string]uint64 `json:"faults_by_kind"` // every enabled kind, 0 included
@@ -118,14 +119,8 @@ type NodeReport struct {
 	Tiering messages.TieringStats `json:"tiering"`
 }
 
-// fsLayoutOf is the run's fs layout as the report names it: "" for the
-// default.
-func fsLayoutOf(o Options) string {
-	if o.segments() {
-		return o.FSLayout
-	}
-	return ""
-}
+// fsLayoutOf is the run's fs layout.
+func fsLayoutOf(o Options) string { return fs.LayoutOf(o.FSLayout) }
 
 // report builds the run's report.
 func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report {

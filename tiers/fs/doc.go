@@ -5,11 +5,11 @@
 //
 // Two layouts (Config.Layout):
 //
-// files (the default): one file per block,
+// files: one file per block,
 // root/<namespace>/<2-hex shard>/<hex hash>-<group>.blk, written to a
 // temporary file and renamed into place; evicted one block at a time.
 //
-// segments: blocks packed into append-only segment files,
+// segments (the default): blocks packed into append-only segment files,
 // root/segments/<16-hex id>.seg (segformat.go). A segment has two regions:
 // entries at its start, each a block's header and provenance (what a
 // block file holds but the block) and where its block is; and the blocks,

@@ -92,7 +92,7 @@ func Open(cfg Config) (*Tier, error) {
 		Queue:        DefaultQueue,
 		FS:           OS{},
 		Locality:     DefaultLocality,
-		Layout:       LayoutFiles,
+		Layout:       DefaultLayout,
 		SegmentBytes: DefaultSegmentBytes,
 	})
 	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync)}
