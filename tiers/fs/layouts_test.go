@@ -701,3 +701,31 @@ func TestSegmentsFailedSealCountedNothingLost(t *testing.T) {
 	assert.Zero(t, h.tier.scan.Torn)
 	assert.Zero(t, h.stats().ChoreFailures)
 }
+
+// An entry that decodes but names no block slot (a bug's, or a bit flip
+// its checksum missed) in a segment being written is skipped; the walk
+// goes on to the entries after it.
+func TestSegmentsEntryOutOfItsSlotsSkipped(t *testing.T) {
+	root := t.TempDir()
+	cfg := Config{Root: root, Layout: LayoutSegments}
+	t.Run("crash", func(t *testing.T) {
+		h := openTierWith(t, cfg, harnessOpts{crash: true})
+		for i := range 4 {
+			h.write(i, provOf(i))
+		}
+	})
+	sp, ok := findBlock(t, root, benchKey(2))
+	require.True(t, ok)
+	f, err := os.OpenFile(sp.path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(encodeEntryHead(sp.data+1), sp.entry) // NB: a valid head, a block between slots
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	h := openTier(t, cfg)
+	assert.ElementsMatch(t, []messages.Key{benchKey(0), benchKey(1), benchKey(3)}, h.Inventory())
+	assert.Equal(t, 1, h.tier.scan.Removed)
+	assert.Zero(t, h.tier.scan.Torn)
+	src, _ := evSrc(3)
+	h.readsAs(3, src)
+}

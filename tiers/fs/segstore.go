@@ -308,7 +308,9 @@ func (sc segScan) recordAt(off, limit int64) (segRec, error) {
 
 // entryAt reads and checks the version 2 entry at off, which must end by
 // entriesEnd, and whose block of the tier's size must lie in a slot of the
-// data region ending by end.
+// data region ending by end. An entry that decodes but names no such block
+// is returned with its offset and size (and an error): a walk goes on after
+// it.
 func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
 	var buf [entryHead + headerSize]byte
 	data, h, _, err := readRawEntry(sc.f, off, buf[:], segOffset(off))
@@ -316,11 +318,13 @@ func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
 		return segRec{}, err
 	}
 	size := entryHead + headerSize + int64(h.ProvLen)
-	block := int64(sc.block)
-	if h.Length != block || off+size > entriesEnd || data < sc.head.dataBase ||
-		(data-sc.head.dataBase)%block != 0 || data > end-block {
-		return segRec{}, fmt.Errorf("%w: segment offset %d: entry of %d bytes (block %d at %d) past %d or out of its slots",
-			messages.ErrInvalidBlock, off, size, h.Length, data, entriesEnd)
+	if off+size > entriesEnd {
+		return segRec{}, fmt.Errorf("%w: segment offset %d: entry of %d bytes past %d", messages.ErrInvalidBlock, off, size, entriesEnd)
+	}
+	block, base := int64(sc.block), sc.head.dataBase
+	if h.Length != block || data < base || (data-base)%block != 0 || data > end-block {
+		return segRec{off: off, size: size}, fmt.Errorf("%w: segment offset %d: a block of %d bytes at %d, out of the slots of %d-byte blocks from %d to %d",
+			messages.ErrInvalidBlock, off, h.Length, data, block, base, end)
 	}
 	return segRec{key: h.Key, off: off, size: size, data: data}, nil
 }
@@ -416,7 +420,7 @@ func (sc segScan) walkOne(off int64, buf []byte) (segRec, error) {
 		r, err = sc.entryAt(off, sc.head.dataBase, math.MaxInt64)
 	}
 	if err != nil {
-		return segRec{}, err
+		return r, err // NB: with its size when the walk can go on after it
 	}
 	var h blockfmt.Header
 	if r.data == 0 {
