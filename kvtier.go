@@ -138,7 +138,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), guardianName)
 	if err != nil {
 		n.system.Shutdown()
-		n.dispatch.Close()
+		_ = n.dispatch.Close(ctx)
 		return fmt.Errorf("spawn guardian: %w", err)
 	}
 	n.guardian = guardian
@@ -291,7 +291,9 @@ func (n *Node) stopActors(ctx context.Context) error {
 	}
 	close(n.stopped)
 	n.system.Shutdown()
-	n.dispatch.Close()
+	if derr := n.dispatch.Close(ctx); err == nil {
+		err = derr
+	}
 	supervision.DetachFaults(n.system)
 	return err
 }

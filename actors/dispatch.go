@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"context"
+	"fmt"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -69,12 +71,24 @@ func (d *WarmDispatcher) Schedule(fn func()) {
 // Throughput implements actor.Dispatcher.
 func (d *WarmDispatcher) Throughput() int { return d.throughput }
 
-// Close ends the workers (after the actors using it stopped; a Schedule
-// after Close runs on a new goroutine).
-func (d *WarmDispatcher) Close() {
+// Close ends the workers, after the actors using it stopped; a Schedule
+// after Close runs on a new goroutine. It waits for a worker's activation
+// in progress until ctx ends, no longer: a Receive that never returns (a
+// bug) keeps its worker, not the caller.
+func (d *WarmDispatcher) Close(ctx context.Context) error {
 	if d == nil {
-		return
+		return nil
 	}
 	d.once.Do(func() { close(d.stop) })
-	d.wg.Wait()
+	done := make(chan struct{})
+	go func() { // NB: ends with the last worker
+		d.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("actors: dispatcher workers still busy: %w", ctx.Err())
+	}
 }

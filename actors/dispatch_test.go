@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,17 +27,20 @@ func TestWarmDispatcherNeverQueuesBehindABusyWorker(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, &pong{n: i + 1}, got)
 	}
-	close(gate)
 	require.NoError(t, system.Root.StopFuture(served).Wait())
-	d.Close()
-	d.Close() // idempotent
-	(*WarmDispatcher)(nil).Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, d.Close(ctx), context.DeadlineExceeded, "a worker held: Close gives up at the deadline")
+	close(gate)
+	require.NoError(t, d.Close(context.Background()))
+	require.NoError(t, d.Close(context.Background()), "idempotent")
+	require.NoError(t, (*WarmDispatcher)(nil).Close(context.Background()))
 }
 
 // After Close a Schedule still runs its activation.
 func TestWarmDispatcherAfterClose(t *testing.T) {
 	d := NewWarmDispatcher(2, Throughput)
-	d.Close()
+	require.NoError(t, d.Close(context.Background()))
 	ran := make(chan struct{})
 	d.Schedule(func() { close(ran) })
 	<-ran

@@ -273,9 +273,10 @@ func stripSession(id string) string {
 }
 
 // await waits for one bridge answer, bounded by timeout and Close, encodes
-// the reply and tells the actor the call is over.
+// the reply and tells the actor the call is over. It reports whether it
+// awaits (not once Close began: the call is then not to be sent).
 func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout time.Duration,
-	reply messages.Reply[T], fill func(*wire.Reply, T)) {
+	reply messages.Reply[T], fill func(*wire.Reply, T)) bool {
 	sid := s.id
 	// NB: the deadline on the endpoint's clock, so that tests drive it.
 	expired := make(chan struct{})
@@ -302,7 +303,8 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 	})
 	if !started {
 		timer.Stop()
-		return
+		return false
 	}
 	s.inflight++
+	return true
 }

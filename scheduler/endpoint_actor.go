@@ -330,7 +330,8 @@ func (a *endpointActor) released(m *released) {
 
 // forward sends q to the bridge with s's prefix on its request id and
 // awaits the answer off the mailbox (armed first: the call's deadline runs
-// from before the bridge can have it).
+// from before the bridge can have it; a call nobody can await, the
+// endpoint closing, is not sent).
 func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *wire.Request) {
 	var req *messages.ReqContext
 	if q.Req != nil {
@@ -353,67 +354,81 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	switch q.Op {
 	case wire.OpLookup:
 		r := messages.NewReply[[]messages.LookupStatus]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) { rp.Status = v })
-		send(&messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r})
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) { rp.Status = v }) {
+			send(&messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r})
+		}
 	case wire.OpPrepareLoad:
 		r := messages.NewReply[messages.LoadJob]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.LoadJob) {
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.LoadJob) {
 			rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers
-		})
-		send(&messages.PrepareLoad{Req: req, Keys: q.Keys, Reply: r})
+		}) {
+			send(&messages.PrepareLoad{Req: req, Keys: q.Keys, Reply: r})
+		}
 	case wire.OpTouch:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.Touch{Req: req, Keys: q.Keys, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.Touch{Req: req, Keys: q.Keys, Reply: r})
+		}
 	case wire.OpCompleteLoad:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.CompleteLoad{Req: req, Keys: q.Keys, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.CompleteLoad{Req: req, Keys: q.Keys, Reply: r})
+		}
 	case wire.OpPrepareStore:
 		r := messages.NewReply[messages.StorePlan]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StorePlan) {
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StorePlan) {
 			rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
-		})
-		send(&messages.PrepareStore{Req: req, Keys: q.Keys, Reply: r})
+		}) {
+			send(&messages.PrepareStore{Req: req, Keys: q.Keys, Reply: r})
+		}
 	case wire.OpCompleteStore:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.CompleteStore{Req: req, Keys: q.Keys, OK: q.OK, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.CompleteStore{Req: req, Keys: q.Keys, OK: q.OK, Reply: r})
+		}
 	case wire.OpJobDone:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.JobDone{Job: q.Job, Worker: q.Worker, OK: q.OK, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.JobDone{Job: q.Job, Worker: q.Worker, OK: q.OK, Reply: r})
+		}
 	case wire.OpRequestFinished:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.RequestFinished{Req: req, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.RequestFinished{Req: req, Reply: r})
+		}
 	case wire.OpTakeEvents:
 		r := messages.NewReply[[]messages.Event]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.Event) { rp.Events = v })
-		send(&messages.TakeEvents{Reply: r})
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.Event) { rp.Events = v }) {
+			send(&messages.TakeEvents{Reply: r})
+		}
 	case wire.OpHasPendingWork:
 		r := messages.NewReply[bool]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v bool) { rp.Pending = v })
-		send(&messages.HasPendingWork{Reply: r})
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v bool) { rp.Pending = v }) {
+			send(&messages.HasPendingWork{Reply: r})
+		}
 	case wire.OpPause:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.Pause{ClearCache: q.Clear, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.Pause{ClearCache: q.Clear, Reply: r})
+		}
 	case wire.OpResume:
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.Resume{Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.Resume{Reply: r})
+		}
 	case wire.OpResetCache:
 		// As the embedded manager does: the drain ends (and reaps) before
 		// the caller's deadline, on the node's clock.
 		deadline := e.cfg.NodeClock.Now().Add(timeout * 9 / 10)
 		r := messages.NewReply[struct{}]()
-		await(e, peer, s, q, timeout, r, noFill)
-		send(&messages.ResetCache{Deadline: deadline, Reply: r})
+		if await(e, peer, s, q, timeout, r, noFill) {
+			send(&messages.ResetCache{Deadline: deadline, Reply: r})
+		}
 	case wire.OpStats:
 		r := messages.NewReply[messages.Stats]()
-		await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) { rp.Stats = v })
-		send(&messages.GetStats{Reply: r})
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) { rp.Stats = v }) {
+			send(&messages.GetStats{Reply: r})
+		}
 	default:
 		a.refuse(peer, q.ID, wire.CodeUnknownOp, fmt.Errorf("%w: %s", messages.ErrUnknownOp, q.Op))
 	}

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"net"
 	"path/filepath"
 	"strings"
@@ -143,7 +144,7 @@ func BenchmarkEndpointLookupRoundTrip(b *testing.B) {
 	b.Run("goroutine-per-activation", func(b *testing.B) { benchRoundTrip(b) })
 	b.Run("warm-pool", func(b *testing.B) {
 		d := actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
-		defer d.Close()
+		defer func() { _ = d.Close(context.Background()) }()
 		benchRoundTrip(b, actor.WithDispatcher(d))
 	})
 }
