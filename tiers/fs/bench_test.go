@@ -39,10 +39,10 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 	if err := s.fs.MkdirAll(filepath.Join(s.root, segDirName)); err != nil {
 		b.Fatal(err)
 	}
-	entry := entryHead + FileSize(len(src), nil) - int64(len(src))
+	entry := entrySize(FileSize(len(src), nil) - int64(len(src)))
 	base := entriesFor(DefaultSegmentBytes, int64(len(src)), entry)
 	where := func(i int) recordWrite { // as segLog reserves it: 256 blocks a 64 MiB segment
-		return recordWrite{id: uint64(1 + i/256), first: i%256 == 0, dataBase: base,
+		return recordWrite{id: uint64(1 + i/256), header: i%256 == 0, dataBase: base,
 			off: segHeaderSize + int64(i%256)*entry, size: entry, data: base + int64(i%256)*int64(len(src))}
 	}
 	b.Run("segment-write", func(b *testing.B) {

@@ -86,7 +86,7 @@ func forLayouts(t *testing.T, f func(t *testing.T, layout string)) {
 // capacity under eight records makes).
 func blockCost(layout string, n int, p *messages.Provenance) int64 {
 	if layout == LayoutSegments {
-		return entryHead + FileSize(n, p) + segEntrySize + segOverhead
+		return entrySize(FileSize(n, p)-int64(n)) + int64(n) + segEntrySize + segOverhead
 	}
 	return FileSize(n, p)
 }

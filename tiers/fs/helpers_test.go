@@ -88,6 +88,8 @@ func findBlock(t *testing.T, root string, k messages.Key) (span, bool) {
 			off = sp.hdr + sp.hdrLen
 			if head.version == segV1 {
 				off += sp.block
+			} else {
+				off = sp.entry + entrySize(sp.hdrLen)
 			}
 		}
 	}

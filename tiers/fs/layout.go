@@ -191,7 +191,7 @@ func (l segLayout) drop(k messages.Key, at *record) (bool, *cleanup) {
 
 func (l segLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, error) {
 	block := int64(len(m.Src))
-	w, err := l.x.beginWrite(m.Key, entryHead+size-block, block)
+	w, err := l.x.beginWrite(m.Key, entrySize(size-block), block)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +200,7 @@ func (l segLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, erro
 		removes[i] = l.path(s)
 	}
 	store, r := l.store, w.rec
-	rw := recordWrite{id: r.seg.id, first: w.first, dataBase: r.seg.dataBase, off: r.off, size: r.size, data: r.data}
+	rw := recordWrite{id: r.seg.id, header: w.header, dataBase: r.seg.dataBase, off: r.off, size: r.size, data: r.data}
 	return &writeOp{
 		evicted: w.evicted,
 		io: func() error {

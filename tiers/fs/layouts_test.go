@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -27,7 +28,9 @@ import (
 
 // recCost is what one record takes in a segment: its entry, its block and
 // its footer entry.
-func recCost(p *messages.Provenance) int64 { return entryHead + FileSize(evBlock, p) + segEntrySize }
+func recCost(p *messages.Provenance) int64 {
+	return entrySize(FileSize(evBlock, p)-evBlock) + evBlock + segEntrySize
+}
 
 // tryWrite writes src as block i's.
 func (h *fsHarness) tryWrite(i int, src []byte, p *messages.Provenance) error {
@@ -728,4 +731,27 @@ func TestSegmentsEntryOutOfItsSlotsSkipped(t *testing.T) {
 	assert.Zero(t, h.tier.scan.Torn)
 	src, _ := evSrc(3)
 	h.readsAs(3, src)
+}
+
+// A segment's first write failing leaves no segment header; the next write
+// puts it, so that a crash before the seal does not lose the segment.
+func TestSegmentsHeaderWrittenAfterAFailedFirstWrite(t *testing.T) {
+	root := t.TempDir()
+	faulty := NewFaulty(OS{})
+	var failed atomic.Bool
+	faulty.Inject(func(op Op, _ string) error {
+		if op == OpWrite && failed.CompareAndSwap(false, true) {
+			return syscall.EIO
+		}
+		return nil
+	})
+	t.Run("crash", func(t *testing.T) {
+		h := openTierWith(t, Config{Root: root, Layout: LayoutSegments, FS: faulty}, harnessOpts{crash: true})
+		src, _ := evSrc(0)
+		require.Error(t, h.tryWrite(0, src, nil), "the segment's first write")
+		h.write(1, nil)
+		h.write(2, nil)
+	})
+	h := openTier(t, Config{Root: root, Layout: LayoutSegments})
+	assert.ElementsMatch(t, keysOfRange(1, 3), h.Inventory())
 }

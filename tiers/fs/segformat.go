@@ -28,8 +28,9 @@ import (
 //	                 each 8 bytes the block's offset in the data region, 4
 //	                 zero, 4 CRC32C of those 12, then the stored block's
 //	                 header and provenance section (tiers/blockfmt) — all
-//	                 a block file holds but the block; ends before D (the
-//	                 rest of it is a hole)
+//	                 a block file holds but the block — padded to a
+//	                 multiple of 8 bytes; ends before D (the rest of it is
+//	                 a hole)
 //	  D           …  the data region: block i of the segment at
 //	                 D + i × block size
 //	end     8 × n    sealed segments only: the footer, n entry offsets
@@ -54,7 +55,10 @@ import (
 // stopped: the start-up scan walks its entries (version 1: records) from
 // the header, verifies each one's header, provenance and block checksum,
 // truncates the file after the last good block (its torn tail), and seals
-// it.
+// it. An entry that was never written (its write failed, or was still in
+// flight) leaves a hole the walk steps over: it tries each 8-byte offset
+// after it for the next entry whose head and header check (version 1 stops
+// there).
 const (
 	segDirName    = "segments"
 	segExt        = ".seg"
@@ -62,6 +66,8 @@ const (
 	segEntrySize  = 8 // a record's offset in the footer
 	// entryHead is what an entry adds before the stored block's header.
 	entryHead = 16
+	// entryAlign: entries start at multiples of it (entrySize).
+	entryAlign = 8
 	// segPage is a filesystem block: the entry region's end and the file's
 	// end each take at most one more on disk than they hold.
 	segPage = 4 << 10
@@ -163,6 +169,12 @@ func decodeSegHeader(b []byte) (segHead, bool) {
 		return segHead{}, false
 	}
 	return h, true
+}
+
+// entrySize is the room an entry whose stored block's header and
+// provenance take prefix bytes takes: with its head, padded to entryAlign.
+func entrySize(prefix int64) int64 {
+	return (entryHead + prefix + entryAlign - 1) / entryAlign * entryAlign
 }
 
 // encodeEntryHead is the head of an entry whose block is at data.

@@ -55,11 +55,11 @@ func v2Seed(f *testing.F, n int, seal bool) ([]byte, int64, []int64) {
 	s := NewStore(OS{}, root, false)
 	defer s.segs.closeAll()
 	require.NoError(f, os.MkdirAll(filepath.Join(root, segDirName), 0o755))
-	entry := func(i int) int64 { return entryHead + FileSize(fuzzBlock, fuzzProv(i)) - fuzzBlock }
+	entry := func(i int) int64 { return entrySize(FileSize(fuzzBlock, fuzzProv(i)) - fuzzBlock) }
 	base := entriesFor(int64(n*fuzzBlock), fuzzBlock, entry(0))
 	off, offs := int64(segHeaderSize), make([]int64, n)
 	for i := range n {
-		w := recordWrite{id: 1, first: i == 0, dataBase: base, off: off, size: entry(i), data: base + int64(i)*fuzzBlock}
+		w := recordWrite{id: 1, header: i == 0, dataBase: base, off: off, size: entry(i), data: base + int64(i)*fuzzBlock}
 		src := fuzzSrc(i)
 		require.NoError(f, s.writeRecord(w, benchKey(i), src, crcOf(src), fuzzProv(i)))
 		offs[i], off = off, off+w.size

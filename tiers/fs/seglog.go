@@ -63,6 +63,7 @@ type segment struct {
 	due      bool         // in sealDue
 	gone     bool         // evicted or emptied
 	dataBase int64        // written here (version 2): the data region's start
+	headed   bool         // written here: a write that carried the segment header landed
 	entries  int64        // written here: the next entry's offset
 	end      int64        // written here: the next block's offset; found: where the records end
 	size     int64        // bytes accounted
@@ -129,7 +130,7 @@ func (x *segLog) touch(k messages.Key) {
 type segWrite struct {
 	key     messages.Key
 	rec     *record
-	first   bool // the segment's first record: the write puts its header too
+	header  bool // the write puts the segment header too: none landed yet
 	evicted []messages.Key
 	removes []*segment
 }
@@ -176,7 +177,9 @@ func (x *segLog) beginWrite(k messages.Key, entry, block int64) (*segWrite, erro
 		x.used += segOverhead
 	}
 	a := x.active
-	w.rec, w.first = &record{seg: a, off: a.entries, size: entry, data: a.end}, a.empty()
+	// NB: every write carries the segment header until one that did
+	// landed: a first write that failed would leave the file without one.
+	w.rec, w.header = &record{seg: a, off: a.entries, size: entry, data: a.end}, !a.headed
 	a.entries += entry
 	a.end += block
 	a.size += cost
@@ -192,6 +195,7 @@ func (x *segLog) endWrite(w *segWrite, ok bool) {
 	r, s := w.rec, w.rec.seg
 	s.inflight--
 	if ok {
+		s.headed = s.headed || w.header
 		r.ready = true
 		s.live[w.key] = r
 		x.ready++

@@ -44,7 +44,7 @@ func TestSegLogReservesSequentiallyAndRolls(t *testing.T) {
 		require.Zero(t, base%segPage, "the data region starts at a filesystem block")
 		require.GreaterOrEqual(t, base, int64(segHeaderSize+3*entryBudget), "room for an entry per block slot")
 		require.Equal(t, base+int64(i%3)*blk, w.rec.data, "blocks back to back from the data region's start")
-		require.Equal(t, i%3 == 0, w.first, "the first record writes the segment header")
+		require.Equal(t, i%3 == 0, w.header, "the first record writes the segment header")
 	}
 	require.Equal(t, 7, x.ready)
 	require.Equal(t, int64(3*segOverhead+7*cost), x.used)
@@ -57,6 +57,24 @@ func TestSegLogReservesSequentiallyAndRolls(t *testing.T) {
 	x.choreDone(c[0], nil)
 	x.requeue(c[1])
 	require.Len(t, x.chores(), 1, "a chore the queue refused is due again")
+
+	// A first write that fails: the next write carries the header again.
+	x.roll()
+	w0, err := x.beginWrite(benchKey(200), ent, blk)
+	require.NoError(t, err)
+	require.True(t, w0.header)
+	x.endWrite(w0, false)
+	w1, err := x.beginWrite(benchKey(201), ent, blk)
+	require.NoError(t, err)
+	require.Same(t, w0.rec.seg, w1.rec.seg)
+	require.True(t, w1.header, "no write with the header landed yet")
+	x.endWrite(w1, true)
+	w2, err := x.beginWrite(benchKey(202), ent, blk)
+	require.NoError(t, err)
+	require.False(t, w2.header, "one did")
+	x.endWrite(w2, true)
+	x.roll()
+	require.NoError(t, x.checkInvariants())
 
 	// A record larger than the target still takes a segment of its own.
 	w, err := x.beginWrite(benchKey(100), ent, 10*blk)

@@ -25,11 +25,11 @@ import (
 func (s *Store) segPath(id uint64) string { return segPath(s.root, id) }
 
 // recordWrite is where the actor reserved a record in segment id: its
-// entry of size bytes at off, its block at data; first: the segment's
-// first record, whose write puts the segment header (with dataBase) too.
+// entry of size bytes at off, its block at data; header: the write puts
+// the segment header (with dataBase) too.
 type recordWrite struct {
 	id              uint64
-	first           bool
+	header          bool
 	dataBase        int64
 	off, size, data int64
 }
@@ -44,12 +44,16 @@ func (s *Store) writeRecord(w recordWrite, k messages.Key, src []byte, sum uint3
 		return fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 	}
 	prefix, _ := blockfmt.Prefix(k, len(src), sum, p)
-	if n := int64(entryHead + len(prefix)); n != w.size {
+	if n := entrySize(int64(len(prefix))); n != w.size {
 		return fmt.Errorf("fs tier: %v: entry of %d bytes, %d reserved", k, n, w.size)
 	}
 	entry, off := [][]byte{encodeEntryHead(w.data), prefix}, w.off
-	if w.first {
-		entry, off = append([][]byte{encodeSegHeader(w.id, w.dataBase)}, entry...), off-segHeaderSize
+	var header []byte
+	switch {
+	case w.header && off == segHeaderSize: // the first entry: one write with it
+		entry, off = append([][]byte{encodeSegHeader(w.id, w.dataBase)}, entry...), 0
+	case w.header:
+		header = encodeSegHeader(w.id, w.dataBase)
 	}
 	return s.withSegment(w.id, func(f File) error {
 		if err := writeAtv(f, [][]byte{src}, w.data); err != nil {
@@ -57,6 +61,11 @@ func (s *Store) writeRecord(w recordWrite, k messages.Key, src []byte, sum uint3
 		}
 		if err := writeAtv(f, entry, off); err != nil {
 			return ioErr("write", err)
+		}
+		if header != nil {
+			if err := writeAtv(f, [][]byte{header}, 0); err != nil {
+				return ioErr("write", err)
+			}
 		}
 		return nil
 	})
@@ -317,7 +326,7 @@ func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
 	if err != nil {
 		return segRec{}, err
 	}
-	size := entryHead + headerSize + int64(h.ProvLen)
+	size := entrySize(headerSize + int64(h.ProvLen))
 	if off+size > entriesEnd {
 		return segRec{}, fmt.Errorf("%w: segment offset %d: entry of %d bytes past %d", messages.ErrInvalidBlock, off, size, entriesEnd)
 	}
@@ -338,8 +347,10 @@ func (o segOffset) String() string { return fmt.Sprintf("segment offset %d", int
 // from its header, verifying each one whole, truncates it after the last
 // good block and seals it. A record whose header is sound but whose
 // provenance or bytes are not (a write cut short before one that landed)
-// is skipped and counted in Removed; the walk stops at a header that does
-// not decode or (version 1) a record cut short, and everything after the
+// is skipped and counted in Removed. Version 2: an entry that does not
+// decode (never written: a hole) is stepped over to the next that does
+// (resync); the walk ends where none does. Version 1: the walk stops at a
+// header that does not decode or a record cut short. Everything after the
 // last good record is the torn tail.
 func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFound, bool) {
 	buf := make([]byte, sc.block)
@@ -349,9 +360,23 @@ func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFo
 		limit, good = sc.head.dataBase, sc.head.dataBase
 	}
 	skipped := 0
+	extent := entriesEnd // version 2: where the entry region's bytes end
 	var failed error
 	for off < limit {
 		r, err := sc.walkOne(off, buf)
+		if err != nil && r.size == 0 && errors.Is(err, messages.ErrInvalidBlock) && sc.head.version == segV2 {
+			next, found, ext, rerr := sc.resync(off + entryAlign)
+			extent = max(extent, ext)
+			if rerr != nil {
+				failed = rerr
+				break
+			}
+			if found {
+				off = next
+				continue
+			}
+			break
+		}
 		if err != nil && (r.size == 0 || !errors.Is(err, messages.ErrInvalidBlock)) {
 			if !errors.Is(err, messages.ErrInvalidBlock) {
 				failed = err
@@ -399,6 +424,10 @@ func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFo
 	}
 	seg.size = good + n*segEntrySize + int64(segFooterFixed(sc.head.version))
 	if sc.head.version == segV2 {
+		// NB: the entries' end as the footer has it covers the bytes of
+		// entries the walk could not use (torn), so the room they take stays
+		// accounted at every later start.
+		entriesEnd = max(entriesEnd, extent)
 		seg.size = sc.accounted(entriesEnd, good, len(offs))
 	}
 	if err := s.sealSegment(sc.head, entriesEnd, good, offs); err != nil {
@@ -445,4 +474,50 @@ func (sc segScan) recordEnd(r segRec) int64 {
 		return r.data + int64(sc.block)
 	}
 	return r.off + r.size
+}
+
+// resync looks for the next entry of a version 2 segment being recovered
+// at the offsets from from on (a multiple of entryAlign) to the entry
+// region's end: one whose head and header check, and whose block lies
+// where a block may. It reports where, and how far from from on the region
+// holds bytes at all (one past its last non-zero byte): the room torn
+// entries take. A bit flip that makes garbage pass both checksums is the
+// only false find, and its block is verified before it is served.
+func (sc segScan) resync(from int64) (next int64, found bool, extent int64, err error) {
+	const span = entryHead + headerSize // what a candidate's checks read
+	chunk := make([]byte, 64<<10+span)
+	base, block := sc.head.dataBase, int64(sc.block)
+	for at := from; at < base; at += int64(len(chunk) - span) {
+		n, err := sc.f.ReadAt(chunk[:min(int64(len(chunk)), base-at)], at)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, false, extent, ioErr("read", err)
+		}
+		b := chunk[:n]
+		if i := lastNonZero(b); i >= 0 {
+			extent = at + int64(i) + 1
+		}
+		for i := 0; i+span <= len(b); i += entryAlign {
+			data, ok := decodeEntryHead(b[i:])
+			if !ok || data < base || (data-base)%block != 0 {
+				continue
+			}
+			if _, err := decodeHeader(b[i+entryHead : i+span]); err == nil {
+				return at + int64(i), true, extent, nil
+			}
+		}
+		if n < len(chunk) {
+			break // the file ends
+		}
+	}
+	return 0, false, extent, nil
+}
+
+// lastNonZero is the index of b's last non-zero byte, -1 if none.
+func lastNonZero(b []byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] != 0 {
+			return i
+		}
+	}
+	return -1
 }
