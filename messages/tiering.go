@@ -120,6 +120,8 @@ type SecondaryStats struct {
 	// removal. Blocks are not lost by it: an unsealed segment is walked and
 	// sealed at the next start, a file left behind is rescanned.
 	ChoreFailures uint64 `json:"chore_failures"`
+	// ChoresFull are the ChoreFailures for lack of room (ENOSPC).
+	ChoresFull uint64 `json:"chores_full"`
 
 	// The P2P tier's: lookups it was asked, the PeerLookup messages they
 	// sent (the directory's saving), and its directory's size.

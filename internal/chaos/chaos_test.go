@@ -585,7 +585,7 @@ func TestDiskFullMidCascadeIsAbsorbed(t *testing.T) {
 	n := rep.Nodes[0]
 	assert.Positive(t, n.DiskFullRefused, "cascades met the full disk")
 	fsStats := fsTierStats(n.Tiering)
-	assert.GreaterOrEqual(t, fsStats.WritesFull+fsStats.ChoreFailures, n.DiskFullRefused, "every refused write counted (a seal's as a failed chore)")
+	assert.GreaterOrEqual(t, fsStats.WritesFull+fsStats.ChoresFull, n.DiskFullRefused, "every refused write counted (a seal's as a failed chore)")
 	assert.Positive(t, fsStats.Writes, "the tier stored blocks")
 	assert.Equal(t, "ok", rep.Invariants[invDiskFull])
 	for _, note := range rep.Notes {

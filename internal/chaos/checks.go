@@ -127,13 +127,13 @@ func checkQuiet(ctx context.Context, rs *runState, n *nodeUnderTest) {
 func checkDisk(rs *runState, n *nodeUnderTest) {
 	var problems []string
 	refused, fsStats := n.disk.refused.Load(), fsTierStats(n.tiering)
-	chores := fsStats.ChoreFailures
+	chores := fsStats.ChoresFull // NB: seals refused for lack of room, not every failed chore
 	if fsStats.WritesFull+chores < refused {
-		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the fs tier counted %d full and %d failed chores",
+		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the fs tier counted %d full writes and %d full chores",
 			refused, fsStats.WritesFull, chores))
 	}
 	if shed := n.tiering.CascadeDropped[fsStats.Name]; shed+chores < refused {
-		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the tiering actor counted %d cascades shed (and the tier %d failed chores)",
+		problems = append(problems, fmt.Sprintf("the disk refused %d writes, the tiering actor counted %d cascades shed (and the tier %d full chores)",
 			refused, shed, chores))
 	}
 	switch disk, err := scanRoot(n.fsRoot); {

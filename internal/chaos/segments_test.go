@@ -132,6 +132,7 @@ func TestFullFSRefusalsCountedByTheTier(t *testing.T) {
 	assert.Equal(t, uint64(3), full.refused.Load(), "two blocks and segment 1's seal refused")
 	assert.Equal(t, uint64(2), st.WritesFull, "the blocks: full writes")
 	assert.Equal(t, uint64(1), st.ChoreFailures, "the seal: a failed chore")
+	assert.Equal(t, uint64(1), st.ChoresFull, "for lack of room")
 
 	d.free()
 	require.NoError(t, write(3), "room again")
@@ -181,7 +182,7 @@ func TestDiskFullSegmentsIsAbsorbed(t *testing.T) {
 	n := rep.Nodes[0]
 	assert.Positive(t, n.DiskFullRefused, "cascades met the full disk")
 	fsStats := fsTierStats(n.Tiering)
-	assert.GreaterOrEqual(t, fsStats.WritesFull+fsStats.ChoreFailures, n.DiskFullRefused, "every refused write counted")
+	assert.GreaterOrEqual(t, fsStats.WritesFull+fsStats.ChoresFull, n.DiskFullRefused, "every refused write counted")
 	assert.Positive(t, fsStats.Writes, "the tier stored blocks")
 	assert.Equal(t, "ok", rep.Invariants[invDiskFull])
 	for _, note := range rep.Notes {

@@ -605,7 +605,8 @@ func readFooterOf(t *testing.T, path string) ([]int64, int64, bool) {
 	require.NoError(t, err)
 	head, ok := decodeSegHeader(b[:])
 	require.True(t, ok)
-	offs, _, end, sealed := readFooter(f, head, info.Size())
+	offs, _, end, sealed, err := readFooter(f, head, info.Size())
+	require.NoError(t, err)
 	return offs, end, sealed
 }
 
@@ -754,4 +755,16 @@ func TestSegmentsHeaderWrittenAfterAFailedFirstWrite(t *testing.T) {
 	})
 	h := openTier(t, Config{Root: root, Layout: LayoutSegments})
 	assert.ElementsMatch(t, keysOfRange(1, 3), h.Inventory())
+}
+
+// A block of another size than the tier's is refused, never stored: the
+// scan would drop it, and in a segment it would shift every later slot.
+func TestFSRefusesABlockOfAnotherSize(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout string) {
+		h := openTier(t, Config{Root: t.TempDir(), Layout: layout})
+		require.ErrorIs(t, h.tryWrite(0, make([]byte, evBlock+1), nil), messages.ErrBadRequest)
+		h.write(1, nil)
+		assert.Equal(t, []messages.Key{benchKey(1)}, h.Inventory())
+		assert.Equal(t, uint64(1), h.stats().WriteFailures)
+	})
 }

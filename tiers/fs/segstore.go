@@ -231,7 +231,10 @@ func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResu
 	}
 	sc := segScan{f: f, head: head, size: size, block: blockBytes}
 	seg = segFound{id: id, size: size}
-	offs, entriesEnd, end, ok := readFooter(f, head, size)
+	offs, entriesEnd, end, ok, err := readFooter(f, head, size)
+	if err != nil {
+		return segFound{}, false, err
+	}
 	if !ok {
 		seg, keep = s.recoverSegment(sc, seg, res)
 		return seg, keep, nil
@@ -270,34 +273,47 @@ func (sc segScan) accounted(entriesEnd, end int64, n int) int64 {
 
 // readFooter reads and checks the footer of segment h (a file of size
 // bytes): the offsets it lists, where its entries end (version 2) and
-// where its records (version 2: blocks) end.
-func readFooter(f File, h segHead, size int64) (offs []int64, entriesEnd, end int64, ok bool) {
+// where its records (version 2: blocks) end; ok is false when it has none
+// that checks, err set when it could not be read (no proof of either).
+func readFooter(f File, h segHead, size int64) (offs []int64, entriesEnd, end int64, ok bool, err error) {
 	floor := int64(segHeaderSize)
 	if h.version == segV2 {
 		floor = h.dataBase
 	}
 	if size < floor+int64(segFooterFixed(h.version)) {
-		return nil, 0, 0, false
+		return nil, 0, 0, false, nil
 	}
 	var tail [24]byte
-	if n, _ := f.ReadAt(tail[:], size-24); n < 24 {
-		return nil, 0, 0, false
+	if err := readFull(f, tail[:], size-24); err != nil {
+		return nil, 0, 0, false, err
 	}
 	count, ok := footerCount(tail[:], h.id, h.version)
 	footer := int64(count)*segEntrySize + int64(segFooterFixed(h.version))
 	if !ok || size-footer < floor {
-		return nil, 0, 0, false
+		return nil, 0, 0, false, nil
 	}
 	b := make([]byte, footer)
-	if n, _ := f.ReadAt(b, size-footer); int64(n) < footer {
-		return nil, 0, 0, false
+	if err := readFull(f, b, size-footer); err != nil {
+		return nil, 0, 0, false, err
 	}
 	limit := size - footer
 	if h.version == segV2 {
 		limit = h.dataBase
 	}
 	offs, entriesEnd, ok = decodeFooter(b, h.id, h.version, limit)
-	return offs, entriesEnd, size - footer, ok
+	return offs, entriesEnd, size - footer, ok, nil
+}
+
+// readFull reads len(b) bytes at off, within the file's size: any failure
+// is an I/O error.
+func readFull(f File, b []byte, off int64) error {
+	if n, err := f.ReadAt(b, off); n < len(b) {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // NB: shrunk since it was listed
+		}
+		return ioErr("read", err)
+	}
+	return nil
 }
 
 // recordAt reads and checks the header of the version 1 record at off,
@@ -432,6 +448,9 @@ func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFo
 	}
 	if err := s.sealSegment(sc.head, entriesEnd, good, offs); err != nil {
 		res.Unsealed++ // walked again at the next start
+		if errors.Is(err, messages.ErrTierFull) {
+			res.SealsFull++
+		}
 	}
 	return seg, true
 }

@@ -334,10 +334,12 @@ type ScanResult struct {
 	Removed int       // leftovers removed: temporary files, misnamed or mis-sized block files; bad segments and records
 	Skipped int       // entries that are not ours, left alone
 	// The segment layout's: torn tails truncated (and their bytes), and
-	// segments left unsealed (an I/O error; walked again at the next start).
+	// segments left unsealed (an I/O error; walked again at the next start),
+	// of them SealsFull for lack of room.
 	Torn      int
 	TornBytes int64
 	Unsealed  int
+	SealsFull int
 }
 
 // Scan walks the root and lists the block files, oldest first (the

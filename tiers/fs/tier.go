@@ -110,7 +110,7 @@ func Open(cfg Config) (*Tier, error) {
 	removed := t.scan.Removed + over + t.scan.Torn
 	t.stats = messages.SecondaryStats{Name: cfg.Name, Kind: tiers.KindFS, Healthy: true,
 		ScannedBlocks: t.l.Blocks(), ScanRemoved: removed, Capacity: cfg.Capacity,
-		ChoreFailures: uint64(t.scan.Unsealed)}
+		ChoreFailures: uint64(t.scan.Unsealed), ChoresFull: uint64(t.scan.SealsFull)}
 	t.workers = tiers.NewWorkers(cfg.Workers, cfg.Queue)
 	ev := cfg.Log.Info()
 	if t.scan.Torn > 0 || t.scan.Unsealed > 0 {
@@ -379,6 +379,9 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.inFlight--
 		if m.err != nil {
 			a.t.stats.ChoreFailures++
+			if errors.Is(m.err, messages.ErrTierFull) {
+				a.t.stats.ChoresFull++
+			}
 			a.log.Warn().Err(m.err).Msg("fs tier: " + m.c.what + " failed")
 		}
 		m.c.done(m.err)
@@ -469,6 +472,13 @@ func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
 	if err := storable(m.Key); err != nil {
 		a.t.stats.WriteFailures++
 		respond(err)
+		return
+	}
+	if n := a.t.cfg.BlockBytes; n > 0 && len(m.Src) != n {
+		// NB: never stored: the scan drops any block of another size, and
+		// in a segment it would shift the slots of every block after it.
+		a.t.stats.WriteFailures++
+		respond(fmt.Errorf("%w: %v: a block of %d bytes, this tier's are %d", messages.ErrBadRequest, m.Key, len(m.Src), n))
 		return
 	}
 	if a.t.workers.Queued() >= a.t.cfg.Queue {
