@@ -26,6 +26,17 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
+// crashAfterWriting writes blocks 0..n-1 (with provenance) through a tier
+// that then stops as a killed process leaves its disk: no seal.
+func crashAfterWriting(t *testing.T, cfg Config, n int) {
+	t.Run("crash", func(t *testing.T) {
+		h := openTierWith(t, cfg, harnessOpts{crash: true})
+		for i := range n {
+			h.write(i, provOf(i))
+		}
+	})
+}
+
 // recCost is what one record takes in a segment: its entry, its block and
 // its footer entry.
 func recCost(p *messages.Provenance) int64 {
@@ -395,12 +406,7 @@ func TestSegmentsTornTail(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
 			cfg := Config{Root: root, Layout: LayoutSegments}
-			t.Run("crash", func(t *testing.T) {
-				h := openTierWith(t, cfg, harnessOpts{crash: true})
-				for i := range 5 {
-					h.write(i, provOf(i))
-				}
-			})
+			crashAfterWriting(t, cfg, 5)
 			segs, _ := segFiles(t, root)
 			require.Len(t, segs, 1)
 			last, ok := findBlock(t, root, benchKey(4))
@@ -712,12 +718,7 @@ func TestSegmentsFailedSealCountedNothingLost(t *testing.T) {
 func TestSegmentsEntryOutOfItsSlotsSkipped(t *testing.T) {
 	root := t.TempDir()
 	cfg := Config{Root: root, Layout: LayoutSegments}
-	t.Run("crash", func(t *testing.T) {
-		h := openTierWith(t, cfg, harnessOpts{crash: true})
-		for i := range 4 {
-			h.write(i, provOf(i))
-		}
-	})
+	crashAfterWriting(t, cfg, 4)
 	sp, ok := findBlock(t, root, benchKey(2))
 	require.True(t, ok)
 	f, err := os.OpenFile(sp.path, os.O_WRONLY, 0)
