@@ -27,9 +27,9 @@ type Config struct {
 	Workers    int    // I/O goroutines (default 4)
 	Queue      int    // I/O operations waiting for a goroutine before writes are shed (default 256)
 	FS         FS     // nil: the real filesystem
-	// Layout is how blocks are kept: "files" (the default: one file per
-	// block) or "segments" (packed into append-only segment files; block
-	// files found in the root are read through). See doc.go.
+	// Layout is how blocks are kept: "segments" (DefaultLayout: packed
+	// into append-only segment files; block files found in the root are
+	// read through) or "files" (one file per block). See doc.go.
 	Layout string
 	// SegmentBytes is the size a segment is sealed at (segments layout;
 	// default 64 MiB, and at most an eighth of a nonzero Capacity).
