@@ -56,9 +56,10 @@ type Config struct {
 	// Namespace, if set, is the only layout namespace the engine endpoint
 	// accepts keys in; Hello tells engines.
 	Namespace string `yaml:"namespace"`
-	// EngineClock drives engine-session liveness; nil is the wall clock. It
-	// is not Clock on purpose: a test that advances lease and job time must
-	// not thereby declare its engine connections dead.
+	// EngineClock drives engine-session liveness and the endpoint's call
+	// deadlines; nil is the wall clock. It is not Clock on purpose: a test
+	// that advances lease and job time must not thereby declare its engine
+	// connections dead, nor time out their calls.
 	EngineClock supervision.Clock `yaml:"-"`
 
 	// Events publishes KV events in vLLM's wire format (events_config.go).

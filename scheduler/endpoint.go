@@ -58,7 +58,7 @@ type Endpoint struct {
 type EndpointConfig struct {
 	Listen      ListenOptions
 	Bridge      *actor.PID        // the bridge, where calls go
-	Clock       supervision.Clock // session liveness timers
+	Clock       supervision.Clock // session liveness timers and call deadlines
 	NodeClock   supervision.Clock // drain deadlines (the bridge's clock)
 	Grace       time.Duration     // a session silent this long is released
 	CallTimeout time.Duration     // a call with no timeout_ms
@@ -298,6 +298,9 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		case <-e.done:
 			return
 		}
+		// NB: stopped before the reply goes out, so that an engine that has
+		// its answer sees no timer of the call left (TestLifecycle*).
+		timer.Stop()
 		e.reply(peer, body)
 		e.system.Root.Send(e.pid, &callDone{session: sid})
 	})
