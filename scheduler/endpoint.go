@@ -282,7 +282,6 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 	expired := make(chan struct{})
 	timer := e.cfg.Clock.AfterFunc(timeout, func() { close(expired) })
 	started := e.track.goTracked(func() {
-		defer timer.Stop()
 		var body []byte
 		select {
 		case r := <-reply:
@@ -296,6 +295,7 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		case <-expired:
 			body = wire.EncodeError(q.ID, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded))
 		case <-e.done:
+			timer.Stop()
 			return
 		}
 		// NB: stopped before the reply goes out, so that an engine that has

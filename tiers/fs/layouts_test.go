@@ -29,8 +29,14 @@ import (
 // crashAfterWriting writes blocks 0..n-1 (with provenance) through a tier
 // that then stops as a killed process leaves its disk: no seal.
 func crashAfterWriting(t *testing.T, cfg Config, n int) {
-	t.Run("crash", func(t *testing.T) {
-		h := openTierWith(t, cfg, harnessOpts{crash: true})
+	writeBlocks(t, "crash", cfg, n, harnessOpts{crash: true})
+}
+
+// writeBlocks writes blocks 0..n-1 (with provenance) through a tier opened
+// with o, in a subtest named name, at whose end the tier stops.
+func writeBlocks(t *testing.T, name string, cfg Config, n int, o harnessOpts) {
+	t.Run(name, func(t *testing.T) {
+		h := openTierWith(t, cfg, o)
 		for i := range n {
 			h.write(i, provOf(i))
 		}
@@ -535,12 +541,7 @@ func TestSegmentsEvictWholeSegmentsWithinCapacity(t *testing.T) {
 // while new blocks go to segments.
 func TestSegmentsReadThroughBlockFiles(t *testing.T) {
 	root := t.TempDir()
-	t.Run("files", func(t *testing.T) {
-		h := openTier(t, Config{Root: root, Layout: LayoutFiles})
-		for i := range 6 {
-			h.write(i, provOf(i))
-		}
-	})
+	writeBlocks(t, "files", Config{Root: root, Layout: LayoutFiles}, 6, harnessOpts{})
 	require.Equal(t, 6, blockFiles(t, root))
 	// Room for the six block files and two one-block segments, and then a
 	// third segment once two block files are gone: a segment of one block
@@ -654,12 +655,7 @@ func TestSegmentsCapacityShrankKeepsTheNewest(t *testing.T) {
 // neither served nor removed: the next start serves it.
 func TestSegmentsUnreadableAtStartIsKept(t *testing.T) {
 	root := t.TempDir()
-	t.Run("write", func(t *testing.T) {
-		h := openTier(t, Config{Root: root, Layout: LayoutSegments})
-		for i := range 3 {
-			h.write(i, provOf(i))
-		}
-	})
+	writeBlocks(t, "write", Config{Root: root, Layout: LayoutSegments}, 3, harnessOpts{})
 	segs, _ := segFiles(t, root)
 	require.Len(t, segs, 1)
 	faulty := NewFaulty(OS{})
