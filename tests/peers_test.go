@@ -291,7 +291,7 @@ func TestPeersBenchScenariosRun(t *testing.T) {
 	small := []string{"--json", "--blocks", "64", "--block-bytes", "65536", "--pool-bytes", "33554432"}
 	m := run(append([]string{"p2p-matrix", "--step-ms", "150", "--visible-steps", "3", "--cold-rounds", "1",
 		"--warm-rounds", "2", "--prompt", "64", "--chunk", "4", "--requests", "2"}, small...)...)
-	for _, k := range []string{"idle_cold_s", "idle_warm_s", "busy_cold_s", "busy_warm_s", "busy_penalty", "store_to_peer_visible_p99_ms", "peer_lookup_p50_us", "peer_lookup_p99_us"} {
+	for _, k := range []string{"idle_cold_s", "idle_warm_s", "busy_cold_s", "busy_warm_s", "busy_penalty", "store_to_peer_visible_p99_ms", "peer_lookup_p50_us", "peer_lookup_p99_us", "source_commit_phase_p50_ms"} {
 		require.Positive(t, m[k], k)
 	}
 	require.EqualValues(t, 6, m["store_to_peer_visible_samples"])

@@ -74,16 +74,21 @@ type P2PMatrixResult struct {
 	// visible probe's lookups (one step's blocks of every busy request, back
 	// to back) from a peer of the busy source: a peer's lookup while the
 	// source's engine is busy; target p99 < 1 ms.
-	PeerLookupP50Us  float64   `json:"peer_lookup_p50_us"`
-	PeerLookupP99Us  float64   `json:"peer_lookup_p99_us"`
-	PeerLookups      int       `json:"peer_lookups"`
-	FetchBlocks      int       `json:"fetch_blocks"`
-	BlockBytes       int       `json:"block_bytes"`
-	FetchMB          float64   `json:"fetch_mb"`
-	StepMs           int       `json:"source_step_ms"`
-	Requests         int       `json:"source_requests"`
-	IdleWarmSamplesS []float64 `json:"idle_warm_samples_s"`
-	BusyWarmSamplesS []float64 `json:"busy_warm_samples_s"`
+	PeerLookupP50Us float64 `json:"peer_lookup_p50_us"`
+	PeerLookupP99Us float64 `json:"peer_lookup_p99_us"`
+	PeerLookups     int     `json:"peer_lookups"`
+	// SourceCommitP50Ms and SourceCommitP99Ms are the busy engine's side of
+	// the same steps: its boundary's JobDone calls (one per request), first
+	// call to last answer, while the probe's lookups compete for the cores.
+	SourceCommitP50Ms float64   `json:"source_commit_phase_p50_ms"`
+	SourceCommitP99Ms float64   `json:"source_commit_phase_p99_ms"`
+	FetchBlocks       int       `json:"fetch_blocks"`
+	BlockBytes        int       `json:"block_bytes"`
+	FetchMB           float64   `json:"fetch_mb"`
+	StepMs            int       `json:"source_step_ms"`
+	Requests          int       `json:"source_requests"`
+	IdleWarmSamplesS  []float64 `json:"idle_warm_samples_s"`
+	BusyWarmSamplesS  []float64 `json:"busy_warm_samples_s"`
 }
 
 // P2PThroughputResult is the throughput scenario's report.
@@ -172,7 +177,7 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	if err := m.setBusy(false); err != nil {
 		return res, err
 	}
-	vis, probe, err := measureVisible(ctx, o, src, sets)
+	vis, phases, probe, err := measureVisible(ctx, o, src, sets)
 	if err != nil {
 		return res, err
 	}
@@ -190,6 +195,7 @@ func RunP2PMatrix(ctx context.Context, o P2POptions) (res P2PMatrixResult, err e
 	res.VisibleSamples = len(vis)
 	res.VisibleP50Ms, res.VisibleP99Ms = percentileMs(vis, 0.50), percentileMs(vis, 0.99)
 	res.PeerLookupP50Us, res.PeerLookupP99Us, res.PeerLookups = probe.LookupP50Us, probe.LookupP99Us, probe.Lookups
+	res.SourceCommitP50Ms, res.SourceCommitP99Ms = percentileMs(phases, 0.50), percentileMs(phases, 0.99)
 	return res, nil
 }
 
@@ -308,45 +314,50 @@ func fetchOnce(o P2POptions, src, cons *child, sets *keySets) (float64, error) {
 
 // measureVisible restarts the busy engine on fresh keys while a peer
 // watches each step's stores; milliseconds from commit to visible, and the
-// watcher's report (its lookups' round trips).
-func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) ([]float64, nodeReply, error) {
+// watcher's report (its lookups' round trips), and the source's commit
+// phases over the same steps (milliseconds).
+func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets) (visible, phases []float64, probe nodeReply, err error) {
 	if _, err := src.call(p2pStopBusy{}); err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	cons, err := startP2PNode(ctx, o, "cons-visible", src)
 	if err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	defer cons.quit()
 	if _, err := cons.call(p2pWaitPeer{Node: src.id}); err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	busy := o.busy(sets.take())
 	if err := cons.send(p2pProbeSteps{Node: src.id, Steps: o.VisibleSteps, Shape: busy}); err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	if _, err := src.call(p2pStartBusy{Shape: busy}); err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	seen, err := cons.recv()
 	if err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	commits, err := src.call(p2pCommitTimes{})
 	if err != nil {
-		return nil, nodeReply{}, err
+		return nil, nil, nodeReply{}, err
 	}
 	if len(commits.Times) < len(seen.Times) {
-		return nil, nodeReply{}, errors.New("fewer commits than visible blocks")
+		return nil, nil, nodeReply{}, errors.New("fewer commits than visible blocks")
 	}
-	out := make([]float64, len(seen.Times))
+	visible = make([]float64, len(seen.Times))
 	for i, t := range seen.Times {
-		out[i] = float64(t-commits.Times[i]) / 1e6
+		visible[i] = float64(t-commits.Times[i]) / 1e6
+	}
+	for _, p := range commits.PhasesNs[:min(len(commits.PhasesNs), o.VisibleSteps)] { // the steps probed
+		phases = append(phases, float64(p)/1e6)
 	}
 	if os.Getenv("KVTIER_BENCH_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "store to visible, ms, per (step, request): %.2f\n", out)
+		fmt.Fprintf(os.Stderr, "store to visible, ms, per (step, request): %.2f\n", visible)
+		fmt.Fprintf(os.Stderr, "source commit phases, ms: %.2f\n", phases)
 	}
-	return out, seen, nil
+	return visible, phases, seen, nil
 }
 
 // RunP2PThroughput compares fetch throughput with a raw TCP copy of the

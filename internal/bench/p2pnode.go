@@ -114,6 +114,7 @@ type nodeReply struct {
 	Verified  int                  `json:"verified,omitempty"`
 	Nanos     int64                `json:"ns,omitempty"`
 	Times     []int64              `json:"times,omitempty"`
+	PhasesNs  []int64              `json:"phases_ns,omitempty"` // the busy engine's commit phases
 	PeerStats []messages.PeerStats `json:"peer_stats,omitempty"`
 	Steps     int                  `json:"steps,omitempty"`
 	// LookupP50Us and LookupP99Us: the probe's peer lookups, round trip.
@@ -202,6 +203,7 @@ type driver struct {
 	busyDone chan struct{}
 	mu       sync.Mutex
 	commits  []int64 // busy loop: commit time (unix ns) of each step's stores, per request
+	phases   []int64 // busy loop: each boundary's JobDone calls, first call to last answer (ns)
 	reqSeq   int
 }
 
@@ -224,7 +226,7 @@ func (d *driver) do(ctx context.Context, q p2pRequest) (nodeReply, error) {
 	case p2pCommitTimes:
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		return nodeReply{Times: append([]int64(nil), d.commits...)}, nil
+		return nodeReply{Times: append([]int64(nil), d.commits...), PhasesNs: append([]int64(nil), d.phases...)}, nil
 	case p2pProbeSteps:
 		return d.probeSteps(ctx, q)
 	case p2pRawRecv:
@@ -342,7 +344,7 @@ func (d *driver) startBusy(c busyShape) {
 	stop, done := make(chan struct{}), make(chan struct{})
 	d.busyStop, d.busyDone = stop, done
 	d.mu.Lock()
-	d.commits = nil
+	d.commits, d.phases = nil, nil
 	d.mu.Unlock()
 	go func() {
 		defer close(done)
@@ -372,6 +374,7 @@ func (d *driver) busyLoop(ctx context.Context, c busyShape) error {
 		g, chunk := s/perReq, s%perReq
 		// Boundary, part 1: the previous step's copies are done.
 		if s > 0 {
+			start := time.Now()
 			for r := range plans {
 				for w := 0; w < plans[r].Workers; w++ {
 					if err := d.m.JobDone(ctx, plans[r].Job, w, true); err != nil {
@@ -382,6 +385,9 @@ func (d *driver) busyLoop(ctx context.Context, c busyShape) error {
 				d.commits = append(d.commits, time.Now().UnixNano())
 				d.mu.Unlock()
 			}
+			d.mu.Lock()
+			d.phases = append(d.phases, time.Since(start).Nanoseconds())
+			d.mu.Unlock()
 		}
 		// Part 2: a finished generation of requests leaves; lookups and
 		// stores of this step.
