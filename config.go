@@ -53,6 +53,17 @@ type Config struct {
 	// socket and the pool file: both become mode 0660 in that group instead
 	// of 0600.
 	EngineGroup string `yaml:"engine_group"`
+	// EnginePoll, if positive, is how long a unix:// engine connection is
+	// polled after its last frame or reply before the daemon waits for the
+	// next one in the network poller: the calls of an engine's step, back
+	// to back, then find the daemon's reader awake instead of paying a
+	// wake-up each (docs/PERFORMANCE.md, issue 17 "Round 4": a 16-key
+	// Lookup from Python 3-4× faster on a 2-vCPU VM). It costs up to one
+	// core for this long after each burst, none while engines are idle,
+	// and delays the node's other network I/O while both cores are busy:
+	// for nodes with cores to spare. 0: off. At most 10ms
+	// (scheduler.SuggestedEnginePoll is 100µs).
+	EnginePoll time.Duration `yaml:"engine_poll"`
 	// Namespace, if set, is the only layout namespace the engine endpoint
 	// accepts keys in; Hello tells engines.
 	Namespace string `yaml:"namespace"`
@@ -94,6 +105,7 @@ const (
 	DefaultEngineJobTimeout = 300 * time.Second
 	DefaultCallTimeout      = 10 * time.Second
 	DefaultEngineGrace      = 10 * time.Second
+	maxEnginePoll           = 10 * time.Millisecond
 )
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -144,6 +156,8 @@ func (c Config) Validate() error {
 		return bad("call_timeout %v must be positive", c.CallTimeout)
 	case c.EngineGrace < 0:
 		return bad("engine_grace %v must be positive", c.EngineGrace)
+	case c.EnginePoll < 0 || c.EnginePoll > maxEnginePoll:
+		return bad("engine_poll %v (want 0, off, up to %v: longer is a spinning daemon)", c.EnginePoll, maxEnginePoll)
 	case c.EngineListen != "" && c.PoolPath == "":
 		return bad("engine_listen needs a pool_path engines can map (an anonymous memfd has no name)")
 	case len(c.Namespace) > 64:

@@ -85,6 +85,8 @@ func TestLoadConfigFileBad(t *testing.T) {
 		{"bad duration", "lease_ttl: soon\n", "lease_ttl"},
 		{"negative duration", "call_timeout: -1s\n", "call_timeout"},
 		{"wrong type int", "job_workers: many\n", "job_workers"},
+		{"engine_poll past its bound", "engine_poll: 20ms\n", "engine_poll 20ms"},
+		{"negative engine_poll", "engine_poll: -1us\n", "engine_poll -1µs"},
 		{"bad policy", "policy: fifo\n", "policy"},
 		{"not a mapping", "- pool_bytes: 1\n", "mapping"},
 		{"two documents", "policy: lru\n---\npolicy: arc\n", "single YAML document"},

@@ -56,7 +56,7 @@ func (n *Node) openEndpoint() error {
 		clock = supervision.RealClock{}
 	}
 	ep, err := scheduler.NewEndpoint(scheduler.EndpointConfig{
-		Listen:      scheduler.ListenOptions{Addr: c.EngineListen, AllowRemote: c.EngineAllowRemote, Mode: mode, GID: gid},
+		Listen:      scheduler.ListenOptions{Addr: c.EngineListen, AllowRemote: c.EngineAllowRemote, Mode: mode, GID: gid, Poll: c.EnginePoll},
 		Clock:       clock,
 		NodeClock:   c.Clock,
 		Grace:       c.EngineGrace,

@@ -34,13 +34,19 @@ func (r *rawUnix) call(q *wire.Request) *wire.Reply {
 // Over unix:// a connection is an engine session: when it ends without a
 // Bye, what the session held (write-pending slots, a store job) is released
 // at once; a frame whose length prefix is out of bounds ends the connection
-// (the stream cannot be resynchronised) and the node keeps serving others.
+// (the stream cannot be resynchronised) and the node keeps serving others;
+// the same with the connections polled between calls (engine_poll).
 func TestUnixConnectionIsTheSession(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testUnixConnectionIsTheSession(t, 0) })
+	t.Run("polled", func(t *testing.T) { testUnixConnectionIsTheSession(t, 100*time.Microsecond) })
+}
+
+func testUnixConnectionIsTheSession(t *testing.T, poll time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock")})
+		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"), EnginePoll: poll})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
 	require.Equal(t, "unix://"+filepath.Join(dir, "engine.sock"), node.EngineAddr())

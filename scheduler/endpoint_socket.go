@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
@@ -32,6 +33,10 @@ type ListenOptions struct {
 	AllowRemote bool        // permit a tcp address that is not loopback
 	Mode        os.FileMode // ipc socket file mode (0600 by default)
 	GID         int         // group of the ipc socket file; -1 = unchanged
+	// Poll: how long a unix:// connection is polled after its last frame
+	// or reply before its reader waits in the network poller (pollConn);
+	// 0 or less: never polled. Other transports ignore it.
+	Poll time.Duration
 }
 
 // listener is a bound engine socket: a ZeroMQ ROUTER (ipc://, tcp://) or

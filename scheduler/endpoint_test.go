@@ -139,21 +139,29 @@ func (answeringBridge) Receive(ctx actor.Context) {
 // time, over the unix transport, against a bridge that answers at once:
 // the endpoint's own hops (reader, actor, reply, writer), no tier; the
 // actors' mailboxes on protoactor's default dispatcher (a new goroutine per
-// activation) and on the node's (actors.WarmDispatcher).
+// activation) and on the node's (actors.WarmDispatcher), the connection
+// read plainly or polled for SuggestedEnginePoll after each reply (pollConn:
+// with the client in the same process, polling makes it slower).
 func BenchmarkEndpointLookupRoundTrip(b *testing.B) {
-	b.Run("goroutine-per-activation", func(b *testing.B) { benchRoundTrip(b) })
-	b.Run("warm-pool", func(b *testing.B) {
-		d := actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
-		defer func() { _ = d.Close(context.Background()) }()
-		benchRoundTrip(b, actor.WithDispatcher(d))
-	})
+	b.Run("goroutine-per-activation", func(b *testing.B) { benchRoundTrip(b, 0) })
+	for _, poll := range []time.Duration{0, SuggestedEnginePoll} {
+		name := "warm-pool"
+		if poll > 0 {
+			name += "-polled"
+		}
+		b.Run(name, func(b *testing.B) {
+			d := actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
+			defer func() { _ = d.Close(context.Background()) }()
+			benchRoundTrip(b, poll, actor.WithDispatcher(d))
+		})
+	}
 }
 
-func benchRoundTrip(b *testing.B, opts ...actor.PropsOption) {
+func benchRoundTrip(b *testing.B, poll time.Duration, opts ...actor.PropsOption) {
 	system := actor.NewActorSystem()
 	defer system.Shutdown()
 	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return answeringBridge{} }, opts...))
-	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock")},
+	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock"), Poll: poll},
 		Grace: time.Hour, CallTimeout: time.Hour})
 	require.NoError(b, err)
 	defer e.Close()

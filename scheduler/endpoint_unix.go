@@ -39,6 +39,7 @@ type unixSocket struct {
 	mu    sync.Mutex
 	conns map[string]net.Conn // by connection id
 	seq   uint64
+	poll  time.Duration // each connection's polling window (pollConn); <= 0: none
 }
 
 // listenUnix binds a Unix stream socket at path, restricted as listenIPC
@@ -57,7 +58,7 @@ func listenUnix(path string, o ListenOptions, log zerolog.Logger, watch zmqx.Con
 	if err != nil {
 		return nil, err
 	}
-	s := &unixSocket{ln: ln, watch: watch, log: log, done: make(chan struct{}), conns: map[string]net.Conn{}}
+	s := &unixSocket{ln: ln, watch: watch, log: log, done: make(chan struct{}), conns: map[string]net.Conn{}, poll: o.Poll}
 	return &listener{sock: s, addr: "unix://" + path, path: path}, nil
 }
 
@@ -98,6 +99,7 @@ func (s *unixSocket) serve(deliver func(inFrame)) error {
 		}
 		s.seq++
 		id := "unix-" + strconv.FormatUint(s.seq, 10)
+		c = newPollConn(c, s.poll)
 		s.conns[id] = c
 		s.wg.Add(1)
 		s.mu.Unlock()

@@ -9,7 +9,7 @@
 //	        [--block-bytes SIZE] [--policy lru|arc]
 //	        [--metrics-listen ADDR] [--log-level LEVEL]
 //	        [--log-format auto|console|json] [--shutdown-timeout DUR]
-//	        [--engine-listen ADDR] [--engine-grace DUR] [--engine-group GROUP]
+//	        [--engine-listen ADDR] [--engine-grace DUR] [--engine-poll DUR] [--engine-group GROUP]
 //	        [--events-endpoint ADDR] [--events-replay ADDR] [--events-topic TOPIC]
 //
 // Flags given on the command line override the config file. Sizes take
@@ -90,6 +90,7 @@ type options struct {
 	shutdownTimeout time.Duration
 	engineListen    string
 	engineGrace     time.Duration
+	enginePoll      time.Duration
 	engineGroup     string
 	eventsEndpoint  string
 	eventsReplay    string
@@ -120,6 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
 	fs.StringVar(&o.engineListen, "engine-listen", "", "engine endpoint `address`: ipc:///path, unix:///path (length-prefixed frames, no ZeroMQ) or tcp://127.0.0.1:PORT (default from config, else none)")
 	fs.DurationVar(&o.engineGrace, "engine-grace", 0, "release an engine connection silent this long (default from config, else 10s)")
+	fs.DurationVar(&o.enginePoll, "engine-poll", 0, "poll a unix:// engine connection this long after its last call before waiting for the next, e.g. 100us (default from config, else 0: off)")
 	fs.StringVar(&o.engineGroup, "engine-group", "", "`group` allowed to use the engine socket and the pool file (mode 0660)")
 	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")
 	fs.StringVar(&o.eventsReplay, "events-replay", "", "KV events replay ROUTER `address` to bind, e.g. tcp://*:5558 (default from config, else off)")
@@ -204,6 +206,9 @@ func buildConfig(o options) (kvtier.Config, error) {
 			return cfg, fmt.Errorf("%w: engine_grace (--engine-grace) %v must be positive", messages.ErrBadConfig, o.engineGrace)
 		}
 		cfg.EngineGrace = o.engineGrace
+	}
+	if o.set["engine-poll"] {
+		cfg.EnginePoll = o.enginePoll
 	}
 	if o.set["engine-group"] {
 		cfg.EngineGroup = o.engineGroup

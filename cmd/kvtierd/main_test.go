@@ -38,6 +38,11 @@ func TestFlagsOverrideFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "lru", cfg.Policy)
 	require.Equal(t, "/dev/shm/x.pool", cfg.PoolPath)
+	require.Zero(t, cfg.EnginePoll, "engine polling is off unless asked for")
+
+	cfg, err = buildConfig(parse(t, "--config", p, "--engine-poll", "100us"))
+	require.NoError(t, err)
+	require.Equal(t, 100*time.Microsecond, cfg.EnginePoll)
 }
 
 func TestPoolPathDefaults(t *testing.T) {
@@ -64,6 +69,7 @@ func TestBadFlags(t *testing.T) {
 		{"--pool-bytes", "0"},
 		{"--block-bytes", "-1"},
 		{"--policy", "fifo"},
+		{"--engine-poll", "1s"},
 	} {
 		_, err := buildConfig(parse(t, args...))
 		require.ErrorIs(t, err, messages.ErrBadConfig, "%v", args)

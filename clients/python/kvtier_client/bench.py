@@ -14,11 +14,19 @@ line per figure, or one JSON object with ``lookup_N_p50_us`` /
 (p50s, with ``_p99_us`` twins), and ``lookup_16_over_floor``: the median of
 the rounds' lookup-16 p50 over the same round's floor p50 on the transport
 used, with ``lookup_16_over_floor_spread`` (half the interquartile range).
+
+Over unix the headline figures are a daemon polling its connection between
+calls (``--engine-poll``, ``--daemon-poll-us``) and a client polling for its
+reply (``poll_us``); the same run also measures the client polling alone
+against a daemon on its defaults (``lookup_N_client_poll_*``) and neither
+polling (``lookup_N_no_poll_*``, the baseline), and reports
+``poll_speedup_16``: the baseline's 16-key p50 over the headline's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -32,6 +40,7 @@ from typing import Callable, Dict, List
 import zmq
 
 from kvtier_client import HIT, Client, Request
+from kvtier_client.client import DEFAULT_POLL_US
 
 BLOCK = 4096
 SIZES = (16, 64, 256, 2000)
@@ -84,11 +93,12 @@ def timed(n: int, call: Callable[[], None]) -> List[float]:
     return out
 
 
-def start_daemon(kvtierd: str, tmp: str, transport: str = "ipc") -> tuple:
-    addr = f"{transport}://{tmp}/engine.sock"
+def start_daemon(kvtierd: str, tmp: str, transport: str = "ipc", name: str = "engine", poll_us: int = 0) -> tuple:
+    addr = f"{transport}://{tmp}/{name}.sock"
     proc = subprocess.Popen(
-        [kvtierd, "--engine-listen", addr, "--pool-path", f"{tmp}/pool", "--pool-bytes", str(4096 * BLOCK),
-         "--block-bytes", str(BLOCK), "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+        [kvtierd, "--engine-listen", addr, "--pool-path", f"{tmp}/{name}.pool", "--pool-bytes", str(4096 * BLOCK),
+         "--block-bytes", str(BLOCK), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
+         "--engine-poll", f"{poll_us}us"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # the daemon says when it listens
         if "kvtierd listening" in line:
@@ -158,33 +168,54 @@ def fill(c: Client) -> list:
     return keys
 
 
-def measure(c: Client, floors: Dict[str, Callable[[], None]], transport: str, rounds: int, per_round: int) -> dict:
-    keys = fill(c)
-    reqs = {n: Request(f"probe-{n}") for n in SIZES}
-    for n in SIZES:
-        assert c.lookup(reqs[n], keys[:n])[-1] == HIT, "the stored keys hit"
-    samples: Dict[str, List[float]] = {name: [] for name in [f"lookup_{n}" for n in SIZES] + list(floors)}
+def measure(clients: Dict[str, Client], floors: Dict[str, Callable[[], None]], transport: str, rounds: int,
+            per_round: int) -> dict:
+    """Lookups through each client (by figure suffix: "" is the headline
+    configuration) and the floors, interleaved round by round."""
+    keys = []
+    filled = set()
+    for c in clients.values():
+        if c.hello.pool_path not in filled:  # one fill per daemon
+            keys = fill(c)
+            filled.add(c.hello.pool_path)
+    reqs = {(sfx, n): Request(f"probe{sfx}-{n}") for sfx in clients for n in SIZES}
+    for (sfx, n), q in reqs.items():
+        assert clients[sfx].lookup(q, keys[:n])[-1] == HIT, "the stored keys hit"
+    lookups = [(f"lookup_{n}{sfx}", (lambda c, ks, q: lambda: c.lookup(q, ks))(c, keys[:n], reqs[(sfx, n)]))
+               for sfx, c in clients.items() for n in SIZES]
+    samples: Dict[str, List[float]] = {name: [] for name in [n for n, _ in lookups] + list(floors)}
     ratios = []
     floor_name = "floor_unix_rtt" if transport == "unix" else "floor_pyzmq_ipc_rtt"
     for r in range(rounds):
         got = {}
         # NB: the floors and the lookups alternate which goes first.
         order = [*floors.items()]
-        lookups = [(f"lookup_{n}", (lambda ks, q: lambda: c.lookup(q, ks))(keys[:n], reqs[n])) for n in SIZES]
         for name, call in (order + lookups if r % 2 == 0 else lookups + order):
             got[name] = timed(per_round, call)
             samples[name] += got[name]
         ratios.append(percentile_us(got["lookup_16"], 0.5) / percentile_us(got[floor_name], 0.5))
-    for n in SIZES:
-        c.request_finished(reqs[n])
+    for (sfx, _), q in reqs.items():
+        clients[sfx].request_finished(q)
     out = {}
     for name, xs in samples.items():
         out[f"{name}_us" if name.startswith("floor") else f"{name}_p50_us"] = percentile_us(xs, 0.50)
         out[f"{name}_p99_us"] = percentile_us(xs, 0.99)
     lo, mid, hi = quartiles(ratios)
     out["lookup_16_over_floor"], out["lookup_16_over_floor_spread"] = mid, (hi - lo) / 2
+    if "_no_poll" in clients:
+        out["poll_speedup_16"] = out["lookup_16_no_poll_p50_us"] / out["lookup_16_p50_us"]
     out["floor"], out["rounds"] = floor_name, rounds
     return out
+
+
+def configurations(args) -> List[tuple]:
+    """(figure suffix, daemon --engine-poll µs, client poll_us) measured:
+    the headline first; over unix also the client polling alone (a daemon
+    on its defaults) and neither polling, the baseline."""
+    if args.transport != "unix":
+        return [("", 0, 0)]
+    return [("", args.daemon_poll_us, args.client_poll_us), ("_client_poll", 0, args.client_poll_us),
+            ("_no_poll", 0, 0)]
 
 
 def main(argv=None) -> int:
@@ -194,20 +225,29 @@ def main(argv=None) -> int:
     ap.add_argument("--per-round", type=int, default=200, help="calls per figure per round")
     ap.add_argument("--transport", choices=("ipc", "unix"), default="unix",
                     help="the engine endpoint's transport: length-prefixed frames on a Unix socket, or ZeroMQ over ipc")
+    ap.add_argument("--daemon-poll-us", type=int, default=100,
+                    help="unix: the headline daemon's --engine-poll (µs; 0: off)")
+    ap.add_argument("--client-poll-us", type=int, default=DEFAULT_POLL_US,
+                    help="unix: the clients' poll_us where they poll")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="kvtier-pybench-") as tmp:
-        proc, addr = start_daemon(args.kvtierd, tmp, args.transport)
+    with tempfile.TemporaryDirectory(prefix="kvtier-pybench-") as tmp, contextlib.ExitStack() as stack:
+        clients = {}
+        for sfx, daemon_poll, client_poll in configurations(args):
+            if (daemon_poll, "daemon") not in clients:
+                proc, addr = start_daemon(args.kvtierd, tmp, args.transport, f"engine-{daemon_poll}", daemon_poll)
+                stack.callback(lambda p=proc: (p.terminate(), p.wait(timeout=30)))
+                clients[(daemon_poll, "daemon")] = addr
+            c = Client(clients[(daemon_poll, "daemon")], name="kvtier_client.bench", heartbeat=False,
+                       poll_us=client_poll)
+            stack.callback(c.close)
+            clients[sfx] = c
         unix, zmq_echo = UnixEcho(tmp), ZmqEcho(tmp)
-        try:
-            with Client(addr, name="kvtier_client.bench", heartbeat=False) as c:
-                res = measure(c, {"floor_unix_rtt": unix.once, "floor_pyzmq_ipc_rtt": zmq_echo.once},
-                              args.transport, args.rounds, args.per_round)
-        finally:
-            unix.close()
-            zmq_echo.close()
-            proc.terminate()
-            proc.wait(timeout=30)
+        stack.callback(unix.close)
+        stack.callback(zmq_echo.close)
+        res = measure({k: v for k, v in clients.items() if isinstance(k, str)},
+                      {"floor_unix_rtt": unix.once, "floor_pyzmq_ipc_rtt": zmq_echo.once},
+                      args.transport, args.rounds, args.per_round)
     res["transport"] = args.transport
     if args.json:
         print(json.dumps(res))
@@ -220,6 +260,11 @@ def main(argv=None) -> int:
           f"{res['floor_unix_rtt_us']:.1f} µs (p99 {res['floor_unix_rtt_p99_us']:.1f})")
     print(f"16-key lookup = {res['lookup_16_over_floor']:.2f}× ± {res['lookup_16_over_floor_spread']:.2f} "
           f"the {res['floor']} floor (median of {args.rounds} interleaved rounds)")
+    if "poll_speedup_16" in res:
+        print(f"16-key lookup, daemon --engine-poll {args.daemon_poll_us}us and client poll_us {args.client_poll_us}: "
+              f"{res['poll_speedup_16']:.2f}× faster at p50 than neither polling "
+              f"({res['lookup_16_no_poll_p50_us']:.1f} µs; the client polling alone: "
+              f"{res['lookup_16_client_poll_p50_us']:.1f} µs)")
     return 0
 
 

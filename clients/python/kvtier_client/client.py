@@ -158,6 +158,10 @@ def _unkeys(raw) -> List[Key]:
 
 
 MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
+
+# How long a unix:// call polls for its reply before blocking (µs): a
+# 16-key Lookup's reply comes within it on a quiet node.
+DEFAULT_POLL_US = 100
 MAX_HASH_BYTES = 64  # messages.MaxHashBytes
 
 
@@ -227,12 +231,19 @@ class _UnixTransport:
     recv would be restarted by Python with a fresh SO_RCVTIMEO, and a stream
     of signals (a profiler's timer) could stretch the wait without end. The
     rest of a longer wait is a select() (interruptible, its timeout
-    recomputed after a signal). A wait of 0 is one non-blocking recv."""
+    recomputed after a signal). A wait of 0 is one non-blocking recv.
+
+    Before any of that, a wait polls for ``poll_s`` (non-blocking recvs):
+    a small call's reply usually lands within it, and this thread is then
+    awake to take it instead of being woken, tens of µs on a VM whose idle
+    vCPUs halt (docs/PERFORMANCE.md, issue 17 "Round 4"). It spends this
+    thread's core for at most ``poll_s`` a call, while the caller would
+    be waiting anyway; 0 turns it off."""
 
     _CHUNK = 1 << 16  # bytes read per recv
     _FAST_MS = 2      # the blocking recv's bound; longer waits go on in select()
 
-    def __init__(self, path: str, timeout: float):
+    def __init__(self, path: str, timeout: float, poll_s: float = 0.0):
         deadline = time.monotonic() + timeout
         while True:  # the daemon may still be starting
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -251,6 +262,7 @@ class _UnixTransport:
         self._view = memoryview(self._chunk)
         self._buf = bytearray()  # bytes read and not yet taken by recv()
         self._mask = _signal_mask()
+        self._poll_s = poll_s
 
     def send(self, frame: bytes) -> None:
         self._s.sendall(struct.pack(">I", len(frame)) + frame)
@@ -285,6 +297,8 @@ class _UnixTransport:
         nothing did."""
         if wait_ms <= 0:
             return self._recv(socket.MSG_DONTWAIT) is not None
+        if self._poll_s > 0 and self._polled(min(self._poll_s, wait_ms / 1000.0)):
+            return True
         fast = 0
         if self._mask is not None:
             fast = min(wait_ms, self._FAST_MS)
@@ -299,6 +313,14 @@ class _UnixTransport:
                 return False
         ready, _, _ = select.select([self._s], [], [], (wait_ms - fast) / 1000.0)
         return bool(ready) and self._recv(socket.MSG_DONTWAIT) is not None
+
+    def _polled(self, for_s: float) -> bool:
+        """Non-blocking recvs for up to for_s; True once something came."""
+        end = time.perf_counter() + for_s
+        while self._recv(socket.MSG_DONTWAIT) is None:
+            if time.perf_counter() >= end:
+                return False
+        return True
 
     def poll(self, wait_ms: int) -> bool:
         if wait_ms <= 0:
@@ -325,20 +347,24 @@ class _UnixTransport:
         self._s.close()
 
 
-def _transport(addr: str, timeout: float):
+def _transport(addr: str, timeout: float, poll_us: float):
     if addr.startswith("unix://"):
-        return _UnixTransport(addr[len("unix://"):], timeout)
+        return _UnixTransport(addr[len("unix://"):], timeout, poll_us / 1e6)
     return _ZmqTransport(addr, timeout)
 
 
 class Client:
     """One engine connection. Calls are thread-safe (one lock around the
     socket); a background thread pings while the engine is idle so the
-    daemon does not release the session after its grace period."""
+    daemon does not release the session after its grace period. Over
+    unix://, a call polls for its reply for ``poll_us`` before blocking
+    (_UnixTransport); ipc:// and tcp:// ignore it."""
 
     def __init__(self, addr: str, name: str = "python", timeout: float = 10.0,
-                 heartbeat: bool = True):
-        self._sock = _transport(addr, timeout)
+                 heartbeat: bool = True, poll_us: float = DEFAULT_POLL_US):
+        if poll_us < 0:
+            raise ValueError(f"poll_us {poll_us} must be >= 0")
+        self._sock = _transport(addr, timeout, poll_us)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._timeout = timeout

@@ -85,8 +85,9 @@ class _Link:
     away. ``epoch`` counts sessions: answers and leases from an older epoch
     are void."""
 
-    def __init__(self, address: str, timeout: float, reconnect_s: float, check):
+    def __init__(self, address: str, timeout: float, reconnect_s: float, check, poll_us: float = 0.0):
         self.address, self.timeout, self.reconnect_s = address, timeout, reconnect_s
+        self.poll_us = poll_us
         self._check = check  # validates a new session's hello (geometry)
         self.client: Optional[Client] = self._connect()
         self.epoch = 1
@@ -96,7 +97,7 @@ class _Link:
         self._thread: Optional[threading.Thread] = None
 
     def _connect(self) -> Client:
-        c = Client(self.address, name="vllm-scheduler", timeout=self.timeout)
+        c = Client(self.address, name="vllm-scheduler", timeout=self.timeout, poll_us=self.poll_us)
         try:
             self._check(c.hello)
         except Exception:
@@ -153,7 +154,7 @@ class KvtierManager(OffloadingManager):
         self._spec = spec
         cfg = spec.kvtier
         self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
-                           float(cfg["kvtier_reconnect_s"]), self._check_hello)
+                           float(cfg["kvtier_reconnect_s"]), self._check_hello, float(cfg["kvtier_poll_us"]))
         self._lookup_ttl = float(cfg["kvtier_lookup_ttl_s"])
         self._single_group = len(spec.config.groups) <= 1
         tpb = spec.tokens_per_block[0] if spec.tokens_per_block else 0

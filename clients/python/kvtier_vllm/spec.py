@@ -23,6 +23,7 @@ DEFAULTS: Dict[str, Any] = {
     "kvtier_namespace_salt": "",    # tenant salt: engines with different salts never share
     "kvtier_model_id": None,        # model identity for the namespace (default: the model name/path)
     "kvtier_lookup_ttl_s": 10.0,    # re-ask kvtier for a request's HITs older than this (< lease_ttl)
+    "kvtier_poll_us": 100,          # unix://: poll for a reply this long before blocking (0: off)
 }
 
 

@@ -4,6 +4,8 @@ repository) with the Python client. Run: python3 -m pytest clients/python -q"""
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -28,19 +30,21 @@ def kvtierd_bin(tmp_path_factory):
     return out
 
 
-@pytest.fixture(params=["ipc", "unix"])
+@pytest.fixture(params=["ipc", "unix", "unix-polled"])
 def daemon(kvtierd_bin, tmp_path, request):
     """A fresh kvtierd on each engine transport (ZeroMQ over ipc, and the
-    length-prefixed unix stream): yields its engine address; SIGTERM at the
-    end."""
+    length-prefixed unix stream, read plainly or polled between calls:
+    --engine-poll): yields its engine address; SIGTERM at the end."""
     sock = str(tmp_path / "engine.sock")
-    addr = f"{request.param}://{sock}"
+    transport, _, polled = request.param.partition("-")
+    addr = f"{transport}://{sock}"
+    extra = ["--engine-poll", "100us"] if polled else []
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
     pool = os.path.join(shm, f"kvtier-pytest-{os.getpid()}-{time.monotonic_ns()}.pool")
     proc = subprocess.Popen(
         [kvtierd_bin, "--engine-listen", addr, "--pool-path", pool,
          "--pool-bytes", "8MiB", "--block-bytes", str(BLOCK), "--engine-grace", "2s",
-         "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+         "--metrics-listen", "127.0.0.1:0", "--log-format", "json", *extra],
         stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -248,6 +252,45 @@ def test_bench_reports_every_figure(kvtierd_bin, transport, capsys):
     for floor in ("floor_unix_rtt", "floor_pyzmq_ipc_rtt"):
         assert 0 < res[f"{floor}_us"] <= res[f"{floor}_p99_us"]
     assert res["lookup_16_over_floor"] > 0 and res["rounds"] == 2 and res["transport"] == transport
+    if transport == "unix":  # the baselines without polling, measured in the same run
+        for sfx in ("_client_poll", "_no_poll"):
+            for n in bench.SIZES:
+                assert 0 < res[f"lookup_{n}{sfx}_p50_us"] <= res[f"lookup_{n}{sfx}_p99_us"]
+        assert res["poll_speedup_16"] == res["lookup_16_no_poll_p50_us"] / res["lookup_16_p50_us"]
+    else:
+        assert "poll_speedup_16" not in res
+
+
+def test_unix_wait_polls_then_blocks(tmp_path):
+    """A unix:// wait polls for its poll window, then blocks: a reply later
+    than the window is still taken, one already there is taken at once,
+    and a wait with nothing coming ends at its bound."""
+    from kvtier_client.client import _UnixTransport
+
+    path = str(tmp_path / "s.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    t = _UnixTransport(path, 5.0, poll_s=100e-6)
+    peer, _ = srv.accept()
+    try:
+        later = threading.Timer(0.05, lambda: peer.sendall(struct.pack(">I", 3) + b"abc"))
+        later.start()
+        assert t.poll(5000), "a reply past the poll window is waited for"
+        assert t.recv() == b"abc"
+        later.join()
+        peer.sendall(struct.pack(">I", 2) + b"xy")
+        assert t.poll(5000) and t.recv() == b"xy"
+        assert not t.poll(5), "nothing came within the wait"
+    finally:
+        t.close()
+        peer.close()
+        srv.close()
+
+
+def test_negative_poll_is_refused():
+    with pytest.raises(ValueError):
+        Client("unix:///nonexistent/engine.sock", poll_us=-1)
 
 
 def test_key_packing_falls_back_where_it_cannot_pack():

@@ -1,0 +1,117 @@
+package scheduler
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// unixPair is a connected Unix stream pair: the accepted end (the
+// daemon's) and the dialled one (the engine's).
+func unixPair(t *testing.T) (server, client net.Conn) {
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "p.sock"))
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			c = nil
+		}
+		accepted <- c
+	}()
+	client, err = net.Dial("unix", ln.Addr().String())
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	t.Cleanup(func() { server.Close(); client.Close() })
+	return server, client
+}
+
+// echoFrames answers each frame read on c with the same frame until c
+// ends, then reports how it ended.
+func echoFrames(c net.Conn) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(c)
+		for {
+			f, err := wire.ReadFrame(r)
+			if err != nil {
+				done <- err
+				return
+			}
+			if err := wire.WriteFrame(c, f); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	return done
+}
+
+func roundTrips(t *testing.T, c net.Conn, n int) {
+	r := bufio.NewReader(c)
+	for i := range n {
+		body := []byte{byte(i), byte(i >> 8), 'k', 'v'}
+		require.NoError(t, wire.WriteFrame(c, body))
+		got, err := wire.ReadFrame(r)
+		require.NoError(t, err)
+		require.Equal(t, body, got, "round trip %d", i)
+	}
+}
+
+// Within its window a polled connection answers back-to-back frames
+// without ever waiting in the network poller; the engine closing its end
+// ends the reader with EOF, window or not.
+func TestPollConnBackToBackFramesNeverPark(t *testing.T) {
+	server, client := unixPair(t)
+	pc := newPollConn(server, time.Hour).(*pollConn) // NB: a window no gap of this test outlasts
+	done := echoFrames(pc)
+	roundTrips(t, client, 200)
+	require.Zero(t, pc.parks.Load(), "a frame within the window is read by polling")
+	require.NoError(t, client.Close())
+	require.ErrorIs(t, <-done, io.EOF)
+}
+
+// Past its window a polled connection waits in the poller as a plain one
+// does, and still reads every frame that comes later.
+func TestPollConnPastItsWindowParksAndStillReads(t *testing.T) {
+	server, client := unixPair(t)
+	pc := newPollConn(server, time.Nanosecond).(*pollConn)
+	done := echoFrames(pc)
+	roundTrips(t, client, 50)
+	require.NotZero(t, pc.parks.Load(), "a read after the window waits in the poller")
+	require.NoError(t, client.Close())
+	require.ErrorIs(t, <-done, io.EOF)
+}
+
+// Closing the daemon's end while its reader polls ends the read with
+// net.ErrClosed (the endpoint's close path), once the window is over.
+func TestPollConnCloseEndsAPollingRead(t *testing.T) {
+	server, _ := unixPair(t)
+	pc := newPollConn(server, time.Millisecond).(*pollConn)
+	done := echoFrames(pc)
+	require.NoError(t, pc.Close())
+	err := <-done
+	require.True(t, errors.Is(err, net.ErrClosed), "got %v", err)
+}
+
+// A window of 0 or less, or a connection without a descriptor, is not
+// wrapped.
+func TestPollConnNotWrappedWithoutAWindow(t *testing.T) {
+	server, _ := unixPair(t)
+	require.Same(t, server, newPollConn(server, 0))
+	require.Same(t, server, newPollConn(server, -time.Microsecond))
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	require.Equal(t, a, newPollConn(a, time.Millisecond), "net.Pipe has no descriptor")
+}
