@@ -63,6 +63,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/gcpercent"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -288,6 +289,7 @@ func run(args []string, stderr *os.File) int {
 		return exitConfig
 	}
 	cfg.Logger = &base // the node adds its own component fields
+	log.Debug().Int("gc_percent", gcpercent.Apply(gcpercent.Default)).Msg("garbage collector target")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

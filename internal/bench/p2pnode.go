@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/gcpercent"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -162,6 +163,7 @@ var p2pTemplate = sync.OnceValue(func() []byte {
 
 // RunNode runs a node process until stdin closes or it is asked to quit.
 func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) error {
+	gcpercent.Apply(gcpercent.Default) // NB: as kvtierd runs
 	cfg := kvtier.Config{PoolBytes: o.PoolBytes, BlockBytes: o.BlockBytes,
 		Peers: kvtier.PeersConfig{NodeID: o.ID, Listen: "tcp://127.0.0.1:0", Secret: o.Secret, Static: o.Peers, Transport: o.Transport, TLS: o.TLS}}
 	node, err := kvtier.Open(ctx, cfg)
