@@ -57,9 +57,10 @@ type Config struct {
 	// polled after its last frame or reply before the daemon waits for the
 	// next one in the network poller: the calls of an engine's step, back
 	// to back, then find the daemon's reader awake instead of paying a
-	// wake-up each (docs/PERFORMANCE.md, issue 17 "Round 4": a 16-key
-	// Lookup from Python 3-4× faster on a 2-vCPU VM). It costs up to one
-	// core for this long after each burst, none while engines are idle,
+	// wake-up each (docs/PERFORMANCE.md, issue 17 "Round 4": with the
+	// Python client polling too, its default, a 16-key Lookup 4.5× faster
+	// than neither on a 2-vCPU VM). It costs up to one core per polling
+	// connection for this long after each burst, none while engines idle,
 	// and delays the node's other network I/O while both cores are busy:
 	// for nodes with cores to spare. 0: off. At most 10ms
 	// (scheduler.SuggestedEnginePoll is 100µs).

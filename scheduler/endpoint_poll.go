@@ -39,6 +39,7 @@ type pollConn struct {
 	rc     syscall.RawConn
 	window int64         // ns polled after the last activity
 	last   atomic.Int64  // monoNanos of the last activity
+	closed atomic.Bool   // Close was called: stop polling at once
 	parks  atomic.Uint64 // reads that waited in the poller (tests)
 }
 
@@ -67,8 +68,8 @@ func (p *pollConn) touch() { p.last.Store(monoNanos()) }
 
 // Read polls while the connection was active within the window, then
 // waits in the network poller as a plain read does. A Close meanwhile
-// takes effect once the window has run out (the descriptor stays open
-// until the read returns).
+// ends the polling at the next try (Close waits for the read to let go of
+// the descriptor), and the read returns net.ErrClosed.
 func (p *pollConn) Read(b []byte) (int, error) {
 	var n int
 	var errno error
@@ -80,7 +81,7 @@ func (p *pollConn) Read(b []byte) (int, error) {
 				continue
 			case errno != syscall.EAGAIN:
 				return true
-			case monoNanos()-p.last.Load() > p.window:
+			case p.closed.Load(), monoNanos()-p.last.Load() > p.window:
 				p.parks.Add(1)
 				return false // NB: parks in the poller, then calls again
 			}
@@ -99,10 +100,22 @@ func (p *pollConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// Write writes through the connection and restarts the polling window: a
-// reply is when the engine's next call is nearest.
-func (p *pollConn) Write(b []byte) (int, error) {
-	n, err := p.Conn.Write(b)
-	p.touch()
-	return n, err
+// wrote restarts the polling window after a reply went out: that is when
+// the engine's next call is nearest. NB: replies are written to the
+// wrapped connection itself (unixSocket.send), so that a frame stays one
+// writev: net.Buffers writes in one call only to net's own connections.
+func (p *pollConn) wrote() { p.touch() }
+
+// Close stops the polling, then closes the connection.
+func (p *pollConn) Close() error {
+	p.closed.Store(true)
+	return p.Conn.Close()
+}
+
+// raw is the connection replies are written to.
+func raw(c net.Conn) (net.Conn, *pollConn) {
+	if p, ok := c.(*pollConn); ok {
+		return p.Conn, p
+	}
+	return c, nil
 }

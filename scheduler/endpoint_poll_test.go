@@ -32,7 +32,7 @@ func unixPair(t *testing.T) (server, client net.Conn) {
 	require.NoError(t, err)
 	server = <-accepted
 	require.NotNil(t, server)
-	t.Cleanup(func() { server.Close(); client.Close() })
+	t.Cleanup(func() { client.Close(); server.Close() }) // NB: the engine's end first: a polling reader then sees EOF
 	return server, client
 }
 
@@ -93,15 +93,37 @@ func TestPollConnParksOnlyPastItsWindow(t *testing.T) {
 	}
 }
 
-// Closing the daemon's end while its reader polls ends the read with
-// net.ErrClosed (the endpoint's close path), once the window is over.
+// Closing the daemon's end while its reader is polling, within a window
+// far longer than the test, returns at once and ends the read with
+// net.ErrClosed (the endpoint's close path).
 func TestPollConnCloseEndsAPollingRead(t *testing.T) {
-	server, _ := unixPair(t)
-	pc := newPollConn(server, time.Millisecond).(*pollConn)
+	server, client := unixPair(t)
+	pc := newPollConn(server, time.Hour).(*pollConn)
 	done := echoFrames(pc)
-	require.NoError(t, pc.Close())
+	roundTrips(t, client, 1) // NB: the reader is polling now
+	closed := make(chan error, 1)
+	go func() { closed <- pc.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second): // NB: a bound for a hang, not a wait
+		t.Fatal("Close waited for the polling window")
+	}
 	err := <-done
 	require.True(t, errors.Is(err, net.ErrClosed), "got %v", err)
+}
+
+// Replies are written to the wrapped connection itself: net.Buffers (one
+// frame, one writev) writes in one call only to net's own connections.
+func TestPollConnRepliesGoToTheRawConnection(t *testing.T) {
+	server, _ := unixPair(t)
+	pc := newPollConn(server, time.Millisecond)
+	w, polled := raw(pc)
+	require.Same(t, server, w)
+	require.Same(t, pc, polled)
+	w, polled = raw(server)
+	require.Same(t, server, w)
+	require.Nil(t, polled)
 }
 
 // A window of 0 or less, or a connection without a descriptor, is not

@@ -140,10 +140,14 @@ func (s *unixSocket) send(peer string, body []byte) error {
 	if c == nil {
 		return fmt.Errorf("engine connection %s: %w", peer, net.ErrClosed)
 	}
-	c.SetWriteDeadline(time.Now().Add(unixWriteTimeout))
-	if err := wire.WriteFrame(c, body); err != nil {
+	w, polled := raw(c)
+	w.SetWriteDeadline(time.Now().Add(unixWriteTimeout))
+	if err := wire.WriteFrame(w, body); err != nil {
 		c.Close() // its reader ends and reports the connection lost
 		return err
+	}
+	if polled != nil {
+		polled.wrote()
 	}
 	return nil
 }

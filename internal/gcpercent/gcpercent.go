@@ -16,20 +16,33 @@ package gcpercent
 import (
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 )
 
 // Default is the target kvtier's processes run with.
 const Default = 400
 
 // Apply sets the collector's target to percent unless the GOGC
-// environment variable chose one (the operator's choice wins); it returns
-// the target in force.
+// environment variable chose one (the operator's choice wins, "off"
+// included); it returns the target in force (-1: off).
 func Apply(percent int) int {
 	if v, ok := os.LookupEnv("GOGC"); ok && v != "" {
-		cur := debug.SetGCPercent(100)
-		debug.SetGCPercent(cur)
-		return cur
+		return Current()
 	}
 	debug.SetGCPercent(percent)
 	return percent
+}
+
+// Current is the collector's target in force, read without changing it
+// (-1: off).
+func Current() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return -1
+	}
+	if v := s[0].Value.Uint64(); v > 0 { // NB: GOGC=off reads 0 here
+		return int(v)
+	}
+	return -1
 }

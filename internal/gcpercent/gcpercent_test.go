@@ -5,31 +5,39 @@ import (
 	"testing"
 )
 
-func restore(t *testing.T) {
-	prev := debug.SetGCPercent(100)
-	debug.SetGCPercent(prev)
+// keep restores the collector's target after the test.
+func keep(t *testing.T) {
+	prev := Current()
 	t.Cleanup(func() { debug.SetGCPercent(prev) })
 }
 
 func TestApplySetsTheTarget(t *testing.T) {
-	restore(t)
+	keep(t)
 	t.Setenv("GOGC", "")
+	debug.SetGCPercent(100)
 	if got := Apply(Default); got != Default {
 		t.Fatalf("Apply = %d, want %d", got, Default)
 	}
-	if cur := debug.SetGCPercent(Default); cur != Default {
+	if cur := Current(); cur != Default {
 		t.Fatalf("target in force %d, want %d", cur, Default)
 	}
 }
 
+// An operator's GOGC (what the runtime read from it at start, simulated
+// with SetGCPercent) is left as it is, "off" included.
 func TestApplyLeavesAnOperatorsGOGC(t *testing.T) {
-	restore(t)
-	t.Setenv("GOGC", "150")
-	debug.SetGCPercent(150) // NB: what the runtime read from GOGC at start
-	if got := Apply(Default); got != 150 {
-		t.Fatalf("Apply = %d, want the operator's 150", got)
-	}
-	if cur := debug.SetGCPercent(150); cur != 150 {
-		t.Fatalf("target in force %d, want 150", cur)
+	keep(t)
+	for _, tc := range []struct {
+		env  string
+		want int
+	}{{"150", 150}, {"off", -1}} {
+		t.Setenv("GOGC", tc.env)
+		debug.SetGCPercent(tc.want)
+		if got := Apply(Default); got != tc.want {
+			t.Fatalf("GOGC=%s: Apply = %d, want %d", tc.env, got, tc.want)
+		}
+		if cur := Current(); cur != tc.want {
+			t.Fatalf("GOGC=%s: target in force %d, want %d", tc.env, cur, tc.want)
+		}
 	}
 }

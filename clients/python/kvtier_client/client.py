@@ -237,8 +237,10 @@ class _UnixTransport:
     a small call's reply usually lands within it, and this thread is then
     awake to take it instead of being woken, tens of µs on a VM whose idle
     vCPUs halt (docs/PERFORMANCE.md, issue 17 "Round 4"). It spends this
-    thread's core for at most ``poll_s`` a call, while the caller would
-    be waiting anyway; 0 turns it off."""
+    thread's core for up to ``poll_s`` each time the thread would block
+    (once for most replies; again for each further piece of a reply that
+    arrives in pieces), while the caller would be waiting anyway, and a
+    wait may end up to ``poll_s`` past its bound; 0 turns it off."""
 
     _CHUNK = 1 << 16  # bytes read per recv
     _FAST_MS = 2      # the blocking recv's bound; longer waits go on in select()
