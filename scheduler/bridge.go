@@ -461,9 +461,9 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		var budget cede.Budget
 		sums := make([]uint32, len(slots))
 		for i, s := range slots {
-			b := slot(s)
-			sums[i] = crc32.Checksum(b, castagnoli)
-			budget.Spent(len(b))
+			blk := slot(s)
+			sums[i] = crc32.Checksum(blk, castagnoli)
+			budget.Spent(len(blk))
 		}
 		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then})
 	}()

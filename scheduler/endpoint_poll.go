@@ -64,6 +64,8 @@ func newPollConn(c net.Conn, window time.Duration) net.Conn {
 	return p
 }
 
+// touch restarts the polling window: after a frame read, and after a reply
+// went out (unixSocket.send), when the engine's next call is nearest.
 func (p *pollConn) touch() { p.last.Store(monoNanos()) }
 
 // Read polls while the connection was active within the window, then
@@ -100,19 +102,15 @@ func (p *pollConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// wrote restarts the polling window after a reply went out: that is when
-// the engine's next call is nearest. NB: replies are written to the
-// wrapped connection itself (unixSocket.send), so that a frame stays one
-// writev: net.Buffers writes in one call only to net's own connections.
-func (p *pollConn) wrote() { p.touch() }
-
 // Close stops the polling, then closes the connection.
 func (p *pollConn) Close() error {
 	p.closed.Store(true)
 	return p.Conn.Close()
 }
 
-// raw is the connection replies are written to.
+// raw is the connection replies are written to: the wrapped one, so that
+// a frame stays one writev (net.Buffers writes in one call only to net's
+// own connections), and the pollConn to touch after, if any.
 func raw(c net.Conn) (net.Conn, *pollConn) {
 	if p, ok := c.(*pollConn); ok {
 		return p.Conn, p

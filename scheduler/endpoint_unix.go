@@ -147,7 +147,7 @@ func (s *unixSocket) send(peer string, body []byte) error {
 		return err
 	}
 	if polled != nil {
-		polled.wrote()
+		polled.touch()
 	}
 	return nil
 }

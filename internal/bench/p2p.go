@@ -33,7 +33,7 @@ type P2POptions struct {
 	FetchBlocks  int    // blocks per measured fetch
 	PollUs       int    // the consumer engine's step (lookup period) while it waits
 	ColdRounds   int    // fresh consumer processes per case (interleaved idle/busy pairs)
-	WarmRounds   int    // fetch pairs (idle, busy) on a used session, at least (24: the ratio of medians swings ~√3 less run to run than with 8); up to 3× until the ratio settles
+	WarmRounds   int    // fetch pairs (idle, busy) on a used session, at least (24: the standard error of the ratio of medians √3 smaller than with 8); up to 3× until the ratio settles
 	Requests     int    // busy source: concurrent requests
 	StepMs       int    // busy source: model step
 	Chunk        int    // busy source: blocks each request stores per step

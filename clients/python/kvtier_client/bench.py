@@ -232,20 +232,20 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvtier-pybench-") as tmp, contextlib.ExitStack() as stack:
-        clients = {}
+        daemons: Dict[int, str] = {}  # address by --engine-poll µs: one daemon each
+        clients: Dict[str, Client] = {}  # by figure suffix
         for sfx, daemon_poll, client_poll in configurations(args):
-            if (daemon_poll, "daemon") not in clients:
-                proc, addr = start_daemon(args.kvtierd, tmp, args.transport, f"engine-{daemon_poll}", daemon_poll)
+            if daemon_poll not in daemons:
+                proc, daemons[daemon_poll] = start_daemon(args.kvtierd, tmp, args.transport, f"engine-{daemon_poll}",
+                                                          daemon_poll)
                 stack.callback(lambda p=proc: (p.terminate(), p.wait(timeout=30)))
-                clients[(daemon_poll, "daemon")] = addr
-            c = Client(clients[(daemon_poll, "daemon")], name="kvtier_client.bench", heartbeat=False,
-                       poll_us=client_poll)
-            stack.callback(c.close)
-            clients[sfx] = c
+            clients[sfx] = Client(daemons[daemon_poll], name="kvtier_client.bench", heartbeat=False,
+                                  poll_us=client_poll)
+            stack.callback(clients[sfx].close)
         unix, zmq_echo = UnixEcho(tmp), ZmqEcho(tmp)
         stack.callback(unix.close)
         stack.callback(zmq_echo.close)
-        res = measure({k: v for k, v in clients.items() if isinstance(k, str)},
+        res = measure(clients,
                       {"floor_unix_rtt": unix.once, "floor_pyzmq_ipc_rtt": zmq_echo.once},
                       args.transport, args.rounds, args.per_round)
     res["transport"] = args.transport

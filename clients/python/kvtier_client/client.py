@@ -158,11 +158,11 @@ def _unkeys(raw) -> List[Key]:
 
 
 MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
+MAX_HASH_BYTES = 64  # messages.MaxHashBytes
 
 # How long a unix:// call polls for its reply before blocking (µs): a
 # 16-key Lookup's reply comes within it on a quiet node.
 DEFAULT_POLL_US = 100
-MAX_HASH_BYTES = 64  # messages.MaxHashBytes
 
 
 class _SignalMask:

@@ -85,7 +85,7 @@ class _Link:
     away. ``epoch`` counts sessions: answers and leases from an older epoch
     are void."""
 
-    def __init__(self, address: str, timeout: float, reconnect_s: float, check, poll_us: float = 0.0):
+    def __init__(self, address: str, timeout: float, reconnect_s: float, check, poll_us: float):
         self.address, self.timeout, self.reconnect_s = address, timeout, reconnect_s
         self.poll_us = poll_us
         self._check = check  # validates a new session's hello (geometry)

@@ -282,6 +282,14 @@ def test_unix_wait_polls_then_blocks(tmp_path):
         peer.sendall(struct.pack(">I", 2) + b"xy")
         assert t.poll(5000) and t.recv() == b"xy"
         assert not t.poll(5), "nothing came within the wait"
+        # The poll itself: it takes a reply that comes while it polls, and
+        # gives up at its bound when none does.
+        soon = threading.Timer(0.01, lambda: peer.sendall(struct.pack(">I", 1) + b"z"))
+        soon.start()
+        assert t._polled(30.0), "a reply within the poll is taken by polling"
+        soon.join()
+        assert t.poll(5000) and t.recv() == b"z"
+        assert not t._polled(0.001), "no reply: the poll ends at its bound"
     finally:
         t.close()
         peer.close()
