@@ -23,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
+	"github.com/kvtier/kvtier/tiers/cpu/residency"
 )
 
 // Node is a running kvtier node.
@@ -33,6 +34,7 @@ type Node struct {
 	guardian *actor.PID
 	bridge   *actor.PID
 	pool     *cpu.Pool
+	index    *residency.File // standalone mode: the residency index engines read (standalone.go)
 	restarts atomic.Uint64
 	registry *prometheus.Registry
 	metrics  *nodeMetrics
@@ -78,6 +80,10 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// NB: a local, not the named result: a failed return sets the result to
 	// nil before the deferred undo runs, and the closes below need the node.
 	n := &Node{cfg: cfg, pool: pool, closing: make(chan struct{}), stopped: make(chan struct{})}
+	if err := n.openIndex(state, slots); err != nil {
+		return nil, err
+	}
+	undo.push(n.closeIndex)
 	for _, c := range []struct {
 		open  func() error
 		close func()
@@ -234,6 +240,7 @@ func (n *Node) shutdown(ctx context.Context) error {
 	}
 	if !mapped {
 		errs = append(errs, n.pool.Close())
+		n.closeIndex() // NB: the CPU tier wrote it; it is stopped
 	}
 	return errors.Join(errs...)
 }

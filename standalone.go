@@ -19,6 +19,8 @@ import (
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu"
+	"github.com/kvtier/kvtier/tiers/cpu/residency"
 )
 
 // EngineAddr is the engine endpoint's bound address ("" without one); a tcp
@@ -28,6 +30,30 @@ func (n *Node) EngineAddr() string {
 		return ""
 	}
 	return n.endpoint.Addr()
+}
+
+// openIndex creates the residency index beside the pool (standalone mode:
+// engines in other processes read it) and makes the CPU tier's State
+// publish into it. A fresh file every time: a restarted daemon's index has
+// a new inode, so an engine never reads a dead daemon's table as the new
+// one's.
+func (n *Node) openIndex(state *cpu.State, slots int) error {
+	if n.cfg.EngineListen == "" {
+		return nil
+	}
+	idx, err := residency.Create(n.cfg.PoolPath+".index", []int{slots})
+	if err != nil {
+		return fmt.Errorf("kvtier: residency index: %w", err)
+	}
+	n.index = idx
+	state.SetObserver(cpu.NewResidency(idx.Region(0)))
+	return nil
+}
+
+func (n *Node) closeIndex() {
+	if n.index != nil {
+		_ = n.index.Close()
+	}
 }
 
 // openEndpoint restricts the pool file and binds the engine endpoint, when
@@ -51,6 +77,9 @@ func (n *Node) openEndpoint() error {
 	if err := os.Chmod(c.PoolPath, mode); err != nil {
 		return fmt.Errorf("kvtier: pool file mode: %w", err)
 	}
+	if err := restrict(n.index.Path(), gid, mode); err != nil {
+		return fmt.Errorf("kvtier: residency index: %w", err)
+	}
 	clock := c.EngineClock
 	if clock == nil {
 		clock = supervision.RealClock{}
@@ -62,7 +91,7 @@ func (n *Node) openEndpoint() error {
 		Grace:       c.EngineGrace,
 		CallTimeout: c.CallTimeout,
 		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
-			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers},
+			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path()},
 		Log: c.Logger.With().Str("actor", "endpoint").Logger(),
 	})
 	if err != nil {
@@ -70,6 +99,16 @@ func (n *Node) openEndpoint() error {
 	}
 	n.endpoint = ep
 	return nil
+}
+
+// restrict gives a file engines map the engine socket's group and mode.
+func restrict(path string, gid int, mode os.FileMode) error {
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			return err
+		}
+	}
+	return os.Chmod(path, mode)
 }
 
 // engineAccess resolves engine_group to a gid (-1 without one) and the file

@@ -20,6 +20,9 @@ type LookupAndLease struct {
 	// (a peer round sends it to the consumer, whose stored events are then
 	// full).
 	WantProv bool
+	// WantSlots asks for each HIT's slot in LookupResult.Slots (an engine
+	// that loads from the leased slots without waiting for its pin).
+	WantSlots bool
 }
 
 // LookupResult answers LookupAndLease.
@@ -34,6 +37,8 @@ type LookupResult struct {
 	// a HIT, nil for anything else or when unknown. Shared and immutable:
 	// never written through.
 	Prov []*Provenance
+	// Slots, with WantSlots: per key, the slot of a HIT (0 otherwise).
+	Slots []int
 }
 
 // LeaseToPin turns Holder's leases on Keys into read pins owned by Job.
@@ -100,6 +105,49 @@ type CommitSlots struct {
 	// instead of Ctx and Place (promotions from a stored header, blocks
 	// fetched from a peer). Shared and immutable from then on.
 	Prov []*Provenance
+}
+
+// GrantCredit reserves up to N slots as Owner's credit (an engine session's
+// slots for stores not yet asked for), evicting in policy order when no
+// slot is free. Credited slots are never evicted, looked up or given to
+// anyone else until BindCredit or ReleaseCredit.
+type GrantCredit struct {
+	Corr  uint64 // correlation id, echoed in CreditGranted
+	Owner JobRef // OriginCredit, the session's number
+	N     int    // slots wanted
+}
+
+// CreditGranted answers GrantCredit: fewer slots than asked when the tier
+// holds too many pinned, leased or write-pending blocks.
+type CreditGranted struct {
+	Corr    uint64 // from the request
+	Owner   JobRef // from the request
+	Slots   []int  // the slots granted
+	Evicted []Key  // blocks evicted to make room
+}
+
+// BindCredit moves Owner's credited Slots to Job's writes of Keys (slot i
+// for key i). A key the tier already holds keeps its slot in the credit.
+type BindCredit struct {
+	Corr  uint64 // correlation id, echoed in CreditBound
+	Owner JobRef // whose credit
+	Job   JobRef // the store job that now writes the bound keys
+	Keys  []Key  // keys, in the engine's call order
+	Slots []int  // one credited slot per key
+}
+
+// CreditBound answers BindCredit.
+type CreditBound struct {
+	Corr  uint64 // from the request
+	Bound []bool // per key: its slot is now its write-pending slot
+	Err   error  // ErrBadRequest: a slot not Owner's credit, or named twice; nothing bound
+}
+
+// ReleaseCredit frees Owner's remaining credit after Quarantine (a worker
+// may still be copying into a credited slot). No reply.
+type ReleaseCredit struct {
+	Owner      JobRef        // whose credit
+	Quarantine time.Duration // how long the slots stay out of use first
 }
 
 // ReleaseJob drops Job's pins and frees its unfinished writes.

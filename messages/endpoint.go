@@ -1,5 +1,7 @@
 package messages
 
+import "time"
+
 // Standalone mode: the engine endpoint (scheduler/endpoint.go) serves the
 // manager API to out-of-process engines. These are the errors only the wire
 // can produce, and the one bridge message the endpoint needs beyond the
@@ -12,7 +14,43 @@ package messages
 type ReleaseSession struct {
 	Prefix string   // request ids of the session start with this
 	Open   []string // request ids that may still hold leases (no RequestFinished yet)
-	Reply  Reply[SessionReleased]
+	// Session is the session's number: its slot credit (OriginCredit) is
+	// freed after CreditQuarantine, once no worker can still be copying
+	// into it.
+	Session          uint64
+	CreditQuarantine time.Duration
+	Reply            Reply[SessionReleased]
+}
+
+// Grant asks for slot credit for an engine session's stores (standalone
+// mode: the engine endpoint's grant).
+type Grant struct {
+	Session uint64 // the session whose credit grows
+	N       int    // slots wanted
+	Reply   Reply[CreditGrant]
+}
+
+// CreditGrant answers Grant.
+type CreditGrant struct {
+	Slots   []int // slots now in the session's credit (fewer than asked when the tier is held)
+	Evicted []Key // blocks evicted to make room
+}
+
+// StoreCredited opens a store job over slots of the session's credit: the
+// engine already copies into them (its scheduler did not wait).
+type StoreCredited struct {
+	Req     *ReqContext // the request
+	Session uint64      // whose credit
+	Keys    []Key       // keys, in call (chain) order
+	Slots   []int       // one credited slot per key
+	Reply   Reply[StoreBound]
+}
+
+// StoreBound answers StoreCredited.
+type StoreBound struct {
+	Job     JobID  // the store job of the bound keys; 0 when none was bound
+	Bound   []bool // per key: its slot now holds its write; false: the node already holds it, the slot stays in the credit
+	Workers int    // worker reports the job expects
 }
 
 // SessionReleased answers ReleaseSession. Once it is answered, every CPU-tier

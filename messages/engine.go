@@ -33,6 +33,11 @@ type Lookup struct {
 	Keys   []Key                 // keys in prefix order
 	Prefix bool                  // stop at the first key that is not a HIT
 	Reply  Reply[[]LookupStatus] // answer
+	// WantSlots asks for each HIT's slot: Slots is filled, one per key (0
+	// for a key not answered HIT), before Reply is answered — the reply's
+	// receive is what makes it safe to read.
+	WantSlots bool
+	Slots     []int
 }
 
 // PrepareLoad pins Req's HITs and opens a load job.

@@ -36,6 +36,11 @@ const (
 	OriginEngine Origin = iota + 1 // the local engine, through the bridge
 	OriginTier                     // a secondary tier (cascade read, promotion write)
 	OriginPeer                     // a remote peer's round
+	// OriginCredit owns an engine session's slot credit (JobRef.ID is the
+	// session's number): slots reserved ahead of its stores. A bridge
+	// restart does not release it (the session outlives the bridge); the
+	// session's end does, after a quarantine.
+	OriginCredit
 )
 
 // Holder owns leases: an engine request, a peer round.

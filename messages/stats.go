@@ -31,4 +31,7 @@ type Stats struct {
 	LateReports      uint64 // worker reports for unknown, finished or reaped jobs
 	ChecksumFailures uint64 // verifications that found wrong bytes
 	ActorRestarts    uint64 // supervised actor restarts
+	// SessionOpen is, in an engine session's stats reply, how many of its
+	// request ids hold something until their request_finished (0 elsewhere).
+	SessionOpen int
 }

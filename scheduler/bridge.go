@@ -157,6 +157,14 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.shutdown(ctx, m)
 	case *messages.ReleaseSession:
 		b.releaseSession(ctx, m)
+	case *messages.Grant:
+		b.grant(ctx, m)
+	case *messages.StoreCredited:
+		b.storeCredited(ctx, m)
+	case *messages.CreditGranted:
+		b.resume(m.Corr, m)
+	case *messages.CreditBound:
+		b.resume(m.Corr, m)
 	case *jobDeadline:
 		b.deadline(ctx, m)
 	case *reapAt:
@@ -291,8 +299,11 @@ func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
 		return
 	}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL}
+		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL, WantSlots: m.WantSlots}
 	}, func(r *messages.LookupResult) {
+		if m.WantSlots {
+			m.Slots = r.Slots
+		}
 		b.answerLookup(ctx, m, r.Status)
 	}, func(err error) { m.Reply.Answer(nil, err) })
 }
@@ -728,6 +739,9 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 	}
 	for _, id := range m.Open {
 		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
+	}
+	if m.Session != 0 {
+		ctx.Send(b.cfg.CPU, &messages.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.CreditQuarantine})
 	}
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {

@@ -65,7 +65,10 @@ type EndpointConfig struct {
 	MaxInFlight int               // calls of one session in flight at once
 	MaxOpen     int               // unfinished request ids one session may hold
 	Hello       wire.Hello        // geometry and limits told to every session
-	Log         zerolog.Logger
+	// CreditQuarantine keeps an ended session's slot credit out of use this
+	// long (a worker may still be copying into it); default Grace.
+	CreditQuarantine time.Duration
+	Log              zerolog.Logger
 }
 
 // Defaults for an endpoint.
@@ -92,6 +95,10 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	cfg.Hello.Heartbeat = max(cfg.Grace/3, time.Millisecond)
 	cfg.Hello.MaxKeys, cfg.Hello.MaxFrameBytes = wire.MaxKeys, wire.MaxFrameBytes
 	cfg.Hello.PackedKeys = true
+	cfg.Hello.Credit = true
+	if cfg.CreditQuarantine <= 0 {
+		cfg.CreditQuarantine = cfg.Grace
+	}
 	e := &Endpoint{cfg: cfg, table: newSessionTable(), out: make(chan outbound, outQueue),
 		done: make(chan struct{}), metrics: newEndpointMetrics()}
 	ln, err := listen(cfg.Listen, cfg.Log, e.connLost)
@@ -301,7 +308,9 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		// NB: stopped before the reply goes out, so that an engine that has
 		// its answer sees no timer of the call left (TestLifecycle*).
 		timer.Stop()
-		e.reply(peer, body)
+		if !q.NoReply {
+			e.reply(peer, body)
+		}
 		e.system.Root.Send(e.pid, &callDone{session: sid})
 	})
 	if !started {

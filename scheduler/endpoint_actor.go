@@ -151,6 +151,10 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 		return
 	}
 	if err := a.admit(s, q); err != nil {
+		if q.NoReply {
+			a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
+			return
+		}
 		a.refuse(m.peer, q.ID, wire.CodeOf(err), err)
 		return
 	}
@@ -169,7 +173,7 @@ func (a *endpointActor) admit(s *session, q *wire.Request) error {
 	if s.inflight >= a.ep.cfg.MaxInFlight {
 		return fmt.Errorf("%w: %d calls in flight", messages.ErrBusy, s.inflight)
 	}
-	if q.Req != nil && q.Op != wire.OpRequestFinished && len(s.open) >= a.ep.cfg.MaxOpen {
+	if q.Req != nil && opensRequest(q.Op) && len(s.open) >= a.ep.cfg.MaxOpen {
 		if _, known := s.open[s.prefix+q.Req.RequestID]; !known {
 			return fmt.Errorf("%w: %d requests without request_finished", messages.ErrBusy, len(s.open))
 		}
@@ -293,7 +297,8 @@ func (a *endpointActor) maybeRelease(ctx actor.Context, s *session) {
 	}
 	s.open = nil // released once
 	reply := messages.NewReply[messages.SessionReleased]()
-	ctx.Send(a.ep.cfg.Bridge, &messages.ReleaseSession{Prefix: s.prefix, Open: open, Reply: reply})
+	ctx.Send(a.ep.cfg.Bridge, &messages.ReleaseSession{Prefix: s.prefix, Open: open, Reply: reply,
+		Session: s.id, CreditQuarantine: a.ep.cfg.CreditQuarantine})
 	self, root, id, timeout := ctx.Self(), ctx.ActorSystem().Root, s.id, a.ep.cfg.CallTimeout
 	a.ep.track.goTracked(func() {
 		timer := time.NewTimer(timeout)
@@ -337,9 +342,10 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	if q.Req != nil {
 		req = q.Req // decoded fresh for this call: ours to change
 		req.RequestID = s.prefix + req.RequestID
-		if q.Op == wire.OpRequestFinished {
+		switch {
+		case q.Op == wire.OpRequestFinished:
 			delete(s.open, req.RequestID)
-		} else {
+		case opensRequest(q.Op):
 			s.open[req.RequestID] = struct{}{}
 		}
 		a.openChanged(ctx, s)
@@ -354,8 +360,31 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	switch q.Op {
 	case wire.OpLookup:
 		r := messages.NewReply[[]messages.LookupStatus]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) { rp.Status = v }) {
-			send(&messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r})
+		lk := &messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r, WantSlots: q.WantSlots}
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) {
+			rp.Status = v
+			if lk.WantSlots {
+				rp.Slots = lk.Slots // NB: written before the answer was sent
+				if rp.Slots == nil {
+					rp.Slots = []int{}
+				}
+			}
+		}) {
+			send(lk)
+		}
+	case wire.OpGrant:
+		r := messages.NewReply[messages.CreditGrant]()
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.CreditGrant) {
+			rp.Slots, rp.Evicted = v.Slots, v.Evicted
+		}) {
+			send(&messages.Grant{Session: s.id, N: q.N, Reply: r})
+		}
+	case wire.OpStoreCredited:
+		r := messages.NewReply[messages.StoreBound]()
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StoreBound) {
+			rp.Job, rp.Bound, rp.Workers = v.Job, v.Bound, v.Workers
+		}) {
+			send(&messages.StoreCredited{Req: req, Session: s.id, Keys: q.Keys, Slots: q.Slots, Reply: r})
 		}
 	case wire.OpPrepareLoad:
 		r := messages.NewReply[messages.LoadJob]()
@@ -426,7 +455,11 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 		}
 	case wire.OpStats:
 		r := messages.NewReply[messages.Stats]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) { rp.Stats = v }) {
+		open := len(s.open) // NB: read here, in the actor: the session's table is its state
+		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) {
+			rp.Stats = v
+			rp.Stats.SessionOpen = open
+		}) {
 			send(&messages.GetStats{Reply: r})
 		}
 	default:
@@ -435,3 +468,16 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 }
 
 func noFill(*wire.Reply, struct{}) {}
+
+// opensRequest: the ops that can leave something held for a request (a
+// lease, a job) until its request_finished. Completions and touches do not:
+// vLLM completes a request's jobs after it said the request finished, and
+// such a late completion must not re-open it (an open request is state the
+// session keeps until request_finished, which never comes again).
+func opensRequest(op wire.Op) bool {
+	switch op {
+	case wire.OpLookup, wire.OpPrepareLoad, wire.OpPrepareStore, wire.OpStoreCredited:
+		return true
+	}
+	return false
+}

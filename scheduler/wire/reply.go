@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -22,6 +23,11 @@ type Hello struct {
 	MaxFrameBytes int                // bytes per frame
 	JobWorkers    int                // worker reports a job expects by default
 	PackedKeys    bool               // the daemon reads "pkeys" (pkeys.go); absent from older daemons
+	// IndexPath is the residency index's shared-memory file (read-only for
+	// clients: tiers/cpu/residency); "" when the daemon publishes none.
+	IndexPath string
+	// Credit: the daemon serves grant and store (slot credit for stores).
+	Credit bool
 }
 
 // Reply is one answer. Err is set on failure; otherwise the fields of the
@@ -30,11 +36,12 @@ type Reply struct {
 	ID       uint64
 	Err      *RemoteError
 	Status   []messages.LookupStatus // lookup
-	Job      messages.JobID          // prepare_load, prepare_store
-	Slots    []int                   // prepare_load, prepare_store
-	Workers  int                     // prepare_load, prepare_store
+	Job      messages.JobID          // prepare_load, prepare_store, store
+	Slots    []int                   // prepare_load, prepare_store, grant; lookup with want_slots (a HIT's slot, else 0)
+	Workers  int                     // prepare_load, prepare_store, store
 	ToStore  []messages.Key          // prepare_store
-	Evicted  []messages.Key          // prepare_store
+	Evicted  []messages.Key          // prepare_store, grant
+	Bound    []bool                  // store: per key, whether its credited slot now holds its write (false: already held)
 	Events   []messages.Event        // take_events
 	Pending  bool                    // has_pending_work
 	Stats    messages.Stats          // stats
@@ -77,7 +84,7 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	switch op {
 	case OpHello:
 		h := rp.Hello
-		body(12)
+		body(14)
 		kvUint(&w, "protocol", uint64(h.Protocol))
 		kvUint(&w, "session", h.Session)
 		w.Str("pool_path")
@@ -93,12 +100,33 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		kvUint(&w, "job_workers", uint64(h.JobWorkers))
 		w.Str("packed_keys")
 		w.Bool(h.PackedKeys)
+		w.Str("index_path")
+		w.Str(h.IndexPath)
+		w.Str("credit")
+		w.Bool(h.Credit)
 	case OpLookup:
-		body(1)
+		body(1 + msgp.Count(rp.Slots != nil))
 		w.Str("status")
 		w.BinHeader(len(rp.Status))
 		for _, s := range rp.Status {
 			w.B = append(w.B, byte(s))
+		}
+		if rp.Slots != nil {
+			writeSlots(&w, rp.Slots)
+		}
+	case OpGrant:
+		body(2)
+		writeSlots(&w, rp.Slots)
+		w.Str("evicted")
+		encodeKeys(&w, rp.Evicted)
+	case OpStoreCredited:
+		body(3)
+		kvUint(&w, "job", uint64(rp.Job))
+		kvUint(&w, "workers", uint64(rp.Workers))
+		w.Str("bound")
+		w.BinHeader(len(rp.Bound))
+		for _, b := range rp.Bound {
+			w.B = append(w.B, boolByte(b))
 		}
 	case OpPrepareLoad:
 		body(3)
@@ -137,6 +165,13 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		body(0)
 	}
 	return w.B
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func kvUint(w *writer, k string, v uint64) {
@@ -201,6 +236,7 @@ var statFields = []struct {
 	{"late_reports", func(s *messages.Stats) any { return &s.LateReports }},
 	{"checksum_failures", func(s *messages.Stats) any { return &s.ChecksumFailures }},
 	{"actor_restarts", func(s *messages.Stats) any { return &s.ActorRestarts }},
+	{"session_open_requests", func(s *messages.Stats) any { return &s.SessionOpen }},
 }
 
 func encodeStats(w *writer, s *messages.Stats) {
@@ -319,6 +355,17 @@ func decodeReplyField(r *reader, rp *Reply, op Op, k string) error {
 		}
 	case "workers":
 		rp.Workers = u(MaxWorkers)
+	case "bound":
+		var p []byte
+		if p, err = r.Bin(MaxKeys); err == nil {
+			rp.Bound = make([]bool, len(p))
+			for i, c := range p {
+				if c > 1 {
+					return fmt.Errorf("bound %d", c)
+				}
+				rp.Bound[i] = c == 1
+			}
+		}
 	case "to_store":
 		rp.ToStore, err = decodeKeys(r, MaxKeys)
 	case "evicted":
@@ -403,6 +450,10 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 		h.JobWorkers = int(u(MaxWorkers))
 	case "packed_keys":
 		h.PackedKeys, err = r.Bool()
+	case "index_path":
+		h.IndexPath, err = r.Str(4096)
+	case "credit":
+		h.Credit, err = r.Bool()
 	default:
 		return r.Skip(0)
 	}

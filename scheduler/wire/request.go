@@ -53,6 +53,8 @@ const (
 	OpResume
 	OpResetCache
 	OpStats
+	OpGrant
+	OpStoreCredited
 	opEnd
 )
 
@@ -62,7 +64,7 @@ var opNames = [...]string{
 	OpPrepareStore: "prepare_store", OpCompleteStore: "complete_store", OpJobDone: "job_done",
 	OpRequestFinished: "request_finished", OpTakeEvents: "take_events",
 	OpHasPendingWork: "has_pending_work", OpPause: "pause", OpResume: "resume",
-	OpResetCache: "reset_cache", OpStats: "stats",
+	OpResetCache: "reset_cache", OpStats: "stats", OpGrant: "grant", OpStoreCredited: "store",
 }
 
 func (o Op) String() string {
@@ -96,12 +98,17 @@ const (
 	fClear
 	fClient
 	fPKeys // packed keys: in place of fKeys (pkeys.go)
+	fN
+	fSlots
+	fWantSlots
+	fNoReply
+	fieldEnd
 )
 
 var fieldNames = map[string]field{
 	"timeout_ms": fTimeout, "req": fReq, "keys": fKeys, "prefix": fPrefix, "ok": fOK,
 	"job": fJob, "worker": fWorker, "clear": fClear, "client": fClient,
-	"pkeys": fPKeys,
+	"pkeys": fPKeys, "n": fN, "slots": fSlots, "want_slots": fWantSlots, "noreply": fNoReply,
 }
 
 // schema: the fields each op allows, and those it requires.
@@ -109,7 +116,7 @@ var schema = map[Op]struct{ allowed, required field }{
 	OpHello:           {fTimeout | fClient, 0},
 	OpPing:            {fTimeout, 0},
 	OpBye:             {fTimeout, 0},
-	OpLookup:          {fTimeout | fReq | fKeys | fPrefix, fReq | fKeys},
+	OpLookup:          {fTimeout | fReq | fKeys | fPrefix | fWantSlots, fReq | fKeys},
 	OpPrepareLoad:     {fTimeout | fReq | fKeys, fReq | fKeys},
 	OpTouch:           {fTimeout | fReq | fKeys, fReq | fKeys},
 	OpCompleteLoad:    {fTimeout | fReq | fKeys, fReq | fKeys},
@@ -123,6 +130,8 @@ var schema = map[Op]struct{ allowed, required field }{
 	OpResume:          {fTimeout, 0},
 	OpResetCache:      {fTimeout, 0},
 	OpStats:           {fTimeout, 0},
+	OpGrant:           {fTimeout | fN, fN},
+	OpStoreCredited:   {fTimeout | fReq | fKeys | fSlots, fReq | fKeys | fSlots},
 }
 
 // Request is one decoded engine call.
@@ -142,6 +151,12 @@ type Request struct {
 	Worker     int            // job_done
 	Clear      bool           // pause
 	Client     string         // hello: a name for logs
+	WantSlots  bool           // lookup: answer each HIT's slot too
+	N          int            // grant: slots of credit asked for
+	Slots      []int          // store: the credited slot of each key
+	// NoReply: the caller reads no answer (fire-and-forget); the daemon
+	// sends none, success or error. Any op but hello may say so.
+	NoReply bool
 }
 
 // DecodeRequest decodes one request frame. Its errors are *DecodeError.
@@ -239,6 +254,9 @@ func (d *requestDecoder) decode() (*Request, error) {
 		d.offsets[fKeys], d.req.PackedKeys = d.offsets[fPKeys], true
 		delete(d.offsets, fPKeys)
 	}
+	if op != OpHello {
+		s.allowed |= fNoReply
+	}
 	if extra := seen &^ s.allowed; extra != 0 {
 		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
 	}
@@ -246,7 +264,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 		return nil, d.fail(CodeBadRequest, "%s needs field %q", op, fieldName(missing))
 	}
 	// Pass 2: the op's fields, each with its exact type and bounds.
-	for f := field(1); f <= fClient; f <<= 1 {
+	for f := field(1); f < fieldEnd; f <<= 1 {
 		off, ok := d.offsets[f]
 		if !ok {
 			continue
@@ -344,8 +362,35 @@ func (d *requestDecoder) field(f field) error {
 		q.Clear, err = r.Bool()
 	case fClient:
 		q.Client, err = r.Str(MaxNameBytes)
+	case fWantSlots:
+		q.WantSlots, err = r.Bool()
+	case fNoReply:
+		q.NoReply, err = r.Bool()
+	case fN:
+		var n uint64
+		n, err = r.Uint(MaxKeys)
+		q.N = int(n)
+	case fSlots:
+		q.Slots, err = decodeSlots(r, MaxKeys)
 	}
 	return err
+}
+
+// decodeSlots reads an array of slot indexes (each < 2^31).
+func decodeSlots(r *reader, max int) ([]int, error) {
+	n, err := r.ArrayLen(max, 1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, n)
+	for i := range out {
+		v, err := r.Uint(math.MaxInt32)
+		if err != nil {
+			return nil, fmt.Errorf("slot %d: %w", i, err)
+		}
+		out[i] = int(v)
+	}
+	return out, nil
 }
 
 // decodeKeys reads an array of keys, each [namespace str, hash bin, group uint].
@@ -511,12 +556,16 @@ func EncodeRequest(q *Request) []byte {
 	w := writer{B: make([]byte, 0, 64+len(q.Keys)*48)}
 	s := schema[q.Op]
 	nf := 3
+	if q.Op != OpHello {
+		s.allowed |= fNoReply
+	}
 	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
 	fields := []struct {
 		f  field
 		on bool
 	}{{fTimeout, q.Timeout > 0}, {fReq, q.Req != nil}, {fKeys, true}, {fPrefix, q.Prefix},
-		{fOK, true}, {fJob, true}, {fWorker, true}, {fClear, q.Clear}, {fClient, q.Client != ""}}
+		{fOK, true}, {fJob, true}, {fWorker, true}, {fClear, q.Clear}, {fClient, q.Client != ""},
+		{fN, true}, {fSlots, true}, {fWantSlots, q.WantSlots}, {fNoReply, q.NoReply && q.Op != OpHello}}
 	for _, x := range fields {
 		if set(x.f, x.on) {
 			nf++
@@ -562,6 +611,17 @@ func EncodeRequest(q *Request) []byte {
 			w.Bool(q.Clear)
 		case fClient:
 			w.Str(q.Client)
+		case fN:
+			w.Uint(uint64(q.N))
+		case fSlots:
+			w.ArrayLen(len(q.Slots))
+			for _, s := range q.Slots {
+				w.Uint(uint64(s))
+			}
+		case fWantSlots:
+			w.Bool(q.WantSlots)
+		case fNoReply:
+			w.Bool(q.NoReply)
 		}
 	}
 	return w.B

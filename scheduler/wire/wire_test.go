@@ -41,6 +41,10 @@ func TestRequestRoundTrip(t *testing.T) {
 		{Op: OpJobDone, ID: 6, Job: 1 << 40, Worker: 1023, OK: false},
 		{Op: OpPause, ID: 7, Clear: true},
 		{Op: OpRequestFinished, ID: 1<<64 - 1, Req: ctx},
+		{Op: OpLookup, ID: 8, Req: ctx, Keys: testKeys(3), Prefix: true, WantSlots: true},
+		{Op: OpGrant, ID: 9, N: MaxKeys},
+		{Op: OpCompleteStore, ID: 11, Req: ctx, Keys: testKeys(2), OK: true, NoReply: true},
+		{Op: OpStoreCredited, ID: 10, Req: ctx, Keys: testKeys(3), Slots: []int{7, 0, 1<<31 - 1}},
 	} {
 		t.Run(q.Op.String(), func(t *testing.T) {
 			got, err := DecodeRequest(EncodeRequest(&q))
@@ -77,6 +81,10 @@ func TestDecodeErrorsCarryTheirCodeAndID(t *testing.T) {
 		{"float id", pack(map[string]any{"v": 1, "op": "ping", "id": 1.5}), CodeBadRequest, false, messages.ErrBadRequest},
 		{"negative worker", pack(map[string]any{"v": 1, "op": "job_done", "id": 5, "job": 1, "worker": -1, "ok": true}), CodeBadRequest, true, messages.ErrBadRequest},
 		{"field of another op", pack(map[string]any{"v": 1, "op": "ping", "id": 5, "clear": true}), CodeBadRequest, true, messages.ErrBadRequest},
+		{"hello without a reply", pack(map[string]any{"v": 1, "op": "hello", "id": 5, "noreply": true}), CodeBadRequest, true, messages.ErrBadRequest},
+		{"grant too large", pack(map[string]any{"v": 1, "op": "grant", "id": 5, "n": MaxKeys + 1}), CodeBadRequest, true, messages.ErrBadRequest},
+		{"store without slots", pack(map[string]any{"v": 1, "op": "store", "id": 5, "req": map[string]any{"id": "r"}, "keys": []any{}}), CodeBadRequest, true, messages.ErrBadRequest},
+		{"negative slot", pack(map[string]any{"v": 1, "op": "store", "id": 5, "req": map[string]any{"id": "r"}, "keys": []any{}, "slots": []int{-1}}), CodeBadRequest, true, messages.ErrBadRequest},
 		{"tokens not int32s", pack(map[string]any{"v": 1, "op": "request_finished", "id": 5, "req": map[string]any{"id": "r", "tokens": []byte{1, 2, 3}}}), CodeBadRequest, true, messages.ErrBadRequest},
 		{"empty request id", pack(map[string]any{"v": 1, "op": "request_finished", "id": 5, "req": map[string]any{"id": ""}}), CodeBadRequest, true, messages.ErrBadRequest},
 		// Field order is fixed by hand: map {"v":1, "zzz":1, "op":"ping", "id":7}.
@@ -115,14 +123,20 @@ func TestReplyRoundTrip(t *testing.T) {
 		Ctx: &messages.ReqContext{RequestID: "\x1es3\x1freq-9", TokenIDs: []int32{5}}, At: time.Unix(0, 12345)}}
 	rp := &Reply{ID: 7, Status: []messages.LookupStatus{messages.Hit, messages.Miss, messages.Retry},
 		Job: 9, Slots: []int{0, 5}, Workers: 2, ToStore: testKeys(2), Evicted: testKeys(1), Events: ev,
-		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40}}
+		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40, SessionOpen: 3},
+		Bound: []bool{true, false, true}}
 	strip := func(s string) string { return s[len("\x1es3\x1f"):] }
-	for _, op := range []Op{OpLookup, OpPrepareStore, OpTakeEvents, OpHasPendingWork, OpStats} {
+	for _, op := range []Op{OpLookup, OpPrepareStore, OpTakeEvents, OpHasPendingWork, OpStats, OpGrant, OpStoreCredited} {
 		got, err := DecodeReply(EncodeReply(op, rp, strip), op)
 		require.NoError(t, err, op)
 		switch op {
 		case OpLookup:
 			require.Equal(t, rp.Status, got.Status)
+			require.Equal(t, rp.Slots, got.Slots, "a HIT's slot, with want_slots")
+		case OpGrant:
+			require.Equal(t, []any{rp.Slots, rp.Evicted}, []any{got.Slots, got.Evicted})
+		case OpStoreCredited:
+			require.Equal(t, []any{rp.Job, rp.Workers, rp.Bound}, []any{got.Job, got.Workers, got.Bound})
 		case OpPrepareStore:
 			require.Equal(t, []any{rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted}, []any{got.Job, got.Slots, got.Workers, got.ToStore, got.Evicted})
 		case OpTakeEvents:
@@ -137,7 +151,8 @@ func TestReplyRoundTrip(t *testing.T) {
 		}
 	}
 	h := Hello{Protocol: 1, Session: 3, PoolPath: "/dev/shm/x", BlockBytes: 4096, Slots: 8, Namespace: ns,
-		Heartbeat: time.Second, Grace: 3 * time.Second, MaxKeys: MaxKeys, MaxFrameBytes: MaxFrameBytes, JobWorkers: 2, PackedKeys: true}
+		Heartbeat: time.Second, Grace: 3 * time.Second, MaxKeys: MaxKeys, MaxFrameBytes: MaxFrameBytes, JobWorkers: 2, PackedKeys: true,
+		IndexPath: "/dev/shm/x.index", Credit: true}
 	got, err := DecodeReply(EncodeReply(OpHello, &Reply{ID: 1, Hello: h}, nil), OpHello)
 	require.NoError(t, err)
 	require.Equal(t, h, got.Hello)
@@ -179,6 +194,9 @@ func corpusSeeds() [][]byte {
 		{Op: OpPrepareStore, ID: 6, Req: ctx033, Keys: testKeys(2)},
 		{Op: OpLookup, ID: 7, Req: ctx, Keys: testKeys(3), PackedKeys: true},
 		{Op: OpTouch, ID: 8, Req: ctx, Keys: testKeys(1), PackedKeys: true},
+		{Op: OpLookup, ID: 9, Req: ctx, Keys: testKeys(2), PackedKeys: true, WantSlots: true},
+		{Op: OpGrant, ID: 10, N: 64},
+		{Op: OpStoreCredited, ID: 11, Req: ctx, Keys: testKeys(2), Slots: []int{3, 4}, PackedKeys: true},
 	} {
 		seeds = append(seeds, EncodeRequest(&q))
 	}

@@ -96,6 +96,9 @@ func (a *Actor) Receive(ctx actor.Context) {
 		if m.WantProv {
 			res.Prov = a.state.ProvenanceOf(m.Keys, res.Status)
 		}
+		if m.WantSlots {
+			res.Slots = a.state.SlotsOf(m.Keys, res.Status)
+		}
 		ctx.Respond(res)
 	case *messages.LeaseToPin:
 		slots, err := a.state.LeaseToPin(m.Holder, m.Job, m.Keys)
@@ -129,6 +132,14 @@ func (a *Actor) Receive(ctx actor.Context) {
 			}
 		}
 		a.aborted(ctx, keys)
+	case *messages.GrantCredit:
+		a.grant(ctx, m)
+	case *messages.BindCredit:
+		a.bind(ctx, m)
+	case *messages.ReleaseCredit:
+		a.releaseCreditAfter(ctx, m)
+	case *releaseCredit:
+		a.state.ReleaseCredit(m.owner)
 	case *messages.ClearTier:
 		a.clear(ctx, m)
 	case *messages.VerifyBlock:

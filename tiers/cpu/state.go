@@ -71,6 +71,8 @@ type State struct {
 	// at its last unpin.
 	cleared map[int]messages.Key
 
+	obs Observer // told when a key becomes readable or stops being so; nil: nobody
+
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
 	ready       int
@@ -103,6 +105,17 @@ func NewState(n int, policy string, now func() time.Time) (*State, error) {
 	}
 	return s, nil
 }
+
+// Observer hears every key that becomes readable in the tier and every
+// readable key that leaves it (evicted, dropped, cleared, freed), in order,
+// inside the owning actor: the residency index engines read (cpu.Residency).
+type Observer interface {
+	Readable(k messages.Key)
+	Gone(k messages.Key)
+}
+
+// SetObserver installs o (nil: none). It hears only changes made from now on.
+func (s *State) SetObserver(o Observer) { s.obs = o }
 
 // Slots is the pool size.
 func (s *State) Slots() int { return len(s.slots) }
@@ -498,6 +511,9 @@ func (s *State) Clear() []messages.Key {
 				s.cleared = map[int]messages.Key{}
 			}
 			s.cleared[idx] = sl.key
+			if s.obs != nil {
+				s.obs.Gone(sl.key)
+			}
 			delete(s.index, sl.key)
 			sl.key = quarantineKey(idx)
 			s.index[sl.key] = idx
@@ -652,6 +668,19 @@ func (s *State) slotUnleased(idx int) {
 		s.leasedSlots--
 	}
 	s.maybeEvictable(idx)
+	s.freeIfClearedAndIdle(idx)
+}
+
+// freeIfClearedAndIdle frees a slot Clear unindexed while it was held, once
+// its last pin and lease are gone.
+func (s *State) freeIfClearedAndIdle(idx int) {
+	sl := &s.slots[idx]
+	if sl.pins == 0 && sl.leases == 0 && sl.state == slotReady && IsQuarantineKey(sl.key) {
+		delete(s.cleared, idx)
+		s.policy.Remove(idx)
+		s.evictable--
+		s.freeSlot(idx)
+	}
 }
 
 func (s *State) pin(job messages.JobRef, idx int) {
@@ -680,13 +709,7 @@ func (s *State) unpin(job messages.JobRef, idx int) {
 		s.pinnedSlots--
 	}
 	s.maybeEvictable(idx)
-	if sl.pins == 0 && sl.leases == 0 && sl.state == slotReady && IsQuarantineKey(sl.key) {
-		// Cleared while pinned: its last reader is done.
-		delete(s.cleared, idx)
-		s.policy.Remove(idx)
-		s.evictable--
-		s.freeSlot(idx)
-	}
+	s.freeIfClearedAndIdle(idx) // cleared while pinned: its last reader may be done
 }
 
 // becomesHeld applies a pin or lease increment, keeping evictable exact.
@@ -743,13 +766,19 @@ func (s *State) makeReady(idx int, sum uint32) {
 	s.evictable++
 	s.ready++
 	s.Counters.Stores++
+	if s.obs != nil {
+		s.obs.Readable(sl.key)
+	}
 }
 
 // freeSlot returns a non-free slot to the free list. The caller has already
 // removed it from the policy and the evictable count if it was ready.
 func (s *State) freeSlot(idx int) {
-	if s.slots[idx].state == slotReady {
+	if sl := &s.slots[idx]; sl.state == slotReady {
 		s.ready--
+		if s.obs != nil && !IsQuarantineKey(sl.key) {
+			s.obs.Gone(sl.key)
+		}
 	}
 	delete(s.index, s.slots[idx].key)
 	s.slots[idx] = slot{}

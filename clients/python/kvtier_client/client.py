@@ -98,6 +98,8 @@ class Hello:
     max_frame_bytes: int
     job_workers: int
     packed_keys: bool = False  # the daemon reads "pkeys"; older daemons do not say
+    index_path: str = ""       # the residency index (kvtier_client.residency); "" = none
+    credit: bool = False       # the daemon serves grant / store (slot credit)
 
 
 @dataclass
@@ -208,6 +210,10 @@ class _ZmqTransport:
     def send(self, frame: bytes) -> None:
         self._sock.send(frame)
 
+    def send_many(self, frames: Sequence[bytes]) -> None:
+        for f in frames:
+            self._sock.send(f)
+
     def poll(self, wait_ms: int) -> bool:
         return bool(self._sock.poll(wait_ms))
 
@@ -268,6 +274,14 @@ class _UnixTransport:
 
     def send(self, frame: bytes) -> None:
         self._s.sendall(struct.pack(">I", len(frame)) + frame)
+
+    def send_many(self, frames: Sequence[bytes]) -> None:
+        """Every frame in one write: one syscall for a step's batch."""
+        parts = []
+        for f in frames:
+            parts.append(struct.pack(">I", len(f)))
+            parts.append(f)
+        self._s.sendall(b"".join(parts))
 
     def _complete(self) -> bool:
         if len(self._buf) < 4:
@@ -374,6 +388,7 @@ class Client:
         self._last_send = time.monotonic()
         self._awaited: set = set()  # ids of calls whose replies are kept
         self._stash: Dict[int, dict] = {}  # replies read but not yet taken
+        self._batched: set = set()  # ids sent by send_frames whose replies take_replies returns
         h = self._call("hello", client=name)
         self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__ if k in h})
         self._key_field = _key_field if self.hello.packed_keys else _key_list
@@ -412,14 +427,56 @@ class Client:
     def _send_locked(self, frame: bytes) -> None:
         if self._closed:
             raise KvtierError("CLOSED", "client closed")
-        self._sock.send(frame)
+        try:
+            self._sock.send(frame)
+        except (OSError, zmq.ZMQError) as e:  # a dead daemon: BrokenPipeError, ECONNRESET
+            raise KvtierError("CLOSED", f"send: {e}") from e
         self._last_send = time.monotonic()
+
+    # -- batches: calls queued during a scheduler step, sent in one write ----
+
+    def frame(self, op: str, **fields) -> Tuple[int, bytes]:
+        """Encodes a call for send_frames; returns (id, frame)."""
+        return self._frame(op, self._timeout, fields)
+
+    def send_frames(self, frames: Sequence[bytes], keep: Sequence[int] = ()) -> None:
+        """Sends encoded calls in one write (unix://: one syscall); the
+        replies of the ids in keep are kept for take_replies()."""
+        if not frames:
+            return
+        with self._lock:
+            if self._closed:
+                raise KvtierError("CLOSED", "client closed")
+            try:
+                self._sock.send_many(frames)
+            except (OSError, zmq.ZMQError) as e:
+                raise KvtierError("CLOSED", f"send: {e}") from e
+            self._last_send = time.monotonic()
+            self._awaited.update(keep)
+            self._batched.update(keep)
+
+    def take_replies(self) -> List[Tuple[int, dict]]:
+        """Every kept reply that has arrived, as (id, reply) — errors as
+        replies with "err", unchecked. Never blocks."""
+        with self._lock:
+            while not self._closed and self._read_locked(0):
+                pass
+            out = [(rid, r) for rid, r in self._stash.items() if rid in self._batched]
+            for rid, _ in out:
+                self._awaited.discard(rid)
+                self._batched.discard(rid)
+                del self._stash[rid]
+        return out
 
     def _read_locked(self, wait_ms: int) -> bool:
         """Reads at most one reply into the stash; False when none came."""
-        if not self._sock.poll(wait_ms):
-            return False
-        reply = msgpack.unpackb(self._sock.recv(), raw=False)
+        try:
+            if not self._sock.poll(wait_ms):
+                return False
+            frame = self._sock.recv()
+        except (OSError, zmq.ZMQError) as e:  # ECONNRESET from a killed daemon
+            raise KvtierError("CLOSED", f"recv: {e}") from e
+        reply = msgpack.unpackb(frame, raw=False)
         rid = reply.get("id")
         if rid in self._awaited:
             self._stash[rid] = reply

@@ -82,48 +82,106 @@ def read_trace(path: str, limit: int) -> List[List[int]]:
 
 
 class Replay:
-    """One manager driven through a trace as vLLM's scheduler drives it:
-    each step admits up to ``per_step`` requests; a request scans its keys
-    (stopping at the first MISS), loads its HIT prefix, stores the rest;
-    the workers' completions and the request's end come the next step.
-    A request whose scan was deferred (RETRY / HIT_PENDING) is scanned
-    again the next step. Wall time of every step's manager calls is kept."""
+    """One manager driven through a trace in the order vLLM's
+    ``OffloadingConnectorScheduler`` calls it (vLLM 0.32/0.33
+    ``offloading/scheduler.py``; docs/VLLM.md, "vLLM's call order"). Each
+    step:
 
-    def __init__(self, manager, trace: List[List[int]], per_step: int):
+    1. ``schedule()``: every waiting request scans its keys (``lookup`` per
+       key; a RETRY or HIT_PENDING defers the request a step but the scan
+       goes on, a MISS ends it), then ``prepare_load`` for a scheduled
+       request's hits;
+    2. ``build_connector_meta``: ``on_schedule_end``, then ``prepare_store``
+       for the blocks the requests scheduled a step earlier computed, then
+       ``on_request_finished`` for the requests that finished a step
+       earlier — while their store jobs are still in flight;
+    3. ``update_connector_output``: this step's load completions and the
+       previous step's store completions (so a request's ``complete_store``
+       comes *after* its ``on_request_finished``).
+
+    Every ``preempt_every``-th scheduled request is preempted once (named in
+    ``on_schedule_end``) and scans again two steps later; every
+    ``abort_every``-th new request is aborted before it is scheduled
+    (``on_new_request`` then ``on_request_finished`` at once). Wall time of
+    every step's manager calls is kept."""
+
+    def __init__(self, manager, trace: List[List[int]], per_step: int,
+                 preempt_every: int = 0, abort_every: int = 0, keep_going=None,
+                 model_ms: float = 0.0):
         from .harness import chained_keys
 
         self.m, self.per_step = manager, per_step
-        self.todo = [(f"r{i}", chained_keys(ids)) for i, ids in enumerate(trace)]
-        self.chained = chained_keys
+        self.trace, self.chained = trace, chained_keys
+        self.preempt_every, self.abort_every = preempt_every, abort_every
+        self.keep_going = keep_going  # called every step with the step number; False stops
+        # The model's forward pass between build_connector_meta and
+        # update_connector_output: wall time the engine spends outside the
+        # manager (not counted in a step's time), as a GPU step would.
+        self.model_s = model_ms / 1000.0
         self.step_ns: List[int] = []
         self.looked = self.hit = self.deferred = self.store_full = 0
+        self.requests = self.aborted = self.preempted = self.steps = self.scheduled = 0
+        self._was_preempted: set = set()
 
-    def run(self) -> None:
-        from vllm.v1.kv_offload.base import LookupResult, ReqContext
+    def _requests(self):
+        from vllm.v1.kv_offload.base import ReqContext
 
-        m = self.m
-        pending = list(reversed(self.todo))
-        waiting: List[tuple] = []  # deferred scans
-        completions: List[tuple] = []
-        while pending or waiting or completions:
-            t0 = time.perf_counter_ns()
-            for kind, ctx, keys in completions:
-                if kind == "load":
-                    m.complete_load(keys, ctx)
-                elif kind == "store":
-                    m.complete_store(keys, ctx, True)
-                else:
-                    m.on_request_finished(ctx)
-            completions = []
-            batch, waiting = waiting, []
-            while pending and len(batch) < self.per_step:
-                rid, keys = pending.pop()
+        n = 0
+        chained = [self.chained(ids) for ids in self.trace]
+        while True:
+            for keys in chained:
+                rid = f"r{n}"
+                n += 1
                 ctx = ReqContext(req_id=rid)
                 for i, k in enumerate(keys):
                     ctx.set_offload_key_position(k, (i + 1) * 512)
+                yield ctx, keys
+            if self.keep_going is None:
+                return
+
+    def run(self) -> None:
+        from vllm.v1.kv_offload.base import LookupResult, ScheduleEndContext
+
+        m = self.m
+        source = self._requests()
+        waiting: List[tuple] = []          # (ctx, keys): admitted, not scheduled yet
+        store_next: List[tuple] = []       # (ctx, keys): computed this step, stored at the next meta
+        finish_next: List[object] = []     # ctx: finished at the next step
+        finish_now: List[object] = []      # ctx: finished, signalled at this step's meta
+        stores_done_next: List[tuple] = [] # (ctx, keys): store jobs completing at the next update
+        rescan: Dict[int, List[tuple]] = {}  # step → preempted requests scanning again
+        exhausted = False
+        step = 0
+        while True:
+            if self.keep_going is not None and not self.keep_going(step):
+                exhausted = True
+            busy = waiting or store_next or finish_next or finish_now or stores_done_next or rescan
+            if exhausted and not busy:
+                break
+            # The step's new requests, built outside the timed window (the
+            # engine builds them, not the manager).
+            incoming = []
+            while not exhausted and len(incoming) < self.per_step:  # deferred requests do not take a new one's place
+                nxt = next(source, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                incoming.append(nxt)
+            t0 = time.perf_counter_ns()
+            # -- schedule(): lookups, loads
+            admitted, waiting = waiting + rescan.pop(step, []), []
+            new_ids = []
+            for ctx, keys in incoming:
+                self.requests += 1
                 m.on_new_request(ctx)
-                batch.append((ctx, keys))
-            for ctx, keys in batch:
+                if self.abort_every and self.requests % self.abort_every == 0:
+                    m.on_request_finished(ctx)  # aborted before it was scheduled
+                    self.aborted += 1
+                    continue
+                admitted.append((ctx, keys))
+            loads = []
+            scheduled = []
+            for ctx, keys in admitted:
                 hits, deferred = 0, False
                 for k in keys:
                     r = m.lookup(k, ctx)
@@ -131,7 +189,7 @@ class Replay:
                         hits += 1
                     elif r is LookupResult.MISS:
                         break
-                    else:
+                    else:  # RETRY, HIT_PENDING: deferred, the scan goes on
                         deferred = True
                 if deferred:
                     self.deferred += 1
@@ -141,17 +199,50 @@ class Replay:
                 self.hit += hits
                 if hits:
                     m.prepare_load(keys[:hits], ctx)
-                    m.touch(keys[:hits], ctx)
-                    completions.append(("load", ctx, keys[:hits]))
+                    loads.append((ctx, keys[:hits]))
+                scheduled.append((ctx, keys, hits))
+                new_ids.append(ctx.req_id)
+            # -- build_connector_meta(): on_schedule_end, stores, finished requests
+            preempted = []
+            for ctx, keys, hits in scheduled:
+                self.scheduled += 1
+                if (self.preempt_every and ctx.req_id not in self._was_preempted
+                        and self.scheduled % self.preempt_every == 0):
+                    self._was_preempted.add(ctx.req_id)
+                    preempted.append(ctx.req_id)
+                    rescan.setdefault(step + 2, []).append((ctx, keys))
+                    self.preempted += 1
+            m.on_schedule_end(ScheduleEndContext(new_req_ids=new_ids, preempted_req_ids=preempted))
+            for ctx, keys in store_next:
+                out = m.prepare_store(keys, ctx)
+                if out is None:
+                    self.store_full += 1
+                elif out.keys_to_store:
+                    stores_done_next.append((ctx, out.keys_to_store))
+            store_next = []
+            for ctx in finish_now:
+                m.on_request_finished(ctx)
+            finish_now, finish_next = finish_next, []
+            for ctx, keys, hits in scheduled:
                 if hits < len(keys):
-                    out = m.prepare_store(keys[hits:], ctx)
-                    if out is None:
-                        self.store_full += 1
-                    elif out.keys_to_store:
-                        completions.append(("store", ctx, out.keys_to_store))
-                completions.append(("finish", ctx, None))
-            m.on_schedule_end(None)
-            self.step_ns.append(time.perf_counter_ns() - t0)
+                    store_next.append((ctx, keys[hits:]))
+                if ctx.req_id not in preempted:
+                    finish_next.append(ctx)
+                    self._was_preempted.discard(ctx.req_id)
+            # -- the model runs (not the manager's time)
+            t1 = time.perf_counter_ns()
+            if self.model_s:
+                time.sleep(self.model_s)
+            t2 = time.perf_counter_ns()
+            # -- update_connector_output(): loads of this step, stores of the last
+            for ctx, keys in loads:
+                m.complete_load(keys, ctx)
+            done, stores_done_next = stores_done_next, []
+            for ctx, keys in done:
+                m.complete_store(keys, ctx)
+            self.step_ns.append(time.perf_counter_ns() - t0 - (t2 - t1))
+            step += 1
+        self.steps = step
 
     def summary(self) -> Dict[str, float]:
         us = sorted(ns / 1000 for ns in self.step_ns)
@@ -165,25 +256,43 @@ class Replay:
         }
 
 
+def cold_trace(trace: List[List[int]]) -> List[List[int]]:
+    """The same requests with no block shared: every lookup is a MISS."""
+    out, n = [], 1 << 40
+    for ids in trace:
+        out.append(list(range(n, n + len(ids))))
+        n += len(ids)
+    return out
+
+
 def bench_manager(args) -> Dict[str, object]:
     from .harness import kvtier_manager, native_manager
 
     trace = read_trace(args.trace, args.limit)
+    if args.cold:
+        trace = cold_trace(trace)
     page = 4096  # bytes per block: the manager path never touches them
-    native = Replay(native_manager(args.cpu_blocks, page_bytes=page), trace, args.per_step)
+    order = dict(per_step=args.per_step, preempt_every=args.preempt_every, abort_every=args.abort_every,
+                 model_ms=args.model_ms)
+    native = Replay(native_manager(args.cpu_blocks, page_bytes=page), trace, **order)
     native.run()
     binary = kvtierd_binary(args.repo)
     with kvtierd(binary, page, args.cpu_blocks, transport=args.transport) as addr:
         mgr = kvtier_manager(addr, page_bytes=page)
-        kv = Replay(mgr, trace, args.per_step)
+        blocking_at_start = mgr.blocking_calls  # the session's first credit grant
+        kv = Replay(mgr, trace, **order)
         kv.run()
-        round_trips = mgr.round_trips
+        blocking = mgr.blocking_calls - blocking_at_start
+        refused = mgr.refused_loads + mgr.refused_stores
         mgr.shutdown()
     n, k = native.summary(), kv.summary()
     return {
         "requests": len(trace),
+        "cold": bool(args.cold),
+        "transport": args.transport,
         "cpu_blocks": args.cpu_blocks,
         "per_step": args.per_step,
+        "model_ms": args.model_ms,
         "native_hit_rate": round(n["hit_rate"], 4),
         "kvtier_hit_rate": round(k["hit_rate"], 4),
         "native_step_p50_us": round(n["step_p50_us"], 1),
@@ -191,10 +300,17 @@ def bench_manager(args) -> Dict[str, object]:
         "kvtier_step_p50_us": round(k["step_p50_us"], 1),
         "kvtier_step_p99_us": round(k["step_p99_us"], 1),
         "step_ratio": round(k["step_p50_us"] / n["step_p50_us"], 2),
-        "kvtier_round_trips_per_request": round(round_trips / len(trace), 2),
+        "step_ratio_p99": round(k["step_p99_us"] / n["step_p99_us"], 2),
+        "blocking_calls_per_step": round(blocking / max(1, k["steps"]), 4),
+        "kvtier_steps": k["steps"],
+        "native_steps": n["steps"],
         "kvtier_deferred_scans": k["deferred_scans"],
+        "native_deferred_scans": n["deferred_scans"],
         "native_store_full": n["store_full"],
         "kvtier_store_full": k["store_full"],
+        "kvtier_refused_calls": refused,
+        "preempted": kv.preempted,
+        "aborted": kv.aborted,
     }
 
 
@@ -208,6 +324,11 @@ def main(argv=None) -> int:
     m.add_argument("--per-step", type=int, default=16, help="requests admitted per step")
     m.add_argument("--repo", default=".", help="where to build kvtierd if not on PATH")
     m.add_argument("--transport", choices=("ipc", "unix"), default="ipc", help="kvtierd's engine socket")
+    m.add_argument("--cold", action="store_true", help="no block shared between requests: every lookup a miss")
+    m.add_argument("--model-ms", type=float, default=5.0,
+                   help="the forward pass between a step's meta and its update (wall time, not counted)")
+    m.add_argument("--preempt-every", type=int, default=50, help="preempt every Nth scheduled request once (0: never)")
+    m.add_argument("--abort-every", type=int, default=100, help="abort every Nth new request unscheduled (0: never)")
     m.add_argument("--json", action="store_true")
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)

@@ -1,22 +1,45 @@
-"""The scheduler side: vLLM's OffloadingManager backed by a kvtierd.
+"""The scheduler side: vLLM's OffloadingManager backed by a kvtierd, with no
+blocking round trip on the common path (docs/VLLM.md, "The scheduler step").
 
-vLLM calls ``lookup`` one key at a time inside its scheduler step, and asks
-``prepare_load`` / ``prepare_store`` for the step's transfers. The rule that
-keeps this fast: **one socket round trip per request, never one per key**,
-and a request whose blocks kvtier does not hold is answered at once (never
-deferred a step). The first ``lookup`` of a request in a step sends one
-batched, leasing Lookup for every key of the request from that key on (the
-keys vLLM already recorded in the request context); the statuses answer that
-key and every later one from memory. kvtier leases each HIT to the request,
-so a block the scheduler saw as a HIT is still there at ``prepare_load`` —
-no lock between lookup and load (seed 001). HIT_PENDING / RETRY (a write or
-a promotion from a secondary tier in flight) are asked again next step.
+vLLM calls the manager from its scheduler thread, inside every step, in this
+order (vLLM 0.32/0.33 ``offloading/scheduler.py``):
 
-Completions go one way: vLLM aggregates its workers' reports and calls
-``complete_store`` / ``complete_load`` once per job; they are sent without
-waiting (calls of one connection are processed in order, so the next call
-sees their effect). If vLLM's engine dies, kvtierd releases its session when
-the connection closes: leases end, loads unpin, stores fail (seed 003).
+1. ``lookup`` per key of each waiting request (a RETRY does not stop the
+   scan; a MISS does), then ``prepare_load`` for the hits it schedules;
+2. ``on_schedule_end`` (inside ``build_connector_meta``), then the step's
+   ``prepare_store`` calls, then ``on_request_finished`` for the requests
+   that finished — whose store jobs may still be in flight;
+3. after the model ran, ``complete_store`` / ``complete_load`` as the
+   workers' jobs finish: possibly after that request's
+   ``on_request_finished`` (late completions).
+
+What each call costs here:
+
+- **lookup** reads the daemon's residency index (shared memory, no
+  syscall). A key it does not hold is a MISS at once, with no message. A
+  held key answers RETRY and joins the request's leasing Lookup, sent
+  without waiting at ``on_schedule_end``; its reply carries each HIT's
+  slot, so the next step's lookup answers HIT from memory. The lease is the
+  guarantee: a HIT the scheduler acts on is not evicted before its pin.
+- **prepare_load** builds the load spec from those slots; the pin is sent
+  ahead, on the same ordered connection, of the completion.
+- **prepare_store** takes slots from the session's *credit* (slots the
+  daemon reserved for it ahead of need) and binds them to the keys in a
+  ``store`` message sent without waiting; a key another engine stored
+  meanwhile is settled by the daemon (its slot stays in the credit).
+  Credit is refilled asynchronously; when it runs short the call falls back
+  to a synchronous ``prepare_store`` (counted in ``blocking_calls``).
+- **complete_*, touch, on_request_finished** are queued and never wait.
+
+Everything queued in a step goes out in one write at ``on_schedule_end``
+(and at the next call after it, for what the step queued later);
+``has_pending_work`` is true while something is queued, so an idle engine
+steps once more to send it. Replies are read without blocking at the same
+points.
+
+State is bounded: a request's state lives from its first call to its
+``on_request_finished``; late completions never re-create it; a store's
+record lives until its completion.
 
 kvtierd unreachable: every call answers as if kvtier were empty (MISS, no
 store), vLLM recomputes, and a background thread reconnects; the new session
@@ -32,7 +55,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from vllm.v1.kv_offload.base import (
     LookupResult,
@@ -46,6 +69,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from kvtier_client import HIT, HIT_PENDING, MISS, RETRY, Client, KvtierError, Request
+from kvtier_client.residency import Residency, ns_fingerprint
 
 from .layout import PoolRef
 from .transfer import KvtierLoadStoreSpec
@@ -59,8 +83,10 @@ _RESULT = {
     RETRY: LookupResult.RETRY,
 }
 
-# Errors that mean the connection or session is gone, not that the call was refused.
-_LINK_ERRORS = {"TIMEOUT", "CLOSED", "NO_SESSION", "BAD_VERSION", "BAD_REPLY"}
+# Errors that mean the connection or session is gone, not that one call was
+# refused. NB: not TIMEOUT: the daemon's TIMEOUT answers one slow call on a
+# live session (a call this client timed out on is raised as LINK_TIMEOUT).
+_LINK_ERRORS = {"CLOSED", "NO_SESSION", "BAD_VERSION", "BAD_REPLY", "LINK_TIMEOUT"}
 
 
 class KvtierLoadError(RuntimeError):
@@ -71,27 +97,46 @@ class KvtierLoadError(RuntimeError):
 
 
 @dataclass
-class _Answers:
-    """What kvtier said about one request's keys in its last batched Lookup."""
+class _Req:
+    """One request's state, from its first call to on_request_finished."""
 
-    status: Dict[OffloadKey, int] = field(default_factory=dict)
-    step: int = -1          # the manager step it was asked in
-    at: float = 0.0         # monotonic time it was asked (leases expire)
-    epoch: int = 0          # the link epoch (session) it was asked on
+    wire: dict                                  # its ReqContext on the wire
+    # key → (status, slot, step answered, monotonic time, epoch)
+    answers: Dict[OffloadKey, Tuple[int, int, int, float, int]] = field(default_factory=dict)
+    ask: Dict[OffloadKey, None] = field(default_factory=dict)  # keys for this step's leasing Lookup
+    asking: int = 0                             # id of the leasing Lookup in flight; 0: none
+    asked_at: float = 0.0                       # when it was sent (monotonic)
+    seen: Dict[OffloadKey, None] = field(default_factory=dict)  # re-ranked for eviction at the end
+
+
+@dataclass
+class _StoreBatch:
+    """One ``store`` message: keys bound to credited slots. Lives until every
+    key was completed (and the daemon said which keys it bound)."""
+
+    keys: List[OffloadKey]
+    slots: List[int]
+    req: dict                           # the request's wire context
+    epoch: int
+    bound: Optional[List[bool]] = None  # the daemon's answer; None until it came
+    failed: bool = False                # the daemon refused the store: no slot is ours to reuse
+    open: int = 0                       # keys not completed yet
+    deferred: List[Tuple[List[OffloadKey], bool]] = field(default_factory=list)  # completions awaiting `bound`
 
 
 class _Link:
     """The connection to kvtierd, and its replacement when kvtierd goes
-    away. ``epoch`` counts sessions: answers and leases from an older epoch
-    are void."""
+    away. ``epoch`` counts sessions: answers, leases and credit from an
+    older epoch are void."""
 
     def __init__(self, address: str, timeout: float, reconnect_s: float, check, poll_us: float):
         self.address, self.timeout, self.reconnect_s = address, timeout, reconnect_s
         self.poll_us = poll_us
-        self._check = check  # validates a new session's hello (geometry)
+        self._check = check  # validates a new session's hello (geometry, namespace)
         self.client: Optional[Client] = self._connect()
         self.epoch = 1
         self.pool = self._pool_ref(self.client)
+        self.index = self._index(self.client)
         self._next: Optional[Client] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -109,11 +154,23 @@ class _Link:
     def _pool_ref(c: Client) -> PoolRef:
         return PoolRef.of(c.hello.pool_path, c.hello.block_bytes, c.hello.slots)
 
+    @staticmethod
+    def _index(c: Client) -> Optional[Residency]:
+        if not c.hello.index_path:
+            return None
+        try:
+            return Residency(c.hello.index_path)
+        except (OSError, ValueError) as e:
+            log.warning("kvtier: residency index %s unusable (%s); lookups ask kvtierd",
+                        c.hello.index_path, e)
+            return None
+
     def up(self) -> bool:
         """True when a session is usable; takes over a reconnected one."""
         if self.client is None and self._next is not None:
             self.client, self._next = self._next, None
             self.pool = self._pool_ref(self.client)
+            self.index = self._index(self.client)
             self.epoch += 1
             log.warning("kvtier: reconnected to %s (session %d)",
                         self.address, self.client.hello.session)
@@ -126,6 +183,9 @@ class _Link:
         log.warning("kvtier: lost %s (%s); answering MISS until it is back", self.address, err)
         self.client.close(bye=False)
         self.client = None
+        if self.index is not None:
+            self.index.close()
+            self.index = None
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._reconnect, name="kvtier-reconnect",
                                              daemon=True)
@@ -146,43 +206,69 @@ class _Link:
         for c in (self.client, self._next):
             if c is not None:
                 c.close()
-        self.client = self._next = None
+        if self.index is not None:
+            self.index.close()
+        self.client = self._next = self.index = None
 
 
 class KvtierManager(OffloadingManager):
     def __init__(self, spec):
         self._spec = spec
         cfg = spec.kvtier
-        self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
-                           float(cfg["kvtier_reconnect_s"]), self._check_hello, float(cfg["kvtier_poll_us"]))
         self._lookup_ttl = float(cfg["kvtier_lookup_ttl_s"])
+        self._credit_min = int(cfg["kvtier_store_credit"])
         self._single_group = len(spec.config.groups) <= 1
         tpb = spec.tokens_per_block[0] if spec.tokens_per_block else 0
         self._chunk_tokens = tpb * spec.blocks_per_chunk
         self._ns: Optional[str] = None
-        self._reqs: Dict[str, Request] = {}
-        self._answers: Dict[str, _Answers] = {}
-        # Keys each request loaded or offered for storage, in first-seen
-        # order: re-ranked for eviction when it finishes (vLLM's LRU order).
-        self._seen: Dict[str, Dict[OffloadKey, None]] = {}
-        # Keys this manager is writing (prepared, not yet completed).
-        self._writing: set = set()
-        # complete_store calls in flight per request (answered once readable).
-        self._completing: Dict[str, List[int]] = {}
+        self._nsfp = 0
+        self._reqs: Dict[str, _Req] = {}
+        self._stores: Dict[OffloadKey, _StoreBatch] = {}  # keys this manager is writing
+        # Keys whose store this manager completed in the last steps: their
+        # commit may not be in the index yet (it lands a little after the
+        # completion is sent), so a lookup asks kvtierd instead of MISS.
+        self._committing: Dict[OffloadKey, int] = {}
+        self._calls: Dict[int, tuple] = {}  # id → what its reply settles
+        self._out: List[bytes] = []         # frames queued, sent at the next flush
+        self._keep: List[int] = []          # ids among them whose replies are read
+        self._credit: List[int] = []        # slots the daemon reserved for our stores
+        self._granting = 0                  # slots asked for and not yet granted
+        self._credit_target = self._credit_min
+        self._used: List[int] = []          # credit used in each recent step
+        self._used_now = 0
+        self._evicted: List[OffloadKey] = []  # evictions granting made, for the next store's output
         self._step = 0
-        self.round_trips = 0  # synchronous calls made (benchmarks read it)
+        # Flush points (one write each): on_schedule_end; the first
+        # completion after it (the step's stores and ends); the first lookup
+        # or load after that (the completions).
+        self._flush_at_completion = False
+        self._flush_at_schedule = False
+        self._read_this_step = False  # a lookup found its answer missing and read
+        # Counters (the benchmark and tests read them).
+        self.blocking_calls = 0     # calls that waited on kvtierd
+        self.round_trips = 0        # same, kept under its old name
+        self.refused_loads = 0      # pins the daemon refused after the load was planned
+        self.refused_stores = 0     # store messages the daemon refused
+        self.store_fallbacks = 0    # prepare_store calls that waited (credit short)
+        self.load_fallbacks = 0     # prepare_load calls that waited (no leased slot known)
+        self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
+                           float(cfg["kvtier_reconnect_s"]), self._check_hello,
+                           float(cfg["kvtier_poll_us"]))
+        self._session_begun()
 
     def _check_hello(self, hello) -> None:
         self._spec.geometry.check(hello.block_bytes)
-        if hello.namespace:
-            log.warning("kvtier: kvtierd serves only namespace %r; this engine's keys use "
-                        "their own layout namespace and will be refused", hello.namespace)
+        if hello.namespace and hello.namespace != self._namespace():
+            raise KvtierError(
+                "BAD_KEY", f"kvtierd at {self._spec.kvtier['kvtier_address']} serves only namespace "
+                f"{hello.namespace!r}; this engine's layout namespace is {self._namespace()!r}")
 
     # -- keys -------------------------------------------------------------
 
     def _namespace(self) -> str:
         if self._ns is None:
             self._ns = self._spec.namespace()
+            self._nsfp = ns_fingerprint(self._ns)
             log.info("kvtier: layout namespace %s", self._ns)
         return self._ns
 
@@ -190,80 +276,228 @@ class KvtierManager(OffloadingManager):
         ns = self._namespace()
         return [[ns, bytes(k[:-4]), int.from_bytes(k[-4:], "big")] for k in keys]
 
+    def _keys(self, keys: List[OffloadKey]) -> dict:
+        """Keys as the "pkeys" field: the hashes in one join, the groups in
+        another (an OffloadKey ends with its group as 4 big-endian bytes,
+        the wire's own encoding) — no Python object per key."""
+        if not keys:
+            return {"keys": []}
+        n, hash_len = len(keys), len(keys[0]) - 4
+        hashes = b"".join([k[:-4] for k in keys])
+        if not 0 < hash_len <= 64 or len(hashes) != n * hash_len:
+            return {"keys": self._wire(keys)}
+        groups = b"".join([k[-4:] for k in keys])
+        pk = {"ns": self._namespace(), "hash_len": hash_len, "hashes": hashes}
+        if groups.count(groups[:4]) == n:
+            pk["group"] = int.from_bytes(groups[:4], "big")
+        else:
+            pk["groups"] = groups
+        return {"pkeys": pk}
+
     def _unwire(self, keys) -> List[OffloadKey]:
         ns = self._namespace()
         return [make_offload_key(h, g) for n, h, g in keys if n == ns]
 
-    def _req(self, ctx: ReqContext) -> Request:
+    def _req(self, ctx: ReqContext) -> _Req:
         r = self._reqs.get(ctx.req_id)
         if r is None:
-            # a key stands for one chunk: its events' block size is the chunk's
-            r = self._reqs[ctx.req_id] = Request(ctx.req_id, block_size=self._chunk_tokens)
+            r = self._reqs[ctx.req_id] = _Req(self._req_wire(ctx))
         return r
 
-    # -- calls ------------------------------------------------------------
+    def _req_wire(self, ctx: ReqContext) -> dict:
+        """The request's context on the wire, without creating its state
+        (late completions come after on_request_finished)."""
+        r = self._reqs.get(ctx.req_id)
+        if r is not None:
+            return r.wire
+        # a key stands for one chunk: its events' block size is the chunk's
+        return Request(ctx.req_id, block_size=self._chunk_tokens).wire()
+
+    def _held(self, key: OffloadKey) -> bool:
+        index = self._link.index
+        return index is not None and index.held_cpu(self._nsfp, key)
+
+    # -- the connection ---------------------------------------------------
+
+    def _session_begun(self) -> None:
+        """A new session: its credit starts with one synchronous grant."""
+        self._namespace()
+        if self._link.client is not None and self._link.client.hello.credit:
+            r = self._call(Client._call, "grant", n=self._credit_target)
+            if r is not None:
+                self._credit.extend(r["slots"])
+
+    def _queue(self, op: str, settle: Optional[tuple] = None, **fields) -> int:
+        """Queues a call for the next flush; its reply, if settle is given,
+        is handed to _settle_reply (otherwise the daemon sends none)."""
+        if settle is None:
+            fields["noreply"] = True
+        rid, frame = self._link.client.frame(op, **fields)
+        self._out.append(frame)
+        if settle is not None:
+            self._keep.append(rid)
+            self._calls[rid] = settle
+        return rid
+
+    def _flush(self, send: bool = True) -> None:
+        """Sends what is queued (one write) and reads the replies that came;
+        without send, only reads. Never waits."""
+        if not self._link.up():
+            return
+        c = self._link.client
+        try:
+            if send and self._out:
+                out, keep = self._out, self._keep
+                self._out, self._keep = [], []
+                c.send_frames(out, keep)
+            replies = c.take_replies() if self._calls else ()
+        except KvtierError as e:
+            self._lost(e)
+            return
+        for rid, reply in replies:
+            settle = self._calls.pop(rid, None)
+            if settle is not None:
+                self._settle_reply(settle, reply)
+
+    def _flush_before_schedule(self) -> None:
+        if self._flush_at_schedule or self._flush_at_completion:
+            self._flush_at_schedule = self._flush_at_completion = False
+            self._flush()
+
+    def _flush_before_completion(self) -> None:
+        if self._flush_at_completion:
+            self._flush_at_completion, self._flush_at_schedule = False, True
+            if self._link_up():
+                self._refill()  # after the step's stores: credit for the next step's
+            self._flush()
 
     def _call(self, fn, *args, **kw):
-        """A synchronous call; None when the link is down or goes down."""
+        """A synchronous call (counted); None when the link is down or goes down."""
         if not self._link.up():
             return None
+        self._flush()  # NB: what was queued first is processed first
+        if self._link.client is None:
+            return None
+        self.blocking_calls += 1
         self.round_trips += 1
         try:
             return fn(self._link.client, *args, **kw)
         except KvtierError as e:
-            if e.code in _LINK_ERRORS:
-                self._link.lost(e)
-                self._reset_requests()
+            if e.code in _LINK_ERRORS or e.code == "TIMEOUT" and "no reply within" in e.msg:
+                self._lost(e)
                 return None
             raise
 
-    def _fire(self, op: str, **fields) -> None:
-        """A call whose answer nobody needs (completions, touches)."""
-        if not self._link.up():
-            return
-        try:
-            self._link.client.send(op, keep=False, **fields)
-        except KvtierError as e:
-            self._link.lost(e)
-            self._reset_requests()
+    def _lost(self, err: Exception) -> None:
+        """The session is gone: what it held (leases, credit, stores) is void."""
+        self._link.lost(err)
+        for r in self._reqs.values():
+            r.answers.clear()
+            r.ask.clear()
+            r.asking = 0
+        self._stores.clear()
+        self._committing.clear()
+        self._calls.clear()
+        self._out, self._keep = [], []
+        self._credit.clear()
+        self._granting = 0
 
-    def _reset_requests(self) -> None:
-        # Leases and jobs of a lost session are void; so are its answers.
-        self._answers.clear()
-        self._completing.clear()
-        self._writing.clear()
+    def _link_up(self) -> bool:
+        """Up, taking over a reconnected session (and granting its credit)."""
+        epoch = self._link.epoch
+        up = self._link.up()
+        if up and self._link.epoch != epoch:
+            self._session_begun()
+        return up and self._link.client is not None
+
+    # -- replies ----------------------------------------------------------
+
+    def _settle_reply(self, settle: tuple, reply: dict) -> None:
+        kind = settle[0]
+        err = reply.get("err")
+        if kind == "lookup":
+            self._lookup_answered(settle[1], settle[2], settle[3], reply, err)
+        elif kind == "store":
+            self._store_answered(settle[1], err)
+            if not err:
+                settle[1].bound = [bool(b) for b in reply["bound"]]
+            self._settle_deferred(settle[1])
+        elif kind == "grant":
+            self._granting -= settle[1]
+            if not err and settle[2] == self._link.epoch:
+                self._credit.extend(reply["slots"])
+                self._evicted.extend(self._unwire(reply.get("evicted")))
+        elif kind == "load" and err:
+            self.refused_loads += 1
+            log.warning("kvtier: a planned load's pin was refused: %s", err)
+
+    def _lookup_answered(self, req_id: str, keys: List[OffloadKey], epoch: int, reply: dict, err) -> None:
+        r = self._reqs.get(req_id)
+        if r is None or epoch != self._link.epoch:
+            return  # finished meanwhile: request_finished released its leases
+        r.asking = 0
+        if err:
+            log.debug("kvtier: leasing lookup refused: %s", err)
+            return
+        status, slots = reply["status"], reply.get("slots") or ()
+        now = time.monotonic()
+        for i, k in enumerate(keys):
+            st = status[i] if i < len(status) else MISS
+            r.answers[k] = (st, slots[i] if i < len(slots) else 0, self._step, now, epoch)
+
+    def _store_answered(self, b: _StoreBatch, err) -> None:
+        if err:
+            self.refused_stores += 1
+            b.failed = True
+            b.bound = [False] * len(b.keys)
+            log.warning("kvtier: store of %d block(s) refused: %s", len(b.keys), err)
 
     # -- lookup -----------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        ans = self._answers.get(req_context.req_id)
-        status = None if ans is None else ans.status.get(key)
-        if status is None or self._stale(ans, status):
-            ans = self._ask(key, req_context)
-            if ans is None:
-                return LookupResult.MISS
-            status = ans.status.get(key, MISS)
-        return _RESULT[status]
+        self._flush_before_schedule()
+        r = self._req(req_context)
+        ans = r.answers.get(key)
+        if ans is not None:
+            st, _, step, at, epoch = ans
+            if epoch == self._link.epoch and time.monotonic() - at <= self._lookup_ttl and (
+                    st == HIT or st == MISS or step == self._step):
+                return _RESULT[st] if st != HIT_PENDING else LookupResult.RETRY
+            del r.answers[key]  # stale: ask again
+        if key in self._stores:
+            return LookupResult.HIT_PENDING  # this engine is writing it
+        if not self._link_up():
+            return LookupResult.MISS
+        if self._link.index is None:
+            return self._lookup_now(key, req_context)
+        if not self._link.index.held_cpu(self._nsfp, key) and key not in self._committing:
+            return LookupResult.MISS
+        if not r.asking:
+            r.ask[key] = None
+        elif not self._read_this_step:
+            # Its answer may have come since the last read: one
+            # non-blocking read a step, then ask this key again.
+            self._read_this_step = True
+            self._flush(send=False)
+            if key in r.answers:
+                return self.lookup(key, req_context)
+        elif time.monotonic() - r.asked_at > self._link.timeout:
+            self._lost(KvtierError("LINK_TIMEOUT", f"no lookup reply within {self._link.timeout}s"))
+            return LookupResult.MISS
+        return LookupResult.RETRY
 
-    def _stale(self, ans: _Answers, status: int) -> bool:
-        if ans.epoch != self._link.epoch:
-            return True
-        if status in (HIT_PENDING, RETRY):
-            return ans.step != self._step  # ask again next step
-        return time.monotonic() - ans.at > self._lookup_ttl  # before the lease ends
-
-    def _ask(self, key: OffloadKey, ctx: ReqContext) -> Optional[_Answers]:
-        """One batched, leasing Lookup for the request's keys from key on
-        (all its keys, without a prefix cut, for hybrid models whose groups
-        interleave and whose sliding-window groups scan from the end)."""
+    def _lookup_now(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """Without a residency index (an older kvtierd): one synchronous,
+        leasing Lookup for the request's keys from key on."""
+        r = self._req(ctx)
         keys = self._request_keys(key, ctx)
-        wire = self._wire(keys)
-        status = self._call(Client.lookup, self._req(ctx), wire, prefix=self._single_group)
-        if status is None:
-            return None
-        ans = _Answers(dict(zip(keys, status)), self._step, time.monotonic(), self._link.epoch)
-        self._answers[ctx.req_id] = ans
-        return ans
+        reply = self._call(Client._call, "lookup", req=r.wire, prefix=self._single_group,
+                           want_slots=True, **self._keys(keys))
+        if reply is None:
+            return LookupResult.MISS
+        self._lookup_answered(ctx.req_id, keys, self._link.epoch, reply, None)
+        st = r.answers.get(key, (MISS,))[0]
+        return _RESULT[st] if st != HIT_PENDING else LookupResult.RETRY
 
     def _request_keys(self, key: OffloadKey, ctx: ReqContext) -> List[OffloadKey]:
         positions = getattr(ctx, "_offload_key_positions", None) or {}
@@ -274,71 +508,170 @@ class KvtierManager(OffloadingManager):
             return sorted(positions, key=positions.__getitem__)
         return [k for k, p in sorted(positions.items(), key=lambda kv: kv[1]) if p >= at]
 
+    def _ask_queued(self) -> None:
+        """Queues one leasing Lookup per request whose keys the index holds
+        (their statuses and slots come back by the next step)."""
+        epoch = self._link.epoch
+        for req_id, r in self._reqs.items():
+            if not r.ask or r.asking:
+                continue
+            keys = list(r.ask)
+            r.ask.clear()
+            r.asked_at = time.monotonic()
+            r.asking = self._queue("lookup", ("lookup", req_id, keys, epoch), req=r.wire,
+                                   prefix=self._single_group, want_slots=True,
+                                   **self._keys(keys))
+
     # -- loads ------------------------------------------------------------
 
     def prepare_load(self, keys, req_context: ReqContext) -> KvtierLoadStoreSpec:
+        self._flush_before_schedule()
         keys = list(keys)
-        self._answers.pop(req_context.req_id, None)  # leases become pins
+        r = self._req(req_context)
+        slots = []
+        for k in keys:
+            ans = r.answers.pop(k, None)
+            if ans is None or ans[0] != HIT or ans[4] != self._link.epoch:
+                slots = None
+                break
+            slots.append(ans[1])
+        self._saw(r, keys)
+        if slots is not None and self._link_up():
+            # The lease becomes a pin: sent ahead of the completion, on the
+            # same ordered connection; the workers copy meanwhile.
+            self._queue("prepare_load", ("load",), req=r.wire,
+                        **self._keys(keys))
+            return KvtierLoadStoreSpec(slots, self._link.pool)
+        self.load_fallbacks += 1
         try:
-            job = self._call(Client.prepare_load, self._req(req_context), self._wire(keys))
+            job = self._call(Client.prepare_load, Request(req_context.req_id), self._wire(keys))
         except KvtierError as e:
             raise KvtierLoadError(f"kvtier refused a load of {len(keys)} leased HIT(s): {e}") from e
         if job is None:
             raise KvtierLoadError(
                 f"kvtier went away between lookup and load of {len(keys)} block(s) of "
                 f"request {req_context.req_id!r}")
-        self._saw(req_context, keys)
         return KvtierLoadStoreSpec(job.slots, self._link.pool)
 
-    def _saw(self, ctx: ReqContext, keys: Iterable[OffloadKey]) -> None:
-        seen = self._seen.setdefault(ctx.req_id, {})
+    @staticmethod
+    def _saw(r: _Req, keys: Iterable[OffloadKey]) -> None:
         for k in keys:
-            seen[k] = None
+            r.seen[k] = None
 
     def touch(self, keys, req_context: ReqContext) -> None:
         keys = list(keys)
-        if keys:  # vLLM's LRU ranks a prefix's root most recent: touch tail first
-            self._fire("touch", req=self._req(req_context).wire(),
-                       keys=self._wire(reversed(keys)))
+        if keys and self._link_up():  # vLLM's LRU ranks a prefix's root most recent: touch tail first
+            self._queue("touch", req=self._req_wire(req_context),
+                        **self._keys(keys[::-1]))
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
-        self._fire("complete_load", req=self._req(req_context).wire(), keys=self._wire(keys))
+        self._flush_before_completion()
+        keys = list(keys)
+        if keys and self._link_up():
+            self._queue("complete_load", req=self._req_wire(req_context),
+                        **self._keys(keys))
 
     # -- stores -----------------------------------------------------------
 
     def prepare_store(self, keys, req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
+        r = self._req(req_context)
+        if not self._link_up():
+            return None
+        to_store, seen = [], set()
+        for k in keys:
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in self._stores:
+                continue  # this engine is writing it: neither stored nor ready
+            r.seen[k] = None
+            if not self._held(k):
+                to_store.append(k)
+        evicted, self._evicted = self._evicted, []
+        if not to_store:
+            return PrepareStoreOutput(keys_to_store=[], store_spec=KvtierLoadStoreSpec([], self._link.pool),
+                                      evicted_keys=evicted)
+        if len(to_store) > len(self._credit) and self._granting:
+            self._flush(send=False)  # a grant may have come since on_schedule_end
+        if len(to_store) > len(self._credit) or self._link.index is None:
+            return self._prepare_store_now(keys, to_store, r, evicted)
+        slots = self._credit[-len(to_store):]
+        del self._credit[-len(to_store):]
+        self._used_now += len(slots)
+        b = _StoreBatch(to_store, slots, r.wire, self._link.epoch, open=len(to_store))
+        self._queue("store", ("store", b), req=r.wire, slots=slots,
+                    **self._keys(to_store))
+        for k in to_store:
+            self._stores[k] = b
+        self._refill()
+        return PrepareStoreOutput(keys_to_store=to_store,
+                                  store_spec=KvtierLoadStoreSpec(slots, self._link.pool),
+                                  evicted_keys=evicted)
+
+    def _prepare_store_now(self, keys, to_store, r: _Req, evicted) -> Optional[PrepareStoreOutput]:
+        """Credit short (or no index): the synchronous prepare_store."""
+        self.store_fallbacks += 1
+        self._used_now += len(to_store)  # what the credit should have covered
+        self._refill(len(to_store))
         try:
-            plan = self._call(Client.prepare_store, self._req(req_context), self._wire(keys))
+            plan = self._call(Client.prepare_store, Request(r.wire["id"]), self._wire(keys))
         except KvtierError as e:
             if e.code != "FULL":
                 log.warning("kvtier: prepare_store refused: %s", e)
             return None
         if plan is None:
             return None
-        to_store = self._unwire(plan.to_store)
-        # vLLM's LRU counts a key as used by this request if it stores it or
-        # finds it ready; a key another request is still writing is neither.
-        self._saw(req_context, (k for k in keys if k not in self._writing))
-        self._writing.update(to_store)
-        return PrepareStoreOutput(
-            keys_to_store=to_store,
-            store_spec=KvtierLoadStoreSpec(plan.slots, self._link.pool),
-            evicted_keys=self._unwire(plan.evicted),
-        )
+        stored = self._unwire(plan.to_store)
+        b = _StoreBatch(stored, list(plan.slots), r.wire, self._link.epoch, open=len(stored),
+                        bound=[True] * len(stored))
+        for k in stored:
+            self._stores[k] = b
+        return PrepareStoreOutput(keys_to_store=stored,
+                                  store_spec=KvtierLoadStoreSpec(plan.slots, self._link.pool),
+                                  evicted_keys=evicted + self._unwire(plan.evicted))
+
+    def _refill(self, short: int = 0) -> None:
+        """Asks for credit up to the target (without waiting)."""
+        if not self._link.client.hello.credit:
+            return
+        want = max(self._credit_target, short) - len(self._credit) - self._granting
+        if want > 0 and (short or len(self._credit) + self._granting < self._credit_target // 2 + 1):
+            self._granting += want
+            self._queue("grant", ("grant", want, self._link.epoch), n=want)
 
     def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
-        self._writing.difference_update(keys)
-        if keys and self._link.up():
-            try:
-                rid = self._link.client.send("complete_store", req=self._req(req_context).wire(),
-                                             keys=self._wire(keys), ok=bool(success))
-            except KvtierError as e:
-                self._link.lost(e)
-                self._reset_requests()
-                return
-            self._completing.setdefault(req_context.req_id, []).append(rid)
+        self._flush_before_completion()
+        by_batch: Dict[int, Tuple[_StoreBatch, List[OffloadKey]]] = {}
+        for k in keys:
+            b = self._stores.pop(k, None)
+            if b is not None:
+                by_batch.setdefault(id(b), (b, []))[1].append(k)
+        for b, ks in by_batch.values():
+            b.open -= len(ks)
+            b.deferred.append((ks, bool(success)))
+            if b.bound is not None:
+                self._settle_deferred(b)
+
+    def _settle_deferred(self, b: _StoreBatch) -> None:
+        """Completions of a batch whose bound keys are known: bound keys are
+        committed (or freed); a duplicate's slot returns to the credit (its
+        copy is over). A refused batch's slots are not ours: dropped."""
+        if b.bound is None or b.epoch != self._link.epoch:
+            b.deferred.clear()
+            return
+        pos = {k: i for i, k in enumerate(b.keys)}
+        for ks, ok in b.deferred:
+            commit = [k for k in ks if b.bound[pos[k]]]
+            if ok:
+                for k in commit:
+                    self._committing[k] = self._step
+            if commit and self._link_up():
+                self._queue("complete_store", req=b.req, ok=ok,
+                            **self._keys(commit))
+            if not b.failed:
+                self._credit.extend(b.slots[pos[k]] for k in ks if not b.bound[pos[k]])
+        b.deferred.clear()
 
     # -- requests and steps ---------------------------------------------------
 
@@ -347,44 +680,43 @@ class KvtierManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        rid = req_context.req_id
-        self._answers.pop(rid, None)
-        self._settle(self._completing.pop(rid, ()))
-        seen = self._seen.pop(rid, None)
-        if seen:
+        r = self._reqs.pop(req_context.req_id, None)
+        if r is None or not self._link_up():
+            return
+        if r.seen:
             # vLLM's LRU re-ranks every key a finished request used, its
-            # prefix's root most recent; the stores must be readable first
-            # (a pending key's rank is its commit).
+            # prefix's root most recent.
             pos = req_context.get_offload_key_position
-            order = sorted(seen, key=lambda k: pos(k) or 0)
-            self.touch(order, req_context)
-        req = self._reqs.pop(rid, None)
-        if req is not None:
-            self._fire("request_finished", req=req.wire())
-
-    def _settle(self, rids: Sequence[int]) -> None:
-        """Waits for calls whose effect the next call must see."""
-        for r in rids:
-            if not self._link.up():
-                return
-            try:
-                self._link.client.wait(r)
-            except KvtierError as e:
-                if e.code in _LINK_ERRORS:
-                    self._link.lost(e)
-                    self._reset_requests()
-                    return
-                log.debug("kvtier: complete_store answered %s", e)
+            order = sorted(r.seen, key=lambda k: pos(k) or 0)
+            self._queue("touch", req=r.wire, **self._keys(order[::-1]))
+        self._queue("request_finished", req=r.wire)
 
     def on_schedule_end(self, context=None) -> None:
         self._step += 1
-        if self._link.up():
-            self._link.client.drain()
+        self._used.append(self._used_now)
+        self._used_now = 0
+        if len(self._used) > 32:
+            del self._used[0]
+        if not self._link_up():
+            return
+        # NB: credit is refilled after a step's stores (at its first
+        # completion): the next step's stores find it there, so the peak of
+        # recent steps, with a margin, is enough.
+        if self._committing:  # two steps are plenty for a commit to land
+            self._committing = {k: s for k, s in self._committing.items() if s >= self._step - 2}
+        peak = max(self._used)
+        self._credit_target = max(self._credit_min, peak + peak // 4)
+        self._ask_queued()
+        self._refill()
+        self._flush()
+        self._flush_at_completion, self._flush_at_schedule = True, False
+        self._read_this_step = False
 
     def has_pending_work(self) -> bool:
-        # Nothing of kvtier's needs an engine step: lookups are answered in
-        # the call, completions are the scheduler's own (seed 002).
-        return False
+        # Only something queued and not yet sent needs another engine step
+        # (seed 002: never true for long).
+        return bool(self._out) or any(
+            s[0] == "store" and s[1].deferred for s in self._calls.values())
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         # kvtierd publishes the CPU and STORAGE media itself (README, "Run
@@ -392,8 +724,22 @@ class KvtierManager(OffloadingManager):
         return ()
 
     def reset_cache(self) -> None:
-        self._reset_requests()
+        for r in self._reqs.values():
+            r.answers.clear()
+            r.ask.clear()
+            r.asking = 0
+        # NB: stores in flight are dropped by vLLM (stale jobs): their
+        # credited slots are not reused (a worker may still copy into them).
+        self._stores.clear()
         self._call(Client.reset_cache)
 
     def shutdown(self) -> None:
+        self._flush()
         self._link.close()
+
+    # -- introspection (tests, benchmarks) --------------------------------
+
+    def state_sizes(self) -> Dict[str, int]:
+        """How much per-request and per-store state the manager holds."""
+        return {"requests": len(self._reqs), "stores": len(self._stores), "committing": len(self._committing),
+                "calls": len(self._calls), "queued": len(self._out), "credit": len(self._credit)}

@@ -1,0 +1,125 @@
+package cpu
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/kvtier/kvtier/messages"
+)
+
+// Slot credit: slots reserved for an engine session's stores before it asks
+// for them, so its scheduler can hand a store its slots without a round
+// trip (docs/VLLM.md, "Stores: slot credit").
+//
+// A credited slot is write-pending under a placeholder key no lookup can
+// name, reserved by the credit's owner (OriginCredit): it is never evicted,
+// never looked up and never given to anyone else. Bind moves a credited
+// slot to a store job's write of a real key; a key the tier already holds
+// leaves its slot in the credit (the engine's copy into it is wasted, never
+// readable). ReleaseCredit frees what is left once no copy can be running.
+
+// creditNS is the namespace of the placeholder keys of credited slots: a
+// NUL byte, which no layout namespace (hex) contains.
+const creditNS messages.Namespace = "\x00credit"
+
+func creditKey(idx int) messages.Key {
+	return messages.Key{Namespace: creditNS, Hash: strconv.Itoa(idx)}
+}
+
+// IsCreditKey reports a placeholder key of a credited slot.
+func IsCreditKey(k messages.Key) bool { return k.Namespace == creditNS }
+
+// Grant reserves up to n slots as owner's credit, free slots first, then
+// evicting in policy order. It grants fewer when the rest are pinned,
+// leased or write-pending.
+func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
+	s.expireLeases()
+	n = min(n, len(s.free)+s.evictable)
+	for len(s.free) < n {
+		evicted = append(evicted, s.evictOne(nil))
+	}
+	slots = make([]int, n)
+	for i := range slots {
+		next := s.free[len(s.free)-1]
+		slots[i] = s.allocate(creditKey(next), owner)
+	}
+	return slots, evicted
+}
+
+// Bind moves owner's credited slots to job's writes: slot i becomes key i's
+// write-pending slot when the tier holds no key i (bound[i]); otherwise the
+// slot stays in the credit. Every slot must be owner's credit and named
+// once, and keys and slots must pair up: otherwise ErrBadRequest, and
+// nothing changes.
+func (s *State) Bind(owner, job messages.JobRef, keys []messages.Key, slots []int) ([]bool, error) {
+	if err := s.checkCredit(owner, keys, slots); err != nil {
+		return nil, err
+	}
+	bound := make([]bool, len(keys))
+	mine := s.reserved[owner]
+	for i, k := range keys {
+		if _, held := s.index[k]; held {
+			continue // another write or block has it: the duplicate is the daemon's to settle
+		}
+		idx := slots[i]
+		sl := &s.slots[idx]
+		delete(s.index, sl.key)
+		sl.key, sl.writer = k, job
+		s.index[k] = idx
+		delete(mine, idx)
+		if s.reserved[job] == nil {
+			s.reserved[job] = map[int]struct{}{}
+		}
+		s.reserved[job][idx] = struct{}{}
+		bound[i] = true
+	}
+	if len(mine) == 0 {
+		delete(s.reserved, owner)
+	}
+	return bound, nil
+}
+
+func (s *State) checkCredit(owner messages.JobRef, keys []messages.Key, slots []int) error {
+	if len(keys) != len(slots) {
+		return fmt.Errorf("%w: %d keys, %d slots", messages.ErrBadRequest, len(keys), len(slots))
+	}
+	mine := s.reserved[owner]
+	named := make(map[int]struct{}, len(slots))
+	for _, idx := range slots {
+		if _, ok := mine[idx]; !ok || idx < 0 || idx >= len(s.slots) || !IsCreditKey(s.slots[idx].key) {
+			return fmt.Errorf("%w: slot %d is not this session's credit", messages.ErrBadRequest, idx)
+		}
+		if _, twice := named[idx]; twice {
+			return fmt.Errorf("%w: slot %d named twice", messages.ErrBadRequest, idx)
+		}
+		named[idx] = struct{}{}
+	}
+	return nil
+}
+
+// Credit is how many slots owner holds as credit.
+func (s *State) Credit(owner messages.JobRef) int { return len(s.reserved[owner]) }
+
+// ReleaseCredit frees owner's credited slots (nothing was ever readable in
+// them) and returns how many.
+func (s *State) ReleaseCredit(owner messages.JobRef) int {
+	n := 0
+	for idx := range s.reserved[owner] {
+		s.freeSlot(idx)
+		n++
+	}
+	delete(s.reserved, owner)
+	return n
+}
+
+// SlotsOf returns the slot of each key answered HIT in status (0 for the
+// others): an engine that loads from its leased HITs before its pin lands.
+func (s *State) SlotsOf(keys []messages.Key, status []messages.LookupStatus) []int {
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		if i < len(status) && status[i] == messages.Hit {
+			out[i] = s.index[k]
+		}
+	}
+	return out
+}
