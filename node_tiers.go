@@ -35,12 +35,15 @@ type tiersState struct {
 // openTiers opens every configured secondary tier.
 func (n *Node) openTiers() error {
 	names := tierNames(n.cfg.SecondaryTiers)
+	fsTiers := 0
 	for i, tc := range n.cfg.SecondaryTiers {
 		log := n.cfg.Logger.With().Str("actor", "tier-"+names[i]).Logger()
 		switch tc.Kind {
 		case tiers.KindFS:
 			t, err := fs.Open(fs.Config{Name: names[i], Root: tc.Root, Capacity: int64(tc.Capacity), Locality: tc.Locality,
-				BlockBytes: n.cfg.BlockBytes, Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Layout: tc.Layout, Log: log})
+				BlockBytes: n.cfg.BlockBytes, Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Layout: tc.Layout, Log: log,
+				Residency: n.fsObserver(fsTiers)})
+			fsTiers++
 			if err != nil {
 				_ = n.closeTiers(context.Background())
 				return fmt.Errorf("kvtier: secondary tier %s: %w", names[i], err)

@@ -19,8 +19,10 @@ import (
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/cpu"
 	"github.com/kvtier/kvtier/tiers/cpu/residency"
+	"github.com/kvtier/kvtier/tiers/fs"
 )
 
 // EngineAddr is the engine endpoint's bound address ("" without one); a tcp
@@ -41,13 +43,57 @@ func (n *Node) openIndex(state *cpu.State, slots int) error {
 	if n.cfg.EngineListen == "" {
 		return nil
 	}
-	idx, err := residency.Create(n.cfg.PoolPath+".index", []int{slots})
+	capacities := []int{slots}
+	for _, tc := range n.cfg.SecondaryTiers {
+		if tc.Kind == tiers.KindFS && len(capacities) < residency.MaxRegions {
+			capacities = append(capacities, fsIndexCapacity(int64(tc.Capacity), n.cfg.BlockBytes, slots))
+		}
+	}
+	idx, err := residency.Create(n.cfg.PoolPath+".index", capacities)
 	if err != nil {
 		return fmt.Errorf("kvtier: residency index: %w", err)
 	}
 	n.index = idx
-	state.SetObserver(cpu.NewResidency(idx.Region(0)))
+	state.SetObserver(residency.NewKeys(idx.Region(0), residency.StateCPU))
 	return nil
+}
+
+// maxFSIndexKeys bounds an fs tier's region (16 bytes of index a key): an
+// fs tier larger than that is advertised in part (a block left out costs
+// a recompute, the index being a hint).
+const maxFSIndexKeys = 1 << 21
+
+// fsIndexCapacity is how many keys an fs tier's region is sized for: its
+// capacity in blocks, or four times the pool for an unbounded tier.
+func fsIndexCapacity(capacity int64, blockBytes, slots int) int {
+	n := int64(4 * slots)
+	if capacity > 0 {
+		n = capacity / int64(blockBytes)
+	}
+	return int(max(1, min(n, maxFSIndexKeys)))
+}
+
+// fsObserver is the publisher of the i-th fs tier's region, nil when it
+// has none (no index, or more fs tiers than regions).
+func (n *Node) fsObserver(i int) fs.Observer {
+	if n.index == nil || i+1 >= n.index.Regions() {
+		return nil
+	}
+	return residency.NewKeys(n.index.Region(i+1), residency.StateSecondary)
+}
+
+// indexComplete: the index covers every tier a lookup may find a block in
+// (the CPU tier and every fs tier; no object tier, no peer), so a key it
+// lacks is a MISS an engine may answer by itself.
+func (n *Node) indexComplete() bool {
+	fsTiers := 0
+	for _, tc := range n.cfg.SecondaryTiers {
+		if tc.Kind != tiers.KindFS {
+			return false
+		}
+		fsTiers++
+	}
+	return n.index != nil && fsTiers+1 <= n.index.Regions() && !n.cfg.Peers.Enabled()
 }
 
 func (n *Node) closeIndex() {
@@ -91,7 +137,8 @@ func (n *Node) openEndpoint() error {
 		Grace:       c.EngineGrace,
 		CallTimeout: c.CallTimeout,
 		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
-			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path()},
+			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path(),
+			IndexComplete: n.indexComplete()},
 		Log: c.Logger.With().Str("actor", "endpoint").Logger(),
 	})
 	if err != nil {

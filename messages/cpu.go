@@ -50,6 +50,9 @@ type LeaseToPin struct {
 	// WantProv asks for each key's retained provenance in PinResult.Prov (a
 	// cascade writes it into the secondary tier's block header).
 	WantProv bool
+	// KeepRank pins without making the keys most recently used (an engine
+	// load: vLLM's LRU re-ranks at the request's end, through Touch).
+	KeepRank bool
 }
 
 // PinResult answers LeaseToPin.

@@ -40,6 +40,11 @@ type Bridge struct {
 	restart  bool
 	resetGen uint64
 	commits  int // CommitSlots sent or being checksummed, not yet acknowledged
+	// Checksummed commits go to the CPU tier in the order they began
+	// (their checksums finish in any order): a commit lands after the ones
+	// completed before it, so blocks are ranked in completion order.
+	commitIssued, commitNext uint64
+	parked                   map[uint64]*checksummed
 	// carry holds events drained from the CPU tier for a TakeEvents that a
 	// restart failed; the next TakeEvents returns them first. It outlives
 	// restarts (every incarnation gets the same one).
@@ -93,6 +98,7 @@ type (
 		pos  []messages.Placement // per key: its place in the job's call
 		sums []uint32
 		then func(error)
+		seq  uint64 // the commit's place in begin order
 	}
 )
 
@@ -360,7 +366,7 @@ func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys}
+		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
 	}, func(res *messages.PinResult) {
 		if res.Err != nil {
 			fail(res.Err)
@@ -461,6 +467,8 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		return
 	}
 	keys, place := j.placed(keys)
+	b.commitIssued++
+	seq := b.commitIssued
 	slots := make([]int, len(keys))
 	for i, k := range keys {
 		slots[i] = j.slots[k]
@@ -476,7 +484,7 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 			sums[i] = crc32.Checksum(blk, castagnoli)
 			budget.Spent(len(blk))
 		}
-		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then})
+		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then, seq: seq})
 	}()
 }
 
@@ -494,7 +502,19 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 		}
 		return
 	}
-	b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
+	if m.seq != b.commitNext+1 {
+		if b.parked == nil {
+			b.parked = map[uint64]*checksummed{}
+		}
+		b.parked[m.seq] = m // an earlier commit is still being checksummed
+		return
+	}
+	for m != nil {
+		b.commitNext = m.seq
+		b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
+		m = b.parked[b.commitNext+1]
+		delete(b.parked, b.commitNext+1)
+	}
 }
 
 // sendCommit asks the CPU tier to commit; the answer ends one in-flight

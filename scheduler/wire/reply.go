@@ -26,6 +26,10 @@ type Hello struct {
 	// IndexPath is the residency index's shared-memory file (read-only for
 	// clients: tiers/cpu/residency); "" when the daemon publishes none.
 	IndexPath string
+	// IndexComplete: the index covers every tier a lookup can find a block
+	// in, so a key it lacks is a MISS the engine may answer itself; false
+	// when an object tier or peers are configured (ask the daemon).
+	IndexComplete bool
 	// Credit: the daemon serves grant and store (slot credit for stores).
 	Credit bool
 }
@@ -84,7 +88,7 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	switch op {
 	case OpHello:
 		h := rp.Hello
-		body(14)
+		body(15)
 		kvUint(&w, "protocol", uint64(h.Protocol))
 		kvUint(&w, "session", h.Session)
 		w.Str("pool_path")
@@ -102,6 +106,8 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		w.Bool(h.PackedKeys)
 		w.Str("index_path")
 		w.Str(h.IndexPath)
+		w.Str("index_complete")
+		w.Bool(h.IndexComplete)
 		w.Str("credit")
 		w.Bool(h.Credit)
 	case OpLookup:
@@ -452,6 +458,8 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 		h.PackedKeys, err = r.Bool()
 	case "index_path":
 		h.IndexPath, err = r.Str(4096)
+	case "index_complete":
+		h.IndexComplete, err = r.Bool()
 	case "credit":
 		h.Credit, err = r.Bool()
 	default:

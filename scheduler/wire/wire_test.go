@@ -152,7 +152,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 	h := Hello{Protocol: 1, Session: 3, PoolPath: "/dev/shm/x", BlockBytes: 4096, Slots: 8, Namespace: ns,
 		Heartbeat: time.Second, Grace: 3 * time.Second, MaxKeys: MaxKeys, MaxFrameBytes: MaxFrameBytes, JobWorkers: 2, PackedKeys: true,
-		IndexPath: "/dev/shm/x.index", Credit: true}
+		IndexPath: "/dev/shm/x.index", IndexComplete: true, Credit: true}
 	got, err := DecodeReply(EncodeReply(OpHello, &Reply{ID: 1, Hello: h}, nil), OpHello)
 	require.NoError(t, err)
 	require.Equal(t, h, got.Hello)

@@ -101,7 +101,11 @@ func (a *Actor) Receive(ctx actor.Context) {
 		}
 		ctx.Respond(res)
 	case *messages.LeaseToPin:
-		slots, err := a.state.LeaseToPin(m.Holder, m.Job, m.Keys)
+		pin := a.state.LeaseToPin
+		if m.KeepRank {
+			pin = a.state.LeaseToPinKeepRank
+		}
+		slots, err := pin(m.Holder, m.Job, m.Keys)
 		res := &messages.PinResult{Corr: m.Corr, Job: m.Job, Slots: slots, Err: err}
 		if m.WantProv && err == nil {
 			res.Prov = a.state.ProvenanceOf(m.Keys, nil)

@@ -143,3 +143,24 @@ func TestObserverHearsReadableAndGone(t *testing.T) {
 	assert.Len(t, rec.readable, 3)
 	checkInv(t, s)
 }
+
+// An engine's pin keeps the block's rank (vLLM re-ranks it when the request
+// finishes); a peer's or a cascade's pin makes it most recent.
+func TestLeaseToPinKeepRank(t *testing.T) {
+	s, _ := newTestState(t, 3)
+	store(t, s, j1, ks(0, 1, 2)...)
+	s.LookupAndLease(hA, ks(0), false, time.Minute)
+	_, err := s.LeaseToPinKeepRank(hA, j2, ks(0))
+	require.NoError(t, err)
+	require.NoError(t, s.Unpin(j2, ks(0)))
+	slots, evicted := s.Grant(credA, 1)
+	require.Len(t, slots, 1)
+	assert.Equal(t, ks(0), evicted, "still the least recently used")
+	s.LookupAndLease(hA, ks(1), false, time.Minute)
+	_, err = s.LeaseToPin(hA, j2, ks(1))
+	require.NoError(t, err)
+	require.NoError(t, s.Unpin(j2, ks(1)))
+	_, evicted = s.Grant(credA, 1)
+	assert.Equal(t, ks(2), evicted, "a ranking pin made 1 most recent")
+	checkInv(t, s)
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,6 +97,7 @@ type mEntry struct {
 	writer  messages.JobRef // while pending
 	lastUse uint64          // LRU recency: commit-to-ready, LeaseToPin, Touch
 	sum     uint32
+	touched uint64 // while pending: the last touch's sequence number (the commit ranks by it)
 }
 
 type mLease struct {
@@ -113,6 +115,7 @@ type model struct {
 	ghosts   map[messages.JobRef]map[messages.Key]int
 	nGhosts  int // slots held by ghosts
 	use      uint64
+	touchSeq uint64
 	counters Counters
 	now      func() time.Time
 }
@@ -209,8 +212,14 @@ func (m *model) leaseToPin(h messages.Holder, job messages.JobRef, keys []messag
 
 func (m *model) touch(keys []messages.Key) {
 	for _, k := range keys {
-		if e, ok := m.keys[k]; ok && e.ready {
+		e, ok := m.keys[k]
+		switch {
+		case !ok:
+		case e.ready:
 			m.bump(e)
+		default:
+			m.touchSeq++
+			e.touched = m.touchSeq
 		}
 	}
 }
@@ -321,7 +330,15 @@ func (m *model) commit(job messages.JobRef, keys []messages.Key, ok bool, sums [
 		}
 		seen[k] = true
 	}
-	for i, k := range keys {
+	// Ready in call order, except that keys touched while pending come
+	// last, in touch order (vLLM touches before the store completes).
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return m.keys[keys[order[a]]].touched < m.keys[keys[order[b]]].touched })
+	for _, i := range order {
+		k := keys[i]
 		if ok {
 			e := m.keys[k]
 			e.ready, e.writer, e.sum = true, messages.JobRef{}, sums[i]

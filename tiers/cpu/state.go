@@ -1,9 +1,11 @@
 package cpu
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,6 +39,7 @@ type slot struct {
 	writer   messages.JobRef // valid while write-pending
 	checksum uint32          // valid while ready
 	prov     provRef         // valid while ready: its provenance
+	touched  uint64          // while write-pending: the last Touch's sequence number, 0 if none
 }
 
 // holderLeases are one holder's live leases: slot → expiry. A holder is one
@@ -71,7 +74,8 @@ type State struct {
 	// at its last unpin.
 	cleared map[int]messages.Key
 
-	obs Observer // told when a key becomes readable or stops being so; nil: nobody
+	obs      Observer // told when a key becomes readable or stops being so; nil: nobody
+	touchSeq uint64   // numbers touches of write-pending keys
 
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
@@ -202,6 +206,17 @@ func (s *State) Status(keys []messages.Key) []messages.LookupStatus {
 // all-or-nothing: if any key is not ready it returns ErrUnknownKey and
 // changes nothing. It returns the slot of each key, in order.
 func (s *State) LeaseToPin(holder messages.Holder, job messages.JobRef, keys []messages.Key) ([]int, error) {
+	return s.leaseToPin(holder, job, keys, true)
+}
+
+// LeaseToPinKeepRank is LeaseToPin without making the keys most recently
+// used: vLLM's LRU re-ranks a loaded block when its request finishes (the
+// engine's touch), not when its load is planned.
+func (s *State) LeaseToPinKeepRank(holder messages.Holder, job messages.JobRef, keys []messages.Key) ([]int, error) {
+	return s.leaseToPin(holder, job, keys, false)
+}
+
+func (s *State) leaseToPin(holder messages.Holder, job messages.JobRef, keys []messages.Key, rank bool) ([]int, error) {
 	s.expireLeases()
 	out := make([]int, len(keys))
 	for i, k := range keys {
@@ -217,16 +232,29 @@ func (s *State) LeaseToPin(holder messages.Holder, job messages.JobRef, keys []m
 			s.unlease(holder, hl, idx)
 		}
 		s.pin(job, idx)
-		s.policy.Access(idx)
+		if rank {
+			s.policy.Access(idx)
+		}
 	}
 	return out, nil
 }
 
-// Touch marks ready keys recently used; unknown or pending keys are ignored.
+// Touch marks ready keys recently used, in order (the last most recent).
+// A key still being written is ranked when its write commits: its commit
+// inserts the touched keys last, in touch order — vLLM's LRU ranks a
+// pending block where its touch put it, and vLLM touches a request's
+// blocks (on_request_finished) before their stores complete. Unknown keys
+// are ignored.
 func (s *State) Touch(keys []messages.Key) {
 	for _, k := range keys {
-		if idx, ok := s.index[k]; ok && s.slots[idx].state == slotReady {
+		idx, ok := s.index[k]
+		switch {
+		case !ok:
+		case s.slots[idx].state == slotReady:
 			s.policy.Access(idx)
+		default:
+			s.touchSeq++
+			s.slots[idx].touched = s.touchSeq
 		}
 	}
 }
@@ -344,7 +372,8 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 		idxs[i] = idx
 		named[idx] = struct{}{}
 	}
-	for i, idx := range idxs {
+	for _, i := range s.commitOrder(idxs, ok) {
+		idx := idxs[i]
 		delete(mine, idx)
 		if ok {
 			s.makeReady(idx, checksums[i])
@@ -358,6 +387,22 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 		delete(s.reserved, job)
 	}
 	return nil
+}
+
+// commitOrder is the order a commit makes its keys ready in (each
+// inserted most recent): the untouched in call order, then the touched in
+// touch order.
+func (s *State) commitOrder(idxs []int, ok bool) []int {
+	order := make([]int, len(idxs))
+	for i := range order {
+		order[i] = i
+	}
+	if ok {
+		slices.SortStableFunc(order, func(a, b int) int {
+			return cmp.Compare(s.slots[idxs[a]].touched, s.slots[idxs[b]].touched)
+		})
+	}
+	return order
 }
 
 // Pending returns the keys job still has write-pending, in slot order.

@@ -24,7 +24,19 @@ type Index struct {
 	used     int64
 	entries  map[messages.Key]*entry
 	lru      *list.List // of *entry, ready only
+	obs      Observer   // told when a key becomes readable or stops being so; nil: nobody
 }
+
+// Observer hears every key that becomes readable in the tier and every
+// readable key that stops being so, in order, from the Index's one owner:
+// the residency index engines read (tiers/cpu/residency).
+type Observer interface {
+	Readable(k messages.Key)
+	Gone(k messages.Key)
+}
+
+// SetObserver installs o (nil: none). It hears only changes made from now on.
+func (x *Index) SetObserver(o Observer) { x.obs = o }
 
 type entryState uint8
 
@@ -75,6 +87,9 @@ func (x *Index) Add(k messages.Key, size int64) bool {
 	e.elem = x.lru.PushFront(e)
 	x.entries[k] = e
 	x.used += size
+	if x.obs != nil {
+		x.obs.Readable(k)
+	}
 	return true
 }
 
@@ -117,6 +132,9 @@ func (x *Index) EndWrite(k messages.Key, ok bool) {
 	}
 	e.state = stateReady
 	e.elem = x.lru.PushFront(e)
+	if x.obs != nil {
+		x.obs.Readable(k)
+	}
 }
 
 // StartDelete makes a readable k unreadable at once (its file is to be
@@ -134,6 +152,9 @@ func (x *Index) startDelete(e *entry) {
 	x.lru.Remove(e.elem)
 	e.elem, e.state = nil, stateDeleting
 	x.used -= e.size
+	if x.obs != nil {
+		x.obs.Gone(e.key)
+	}
 }
 
 // EndDelete forgets a deleting key (its file is gone, or could not be

@@ -38,7 +38,10 @@ type Config struct {
 	// default) for a node's own disk, "REMOTE" for a filesystem other nodes
 	// read too.
 	Locality string
-	Log      zerolog.Logger
+	// Residency, if set, hears the tier's readable keys come and go (the
+	// residency index's region of this tier, standalone mode).
+	Residency Observer
+	Log       zerolog.Logger
 }
 
 // Defaults for Config.
@@ -144,6 +147,7 @@ func (t *Tier) openFiles() (int, error) {
 		return 0, err
 	}
 	t.scan, t.index = res, NewIndex(t.cfg.Capacity)
+	t.index.SetObserver(t.cfg.Residency)
 	if segs, err := t.store.fs.ReadDir(filepath.Join(t.cfg.Root, segDirName)); err == nil && len(segs) > 0 {
 		t.cfg.Log.Warn().Str("tier", t.cfg.Name).Int("segments", len(segs)).
 			Msg("fs tier: segment files found, not read by the files layout (layout: segments reads them, and block files)")

@@ -99,6 +99,7 @@ class Hello:
     job_workers: int
     packed_keys: bool = False  # the daemon reads "pkeys"; older daemons do not say
     index_path: str = ""       # the residency index (kvtier_client.residency); "" = none
+    index_complete: bool = False  # the index covers every tier: a key it lacks is a MISS
     credit: bool = False       # the daemon serves grant / store (slot credit)
 
 
@@ -455,10 +456,13 @@ class Client:
             self._awaited.update(keep)
             self._batched.update(keep)
 
-    def take_replies(self) -> List[Tuple[int, dict]]:
+    def take_replies(self, wait_ms: int = 0) -> List[Tuple[int, dict]]:
         """Every kept reply that has arrived, as (id, reply) — errors as
-        replies with "err", unchecked. Never blocks."""
+        replies with "err", unchecked. Waits up to wait_ms for one to come
+        (0: never blocks)."""
         with self._lock:
+            if wait_ms > 0 and not self._closed:
+                self._read_locked(wait_ms)
             while not self._closed and self._read_locked(0):
                 pass
             out = [(rid, r) for rid, r in self._stash.items() if rid in self._batched]

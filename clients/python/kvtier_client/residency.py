@@ -231,6 +231,17 @@ class Residency:
             b2 = b1 ^ 1
         return s1 in unpack(self._mm, base + (b2 << 6))
 
+    def held(self, nsfp, key):
+        """0 when no region holds the vLLM OffloadKey ``key``, else its
+        state: 1 in CPU memory (the first region), 2 in a secondary tier
+        (the regions after it). The scheduler's per-key test, inlined."""
+        if self.held_cpu(nsfp, key):
+            return STATE_CPU
+        if len(self._tables) == 1:
+            return STATE_NONE
+        st = self.state(fingerprint_key(nsfp, key))
+        return st if st != STATE_CPU else STATE_NONE
+
     def words(self, region):
         """Every entry word of a region, one aligned 8-byte load each (for
         tests and debugging)."""

@@ -284,6 +284,7 @@ def bench_manager(args) -> Dict[str, object]:
         kv.run()
         blocking = mgr.blocking_calls - blocking_at_start
         refused = mgr.refused_loads + mgr.refused_stores
+        fallbacks = {"prepare_store": mgr.store_fallbacks, "prepare_load": mgr.load_fallbacks}
         mgr.shutdown()
     n, k = native.summary(), kv.summary()
     return {
@@ -302,6 +303,8 @@ def bench_manager(args) -> Dict[str, object]:
         "step_ratio": round(k["step_p50_us"] / n["step_p50_us"], 2),
         "step_ratio_p99": round(k["step_p99_us"] / n["step_p99_us"], 2),
         "blocking_calls_per_step": round(blocking / max(1, k["steps"]), 4),
+        "kvtier_blocking_calls": blocking,
+        "kvtier_blocking_by_call": fallbacks,
         "kvtier_steps": k["steps"],
         "native_steps": n["steps"],
         "kvtier_deferred_scans": k["deferred_scans"],

@@ -76,6 +76,8 @@ from .transfer import KvtierLoadStoreSpec
 
 log = logging.getLogger("kvtier_vllm")
 
+
+
 _RESULT = {
     MISS: LookupResult.MISS,
     HIT: LookupResult.HIT,
@@ -107,6 +109,11 @@ class _Req:
     asking: int = 0                             # id of the leasing Lookup in flight; 0: none
     asked_at: float = 0.0                       # when it was sent (monotonic)
     seen: Dict[OffloadKey, None] = field(default_factory=dict)  # re-ranked for eviction at the end
+    # This step's scan (lookups): the stores it predicts for the next step.
+    scan_step: int = -1
+    scan_hits: int = 0
+    scan_deferred: bool = False
+    scan_keys: int = 0
 
 
 @dataclass
@@ -233,9 +240,13 @@ class KvtierManager(OffloadingManager):
         self._keep: List[int] = []          # ids among them whose replies are read
         self._credit: List[int] = []        # slots the daemon reserved for our stores
         self._granting = 0                  # slots asked for and not yet granted
+        # Credit is sized by what the next step will store: the keys past the
+        # hits of the requests this step scanned and did not defer (their
+        # prefill's blocks, stored at the next step's build_connector_meta).
         self._credit_target = self._credit_min
-        self._used: List[int] = []          # credit used in each recent step
-        self._used_now = 0
+        self._scanned: List[_Req] = []      # requests whose scan began this step
+        self._need_now = 0                  # stores predicted for this step's meta
+        self._need_next = 0                 # ... for the next step's
         self._evicted: List[OffloadKey] = []  # evictions granting made, for the next store's output
         self._step = 0
         # Flush points (one write each): on_schedule_end; the first
@@ -244,6 +255,7 @@ class KvtierManager(OffloadingManager):
         self._flush_at_completion = False
         self._flush_at_schedule = False
         self._read_this_step = False  # a lookup found its answer missing and read
+        self._granted_now_step = -1    # the step credit was granted synchronously in
         # Counters (the benchmark and tests read them).
         self.blocking_calls = 0     # calls that waited on kvtierd
         self.round_trips = 0        # same, kept under its old name
@@ -322,7 +334,7 @@ class KvtierManager(OffloadingManager):
     def _session_begun(self) -> None:
         """A new session: its credit starts with one synchronous grant."""
         self._namespace()
-        if self._link.client is not None and self._link.client.hello.credit:
+        if self._credit_on():
             r = self._call(Client._call, "grant", n=self._credit_target)
             if r is not None:
                 self._credit.extend(r["slots"])
@@ -367,8 +379,6 @@ class KvtierManager(OffloadingManager):
     def _flush_before_completion(self) -> None:
         if self._flush_at_completion:
             self._flush_at_completion, self._flush_at_schedule = False, True
-            if self._link_up():
-                self._refill()  # after the step's stores: credit for the next step's
             self._flush()
 
     def _call(self, fn, *args, **kw):
@@ -457,6 +467,18 @@ class KvtierManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         self._flush_before_schedule()
         r = self._req(req_context)
+        if r.scan_step != self._step:
+            r.scan_step, r.scan_hits, r.scan_deferred = self._step, 0, False
+            r.scan_keys = len(getattr(req_context, "_offload_key_positions", None) or ())
+            self._scanned.append(r)
+        res = self._lookup(r, key, req_context)
+        if res is LookupResult.HIT:
+            r.scan_hits += 1
+        elif res is not LookupResult.MISS:
+            r.scan_deferred = True
+        return res
+
+    def _lookup(self, r: _Req, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         ans = r.answers.get(key)
         if ans is not None:
             st, _, step, at, epoch = ans
@@ -470,8 +492,9 @@ class KvtierManager(OffloadingManager):
             return LookupResult.MISS
         if self._link.index is None:
             return self._lookup_now(key, req_context)
-        if not self._link.index.held_cpu(self._nsfp, key) and key not in self._committing:
-            return LookupResult.MISS
+        if (not self._link.index.held(self._nsfp, key) and key not in self._committing
+                and self._link.client.hello.index_complete):
+            return LookupResult.MISS  # nothing asked: the index covers every tier
         if not r.asking:
             r.ask[key] = None
         elif not self._read_this_step:
@@ -480,7 +503,7 @@ class KvtierManager(OffloadingManager):
             self._read_this_step = True
             self._flush(send=False)
             if key in r.answers:
-                return self.lookup(key, req_context)
+                return self._lookup(r, key, req_context)
         elif time.monotonic() - r.asked_at > self._link.timeout:
             self._lost(KvtierError("LINK_TIMEOUT", f"no lookup reply within {self._link.timeout}s"))
             return LookupResult.MISS
@@ -594,11 +617,12 @@ class KvtierManager(OffloadingManager):
                                       evicted_keys=evicted)
         if len(to_store) > len(self._credit) and self._granting:
             self._flush(send=False)  # a grant may have come since on_schedule_end
+        if len(to_store) > len(self._credit) and self._link.index is not None:
+            self._grant_now(len(to_store))
         if len(to_store) > len(self._credit) or self._link.index is None:
             return self._prepare_store_now(keys, to_store, r, evicted)
         slots = self._credit[-len(to_store):]
         del self._credit[-len(to_store):]
-        self._used_now += len(slots)
         b = _StoreBatch(to_store, slots, r.wire, self._link.epoch, open=len(to_store))
         self._queue("store", ("store", b), req=r.wire, slots=slots,
                     **self._keys(to_store))
@@ -609,10 +633,22 @@ class KvtierManager(OffloadingManager):
                                   store_spec=KvtierLoadStoreSpec(slots, self._link.pool),
                                   evicted_keys=evicted)
 
+    def _grant_now(self, need: int) -> None:
+        """Credit ran short in this step: one synchronous grant for the rest
+        of the step (never more than one a step), so the step's other
+        stores do not each wait."""
+        if self._granted_now_step == self._step or not self._credit_on():
+            return
+        self._granted_now_step = self._step
+        want = max(need - len(self._credit), self._credit_target // 2)
+        r = self._call(Client._call, "grant", n=want)
+        if r is not None:
+            self._credit.extend(r["slots"])
+            self._evicted.extend(self._unwire(r.get("evicted")))
+
     def _prepare_store_now(self, keys, to_store, r: _Req, evicted) -> Optional[PrepareStoreOutput]:
         """Credit short (or no index): the synchronous prepare_store."""
         self.store_fallbacks += 1
-        self._used_now += len(to_store)  # what the credit should have covered
         self._refill(len(to_store))
         try:
             plan = self._call(Client.prepare_store, Request(r.wire["id"]), self._wire(keys))
@@ -631,12 +667,18 @@ class KvtierManager(OffloadingManager):
                                   store_spec=KvtierLoadStoreSpec(plan.slots, self._link.pool),
                                   evicted_keys=evicted + self._unwire(plan.evicted))
 
+    def _credit_on(self) -> bool:
+        """Stores go through credit: the daemon serves it and it is not
+        turned off (kvtier_store_credit: 0)."""
+        c = self._link.client
+        return self._credit_min > 0 and c is not None and c.hello.credit
+
     def _refill(self, short: int = 0) -> None:
         """Asks for credit up to the target (without waiting)."""
-        if not self._link.client.hello.credit:
+        if not self._credit_on():
             return
         want = max(self._credit_target, short) - len(self._credit) - self._granting
-        if want > 0 and (short or len(self._credit) + self._granting < self._credit_target // 2 + 1):
+        if want > 0 and (short or want >= max(8, self._credit_target // 16)):
             self._granting += want
             self._queue("grant", ("grant", want, self._link.epoch), n=want)
 
@@ -693,10 +735,7 @@ class KvtierManager(OffloadingManager):
 
     def on_schedule_end(self, context=None) -> None:
         self._step += 1
-        self._used.append(self._used_now)
-        self._used_now = 0
-        if len(self._used) > 32:
-            del self._used[0]
+        self._predict()
         if not self._link_up():
             return
         # NB: credit is refilled after a step's stores (at its first
@@ -704,13 +743,29 @@ class KvtierManager(OffloadingManager):
         # recent steps, with a margin, is enough.
         if self._committing:  # two steps are plenty for a commit to land
             self._committing = {k: s for k, s in self._committing.items() if s >= self._step - 2}
-        peak = max(self._used)
-        self._credit_target = max(self._credit_min, peak + peak // 4)
         self._ask_queued()
         self._refill()
         self._flush()
         self._flush_at_completion, self._flush_at_schedule = True, False
         self._read_this_step = False
+
+    def _predict(self) -> None:
+        """At on_schedule_end: this step's stores were predicted a step ago;
+        the next step's are the blocks past the hits of the requests this
+        step scanned and did not defer."""
+        need = 0
+        for r in self._scanned:
+            if not r.scan_deferred:
+                need += max(0, r.scan_keys - r.scan_hits)
+        self._scanned.clear()
+        self._need_now, self._need_next = self._need_next, need
+        # NB: asked for now, before this step's forward pass: the grant is
+        # back long before the next step's stores (this step's were asked
+        # for a step ago).
+        self._credit_target = self._target(self._need_now + self._need_next)
+
+    def _target(self, need: int) -> int:
+        return max(self._credit_min, need + need // 8) if self._credit_min > 0 else 0
 
     def has_pending_work(self) -> bool:
         # Only something queued and not yet sent needs another engine step
@@ -738,6 +793,31 @@ class KvtierManager(OffloadingManager):
         self._link.close()
 
     # -- introspection (tests, benchmarks) --------------------------------
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Tests and tools only (it waits; vLLM's path never calls it):
+        sends what is queued, waits for every reply the manager reads, and
+        forgets the answers that said "ask again" (RETRY, HIT_PENDING), so
+        the next lookup asks anew."""
+        deadline = time.monotonic() + timeout
+        if self._link_up():
+            self._ask_queued()
+        self._flush()
+        while self._calls and self._link.client is not None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kvtier: {len(self._calls)} replies not in after {timeout}s")
+            try:
+                replies = self._link.client.take_replies(wait_ms=10)
+            except KvtierError as e:
+                self._lost(e)
+                return
+            for rid, reply in replies:
+                settle = self._calls.pop(rid, None)
+                if settle is not None:
+                    self._settle_reply(settle, reply)
+        for r in self._reqs.values():
+            for k in [k for k, a in r.answers.items() if a[0] in (RETRY, HIT_PENDING)]:
+                del r.answers[k]
 
     def state_sizes(self) -> Dict[str, int]:
         """How much per-request and per-store state the manager holds."""

@@ -24,7 +24,7 @@ DEFAULTS: Dict[str, Any] = {
     "kvtier_model_id": None,        # model identity for the namespace (default: the model name/path)
     "kvtier_lookup_ttl_s": 10.0,    # re-ask kvtier for a request's HITs older than this (< lease_ttl)
     "kvtier_poll_us": 100,          # unix://: poll for a reply this long before blocking (0: off)
-    "kvtier_store_credit": 256,     # slots kvtierd reserves ahead for this engine's stores (at least)
+    "kvtier_store_credit": 64,      # slots kvtierd reserves ahead for this engine's stores (at least)
 }
 
 

@@ -1,7 +1,8 @@
 // Package residency owns the shared-memory residency index: a small file,
-// written by the daemon's CPU-tier actor and mapped read-only by engine
-// processes, that answers "does the daemon's CPU tier hold this key, and
-// where" with a few memory loads and no syscall.
+// written by the daemon's tier actors (region 0 the CPU tier's, one region
+// per fs tier after it) and mapped read-only by engine processes, that
+// answers "does the daemon hold this key, and in which tier" with a few
+// memory loads and no syscall.
 //
 // The index is a hint. A stale, missing or dropped entry may cost a
 // scheduling step or a recompute, never a wrong byte: the engine still asks
@@ -9,14 +10,15 @@
 // when its buckets are full, why readers take no lock, and why a reader that
 // keeps an old mapping after a daemon restart merely sees a dead table.
 //
-// The package never touches slot memory, leases, pins or the tier's own index
-// (package cpu owns those), and imports no other kvtier package: engine-side
-// clients import it, so it stays a leaf over the standard library and
-// golang.org/x/sys/unix.
+// The package never touches slot memory, leases, pins or a tier's own index
+// (the tiers own those), and imports no kvtier package but messages (the
+// public vocabulary, for Keys): engine-side clients import it, so it stays
+// a leaf over the standard library and golang.org/x/sys/unix.
 //
 // # Concurrency
 //
-// Exactly one goroutine writes a given Region (the CPU-tier actor). Readers
+// Exactly one goroutine writes a given Region (the tier actor it belongs
+// to). Readers
 // may be anywhere: other goroutines or other processes. Every entry write is
 // one aligned 8-byte atomic store and every read one aligned 8-byte load, so
 // a reader never sees a torn entry.

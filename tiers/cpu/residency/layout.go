@@ -16,12 +16,15 @@ var ErrBadIndex = errors.New("kvtier: bad residency index")
 // ErrBadCapacity: Create was asked for a layout the format cannot hold.
 var ErrBadCapacity = errors.New("kvtier: bad residency index capacity")
 
+// MaxRegions is how many regions one index file holds.
+const MaxRegions = 4
+
 const (
 	magic            = "KVTRES01"
 	version          = 1
 	headerSize       = 64
 	descSize         = 32
-	maxRegions       = 4
+	maxRegions       = MaxRegions
 	tableStart       = headerSize + descSize*maxRegions // 192: already a multiple of bucketBytes
 	bucketBytes      = 64
 	entriesPerBucket = 8

@@ -1,0 +1,87 @@
+package kvtier_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
+	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/residency"
+)
+
+// An engine that never waits in its scheduler step, in vLLM's real call
+// order: its stores go into credited slots, its request ends before its
+// store completes (the completion does not re-open the request), the
+// residency index shows the block once it is readable, a lookup answers the
+// HIT's slot, a duplicate store leaves its slot in the credit, and the
+// session's credit is freed only after the quarantine.
+func TestCreditedStoresInVLLMsOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
+		BlockBytes: 4096, EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
+		EngineGrace: 10 * time.Second, Clock: clock})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+
+	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "vllm"})
+	require.NoError(t, err)
+	h := c.Hello()
+	require.True(t, h.Credit)
+	require.True(t, h.IndexComplete, "a CPU-only node's index covers every tier")
+	idx, err := residency.Open(h.IndexPath)
+	require.NoError(t, err)
+	defer idx.Close()
+
+	grant, err := c.Grant(ctx, 4)
+	require.NoError(t, err)
+	require.Len(t, grant.Slots, 4)
+	keys := sessionKeys(1, 2)
+	w := &messages.ReqContext{RequestID: "w"}
+	bound, err := c.StoreCredited(ctx, w, keys, grant.Slots[:2])
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true}, bound.Bound)
+	require.Equal(t, residency.StateNone, idx.State(residency.KeyFingerprint(keys[0])), "a write in flight is not readable")
+
+	require.NoError(t, c.RequestFinished(ctx, w))
+	require.NoError(t, c.CompleteStore(ctx, w, keys, true), "a late completion lands")
+	st, err := c.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.SessionOpen, "the late completion did not re-open the request")
+	for _, k := range keys {
+		require.Equal(t, residency.StateCPU, idx.State(residency.KeyFingerprint(k)))
+	}
+
+	r := &messages.ReqContext{RequestID: "r"}
+	status, slots, err := c.LookupSlots(ctx, r, keys, true)
+	require.NoError(t, err)
+	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Hit}, status)
+	require.Equal(t, grant.Slots[:2], slots, "each HIT is where the engine copied it")
+	require.NoError(t, c.RequestFinished(ctx, r))
+
+	dup, err := c.StoreCredited(ctx, &messages.ReqContext{RequestID: "w2"}, keys[:1], grant.Slots[2:3])
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, dup.Bound, "already held: settled by the daemon")
+	require.Zero(t, dup.Job)
+	_, err = c.StoreCredited(ctx, &messages.ReqContext{RequestID: "w3"}, sessionKeys(3), grant.Slots[:1])
+	require.ErrorIs(t, err, messages.ErrBadRequest, "a bound slot is no longer credit")
+
+	free := func() int {
+		s, err := node.Manager().Stats(ctx)
+		require.NoError(t, err)
+		return s.Free
+	}
+	before := free()
+	require.NoError(t, c.Close(ctx))
+	require.Equal(t, before, free(), "the ended session's credit stays out of use during the quarantine")
+	clock.Advance(10 * time.Second)
+	require.Equal(t, before+2, free(), "then its two unused slots are free")
+}
