@@ -365,17 +365,30 @@ func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
 		return
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
+	// NB: the job is registered before the CPU tier answers: an engine that
+	// does not wait for this answer sends its complete_load right behind,
+	// and it must find the job (its unpin reaches the CPU tier after the
+	// pin: that mailbox is FIFO from us). Its slots are known at the answer.
+	j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, make([]int, len(m.Keys)))
+	b.arm(ctx, j)
+	refused := func(err error) {
+		if b.reg.jobs[id] == j {
+			b.reg.remove(j)
+		}
+		fail(err)
+	}
 	askCPU(b, ctx, func(corr uint64) any {
 		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
 	}, func(res *messages.PinResult) {
 		if res.Err != nil {
-			fail(res.Err)
+			refused(res.Err)
 			return
 		}
-		j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, res.Slots)
-		b.arm(ctx, j)
+		for i, k := range m.Keys {
+			j.slots[k] = res.Slots[i]
+		}
 		m.Reply.Answer(messages.LoadJob{ID: id, Slots: res.Slots, Workers: len(j.reported)}, nil)
-	}, fail)
+	}, refused)
 }
 
 func (b *Bridge) touch(ctx actor.Context, m *messages.Touch) {

@@ -169,3 +169,67 @@ func TestBridgeFailsACallWhoseAnswerHasTheWrongTypeAndKeepsServing(t *testing.T)
 	require.NoError(t, second.Err)
 	require.Equal(t, []messages.LookupStatus{messages.Hit}, second.Value)
 }
+
+// pinningCPU answers LeaseToPin with a slot per key and records the unpins
+// it gets, in the order it gets them.
+type pinningCPU struct {
+	log chan string
+}
+
+func (c *pinningCPU) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.LeaseToPin:
+		c.log <- "pin"
+		ctx.Respond(&messages.PinResult{Corr: m.Corr, Job: m.Job, Slots: make([]int, len(m.Keys))})
+	case *messages.UnpinKeys:
+		c.log <- "unpin"
+		ctx.Respond(&messages.Ack{Corr: m.Corr})
+	}
+}
+
+// An engine that does not wait for prepare_load's answer sends its
+// complete_load right behind it (the vLLM connector does): the completion
+// finds the load job although the CPU tier has not answered the pin yet,
+// and the unpin reaches the tier after the pin. (The job used to be
+// registered at the answer: the completion was refused NOT_LOADING and the
+// pins stayed until the job's deadline.)
+func TestCompleteLoadRightBehindPrepareLoadFindsItsJob(t *testing.T) {
+	system := actor.NewActorSystem()
+	defer system.Shutdown()
+	cpu := &pinningCPU{log: make(chan string, 4)}
+	cpuPID := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return cpu }))
+	var seq atomic.Uint64
+	counters := &Counters{}
+	bridge := system.Root.Spawn(Props(Config{CPU: cpuPID, Clock: supervision.RealClock{}, LeaseTTL: time.Second,
+		Workers: 1, LoadTimeout: time.Minute, StoreTimeout: time.Minute, JobSeq: &seq, Counters: counters}))
+
+	req := &messages.ReqContext{RequestID: "r"}
+	load, done := messages.NewReply[messages.LoadJob](), messages.NewReply[struct{}]()
+	system.Root.Send(bridge, &messages.PrepareLoad{Req: req, Keys: []messages.Key{k(0), k(1)}, Reply: load})
+	system.Root.Send(bridge, &messages.CompleteLoad{Req: req, Keys: []messages.Key{k(0), k(1)}, Reply: done})
+	for _, r := range []<-chan messages.Result[struct{}]{done} {
+		select {
+		case res := <-r:
+			require.NoError(t, res.Err, "the completion found its job")
+		case <-time.After(10 * time.Second):
+			t.Fatal("complete_load never answered")
+		}
+	}
+	select {
+	case res := <-load:
+		require.NoError(t, res.Err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("prepare_load never answered")
+	}
+	for _, want := range []string{"pin", "unpin"} {
+		select {
+		case got := <-cpu.log:
+			require.Equal(t, want, got)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the CPU tier never got the %s", want)
+		}
+	}
+	pending := messages.NewReply[bool]()
+	system.Root.Send(bridge, &messages.HasPendingWork{Reply: pending})
+	require.False(t, (<-pending).Value, "the job is gone: nothing waits for its deadline")
+}

@@ -42,7 +42,7 @@ func (s *State) CheckInvariants() error {
 	if nLeases != s.nLeases {
 		bad("%d leases counted, %d held", s.nLeases, nLeases)
 	}
-	evictable, pinned, leased, ready := 0, 0, 0, 0
+	evictable, pinned, leased, ready, ranked := 0, 0, 0, 0, 0
 	for idx := range s.slots {
 		sl := &s.slots[idx]
 		if (sl.state == slotFree) != inFree[idx] {
@@ -70,6 +70,12 @@ func (s *State) CheckInvariants() error {
 		if sl.state == slotReady {
 			ready++
 		}
+		if sl.state == slotWritePending && sl.touched {
+			ranked++
+		}
+		if sl.state != slotWritePending && sl.state != slotReady && sl.touched {
+			bad("slot %d free but ranked", idx)
+		}
 		if sl.pins > 0 {
 			pinned++
 		}
@@ -80,8 +86,8 @@ func (s *State) CheckInvariants() error {
 	if len(s.index) != len(s.slots)-len(s.free) {
 		bad("index has %d keys, %d slots in use", len(s.index), len(s.slots)-len(s.free))
 	}
-	if n := s.policy.Len(); n != ready {
-		bad("policy holds %d slots, %d ready", n, ready)
+	if n := s.policy.Len(); n != ready+ranked {
+		bad("policy holds %d slots, %d ready and %d touched while written", n, ready, ranked)
 	}
 	if ready != s.ready {
 		bad("ready count %d, %d slots ready", s.ready, ready)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,7 +96,7 @@ type mEntry struct {
 	writer  messages.JobRef // while pending
 	lastUse uint64          // LRU recency: commit-to-ready, LeaseToPin, Touch
 	sum     uint32
-	touched uint64 // while pending: the last touch's sequence number (the commit ranks by it)
+	touched bool // while pending: touched (ranked then; its commit keeps the rank)
 }
 
 type mLease struct {
@@ -115,7 +114,6 @@ type model struct {
 	ghosts   map[messages.JobRef]map[messages.Key]int
 	nGhosts  int // slots held by ghosts
 	use      uint64
-	touchSeq uint64
 	counters Counters
 	now      func() time.Time
 }
@@ -218,8 +216,8 @@ func (m *model) touch(keys []messages.Key) {
 		case e.ready:
 			m.bump(e)
 		default:
-			m.touchSeq++
-			e.touched = m.touchSeq
+			m.bump(e)
+			e.touched = true
 		}
 	}
 }
@@ -330,19 +328,14 @@ func (m *model) commit(job messages.JobRef, keys []messages.Key, ok bool, sums [
 		}
 		seen[k] = true
 	}
-	// Ready in call order, except that keys touched while pending come
-	// last, in touch order (vLLM touches before the store completes).
-	order := make([]int, len(keys))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return m.keys[keys[order[a]]].touched < m.keys[keys[order[b]]].touched })
-	for _, i := range order {
-		k := keys[i]
+	for i, k := range keys {
 		if ok {
 			e := m.keys[k]
 			e.ready, e.writer, e.sum = true, messages.JobRef{}, sums[i]
-			m.bump(e)
+			if !e.touched { // a key touched while written keeps that rank
+				m.bump(e)
+			}
+			e.touched = false
 			m.counters.Stores++
 		} else {
 			delete(m.keys, k)

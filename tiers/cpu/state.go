@@ -1,11 +1,9 @@
 package cpu
 
 import (
-	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -39,7 +37,7 @@ type slot struct {
 	writer   messages.JobRef // valid while write-pending
 	checksum uint32          // valid while ready
 	prov     provRef         // valid while ready: its provenance
-	touched  uint64          // while write-pending: the last Touch's sequence number, 0 if none
+	touched  bool            // while write-pending: touched, so ranked in the policy already
 }
 
 // holderLeases are one holder's live leases: slot → expiry. A holder is one
@@ -74,8 +72,7 @@ type State struct {
 	// at its last unpin.
 	cleared map[int]messages.Key
 
-	obs      Observer // told when a key becomes readable or stops being so; nil: nobody
-	touchSeq uint64   // numbers touches of write-pending keys
+	obs Observer // told when a key becomes readable or stops being so; nil: nobody
 
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
@@ -239,22 +236,23 @@ func (s *State) leaseToPin(holder messages.Holder, job messages.JobRef, keys []m
 	return out, nil
 }
 
-// Touch marks ready keys recently used, in order (the last most recent).
-// A key still being written is ranked when its write commits: its commit
-// inserts the touched keys last, in touch order — vLLM's LRU ranks a
-// pending block where its touch put it, and vLLM touches a request's
-// blocks (on_request_finished) before their stores complete. Unknown keys
-// are ignored.
+// Touch marks keys recently used, in order (the last most recent). A key
+// still being written is ranked too — vLLM touches a request's blocks (at
+// on_request_finished) before their stores complete, and its LRU keeps a
+// block being written where its touch put it: the policy holds it from the
+// touch on (never a victim while it is written), and its commit leaves its
+// rank alone. Unknown keys are ignored.
 func (s *State) Touch(keys []messages.Key) {
 	for _, k := range keys {
 		idx, ok := s.index[k]
 		switch {
 		case !ok:
-		case s.slots[idx].state == slotReady:
+		case s.slots[idx].state == slotReady || s.slots[idx].touched:
 			s.policy.Access(idx)
+		case IsCreditKey(k) || IsQuarantineKey(k):
 		default:
-			s.touchSeq++
-			s.slots[idx].touched = s.touchSeq
+			s.slots[idx].touched = true
+			s.policy.Insert(idx, k)
 		}
 	}
 }
@@ -372,8 +370,7 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 		idxs[i] = idx
 		named[idx] = struct{}{}
 	}
-	for _, i := range s.commitOrder(idxs, ok) {
-		idx := idxs[i]
+	for i, idx := range idxs {
 		delete(mine, idx)
 		if ok {
 			s.makeReady(idx, checksums[i])
@@ -387,22 +384,6 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 		delete(s.reserved, job)
 	}
 	return nil
-}
-
-// commitOrder is the order a commit makes its keys ready in (each
-// inserted most recent): the untouched in call order, then the touched in
-// touch order.
-func (s *State) commitOrder(idxs []int, ok bool) []int {
-	order := make([]int, len(idxs))
-	for i := range order {
-		order[i] = i
-	}
-	if ok {
-		slices.SortStableFunc(order, func(a, b int) int {
-			return cmp.Compare(s.slots[idxs[a]].touched, s.slots[idxs[b]].touched)
-		})
-	}
-	return order
 }
 
 // Pending returns the keys job still has write-pending, in slot order.
@@ -807,7 +788,10 @@ func (s *State) allocate(k messages.Key, job messages.JobRef) int {
 func (s *State) makeReady(idx int, sum uint32) {
 	sl := &s.slots[idx]
 	sl.state, sl.checksum, sl.writer = slotReady, sum, messages.JobRef{}
-	s.policy.Insert(idx, sl.key)
+	if !sl.touched { // NB: a block touched while written keeps its rank
+		s.policy.Insert(idx, sl.key)
+	}
+	sl.touched = false
 	s.evictable++
 	s.ready++
 	s.Counters.Stores++
@@ -819,6 +803,9 @@ func (s *State) makeReady(idx int, sum uint32) {
 // freeSlot returns a non-free slot to the free list. The caller has already
 // removed it from the policy and the evictable count if it was ready.
 func (s *State) freeSlot(idx int) {
+	if s.slots[idx].touched {
+		s.policy.Remove(idx) // a write that never committed leaves its rank
+	}
 	if sl := &s.slots[idx]; sl.state == slotReady {
 		s.ready--
 		if s.obs != nil && !IsQuarantineKey(sl.key) {

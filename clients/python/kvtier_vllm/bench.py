@@ -283,7 +283,7 @@ def bench_manager(args) -> Dict[str, object]:
         kv = Replay(mgr, trace, **order)
         kv.run()
         blocking = mgr.blocking_calls - blocking_at_start
-        refused = mgr.refused_loads + mgr.refused_stores
+        refused = mgr.refused_loads + mgr.refused_stores + mgr.refused_commits
         fallbacks = {"prepare_store": mgr.store_fallbacks, "prepare_load": mgr.load_fallbacks}
         mgr.shutdown()
     n, k = native.summary(), kv.summary()

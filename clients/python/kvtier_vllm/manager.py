@@ -261,6 +261,7 @@ class KvtierManager(OffloadingManager):
         self.round_trips = 0        # same, kept under its old name
         self.refused_loads = 0      # pins the daemon refused after the load was planned
         self.refused_stores = 0     # store messages the daemon refused
+        self.refused_commits = 0    # store completions the daemon refused (blocks never readable)
         self.store_fallbacks = 0    # prepare_store calls that waited (credit short)
         self.load_fallbacks = 0     # prepare_load calls that waited (no leased slot known)
         self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
@@ -440,6 +441,9 @@ class KvtierManager(OffloadingManager):
         elif kind == "load" and err:
             self.refused_loads += 1
             log.warning("kvtier: a planned load's pin was refused: %s", err)
+        elif kind == "commit" and err:
+            self.refused_commits += 1
+            log.debug("kvtier: a store's completion was refused: %s", err)
 
     def _lookup_answered(self, req_id: str, keys: List[OffloadKey], epoch: int, reply: dict, err) -> None:
         r = self._reqs.get(req_id)
@@ -482,8 +486,11 @@ class KvtierManager(OffloadingManager):
         ans = r.answers.get(key)
         if ans is not None:
             st, _, step, at, epoch = ans
+            # A HIT holds (leased) until the lookup TTL; anything else is
+            # this step's answer only (a block may be promoted or stored by
+            # the next).
             if epoch == self._link.epoch and time.monotonic() - at <= self._lookup_ttl and (
-                    st == HIT or st == MISS or step == self._step):
+                    st == HIT or step == self._step):
                 return _RESULT[st] if st != HIT_PENDING else LookupResult.RETRY
             del r.answers[key]  # stale: ask again
         if key in self._stores:
@@ -709,7 +716,9 @@ class KvtierManager(OffloadingManager):
                 for k in commit:
                     self._committing[k] = self._step
             if commit and self._link_up():
-                self._queue("complete_store", req=b.req, ok=ok,
+                # NB: its reply says the blocks are readable (or why not):
+                # read later, never waited for, it counts refused commits.
+                self._queue("complete_store", ("commit",), req=b.req, ok=ok,
                             **self._keys(commit))
             if not b.failed:
                 self._credit.extend(b.slots[pos[k]] for k in ks if not b.bound[pos[k]])
@@ -804,6 +813,7 @@ class KvtierManager(OffloadingManager):
             self._ask_queued()
         self._flush()
         while self._calls and self._link.client is not None:
+            self._flush()  # what an answer queued (a deferred completion)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"kvtier: {len(self._calls)} replies not in after {timeout}s")
             try:

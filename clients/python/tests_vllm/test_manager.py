@@ -148,6 +148,10 @@ def drive(managers, seed: int, steps: int = 150):
                 if per[name]:
                     m.complete_store(per[name], r.ctx[name], ok)
         loads, stores = [], new_stores
+        # The next step's forward pass: kvtierd commits meanwhile (vLLM's
+        # native manager commits in the call).
+        for m in managers.values():
+            getattr(m, "settle", lambda: None)()
     return log
 
 
@@ -177,8 +181,8 @@ def test_same_answers_as_vllms_native_manager(small_daemon, seed):
     lookups = sum(1 for c in calls if c[0] == "lookup")
     stores = sum(1 for c in calls if c[0] == "store")
     assert lookups > 200 and stores > 200
-    assert not differ, f"{len(differ)} of {len(calls)} calls differ, e.g. " + \
-        repr(sorted(differ.items())[:5])
+    first = sorted(differ.items(), key=lambda c: (c[0][1], int(c[0][2][1:]), c[0][0] == "lookup"))
+    assert not differ, f"{len(differ)} of {len(calls)} calls differ, first " + repr(first[:3])
 
 
 def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
