@@ -161,6 +161,7 @@ func newStatsCollector(stats func(context.Context) (messages.Stats, error), time
 	add(statGauge, "pool_block_bytes", "Bytes per slot.", i(func(s *messages.Stats) int { return s.BlockBytes }))
 	add(statGauge, "pool_slots_free", "Free slots.", i(func(s *messages.Stats) int { return s.Free }))
 	add(statGauge, "pool_slots_write_pending", "Slots being written.", i(func(s *messages.Stats) int { return s.WritePending }))
+	add(statGauge, "pool_slots_credit", "Slots reserved ahead for engines' stores (slot credit).", i(func(s *messages.Stats) int { return s.Credit }))
 	add(statGauge, "pool_slots_ready", "Readable slots.", i(func(s *messages.Stats) int { return s.Ready }))
 	add(statGauge, "pool_slots_pinned", "Slots with at least one read pin.", i(func(s *messages.Stats) int { return s.Pinned }))
 	add(statGauge, "pool_slots_leased", "Slots with at least one live lease.", i(func(s *messages.Stats) int { return s.Leased }))

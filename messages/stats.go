@@ -7,6 +7,7 @@ type Stats struct {
 	BlockBytes   int  // bytes per slot
 	Free         int  // free slots
 	WritePending int  // slots being written
+	Credit       int  // slots reserved ahead for engine sessions' stores (slot credit), not being written yet
 	Ready        int  // readable slots
 	Pinned       int  // slots with at least one read pin
 	Leased       int  // slots with at least one live lease

@@ -220,6 +220,7 @@ var statFields = []struct {
 	{"block_bytes", func(s *messages.Stats) any { return &s.BlockBytes }},
 	{"free", func(s *messages.Stats) any { return &s.Free }},
 	{"write_pending", func(s *messages.Stats) any { return &s.WritePending }},
+	{"credit", func(s *messages.Stats) any { return &s.Credit }},
 	{"ready", func(s *messages.Stats) any { return &s.Ready }},
 	{"pinned", func(s *messages.Stats) any { return &s.Pinned }},
 	{"leased", func(s *messages.Stats) any { return &s.Leased }},

@@ -295,7 +295,7 @@ func (a *Actor) stats() messages.Stats {
 	c := a.state.Counters
 	return messages.Stats{
 		Slots: o.Slots, BlockBytes: a.pool.BlockBytes(), Free: o.Free, WritePending: o.WritePending,
-		Ready: o.Ready, Pinned: o.Pinned, Leased: o.Leased, Leases: o.Leases,
+		Ready: o.Ready, Pinned: o.Pinned, Leased: o.Leased, Leases: o.Leases, Credit: o.Credit,
 		Lookups: c.Lookups, Hits: c.Hits, HitsPending: c.HitsPending, Misses: c.Misses,
 		Stores: c.Stores, StoresFailed: c.StoresFailed, Evictions: c.Evictions, Full: c.Full,
 		LeasesExpired: c.LeasesExpired, ChecksumFailures: a.checksumFailures,

@@ -592,15 +592,22 @@ func (s *State) Drop(k messages.Key) bool {
 // Occupancy is a snapshot of the pool's gauges.
 type Occupancy struct {
 	Slots, Free, WritePending, Ready, Pinned, Leased, Leases int
+	Credit                                                   int // reserved ahead for engines' stores (not in WritePending)
 }
 
 // Occupancy counts slots by state, after expiring due leases.
 func (s *State) Occupancy() Occupancy {
 	s.expireLeases()
+	credit := 0
+	for owner, slots := range s.reserved {
+		if owner.Origin == messages.OriginCredit {
+			credit += len(slots)
+		}
+	}
 	return Occupancy{
 		Slots: len(s.slots), Free: len(s.free), Ready: s.ready,
-		WritePending: len(s.slots) - len(s.free) - s.ready,
-		Pinned:       s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
+		WritePending: len(s.slots) - len(s.free) - s.ready - credit, Credit: credit,
+		Pinned: s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
 	}
 }
 

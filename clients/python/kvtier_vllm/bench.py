@@ -107,7 +107,7 @@ class Replay:
 
     def __init__(self, manager, trace: List[List[int]], per_step: int,
                  preempt_every: int = 0, abort_every: int = 0, keep_going=None,
-                 model_ms: float = 0.0):
+                 model_ms: float = 0.0, reset_every: int = 0, each_step=None):
         from .harness import chained_keys
 
         self.m, self.per_step = manager, per_step
@@ -118,6 +118,12 @@ class Replay:
         # update_connector_output: wall time the engine spends outside the
         # manager (not counted in a step's time), as a GPU step would.
         self.model_s = model_ms / 1000.0
+        # reset_cache between steps every reset_every steps (0: never), as
+        # vLLM's scheduler does it: finished requests not yet signalled are
+        # signalled, jobs in flight are dropped (their completions never
+        # come). each_step(step) is called between steps (checks).
+        self.reset_every, self.each_step = reset_every, each_step
+        self.resets = 0
         self.step_ns: List[int] = []
         self.looked = self.hit = self.deferred = self.store_full = 0
         self.requests = self.aborted = self.preempted = self.steps = self.scheduled = 0
@@ -242,6 +248,15 @@ class Replay:
                 m.complete_store(keys, ctx)
             self.step_ns.append(time.perf_counter_ns() - t0 - (t2 - t1))
             step += 1
+            if self.reset_every and step % self.reset_every == 0:
+                for ctx in finish_now:
+                    m.on_request_finished(ctx)
+                finish_now = []
+                stores_done_next = []  # vLLM drops the jobs in flight
+                m.reset_cache()
+                self.resets += 1
+            if self.each_step is not None:
+                self.each_step(step)
         self.steps = step
 
     def summary(self) -> Dict[str, float]:

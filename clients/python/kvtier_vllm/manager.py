@@ -262,6 +262,8 @@ class KvtierManager(OffloadingManager):
         self.refused_loads = 0      # pins the daemon refused after the load was planned
         self.refused_stores = 0     # store messages the daemon refused
         self.refused_commits = 0    # store completions the daemon refused (blocks never readable)
+        self.last_refusal = None
+        self._resets = 0            # reset_cache calls: lookups asked before one are void
         self.store_fallbacks = 0    # prepare_store calls that waited (credit short)
         self.load_fallbacks = 0     # prepare_load calls that waited (no leased slot known)
         self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
@@ -427,7 +429,8 @@ class KvtierManager(OffloadingManager):
         kind = settle[0]
         err = reply.get("err")
         if kind == "lookup":
-            self._lookup_answered(settle[1], settle[2], settle[3], reply, err)
+            if settle[4] == self._resets:  # NB: leases from before a reset_cache are gone
+                self._lookup_answered(settle[1], settle[2], settle[3], reply, err)
         elif kind == "store":
             self._store_answered(settle[1], err)
             if not err:
@@ -440,6 +443,7 @@ class KvtierManager(OffloadingManager):
                 self._evicted.extend(self._unwire(reply.get("evicted")))
         elif kind == "load" and err:
             self.refused_loads += 1
+            self.last_refusal = err
             log.warning("kvtier: a planned load's pin was refused: %s", err)
         elif kind == "commit" and err:
             self.refused_commits += 1
@@ -548,7 +552,7 @@ class KvtierManager(OffloadingManager):
             keys = list(r.ask)
             r.ask.clear()
             r.asked_at = time.monotonic()
-            r.asking = self._queue("lookup", ("lookup", req_id, keys, epoch), req=r.wire,
+            r.asking = self._queue("lookup", ("lookup", req_id, keys, epoch, self._resets), req=r.wire,
                                    prefix=self._single_group, want_slots=True,
                                    **self._keys(keys))
 
@@ -788,6 +792,7 @@ class KvtierManager(OffloadingManager):
         return ()
 
     def reset_cache(self) -> None:
+        self._resets += 1
         for r in self._reqs.values():
             r.answers.clear()
             r.ask.clear()

@@ -46,12 +46,13 @@ class Daemon:
     """A kvtierd process: engine socket, pool file, metrics port."""
 
     def __init__(self, binary: str, workdir: str, block_bytes: int, pool_bytes: int,
-                 config: Optional[str] = None, extra_args: Sequence[str] = ()):
+                 config: Optional[str] = None, extra_args: Sequence[str] = (),
+                 transport: str = "ipc"):
         self.binary, self.workdir = binary, workdir
         self.block_bytes, self.pool_bytes, self.config = block_bytes, pool_bytes, config
         self.extra_args = list(extra_args)
         self.sock = os.path.join(workdir, "engine.sock")
-        self.address = "ipc://" + self.sock
+        self.address = f"{transport}://" + self.sock  # ipc (ZeroMQ) or unix (stream)
         self.pool = f"/dev/shm/kvtier-vllmtest-{os.getpid()}-{time.monotonic_ns()}.pool"
         self.metrics_port = 0
         self.proc: Optional[subprocess.Popen] = None
@@ -120,8 +121,9 @@ def daemon_factory(kvtierd_bin, tmp_path):
     made: List[Daemon] = []
 
     def make(block_bytes: int = 64 << 10, pool_bytes: int = 64 << 20,
-             config: Optional[str] = None, extra_args: Sequence[str] = ()) -> Daemon:
-        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args)
+             config: Optional[str] = None, extra_args: Sequence[str] = (),
+             transport: str = "ipc") -> Daemon:
+        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args, transport)
         made.append(d)
         return d.start()
 
@@ -130,9 +132,11 @@ def daemon_factory(kvtierd_bin, tmp_path):
         d.stop()
 
 
-@pytest.fixture
-def daemon(daemon_factory):
-    return daemon_factory()
+@pytest.fixture(params=["ipc", "unix"])
+def daemon(daemon_factory, request):
+    """A kvtierd on each engine transport: ZeroMQ over ipc, and the
+    length-prefixed unix stream the README recommends."""
+    return daemon_factory(transport=request.param)
 
 
 @pytest.fixture(scope="session")

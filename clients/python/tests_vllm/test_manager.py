@@ -21,6 +21,7 @@ identical:
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -347,8 +348,11 @@ def test_named_difference_credit_stores_without_waiting(daemon_factory):
         out = kv.prepare_store(keys, w.ctx["kvtier"])
         assert out.keys_to_store == keys and kv.blocking_calls == blocking
         assert kv.state_sizes()["credit"] == 13
+        kv.settle()  # the store message goes out with the engine's next flush
         with Client(d.address, name="observer") as c:
-            assert c.stats()["write_pending"] == 16, "credit and stores in flight alike"
+            st = c.stats()
+            assert (st["write_pending"], st["credit"]) == (3, 13), \
+                "the stores are written into slots that were credit"
         kv.on_request_finished(w.ctx["kvtier"])  # vLLM's order: the end before the completion
         kv.complete_store(keys, w.ctx["kvtier"])
         kv.settle()
@@ -358,6 +362,78 @@ def test_named_difference_credit_stores_without_waiting(daemon_factory):
                 assert time.monotonic() < deadline, "the credited stores never became readable"
                 time.sleep(0.005)
             assert c.stats()["session_open_requests"] == 0
+    finally:
+        kv.shutdown()
+
+
+def conversations(n_sessions: int, seed: int) -> List[List[int]]:
+    """A multi-turn workload: each session's next turn extends its last
+    prompt (a shared system prefix, then the session's own blocks)."""
+    rng = random.Random(seed)
+    system = list(range(1, 5))
+    sessions = [system + [10_000 * (i + 1)] for i in range(n_sessions)]
+    out = []
+    for _ in range(n_sessions * 8):
+        i = rng.randrange(n_sessions)
+        s = sessions[i]
+        s.extend(s[-1] + 1 + j for j in range(rng.randrange(1, 4)))
+        if len(s) > 40:  # a new conversation in that session
+            sessions[i] = s = system + [s[-1] + 1000]
+        out.append(list(s))
+    return out
+
+
+LONG_RUN = int(os.environ.get("KVTIER_LONG_RUN_REQUESTS", "200000"))
+
+
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory, transport):
+    """200,000 requests (KVTIER_LONG_RUN_REQUESTS) through the manager
+    against one kvtierd, in vLLM's real order: stores completed after their
+    request finished, preemptions, requests finished unscheduled, a
+    reset_cache now and then. No call is refused (kvtierd's session limit
+    is 65,536 requests without request_finished: a late completion that
+    re-opened its request would reach it), the link is never lost, and the
+    manager's and the session's per-request state stay bounded."""
+    from kvtier_vllm.bench import Replay
+    from kvtier_vllm.harness import kvtier_manager
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=4096 * PAGE, transport=transport)
+    kv = kvtier_manager(d.address, page_bytes=PAGE)
+    per_step, peak = 16, {}
+    n = LONG_RUN if transport == "unix" else LONG_RUN // 4
+
+    def check(step: int) -> None:
+        if step % 500:
+            return
+        sizes = kv.state_sizes()
+        st = kv._link.client.stats()  # the manager's own session
+        sizes.update(open=st["session_open_requests"], jobs=st["jobs_in_flight"],
+                     daemon_requests=st["requests"], leases=st["leases"])
+        for k, v in sizes.items():
+            peak[k] = max(peak.get(k, 0), v)
+        # Bounded by a few steps' worth of requests, never by the run's length.
+        assert sizes["requests"] <= 40 * per_step, sizes
+        assert sizes["open"] <= 40 * per_step, sizes
+        assert sizes["daemon_requests"] <= 40 * per_step, sizes
+        assert sizes["stores"] <= 4096 and sizes["calls"] <= 2000, sizes
+
+    run = Replay(kv, conversations(512, seed=7), per_step=per_step, preempt_every=97,
+                 abort_every=89, reset_every=max(100, n // per_step // 4), each_step=check,
+                 keep_going=lambda step: run.requests < n)
+    try:
+        run.run()
+        assert run.requests >= n and run.preempted > 0 and run.aborted > 0 and run.resets > 0
+        assert kv._link.epoch == 1, "the link was never lost"
+        assert kv.refused_loads == kv.refused_stores == 0, f"no call refused: {kv.last_refusal}"
+        assert run.hit > 0
+        kv.settle()
+        busy = {k: v for k, v in d.metrics().items() if "bad_frames" in k and v}
+        assert not busy, f"kvtierd refused frames: {busy}"
+        print(f"\n{transport}: {run.requests} requests in {run.steps} steps, hit rate "
+              f"{run.hit / max(1, run.looked):.3f}, {run.preempted} preempted, {run.aborted} "
+              f"aborted, {run.resets} resets; peak state {peak}; blocking calls "
+              f"{kv.blocking_calls}, store fallbacks {kv.store_fallbacks}")
     finally:
         kv.shutdown()
 
