@@ -432,16 +432,23 @@ func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
 		}
 		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
 		if len(res.ToStore) > 0 {
-			j := b.newJob(id, messages.JobStore, m.Req, res.ToStore, res.Slots)
-			j.place = make(placeMap, len(res.ToStore))
-			for i, p := range messages.Place(m.Keys, res.ToStore, m.Req.ParentBlockHash) {
-				j.place[res.ToStore[i]] = p
-			}
-			b.arm(ctx, j)
+			j := b.openStore(ctx, id, m.Req, m.Keys, res.ToStore, res.Slots)
 			plan.Job, plan.Workers = id, len(j.reported)
 		}
 		m.Reply.Answer(plan, nil)
 	}, fail)
+}
+
+// openStore registers store job id writing keys (of the call's callKeys)
+// into slots, placed in the call's chain order for its stored event.
+func (b *Bridge) openStore(ctx actor.Context, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) *job {
+	j := b.newJob(id, messages.JobStore, req, keys, slots)
+	j.place = make(placeMap, len(keys))
+	for i, p := range messages.Place(callKeys, keys, req.ParentBlockHash) {
+		j.place[keys[i]] = p
+	}
+	b.arm(ctx, j)
+	return j
 }
 
 func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {

@@ -55,12 +55,7 @@ func (b *Bridge) storeCredited(ctx actor.Context, m *messages.StoreCredited) {
 		}
 		res := messages.StoreBound{Bound: r.Bound}
 		if len(keys) > 0 {
-			j := b.newJob(id, messages.JobStore, m.Req, keys, slots)
-			j.place = make(placeMap, len(keys))
-			for i, p := range messages.Place(m.Keys, keys, m.Req.ParentBlockHash) {
-				j.place[keys[i]] = p
-			}
-			b.arm(ctx, j)
+			j := b.openStore(ctx, id, m.Req, m.Keys, keys, slots)
 			res.Job, res.Workers = id, len(j.reported)
 		}
 		m.Reply.Answer(res, nil)

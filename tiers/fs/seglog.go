@@ -52,6 +52,19 @@ type segLog struct {
 	ready     int
 	sealDue   []*segment
 	removeDue []*segment
+	obs       Observer // told when a key becomes readable or stops being so; nil: nobody
+}
+
+func (x *segLog) readable(k messages.Key) {
+	if x.obs != nil {
+		x.obs.Readable(k)
+	}
+}
+
+func (x *segLog) gone(k messages.Key) {
+	if x.obs != nil {
+		x.obs.Gone(k)
+	}
 }
 
 type segment struct {
@@ -107,6 +120,7 @@ func (x *segLog) addFound(s *segment, recs []segRec) {
 		rec := &record{seg: s, off: r.off, size: r.size, data: r.data, ready: true}
 		s.live[r.key], x.entries[r.key] = rec, rec
 		x.ready++
+		x.readable(r.key)
 	}
 	x.used += s.size
 	s.elem = x.lru.PushFront(s)
@@ -199,6 +213,7 @@ func (x *segLog) endWrite(w *segWrite, ok bool) {
 		r.ready = true
 		s.live[w.key] = r
 		x.ready++
+		x.readable(w.key)
 	} else {
 		delete(x.entries, w.key)
 	}
@@ -241,6 +256,7 @@ func (x *segLog) evict(s *segment) []messages.Key {
 	keys := s.keys()
 	for _, k := range keys {
 		delete(x.entries, k)
+		x.gone(k)
 	}
 	x.ready -= len(keys)
 	s.live = nil
@@ -282,6 +298,7 @@ func (x *segLog) drop(k messages.Key, at *record) (bool, *segment) {
 	}
 	delete(x.entries, k)
 	x.ready--
+	x.gone(k)
 	s := r.seg
 	delete(s.live, k)
 	if len(s.live) == 0 && s.elem != nil && x.discard(s, false) {

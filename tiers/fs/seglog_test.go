@@ -191,3 +191,64 @@ func TestSegLogDeadBlocksAndEmptySegments(t *testing.T) {
 	require.Empty(t, x.chores())
 	require.NoError(t, x.checkInvariants())
 }
+
+// keyLog is an Observer keeping what it heard, in order.
+type keyLog struct{ readable, gone []messages.Key }
+
+func (l *keyLog) Readable(k messages.Key) { l.readable = append(l.readable, k) }
+func (l *keyLog) Gone(k messages.Key)     { l.gone = append(l.gone, k) }
+
+// The residency index hears every block that becomes readable (a write, a
+// segment found at start) and every one that stops being so (a whole
+// segment evicted, a block dropped) — never a write that failed.
+func TestSegLogTellsItsObserverWhatIsReadable(t *testing.T) {
+	seg := int64(segOverhead + 2*cost)
+	x := newSegLog(4*seg, seg, 1)
+	obs := &keyLog{}
+	x.obs = obs
+	w, err := x.beginWrite(benchKey(9), ent, blk)
+	require.NoError(t, err)
+	x.endWrite(w, false)
+	var evicted []messages.Key
+	for i := range 9 {
+		evicted = append(evicted, logWrite(t, x, benchKey(i)).evicted...)
+	}
+	require.Len(t, obs.readable, 9, "the failed write is never readable")
+	require.NotContains(t, obs.readable, benchKey(9))
+	require.NotEmpty(t, evicted)
+	require.Equal(t, evicted, obs.gone, "an evicted segment's blocks go")
+	w, err = x.beginWrite(benchKey(10), ent, blk)
+	require.NoError(t, err)
+	x.endWrite(w, true)
+	ok, _ := x.drop(benchKey(8), nil)
+	require.True(t, ok)
+	require.Equal(t, benchKey(8), obs.gone[len(obs.gone)-1], "a dropped block goes")
+
+	found := newSegLog(0, seg, 1)
+	found.obs = &keyLog{}
+	found.addFound(&segment{id: 3, size: seg}, []segRec{{key: benchKey(1)}, {key: benchKey(2)}})
+	require.Equal(t, []messages.Key{benchKey(1), benchKey(2)}, found.obs.(*keyLog).readable, "found at start")
+}
+
+// The files layout's Index tells its observer the same.
+func TestIndexTellsItsObserverWhatIsReadable(t *testing.T) {
+	x := NewIndex(3 * 100)
+	obs := &keyLog{}
+	x.SetObserver(obs)
+	require.True(t, x.Add(benchKey(0), 100))
+	_, err := x.BeginWrite(benchKey(1), 100)
+	require.NoError(t, err)
+	x.EndWrite(benchKey(1), true)
+	_, err = x.BeginWrite(benchKey(2), 100)
+	require.NoError(t, err)
+	x.EndWrite(benchKey(2), false)
+	require.Empty(t, obs.gone)
+	_, err = x.BeginWrite(benchKey(3), 100)
+	require.NoError(t, err)
+	x.EndWrite(benchKey(3), true)
+	evicted, err := x.BeginWrite(benchKey(4), 100)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{benchKey(0), benchKey(1), benchKey(3)}, obs.readable, "never the failed write")
+	require.Equal(t, []messages.Key{benchKey(0)}, evicted)
+	require.Equal(t, evicted, obs.gone)
+}

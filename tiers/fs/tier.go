@@ -217,6 +217,7 @@ func (t *Tier) openSegments() (int, error) {
 		sizes[i] = u.seg.size
 	}
 	t.segs = newSegLog(t.cfg.Capacity, t.cfg.SegmentBytes, maxID+1)
+	t.segs.obs = t.cfg.Residency
 	t.l = segLayout{x: t.segs, store: t.store}
 	over := 0
 	for i, keep := range keepNewest(sizes, t.cfg.Capacity) {

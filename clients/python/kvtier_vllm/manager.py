@@ -255,6 +255,7 @@ class KvtierManager(OffloadingManager):
         self._flush_at_completion = False
         self._flush_at_schedule = False
         self._read_this_step = False  # a lookup found its answer missing and read
+        self._step_clock = time.monotonic()  # the step's time (answers' age), read once a step
         self._granted_now_step = -1    # the step credit was granted synchronously in
         # Counters (the benchmark and tests read them).
         self.blocking_calls = 0     # calls that waited on kvtierd
@@ -273,10 +274,11 @@ class KvtierManager(OffloadingManager):
 
     def _check_hello(self, hello) -> None:
         self._spec.geometry.check(hello.block_bytes)
-        if hello.namespace and hello.namespace != self._namespace():
-            raise KvtierError(
-                "BAD_KEY", f"kvtierd at {self._spec.kvtier['kvtier_address']} serves only namespace "
-                f"{hello.namespace!r}; this engine's layout namespace is {self._namespace()!r}")
+        if hello.namespace:
+            # NB: this engine's namespace digests vLLM's root hash, which vLLM
+            # seeds after it builds the connector: it cannot be checked yet.
+            log.warning("kvtier: kvtierd serves only namespace %r; this engine's keys use "
+                        "their own layout namespace and will be refused", hello.namespace)
 
     # -- keys -------------------------------------------------------------
 
@@ -328,15 +330,10 @@ class KvtierManager(OffloadingManager):
         # a key stands for one chunk: its events' block size is the chunk's
         return Request(ctx.req_id, block_size=self._chunk_tokens).wire()
 
-    def _held(self, key: OffloadKey) -> bool:
-        index = self._link.index
-        return index is not None and index.held_cpu(self._nsfp, key)
-
     # -- the connection ---------------------------------------------------
 
     def _session_begun(self) -> None:
         """A new session: its credit starts with one synchronous grant."""
-        self._namespace()
         if self._credit_on():
             r = self._call(Client._call, "grant", n=self._credit_target)
             if r is not None:
@@ -354,9 +351,10 @@ class KvtierManager(OffloadingManager):
             self._calls[rid] = settle
         return rid
 
-    def _flush(self, send: bool = True) -> None:
+    def _flush(self, send: bool = True, wait_ms: int = 0) -> None:
         """Sends what is queued (one write) and reads the replies that came;
-        without send, only reads. Never waits."""
+        without send, only reads. Waits for a reply up to wait_ms only
+        (0 on vLLM's path: never)."""
         if not self._link.up():
             return
         c = self._link.client
@@ -365,7 +363,7 @@ class KvtierManager(OffloadingManager):
                 out, keep = self._out, self._keep
                 self._out, self._keep = [], []
                 c.send_frames(out, keep)
-            replies = c.take_replies() if self._calls else ()
+            replies = c.take_replies(wait_ms) if self._calls else ()
         except KvtierError as e:
             self._lost(e)
             return
@@ -377,6 +375,7 @@ class KvtierManager(OffloadingManager):
     def _flush_before_schedule(self) -> None:
         if self._flush_at_schedule or self._flush_at_completion:
             self._flush_at_schedule = self._flush_at_completion = False
+            self._step_clock = time.monotonic()
             self._flush()
 
     def _flush_before_completion(self) -> None:
@@ -473,8 +472,13 @@ class KvtierManager(OffloadingManager):
     # -- lookup -----------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        self._flush_before_schedule()
-        r = self._req(req_context)
+        # NB: per key, inside vLLM's scheduler step: the common paths avoid
+        # calls and attribute chains.
+        if self._flush_at_schedule or self._flush_at_completion:
+            self._flush_before_schedule()
+        if self._ns is None:
+            self._namespace()  # NB: not before: vLLM seeds its root hash after building us
+        r = self._reqs.get(req_context.req_id) or self._req(req_context)
         if r.scan_step != self._step:
             r.scan_step, r.scan_hits, r.scan_deferred = self._step, 0, False
             r.scan_keys = len(getattr(req_context, "_offload_key_positions", None) or ())
@@ -487,24 +491,26 @@ class KvtierManager(OffloadingManager):
         return res
 
     def _lookup(self, r: _Req, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        ans = r.answers.get(key)
+        ans = r.answers.get(key) if r.answers else None
         if ans is not None:
             st, _, step, at, epoch = ans
             # A HIT holds (leased) until the lookup TTL; anything else is
             # this step's answer only (a block may be promoted or stored by
             # the next).
-            if epoch == self._link.epoch and time.monotonic() - at <= self._lookup_ttl and (
+            if epoch == self._link.epoch and self._step_clock - at <= self._lookup_ttl and (
                     st == HIT or step == self._step):
                 return _RESULT[st] if st != HIT_PENDING else LookupResult.RETRY
             del r.answers[key]  # stale: ask again
         if key in self._stores:
             return LookupResult.HIT_PENDING  # this engine is writing it
-        if not self._link_up():
+        link = self._link
+        if link.client is None and not self._link_up():
             return LookupResult.MISS
-        if self._link.index is None:
+        index = link.index
+        if index is None:
             return self._lookup_now(key, req_context)
-        if (not self._link.index.held(self._nsfp, key) and key not in self._committing
-                and self._link.client.hello.index_complete):
+        if (not index.held(self._nsfp, key) and key not in self._committing
+                and link.client.hello.index_complete):
             return LookupResult.MISS  # nothing asked: the index covers every tier
         if not r.asking:
             r.ask[key] = None
@@ -613,14 +619,17 @@ class KvtierManager(OffloadingManager):
         if not self._link_up():
             return None
         to_store, seen = [], set()
+        self._namespace()
+        stores, rseen, nsfp = self._stores, r.seen, self._nsfp
+        held = self._link.index.held_cpu if self._link.index is not None else (lambda _n, _k: False)
         for k in keys:
             if k in seen:
                 continue
             seen.add(k)
-            if k in self._stores:
+            if k in stores:
                 continue  # this engine is writing it: neither stored nor ready
-            r.seen[k] = None
-            if not self._held(k):
+            rseen[k] = None
+            if not held(nsfp, k):
                 to_store.append(k)
         evicted, self._evicted = self._evicted, []
         if not to_store:
@@ -748,6 +757,7 @@ class KvtierManager(OffloadingManager):
 
     def on_schedule_end(self, context=None) -> None:
         self._step += 1
+        self._step_clock = time.monotonic()
         self._predict()
         if not self._link_up():
             return
@@ -818,18 +828,9 @@ class KvtierManager(OffloadingManager):
             self._ask_queued()
         self._flush()
         while self._calls and self._link.client is not None:
-            self._flush()  # what an answer queued (a deferred completion)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"kvtier: {len(self._calls)} replies not in after {timeout}s")
-            try:
-                replies = self._link.client.take_replies(wait_ms=10)
-            except KvtierError as e:
-                self._lost(e)
-                return
-            for rid, reply in replies:
-                settle = self._calls.pop(rid, None)
-                if settle is not None:
-                    self._settle_reply(settle, reply)
+            self._flush(wait_ms=10)  # NB: sends too what an answer queued (a deferred completion)
         for r in self._reqs.values():
             for k in [k for k, a in r.answers.items() if a[0] in (RETRY, HIT_PENDING)]:
                 del r.answers[k]
