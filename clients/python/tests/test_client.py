@@ -314,3 +314,60 @@ def test_key_packing_falls_back_where_it_cannot_pack():
                  [(NS, memoryview(h).cast("I"), 0), (NS, memoryview(h[::-1]).cast("I"), 0)],
                  [(NS, h, 0), (NS, h, 1 << 32)]):
         assert "keys" in _key_field(keys), keys
+
+
+def test_a_batch_goes_out_in_one_write_and_its_replies_come_back(daemon):
+    """send_frames sends calls queued in a step at once; take_replies hands
+    back the kept ones' replies (errors included, unchecked) and never
+    blocks; a call sent with noreply gets no reply at all."""
+    with Client(daemon, heartbeat=False) as c:
+        assert c.hello.credit and c.hello.index_path and c.hello.index_complete
+        a, fa = c.frame("ping")
+        b, fb = c.frame("lookup", req={"id": "r"}, keys=[[NS, b"", 0]])  # BAD_KEY: an empty hash
+        n, fn = c.frame("ping", noreply=True)
+        g, fg = c.frame("grant", n=2)
+        c.send_frames([fa, fb, fn, fg], keep=[a, b, g])
+        got = {}
+        deadline = time.monotonic() + 10
+        while len(got) < 3:
+            got.update(c.take_replies())
+            assert time.monotonic() < deadline, got
+        assert set(got) == {a, b, g}, "the noreply ping was not answered"
+        assert got[b]["err"]["code"] == "BAD_KEY"
+        assert len(got[g]["slots"]) == 2
+        assert c.take_replies() == []
+
+
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_a_dead_daemon_is_a_kvtier_error_not_an_os_error(kvtierd_bin, tmp_path, transport):
+    """Over unix:// the next write to a killed daemon is a broken pipe (or
+    a reset): the client raises KvtierError CLOSED (callers catch that),
+    never the OSError itself; over ipc:// the reply wait times out."""
+    addr = f"{transport}://{tmp_path / 'engine.sock'}"
+    pool = os.path.join("/dev/shm", f"kvtier-pytest-dead-{os.getpid()}-{time.monotonic_ns()}.pool")
+    proc = subprocess.Popen([kvtierd_bin, "--engine-listen", addr, "--pool-path", pool,
+                             "--pool-bytes", "8MiB", "--block-bytes", str(BLOCK),
+                             "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if json.loads(line).get("message") == "kvtierd listening":
+                break
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        c = Client(addr, heartbeat=False)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        with pytest.raises(KvtierError) as e:
+            while time.monotonic() < deadline:
+                _, f = c.frame("ping")
+                c.send_frames([f])
+                c._call("ping", timeout=0.2)
+        assert e.value.code in (("CLOSED",) if transport == "unix" else ("CLOSED", "TIMEOUT"))
+        c.close(bye=False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in (pool, pool + ".index"):
+            if os.path.exists(p):
+                os.unlink(p)

@@ -143,9 +143,12 @@ def test_a_restarted_kvtierd_serves_the_prefix_from_its_fs_tier(
     assert d2.metrics()["kvtier_lookup_hits_total"] >= want
 
 
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
 def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
-        daemon_factory, engine_factory, models, reference):
-    d = daemon_factory()
+        daemon_factory, engine_factory, models, reference, transport):
+    # NB: over unix:// a dead daemon is a broken pipe on the next write: it
+    # must read as a lost link, never reach vLLM's engine core.
+    d = daemon_factory(transport=transport)
     e = engine_factory(models["a"], d.address)
     same(gen(e, "x1"), reference["x1"])
     d.kill()
@@ -156,7 +159,7 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
     assert time.monotonic() - t < 60
     same(gen(e, "y1"), reference["y1"])
 
-    d2 = daemon_factory()  # same socket path, new pool
+    d2 = daemon_factory(transport=transport)  # same socket path, new pool
     assert d2.address == d.address
     deadline = time.monotonic() + 120
     i = 0
