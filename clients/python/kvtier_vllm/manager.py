@@ -385,7 +385,7 @@ class KvtierManager(OffloadingManager):
 
     def _call(self, fn, *args, **kw):
         """A synchronous call (counted); None when the link is down or goes down."""
-        if not self._link.up():
+        if not self._link_up():
             return None
         self._flush()  # NB: what was queued first is processed first
         if self._link.client is None:

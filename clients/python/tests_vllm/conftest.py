@@ -88,16 +88,21 @@ class Daemon:
                 out[name] = float(value)
         return out
 
-    def wait_quiet(self, timeout: float = 30.0, what: str = "") -> dict:
+    def wait_quiet(self, timeout: float = 30.0, what: str = "", credit: bool = False) -> dict:
         """Polls /metrics until nothing is held: no job in flight (an
         engine reports its jobs done asynchronously, after generate()
-        returned), no slot pinned, write-pending or leased. Returns those
+        returned), no slot pinned, write-pending or leased — with credit,
+        no slot credited either (a live engine keeps its credit; a dead
+        one's is freed after the quarantine, --engine-grace). Returns those
         metrics; fails after timeout with what is still held."""
         deadline = time.monotonic() + timeout
+        names = ["kvtier_jobs_in_flight", "kvtier_pool_slots_pinned",
+                 "kvtier_pool_slots_write_pending", "kvtier_pool_slots_leased"]
+        if credit:
+            names.append("kvtier_pool_slots_credit")
         while True:
             m = self.metrics()
-            held = {k: m.get(k, 0.0) for k in ("kvtier_jobs_in_flight", "kvtier_pool_slots_pinned",
-                                                "kvtier_pool_slots_write_pending", "kvtier_pool_slots_leased")}
+            held = {k: m.get(k, 0.0) for k in names}
             if not any(held.values()):
                 return m
             assert time.monotonic() < deadline, f"still held {what}: {held}"
