@@ -146,6 +146,12 @@ class Replay:
                 return
 
     def run(self) -> None:
+        for _ in self.steps_one_by_one():
+            pass
+
+    def steps_one_by_one(self):
+        """The replay, yielding after each step (two replays interleaved
+        step by step see the same machine noise)."""
         from vllm.v1.kv_offload.base import LookupResult, ScheduleEndContext
 
         m = self.m
@@ -257,7 +263,8 @@ class Replay:
                 self.resets += 1
             if self.each_step is not None:
                 self.each_step(step)
-        self.steps = step
+            self.steps = step
+            yield step
 
     def summary(self) -> Dict[str, float]:
         us = sorted(ns / 1000 for ns in self.step_ns)
@@ -290,13 +297,18 @@ def bench_manager(args) -> Dict[str, object]:
     order = dict(per_step=args.per_step, preempt_every=args.preempt_every, abort_every=args.abort_every,
                  model_ms=args.model_ms)
     native = Replay(native_manager(args.cpu_blocks, page_bytes=page), trace, **order)
-    native.run()
     binary = kvtierd_binary(args.repo)
     with kvtierd(binary, page, args.cpu_blocks, transport=args.transport) as addr:
         mgr = kvtier_manager(addr, page_bytes=page)
         blocking_at_start = mgr.blocking_calls  # the session's first credit grant
         kv = Replay(mgr, trace, **order)
-        kv.run()
+        # NB: interleaved step by step, so that both replays' steps see the
+        # same machine (this box's noise moved the sequential ratio ±0.2).
+        both = [native.steps_one_by_one(), kv.steps_one_by_one()]
+        while both:
+            for it in list(both):
+                if next(it, None) is None:
+                    both.remove(it)
         blocking = mgr.blocking_calls - blocking_at_start
         refused = mgr.refused_loads + mgr.refused_stores + mgr.refused_commits
         fallbacks = {"prepare_store": mgr.store_fallbacks, "prepare_load": mgr.load_fallbacks}

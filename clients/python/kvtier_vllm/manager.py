@@ -618,19 +618,15 @@ class KvtierManager(OffloadingManager):
         r = self._req(req_context)
         if not self._link_up():
             return None
-        to_store, seen = [], set()
         self._namespace()
-        stores, rseen, nsfp = self._stores, r.seen, self._nsfp
-        held = self._link.index.held_cpu if self._link.index is not None else (lambda _n, _k: False)
-        for k in keys:
-            if k in seen:
-                continue
-            seen.add(k)
-            if k in stores:
-                continue  # this engine is writing it: neither stored nor ready
-            rseen[k] = None
-            if not held(nsfp, k):
-                to_store.append(k)
+        stores, rseen = self._stores, r.seen
+        offered = []
+        for k in dict.fromkeys(keys):  # NB: once each, in order
+            if k not in stores:  # this engine is writing it: neither stored nor ready
+                rseen[k] = None
+                offered.append(k)
+        index = self._link.index
+        to_store = index.not_held_cpu(self._nsfp, offered) if index is not None else offered
         evicted, self._evicted = self._evicted, []
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=KvtierLoadStoreSpec([], self._link.pool),
