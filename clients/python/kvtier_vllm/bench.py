@@ -152,7 +152,10 @@ class Replay:
     def steps_one_by_one(self):
         """The replay, yielding after each step (two replays interleaved
         step by step see the same machine noise)."""
-        from vllm.v1.kv_offload.base import LookupResult, ScheduleEndContext
+        from vllm.v1.kv_offload import base
+
+        LookupResult = base.LookupResult
+        end_context = getattr(base, "ScheduleEndContext", None)  # NB: not in every vLLM
 
         m = self.m
         source = self._requests()
@@ -224,7 +227,8 @@ class Replay:
                     preempted.append(ctx.req_id)
                     rescan.setdefault(step + 2, []).append((ctx, keys))
                     self.preempted += 1
-            m.on_schedule_end(ScheduleEndContext(new_req_ids=new_ids, preempted_req_ids=preempted))
+            m.on_schedule_end(end_context(new_req_ids=new_ids, preempted_req_ids=preempted)
+                              if end_context else None)
             for ctx, keys in store_next:
                 out = m.prepare_store(keys, ctx)
                 if out is None:
