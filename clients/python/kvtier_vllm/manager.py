@@ -27,15 +27,17 @@ What each call costs here:
   daemon reserved for it ahead of need) and binds them to the keys in a
   ``store`` message sent without waiting; a key another engine stored
   meanwhile is settled by the daemon (its slot stays in the credit).
-  Credit is refilled asynchronously; when it runs short the call falls back
-  to a synchronous ``prepare_store`` (counted in ``blocking_calls``).
+  Credit is sized by the next step's stores and asked for, without
+  waiting, before the forward pass; when it runs short anyway, one
+  synchronous ``grant`` a step, then a synchronous ``prepare_store``
+  (counted in ``blocking_calls``).
 - **complete_*, touch, on_request_finished** are queued and never wait.
 
-Everything queued in a step goes out in one write at ``on_schedule_end``
-(and at the next call after it, for what the step queued later);
-``has_pending_work`` is true while something is queued, so an idle engine
-steps once more to send it. Replies are read without blocking at the same
-points.
+What a step queues goes out in one write at each of three points:
+``on_schedule_end``, the first completion after it, the first lookup or load
+after that; ``has_pending_work`` is true while something is queued, so an
+idle engine steps once more to send it. Replies are read without blocking at
+the same points.
 
 State is bounded: a request's state lives from its first call to its
 ``on_request_finished``; late completions never re-create it; a store's
@@ -259,7 +261,6 @@ class KvtierManager(OffloadingManager):
         self._granted_now_step = -1    # the step credit was granted synchronously in
         # Counters (the benchmark and tests read them).
         self.blocking_calls = 0     # calls that waited on kvtierd
-        self.round_trips = 0        # same, kept under its old name
         self.refused_loads = 0      # pins the daemon refused after the load was planned
         self.refused_stores = 0     # store messages the daemon refused
         self.refused_commits = 0    # store completions the daemon refused (blocks never readable)
@@ -391,7 +392,6 @@ class KvtierManager(OffloadingManager):
         if self._link.client is None:
             return None
         self.blocking_calls += 1
-        self.round_trips += 1
         try:
             return fn(self._link.client, *args, **kw)
         except KvtierError as e:
