@@ -168,9 +168,24 @@ def by_call(log):
     return out
 
 
+def provisional_request_ranks() -> bool:
+    """vLLM 0.33's LRU ranks a block by a per-request rank given at the
+    request's first access (``on_request_access``, provisional ranks, tails
+    before heads), not by when it was stored; kvtier's CPU tier ranks as
+    vLLM 0.32's LRU (the CPU build this project runs engines on) does."""
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    return hasattr(LRUCachePolicy, "on_request_access")
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_same_answers_as_vllms_native_manager(small_daemon, seed):
     from kvtier_vllm.harness import kvtier_manager, native_manager
+
+    if provisional_request_ranks():
+        pytest.skip("vLLM 0.33's LRU ranks by request (provisional ranks): in vLLM's real call "
+                    "order its eviction order differs from kvtier's, which follows 0.32's "
+                    "(docs/VLLM.md, 'Eviction order')")
 
     native = native_manager(CAPACITY, page_bytes=PAGE)
     kv = kvtier_manager(small_daemon.address, page_bytes=PAGE, extra=NO_CREDIT)
