@@ -53,7 +53,7 @@ func TestSecondaryFSTierOnTheConversationTrace(t *testing.T) {
 		t.Skip("replays 3,000 trace requests through a filesystem tier")
 	}
 	bin := buildCLI(t)
-	trace := filepath.Join("..", "..", "shared", "traces", "conversation_trace.jsonl")
+	trace := filepath.Join("..", "testdata", "traces", "conversation_trace.jsonl")
 	args := []string{"--trace", trace, "--trace-limit", "3000", "--gpu-blocks", "1000", "--cpu-blocks", "5000", "--block-bytes", "4096"}
 	cpuOnly := runTierSim(t, bin, args...)
 	withFS := runTierSim(t, bin, append(args, "--fs-root", t.TempDir())...)

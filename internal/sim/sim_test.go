@@ -196,7 +196,7 @@ func TestRunTimeScaledJumpsIdleTime(t *testing.T) {
 // tracePath locates the shared conversation trace from the module root.
 func tracePath(t *testing.T) string {
 	t.Helper()
-	p := filepath.Join("..", "..", "..", "shared", "traces", "conversation_trace.jsonl")
+	p := filepath.Join("..", "..", "testdata", "traces", "conversation_trace.jsonl")
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("trace not found: %v", err)
 	}

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvtier_vllm.bench")
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manager", help="scheduler side: kvtier vs vLLM's native manager")
-    m.add_argument("--trace", default="../shared/traces/conversation_trace.jsonl")
+    m.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
     m.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
     m.add_argument("--cpu-blocks", type=int, default=20000)
     m.add_argument("--per-step", type=int, default=16, help="requests admitted per step")
