@@ -96,6 +96,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	cfg.Hello.MaxKeys, cfg.Hello.MaxFrameBytes = wire.MaxKeys, wire.MaxFrameBytes
 	cfg.Hello.PackedKeys = true
 	cfg.Hello.Credit = true
+	cfg.Hello.Batch = true
 	if cfg.CreditQuarantine <= 0 {
 		cfg.CreditQuarantine = cfg.Grace
 	}
@@ -188,22 +189,74 @@ func (e *Endpoint) deliver(in inFrame) {
 		return
 	}
 	q, err := wire.DecodeRequest(in.body)
+	if err == nil && q.Op == wire.OpBatch {
+		// Each call as if it had come in a frame of its own, in order.
+		for _, c := range q.Calls {
+			e.system.Root.Send(e.pid, &inbound{peer: in.peer, req: c.Req, err: c.Err})
+		}
+		return
+	}
 	e.system.Root.Send(e.pid, &inbound{peer: in.peer, req: q, err: err})
 }
 
-// writeLoop sends queued replies until Close.
+// writeLoop sends queued replies until Close. Replies queued meanwhile go
+// out with the one it took, a connection's in one write (in the order
+// queued): an engine that sent a step's calls in one write reads their
+// replies in a few reads, not one each.
 func (e *Endpoint) writeLoop() {
+	var batch outBatch
 	for {
 		select {
 		case <-e.done:
 			return
 		case o := <-e.out:
-			if err := e.ln.sock.send(string(o.peer), o.body); err != nil {
-				e.metrics.repliesDropped.Inc()
-				e.cfg.Log.Debug().Err(err).Msg("engine endpoint: reply not sent")
+			batch.add(o)
+		more:
+			for batch.n < maxRepliesPerWrite {
+				select {
+				case o := <-e.out:
+					batch.add(o)
+				default:
+					break more
+				}
 			}
+			for _, peer := range batch.order {
+				if err := e.ln.sock.send(peer, batch.byPeer[peer]...); err != nil {
+					e.metrics.repliesDropped.Add(float64(len(batch.byPeer[peer])))
+					e.cfg.Log.Debug().Err(err).Msg("engine endpoint: reply not sent")
+				}
+			}
+			batch.reset()
 		}
 	}
+}
+
+// maxRepliesPerWrite bounds a coalesced write: one engine's burst does not
+// hold back another's replies for long.
+const maxRepliesPerWrite = 256
+
+// outBatch is the replies a writeLoop round sends, by connection.
+type outBatch struct {
+	order  []string            // connections in the order first seen
+	byPeer map[string][][]byte // each connection's frames, in order
+	n      int
+}
+
+func (b *outBatch) add(o outbound) {
+	if b.byPeer == nil {
+		b.byPeer = map[string][][]byte{}
+	}
+	p := string(o.peer)
+	if _, ok := b.byPeer[p]; !ok {
+		b.order = append(b.order, p)
+	}
+	b.byPeer[p] = append(b.byPeer[p], o.body)
+	b.n++
+}
+
+func (b *outBatch) reset() {
+	clear(b.byPeer)
+	b.order, b.n = b.order[:0], 0
 }
 
 // reply queues a frame for peer without blocking; a full queue drops it.
@@ -290,17 +343,18 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 	timer := e.cfg.Clock.AfterFunc(timeout, func() { close(expired) })
 	started := e.track.goTracked(func() {
 		var body []byte
+		send := q.Replies()
 		select {
 		case r := <-reply:
 			if r.Err != nil {
-				body = wire.EncodeError(q.ID, r.Err)
-			} else {
+				body, send = wire.EncodeCallError(q.ID, q.Op, r.Err), q.RepliesOnError()
+			} else if send {
 				rp := &wire.Reply{ID: q.ID}
 				fill(rp, r.Value)
 				body = wire.EncodeReply(q.Op, rp, stripSession)
 			}
 		case <-expired:
-			body = wire.EncodeError(q.ID, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded))
+			body, send = wire.EncodeCallError(q.ID, q.Op, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded)), q.RepliesOnError()
 		case <-e.done:
 			timer.Stop()
 			return
@@ -308,7 +362,7 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		// NB: stopped before the reply goes out, so that an engine that has
 		// its answer sees no timer of the call left (TestLifecycle*).
 		timer.Stop()
-		if !q.NoReply {
+		if send {
 			e.reply(peer, body)
 		}
 		e.system.Root.Send(e.pid, &callDone{session: sid})

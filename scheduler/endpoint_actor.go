@@ -151,11 +151,12 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 		return
 	}
 	if err := a.admit(s, q); err != nil {
-		if q.NoReply {
+		if !q.RepliesOnError() {
 			a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
 			return
 		}
-		a.refuse(m.peer, q.ID, wire.CodeOf(err), err)
+		a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
+		a.ep.reply(m.peer, wire.EncodeCallError(q.ID, q.Op, err))
 		return
 	}
 	a.forward(ctx, m.peer, s, q)

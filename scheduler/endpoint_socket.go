@@ -53,8 +53,9 @@ type engineSocket interface {
 	// serve hands every frame to deliver, from the goroutine that read it
 	// (deliver never blocks), until the socket closes or fails.
 	serve(deliver func(inFrame)) error
-	// send queues or writes one reply frame to peer.
-	send(peer string, body []byte) error
+	// send queues or writes reply frames to peer, in order (a stream
+	// writes them all in one system call).
+	send(peer string, bodies ...[]byte) error
 	close() error
 }
 
@@ -85,8 +86,14 @@ func (z zmqSocket) serve(deliver func(inFrame)) error {
 	}
 }
 
-func (z zmqSocket) send(peer string, body []byte) error {
-	return z.s.Send(zmq4.NewMsgFrom([]byte(peer), body))
+func (z zmqSocket) send(peer string, bodies ...[]byte) error {
+	id := []byte(peer)
+	for _, body := range bodies {
+		if err := z.s.Send(zmq4.NewMsgFrom(id, body)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (z zmqSocket) close() error { return z.s.Close() }

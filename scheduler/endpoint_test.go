@@ -181,3 +181,31 @@ func benchRoundTrip(b *testing.B, poll time.Duration, opts ...actor.PropsOption)
 		s.call(q)
 	}
 }
+
+// A batch's calls are served one by one, in order, each answered as if it
+// had come alone; a quiet call is answered only when it fails, its error
+// naming the op.
+func TestEndpointServesABatchCallByCall(t *testing.T) {
+	s, lookups, _ := stalled(t)
+	req := &messages.ReqContext{RequestID: "r"}
+	s.send(&wire.Request{Op: wire.OpBatch, Calls: []wire.Call{
+		{Req: &wire.Request{Op: wire.OpLookup, ID: 101, Req: req, Keys: twoKeys, Quiet: true}},
+		{Req: &wire.Request{Op: wire.OpLookup, ID: 102, Req: req, Keys: twoKeys}},
+		{Req: &wire.Request{Op: wire.OpLookup, ID: 103, Req: req, Keys: twoKeys, Quiet: true}},
+	}})
+	first := <-lookups
+	require.Equal(t, "r", stripSession(first.Req.RequestID))
+	first.Reply.Answer([]messages.LookupStatus{messages.Hit, messages.Hit}, nil)
+	(<-lookups).Reply.Answer([]messages.LookupStatus{messages.Miss, messages.Miss}, nil)
+	rp := s.next(wire.OpLookup)
+	require.EqualValues(t, 102, rp.ID, "the quiet call that succeeded sent nothing")
+	require.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss}, rp.Status)
+
+	(<-lookups).Reply.Answer(nil, messages.ErrBusy)
+	rp = s.next(wire.OpLookup)
+	require.EqualValues(t, 103, rp.ID, "the quiet call that failed is answered")
+	require.NotNil(t, rp.Err)
+	require.Equal(t, wire.CodeBusy, rp.Err.Code)
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpPing}).Err)
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpBye}).Err)
+}

@@ -133,7 +133,7 @@ func (s *unixSocket) read(id string, c net.Conn, deliver func(inFrame)) {
 	}
 }
 
-func (s *unixSocket) send(peer string, body []byte) error {
+func (s *unixSocket) send(peer string, bodies ...[]byte) error {
 	s.mu.Lock()
 	c := s.conns[peer]
 	s.mu.Unlock()
@@ -142,7 +142,7 @@ func (s *unixSocket) send(peer string, body []byte) error {
 	}
 	w, polled := raw(c)
 	w.SetWriteDeadline(time.Now().Add(unixWriteTimeout))
-	if err := wire.WriteFrame(w, body); err != nil {
+	if err := wire.WriteFrames(w, bodies...); err != nil {
 		c.Close() // its reader ends and reports the connection lost
 		return err
 	}

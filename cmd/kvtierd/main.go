@@ -53,6 +53,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -73,6 +74,20 @@ const (
 	exitFailed = 1
 	exitConfig = 2
 )
+
+// startCPUProfile profiles the process into path until the returned func
+// runs (KVTIERD_CPUPROFILE; docs/PERFORMANCE.md).
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -290,6 +305,15 @@ func run(args []string, stderr *os.File) int {
 	}
 	cfg.Logger = &base // the node adds its own component fields
 	log.Debug().Int("gc_percent", gcpercent.Apply(gcpercent.Default)).Msg("garbage collector target")
+
+	if path := os.Getenv("KVTIERD_CPUPROFILE"); path != "" {
+		// For profiling the daemon under a benchmark: written at shutdown.
+		if stopProfile, err := startCPUProfile(path); err != nil {
+			log.Warn().Err(err).Msg("no CPU profile")
+		} else {
+			defer stopProfile()
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -32,6 +32,8 @@ type Hello struct {
 	IndexComplete bool
 	// Credit: the daemon serves grant and store (slot credit for stores).
 	Credit bool
+	// Batch: the daemon reads batch frames and quiet calls.
+	Batch bool
 }
 
 // Reply is one answer. Err is set on failure; otherwise the fields of the
@@ -54,7 +56,12 @@ type Reply struct {
 }
 
 // EncodeError encodes an error reply for request id.
-func EncodeError(id uint64, err error) []byte {
+func EncodeError(id uint64, err error) []byte { return EncodeCallError(id, 0, err) }
+
+// EncodeCallError encodes an error reply for request id of op: the error
+// names the op (a quiet call's error is the only reply its caller gets).
+// An op of 0 is left out.
+func EncodeCallError(id uint64, op Op, err error) []byte {
 	w := writer{B: make([]byte, 0, 128)}
 	w.MapLen(3)
 	w.Str("v")
@@ -62,7 +69,13 @@ func EncodeError(id uint64, err error) []byte {
 	w.Str("id")
 	w.Uint(id)
 	w.Str("err")
-	w.MapLen(2)
+	if op > 0 && op < opEnd {
+		w.MapLen(3)
+		w.Str("op")
+		w.Str(op.String())
+	} else {
+		w.MapLen(2)
+	}
 	w.Str("code")
 	w.Str(string(CodeOf(err)))
 	msg := err.Error()
@@ -88,7 +101,7 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	switch op {
 	case OpHello:
 		h := rp.Hello
-		body(15)
+		body(16)
 		kvUint(&w, "protocol", uint64(h.Protocol))
 		kvUint(&w, "session", h.Session)
 		w.Str("pool_path")
@@ -110,6 +123,8 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		w.Bool(h.IndexComplete)
 		w.Str("credit")
 		w.Bool(h.Credit)
+		w.Str("batch")
+		w.Bool(h.Batch)
 	case OpLookup:
 		body(1 + msgp.Count(rp.Slots != nil))
 		w.Str("status")
@@ -463,6 +478,8 @@ func decodeHelloField(r *reader, h *Hello, k string) error {
 		h.IndexComplete, err = r.Bool()
 	case "credit":
 		h.Credit, err = r.Bool()
+	case "batch":
+		h.Batch, err = r.Bool()
 	default:
 		return r.Skip(0)
 	}

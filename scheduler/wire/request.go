@@ -55,6 +55,7 @@ const (
 	OpStats
 	OpGrant
 	OpStoreCredited
+	OpBatch
 	opEnd
 )
 
@@ -65,6 +66,7 @@ var opNames = [...]string{
 	OpRequestFinished: "request_finished", OpTakeEvents: "take_events",
 	OpHasPendingWork: "has_pending_work", OpPause: "pause", OpResume: "resume",
 	OpResetCache: "reset_cache", OpStats: "stats", OpGrant: "grant", OpStoreCredited: "store",
+	OpBatch: "batch",
 }
 
 func (o Op) String() string {
@@ -85,7 +87,7 @@ func OpByName(name string) (Op, bool) {
 }
 
 // field is a request field beyond v, op, id.
-type field uint16
+type field uint32
 
 const (
 	fTimeout field = 1 << iota
@@ -102,6 +104,8 @@ const (
 	fSlots
 	fWantSlots
 	fNoReply
+	fQuiet
+	fCalls
 	fieldEnd
 )
 
@@ -109,6 +113,7 @@ var fieldNames = map[string]field{
 	"timeout_ms": fTimeout, "req": fReq, "keys": fKeys, "prefix": fPrefix, "ok": fOK,
 	"job": fJob, "worker": fWorker, "clear": fClear, "client": fClient,
 	"pkeys": fPKeys, "n": fN, "slots": fSlots, "want_slots": fWantSlots, "noreply": fNoReply,
+	"quiet": fQuiet, "calls": fCalls,
 }
 
 // schema: the fields each op allows, and those it requires.
@@ -132,7 +137,16 @@ var schema = map[Op]struct{ allowed, required field }{
 	OpStats:           {fTimeout, 0},
 	OpGrant:           {fTimeout | fN, fN},
 	OpStoreCredited:   {fTimeout | fReq | fKeys | fSlots, fReq | fKeys | fSlots},
+	OpBatch:           {fCalls, fCalls},
 }
+
+// MaxBatchCalls bounds the calls of one batch.
+const MaxBatchCalls = 4096
+
+// replyOptional: the ops that may say noreply or quiet (every op but
+// hello, whose reply opens the session, and batch, which has none of its
+// own).
+func replyOptional(op Op) bool { return op != OpHello && op != OpBatch }
 
 // Request is one decoded engine call.
 type Request struct {
@@ -155,9 +169,28 @@ type Request struct {
 	N          int            // grant: slots of credit asked for
 	Slots      []int          // store: the credited slot of each key
 	// NoReply: the caller reads no answer (fire-and-forget); the daemon
-	// sends none, success or error. Any op but hello may say so.
+	// sends none, success or error. Any op but hello and batch may say so.
 	NoReply bool
+	// Quiet: the daemon answers only if the call fails (its error reply
+	// names the op); a success sends nothing. Same ops as NoReply.
+	Quiet bool
+	// Calls: a batch's calls, in the order sent (each as if it came in a
+	// frame of its own); a call that did not decode has Err set instead.
+	Calls []Call
 }
+
+// Call is one call of a batch: decoded, or why not (a *DecodeError, with
+// the call's id when it was read).
+type Call struct {
+	Req *Request
+	Err error
+}
+
+// Replies reports whether the daemon answers q when it succeeds.
+func (q *Request) Replies() bool { return !q.NoReply && !q.Quiet }
+
+// RepliesOnError reports whether the daemon answers q when it fails.
+func (q *Request) RepliesOnError() bool { return !q.NoReply }
 
 // DecodeRequest decodes one request frame. Its errors are *DecodeError.
 // Decoded strings and keys never alias frame.
@@ -167,6 +200,29 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	}
 	d := requestDecoder{r: reader{B: frame}}
 	return d.decode()
+}
+
+// decodeCalls reads a batch's array of request maps, each decoded as a
+// frame of its own (a nested batch is refused).
+func decodeCalls(r *reader) ([]Call, error) {
+	n, err := r.ArrayLen(MaxBatchCalls, 1)
+	if err != nil {
+		return nil, err
+	}
+	calls := make([]Call, n)
+	for i := range calls {
+		start := r.Off
+		if err := r.Skip(0); err != nil {
+			return nil, fmt.Errorf("call %d: %w", i, err)
+		}
+		d := requestDecoder{r: reader{B: r.B[start:r.Off]}}
+		q, err := d.decode()
+		if err == nil && q.Op == OpBatch {
+			q, err = nil, d.fail(CodeBadRequest, "a batch inside a batch")
+		}
+		calls[i] = Call{Req: q, Err: err}
+	}
+	return calls, nil
 }
 
 type requestDecoder struct {
@@ -254,8 +310,8 @@ func (d *requestDecoder) decode() (*Request, error) {
 		d.offsets[fKeys], d.req.PackedKeys = d.offsets[fPKeys], true
 		delete(d.offsets, fPKeys)
 	}
-	if op != OpHello {
-		s.allowed |= fNoReply
+	if replyOptional(op) {
+		s.allowed |= fNoReply | fQuiet
 	}
 	if extra := seen &^ s.allowed; extra != 0 {
 		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
@@ -366,6 +422,10 @@ func (d *requestDecoder) field(f field) error {
 		q.WantSlots, err = r.Bool()
 	case fNoReply:
 		q.NoReply, err = r.Bool()
+	case fQuiet:
+		q.Quiet, err = r.Bool()
+	case fCalls:
+		q.Calls, err = decodeCalls(r)
 	case fN:
 		var n uint64
 		n, err = r.Uint(MaxKeys)
@@ -556,8 +616,8 @@ func EncodeRequest(q *Request) []byte {
 	w := writer{B: make([]byte, 0, 64+len(q.Keys)*48)}
 	s := schema[q.Op]
 	nf := 3
-	if q.Op != OpHello {
-		s.allowed |= fNoReply
+	if replyOptional(q.Op) {
+		s.allowed |= fNoReply | fQuiet
 	}
 	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
 	fields := []struct {
@@ -565,7 +625,8 @@ func EncodeRequest(q *Request) []byte {
 		on bool
 	}{{fTimeout, q.Timeout > 0}, {fReq, q.Req != nil}, {fKeys, true}, {fPrefix, q.Prefix},
 		{fOK, true}, {fJob, true}, {fWorker, true}, {fClear, q.Clear}, {fClient, q.Client != ""},
-		{fN, true}, {fSlots, true}, {fWantSlots, q.WantSlots}, {fNoReply, q.NoReply && q.Op != OpHello}}
+		{fN, true}, {fSlots, true}, {fWantSlots, q.WantSlots}, {fNoReply, q.NoReply}, {fQuiet, q.Quiet},
+		{fCalls, true}}
 	for _, x := range fields {
 		if set(x.f, x.on) {
 			nf++
@@ -622,6 +683,17 @@ func EncodeRequest(q *Request) []byte {
 			w.Bool(q.WantSlots)
 		case fNoReply:
 			w.Bool(q.NoReply)
+		case fQuiet:
+			w.Bool(q.Quiet)
+		case fCalls:
+			w.ArrayLen(len(q.Calls))
+			for _, c := range q.Calls {
+				if c.Req != nil {
+					w.B = append(w.B, EncodeRequest(c.Req)...)
+				} else {
+					w.Nil()
+				}
+			}
 		}
 	}
 	return w.B

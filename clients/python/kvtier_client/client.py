@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 import zmq
@@ -101,6 +102,7 @@ class Hello:
     index_path: str = ""       # the residency index (kvtier_client.residency); "" = none
     index_complete: bool = False  # the index covers every tier: a key it lacks is a MISS
     credit: bool = False       # the daemon serves grant / store (slot credit)
+    batch: bool = False        # the daemon reads batch frames and quiet calls
 
 
 @dataclass
@@ -161,6 +163,8 @@ def _unkeys(raw) -> List[Key]:
 
 
 MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
+_LEN = struct.Struct(">I")  # a unix:// frame's length prefix
+_BATCH_CALLS = 1024  # calls per batch frame (scheduler/wire.MaxBatchCalls is 4096)
 MAX_HASH_BYTES = 64  # messages.MaxHashBytes
 
 # How long a unix:// call polls for its reply before blocking (µs): a
@@ -220,6 +224,15 @@ class _ZmqTransport:
 
     def recv(self) -> bytes:
         return self._sock.recv()
+
+    def drain(self) -> List[bytes]:
+        """Every frame that has arrived, without waiting."""
+        out = []
+        try:
+            while True:
+                out.append(self._sock.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return out
 
     def close(self) -> None:
         self._sock.close()
@@ -359,6 +372,27 @@ class _UnixTransport:
         del self._buf[:4 + n]
         return frame
 
+    def drain(self) -> List[bytes]:
+        """Every complete frame that has arrived, without waiting: what the
+        socket holds in as few reads as it takes, then split in one pass
+        (a step's replies, which the daemon writes together)."""
+        while self._recv(socket.MSG_DONTWAIT) == self._CHUNK:
+            pass  # NB: a short read means the socket is empty
+        buf, out, at = self._buf, [], 0
+        end = len(buf)
+        unpack = _LEN.unpack_from
+        while end - at >= 4:
+            n = unpack(buf, at)[0]
+            if n == 0 or n > MAX_FRAME_BYTES:
+                raise KvtierError("BAD_REPLY", f"frame length {n}")
+            if end - at - 4 < n:
+                break
+            out.append(bytes(buf[at + 4:at + 4 + n]))
+            at += 4 + n
+        if at:
+            del buf[:at]
+        return out
+
     def close(self) -> None:
         self._view.release()
         self._s.close()
@@ -390,6 +424,9 @@ class Client:
         self._awaited: set = set()  # ids of calls whose replies are kept
         self._stash: Dict[int, dict] = {}  # replies read but not yet taken
         self._batched: set = set()  # ids sent by send_frames whose replies take_replies returns
+        # Error replies to calls nobody awaits (a quiet call's failure: its
+        # only reply), handed out by take_replies; bounded.
+        self._orphans: Deque[Tuple[int, dict]] = deque(maxlen=1024)
         h = self._call("hello", client=name)
         self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__ if k in h})
         self._key_field = _key_field if self.hello.packed_keys else _key_list
@@ -440,6 +477,24 @@ class Client:
         """Encodes a call for send_frames; returns (id, frame)."""
         return self._frame(op, self._timeout, fields)
 
+    def call(self, op: str, **fields) -> Tuple[int, dict]:
+        """A call for send_calls: (id, its map). Sent in a batch it has the
+        daemon's default timeout. noreply=True: no reply; quiet=True: a
+        reply only if it fails (read by take_replies)."""
+        rid = next(self._ids)
+        fields["v"], fields["op"], fields["id"] = PROTOCOL_VERSION, op, rid
+        return rid, fields
+
+    def send_calls(self, calls: Sequence[dict], keep: Sequence[int] = ()) -> None:
+        """Sends calls (from call()) as batch frames, in one write: the
+        daemon serves each as if it came alone, in order (hello.batch).
+        The replies of the ids in keep are kept for take_replies()."""
+        frames = []
+        for at in range(0, len(calls), _BATCH_CALLS):
+            frames.append(msgpack.packb({"v": PROTOCOL_VERSION, "op": "batch", "id": next(self._ids),
+                                         "calls": calls[at:at + _BATCH_CALLS]}, use_bin_type=True))
+        self.send_frames(frames, keep)
+
     def send_frames(self, frames: Sequence[bytes], keep: Sequence[int] = ()) -> None:
         """Sends encoded calls in one write (unix://: one syscall); the
         replies of the ids in keep are kept for take_replies()."""
@@ -458,19 +513,38 @@ class Client:
 
     def take_replies(self, wait_ms: int = 0) -> List[Tuple[int, dict]]:
         """Every kept reply that has arrived, as (id, reply) — errors as
-        replies with "err", unchecked. Waits up to wait_ms for one to come
-        (0: never blocks)."""
+        replies with "err", unchecked — and the error replies of calls
+        nobody awaits (quiet calls: their "err" names the op). Waits up to
+        wait_ms for one to come (0: never blocks)."""
         with self._lock:
             if wait_ms > 0 and not self._closed:
                 self._read_locked(wait_ms)
-            while not self._closed and self._read_locked(0):
-                pass
+            if not self._closed:
+                self._drain_locked()
             out = [(rid, r) for rid, r in self._stash.items() if rid in self._batched]
             for rid, _ in out:
                 self._awaited.discard(rid)
                 self._batched.discard(rid)
                 del self._stash[rid]
+            if self._orphans:
+                out.extend(self._orphans)
+                self._orphans.clear()
         return out
+
+    def _drain_locked(self) -> None:
+        """Reads every reply that has arrived into the stash, without waiting."""
+        try:
+            frames = self._sock.drain()
+        except (OSError, zmq.ZMQError) as e:  # ECONNRESET from a killed daemon
+            raise KvtierError("CLOSED", f"recv: {e}") from e
+        unpack, awaited, stash = msgpack.unpackb, self._awaited, self._stash
+        for frame in frames:
+            reply = unpack(frame, raw=False)
+            rid = reply.get("id")
+            if rid in awaited:
+                stash[rid] = reply
+            elif "err" in reply:
+                self._orphans.append((rid, reply))
 
     def _read_locked(self, wait_ms: int) -> bool:
         """Reads at most one reply into the stash; False when none came."""

@@ -16,6 +16,7 @@ baseline measured in the same run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -111,7 +112,9 @@ class Replay:
         from .harness import chained_keys
 
         self.m, self.per_step = manager, per_step
-        self.trace, self.chained = trace, chained_keys
+        # Every request's keys, built before the run (vLLM builds a
+        # request's block hashes as it arrives, outside the manager).
+        self.keys = [chained_keys(ids) for ids in trace]
         self.preempt_every, self.abort_every = preempt_every, abort_every
         self.keep_going = keep_going  # called every step with the step number; False stops
         # The model's forward pass between build_connector_meta and
@@ -133,9 +136,8 @@ class Replay:
         from vllm.v1.kv_offload.base import ReqContext
 
         n = 0
-        chained = [self.chained(ids) for ids in self.trace]
         while True:
-            for keys in chained:
+            for keys in self.keys:
                 rid = f"r{n}"
                 n += 1
                 ctx = ReqContext(req_id=rid)
@@ -306,6 +308,12 @@ def bench_manager(args) -> Dict[str, object]:
         mgr = kvtier_manager(addr, page_bytes=page)
         blocking_at_start = mgr.blocking_calls  # the session's first credit grant
         kv = Replay(mgr, trace, **order)
+        if args.gc_freeze:
+            # As vLLM's EngineCore does once started (freeze_gc_heap): what
+            # exists before serving is out of the collector's way. Here that
+            # is mostly the trace, which a real engine never holds.
+            gc.collect()
+            gc.freeze()
         # NB: interleaved step by step, so that both replays' steps see the
         # same machine (this box's noise moved the sequential ratio ±0.2).
         both = [native.steps_one_by_one(), kv.steps_one_by_one()]
@@ -363,6 +371,8 @@ def main(argv=None) -> int:
                    help="the forward pass between a step's meta and its update (wall time, not counted)")
     m.add_argument("--preempt-every", type=int, default=50, help="preempt every Nth scheduled request once (0: never)")
     m.add_argument("--abort-every", type=int, default=100, help="abort every Nth new request unscheduled (0: never)")
+    m.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                   help="leave the trace in the garbage collector's generations (vLLM freezes its start-up heap)")
     m.add_argument("--json", action="store_true")
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)

@@ -340,13 +340,19 @@ class KvtierManager(OffloadingManager):
             if r is not None:
                 self._credit.extend(r["slots"])
 
-    def _queue(self, op: str, settle: Optional[tuple] = None, **fields) -> int:
+    def _queue(self, op: str, settle: Optional[tuple] = None, quiet: bool = False, **fields) -> int:
         """Queues a call for the next flush; its reply, if settle is given,
-        is handed to _settle_reply (otherwise the daemon sends none)."""
+        is handed to _settle_reply. Otherwise the daemon sends none — or,
+        quiet, only if the call fails (where the daemon reads batches; its
+        error is counted by _refused)."""
+        c = self._link.client
         if settle is None:
-            fields["noreply"] = True
-        rid, frame = self._link.client.frame(op, **fields)
-        self._out.append(frame)
+            fields["quiet" if quiet and c.hello.batch else "noreply"] = True
+        if c.hello.batch:
+            rid, call = c.call(op, **fields)
+        else:
+            rid, call = c.frame(op, **fields)
+        self._out.append(call)
         if settle is not None:
             self._keep.append(rid)
             self._calls[rid] = settle
@@ -363,8 +369,11 @@ class KvtierManager(OffloadingManager):
             if send and self._out:
                 out, keep = self._out, self._keep
                 self._out, self._keep = [], []
-                c.send_frames(out, keep)
-            replies = c.take_replies(wait_ms) if self._calls else ()
+                if c.hello.batch:
+                    c.send_calls(out, keep)  # one frame for the lot
+                else:
+                    c.send_frames(out, keep)
+            replies = c.take_replies(wait_ms)
         except KvtierError as e:
             self._lost(e)
             return
@@ -372,6 +381,8 @@ class KvtierManager(OffloadingManager):
             settle = self._calls.pop(rid, None)
             if settle is not None:
                 self._settle_reply(settle, reply)
+            elif "err" in reply:
+                self._refused(reply["err"])
 
     def _flush_before_schedule(self) -> None:
         if self._flush_at_schedule or self._flush_at_completion:
@@ -447,6 +458,16 @@ class KvtierManager(OffloadingManager):
         elif kind == "commit" and err:
             self.refused_commits += 1
             log.debug("kvtier: a store's completion was refused: %s", err)
+
+    def _refused(self, err: dict) -> None:
+        """A quiet call failed: its error is its only reply."""
+        op = err.get("op") if isinstance(err, dict) else None
+        if op == "prepare_load":
+            self._settle_reply(("load",), {"err": err})
+        elif op == "complete_store":
+            self._settle_reply(("commit",), {"err": err})
+        else:
+            log.debug("kvtier: a call without reply failed: %s", err)
 
     def _lookup_answered(self, req_id: str, keys: List[OffloadKey], epoch: int, reply: dict, err) -> None:
         r = self._reqs.get(req_id)
@@ -579,8 +600,8 @@ class KvtierManager(OffloadingManager):
         if slots is not None and self._link_up():
             # The lease becomes a pin: sent ahead of the completion, on the
             # same ordered connection; the workers copy meanwhile.
-            self._queue("prepare_load", ("load",), req=r.wire,
-                        **self._keys(keys))
+            self._queue("prepare_load", None if self._quiet() else ("load",), quiet=True,
+                        req=r.wire, **self._keys(keys))
             return KvtierLoadStoreSpec(slots, self._link.pool)
         self.load_fallbacks += 1
         try:
@@ -683,6 +704,12 @@ class KvtierManager(OffloadingManager):
                                   store_spec=KvtierLoadStoreSpec(plan.slots, self._link.pool),
                                   evicted_keys=evicted + self._unwire(plan.evicted))
 
+    def _quiet(self) -> bool:
+        """The daemon answers a call only when it fails (hello.batch): a
+        pin's or a commit's reply is then read only when it was refused."""
+        c = self._link.client
+        return c is not None and c.hello.batch
+
     def _credit_on(self) -> bool:
         """Stores go through credit: the daemon serves it and it is not
         turned off (kvtier_store_credit: 0)."""
@@ -727,8 +754,8 @@ class KvtierManager(OffloadingManager):
             if commit and self._link_up():
                 # NB: its reply says the blocks are readable (or why not):
                 # read later, never waited for, it counts refused commits.
-                self._queue("complete_store", ("commit",), req=b.req, ok=ok,
-                            **self._keys(commit))
+                self._queue("complete_store", None if self._quiet() else ("commit",), quiet=True,
+                            req=b.req, ok=ok, **self._keys(commit))
             if not b.failed:
                 self._credit.extend(b.slots[pos[k]] for k in ks if not b.bound[pos[k]])
         b.deferred.clear()
