@@ -35,4 +35,8 @@ type Stats struct {
 	// SessionOpen is, in an engine session's stats reply, how many of its
 	// request ids hold something until their request_finished (0 elsewhere).
 	SessionOpen int
+	// SessionCalls is, in an engine session's stats reply, how many of its
+	// calls sent before the stats call are still being served (noreply and
+	// quiet ones too; 0 elsewhere): 0 means each has taken effect.
+	SessionCalls int
 }

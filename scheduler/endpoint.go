@@ -73,7 +73,7 @@ type EndpointConfig struct {
 
 // Defaults for an endpoint.
 const (
-	DefaultMaxInFlight = 1024
+	DefaultMaxInFlight = 8192
 	DefaultMaxOpen     = 1 << 16
 	outQueue           = 4096
 	// badFrameLimit: a session that sends this many malformed frames in a

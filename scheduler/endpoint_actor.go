@@ -457,9 +457,10 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	case wire.OpStats:
 		r := messages.NewReply[messages.Stats]()
 		open := len(s.open) // NB: read here, in the actor: the session's table is its state
+		calls := s.inflight // NB: before this call counts itself
 		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) {
 			rp.Stats = v
-			rp.Stats.SessionOpen = open
+			rp.Stats.SessionOpen, rp.Stats.SessionCalls = open, calls
 		}) {
 			send(&messages.GetStats{Reply: r})
 		}

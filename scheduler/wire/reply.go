@@ -259,6 +259,7 @@ var statFields = []struct {
 	{"checksum_failures", func(s *messages.Stats) any { return &s.ChecksumFailures }},
 	{"actor_restarts", func(s *messages.Stats) any { return &s.ActorRestarts }},
 	{"session_open_requests", func(s *messages.Stats) any { return &s.SessionOpen }},
+	{"session_calls_in_flight", func(s *messages.Stats) any { return &s.SessionCalls }},
 }
 
 func encodeStats(w *writer, s *messages.Stats) {

@@ -647,7 +647,14 @@ class KvtierManager(OffloadingManager):
                 rseen[k] = None
                 offered.append(k)
         index = self._link.index
-        to_store = index.not_held_cpu(self._nsfp, offered) if index is not None else offered
+        to_store = offered
+        if index is not None and offered and (
+                not self._credit_on() or index.held_cpu(self._nsfp, offered[0])):
+            # NB: through credit, the whole store is probed only when its
+            # first block is held (another engine stored the prefix, or a
+            # chain has a gap): a later duplicate is settled by the daemon
+            # (its slot stays credit), at the cost of one needless copy.
+            to_store = index.not_held_cpu(self._nsfp, offered)
         evicted, self._evicted = self._evicted, []
         if not to_store:
             return PrepareStoreOutput(keys_to_store=[], store_spec=KvtierLoadStoreSpec([], self._link.pool),
@@ -854,6 +861,18 @@ class KvtierManager(OffloadingManager):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"kvtier: {len(self._calls)} replies not in after {timeout}s")
             self._flush(wait_ms=10)  # NB: sends too what an answer queued (a deferred completion)
+        # Quiet calls (pins, commits) send no reply: the session says when
+        # every call sent has taken effect.
+        while self._link.client is not None and self._quiet():
+            try:
+                if self._link.client.stats().get("session_calls_in_flight", 0) == 0:
+                    break
+            except KvtierError as e:
+                self._lost(e)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kvtier: calls still in flight after {timeout}s")
+        self._flush()  # NB: a quiet call's refusal
         for r in self._reqs.values():
             for k in [k for k, a in r.answers.items() if a[0] in (RETRY, HIT_PENDING)]:
                 del r.answers[k]

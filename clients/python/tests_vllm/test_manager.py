@@ -424,7 +424,8 @@ def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory
         sizes = kv.state_sizes()
         st = kv._link.client.stats()  # the manager's own session
         sizes.update(open=st["session_open_requests"], jobs=st["jobs_in_flight"],
-                     daemon_requests=st["requests"], leases=st["leases"])
+                     daemon_requests=st["requests"], leases=st["leases"],
+                     daemon_calls=st.get("session_calls_in_flight", 0))
         for k, v in sizes.items():
             peak[k] = max(peak.get(k, 0), v)
         # Bounded by a few steps' worth of requests, never by the run's length.
@@ -432,6 +433,9 @@ def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory
         assert sizes["open"] <= 40 * per_step, sizes
         assert sizes["daemon_requests"] <= 40 * per_step, sizes
         assert sizes["stores"] <= 4096 and sizes["calls"] <= 2000, sizes
+        # The daemon keeps up: the calls it has not served yet stay a few
+        # steps' worth (its limit, kvtierd's DefaultMaxInFlight, refuses more).
+        assert sizes["daemon_calls"] <= 2000, sizes
 
     run = Replay(kv, conversations(512, seed=7), per_step=per_step, preempt_every=97,
                  abort_every=89, reset_every=max(100, n // per_step // 4), each_step=check,
