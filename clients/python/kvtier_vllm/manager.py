@@ -328,8 +328,11 @@ class KvtierManager(OffloadingManager):
         r = self._reqs.get(ctx.req_id)
         if r is not None:
             return r.wire
-        # a key stands for one chunk: its events' block size is the chunk's
-        return Request(ctx.req_id, block_size=self._chunk_tokens).wire()
+        # A key stands for one chunk: its events' block size is the chunk's.
+        # NB: Request(id, block_size=...).wire(), built directly (per request).
+        if self._chunk_tokens:
+            return {"id": ctx.req_id, "block_size": self._chunk_tokens}
+        return {"id": ctx.req_id}
 
     # -- the connection ---------------------------------------------------
 
@@ -478,10 +481,14 @@ class KvtierManager(OffloadingManager):
             log.debug("kvtier: leasing lookup refused: %s", err)
             return
         status, slots = reply["status"], reply.get("slots") or ()
-        now = time.monotonic()
+        now, step, answers = time.monotonic(), self._step, r.answers
+        if len(status) == len(keys) == len(slots):
+            for k, st, slot in zip(keys, status, slots):
+                answers[k] = (st, slot, step, now, epoch)
+            return
         for i, k in enumerate(keys):
             st = status[i] if i < len(status) else MISS
-            r.answers[k] = (st, slots[i] if i < len(slots) else 0, self._step, now, epoch)
+            answers[k] = (st, slots[i] if i < len(slots) else 0, step, now, epoch)
 
     def _store_answered(self, b: _StoreBatch, err) -> None:
         if err:
