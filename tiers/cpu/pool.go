@@ -68,17 +68,34 @@ func createRegion(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("pool dir: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	// A file left at path (a daemon killed before it could remove it) is
+	// replaced, never reused: a fresh inode, so that a worker still mapping
+	// the old pool can tell the new one apart (its PoolRef names device,
+	// inode and size), and no page of the old file is truncated under its
+	// mapping. A live daemon's pool is refused: it holds its file's lock.
+	if old, err := os.OpenFile(path, os.O_RDWR, 0); err == nil {
+		defer old.Close() // NB: after the rename: the lock is held until the new file is in place
+		if err := unix.Flock(int(old.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrPoolInUse, path, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("open pool %s: %w", path, err)
+	}
+	tmp := fmt.Sprintf("%s.new-%d", path, os.Getpid())
+	_ = os.Remove(tmp) // NB: left by a killed daemon that had this pid
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create pool %s: %w", tmp, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%w: %s: %w", ErrPoolInUse, path, err)
+		os.Remove(tmp)
+		return nil, fmt.Errorf("lock pool %s: %w", tmp, err)
 	}
-	if err := f.Truncate(0); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("truncate pool %s: %w", path, err)
+		os.Remove(tmp)
+		return nil, fmt.Errorf("place pool %s: %w", path, err)
 	}
 	return f, nil
 }

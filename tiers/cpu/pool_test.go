@@ -119,6 +119,34 @@ func TestOpenPoolStaleFile(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
+// A pool left by a killed daemon (same size, still mapped by a worker) is
+// replaced by a fresh inode, not truncated and reused: the worker's mapping
+// keeps its bytes, and the new pool is a different file it can tell apart
+// (issue 26, item 1).
+func TestOpenPoolAfterACrashIsAFreshInode(t *testing.T) {
+	path := shmPath(t)
+	require.NoError(t, os.WriteFile(path, bytes.Repeat([]byte{0xab}, 2*testBlock), 0o600))
+	worker, err := os.Open(path) // a worker's view of the dead daemon's pool
+	require.NoError(t, err)
+	defer worker.Close()
+	var before syscall.Stat_t
+	require.NoError(t, syscall.Fstat(int(worker.Fd()), &before))
+
+	p, err := OpenPool(path, 2, testBlock)
+	require.NoError(t, err)
+	defer p.Close()
+	var after syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &after))
+	assert.NotEqual(t, before.Ino, after.Ino, "the path names a new file")
+	old := make([]byte, testBlock)
+	_, err = worker.ReadAt(old, testBlock)
+	require.NoError(t, err, "the old file was not truncated under its reader")
+	assert.Equal(t, bytes.Repeat([]byte{0xab}, testBlock), old)
+	tmps, err := filepath.Glob(path + ".new-*")
+	require.NoError(t, err)
+	assert.Empty(t, tmps, "no temporary file left behind")
+}
+
 func TestOpenPoolMemfd(t *testing.T) {
 	p, err := OpenPool("", 8, testBlock)
 	require.NoError(t, err)

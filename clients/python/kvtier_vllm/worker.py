@@ -144,11 +144,13 @@ class KvtierWorker(OffloadingWorker):
             pool = self._mapping(pool_spec.pool)
         except OSError as e:
             if to_pool:
-                # kvtierd went away after planning this store: its slots are gone
-                # with it and the manager's complete_store will be refused; the
-                # copy has nowhere to go and nothing depends on it.
-                log.warning("kvtier: store job %d skipped: %s", job_id, e)
-                self._finished.append(TransferResult(job_id, True, 0, 0.0))
+                # kvtierd went away after planning this store (or its pool
+                # cannot be mapped): the copy has nowhere to go. Reported as
+                # failed, so the manager's complete_store says ok=false and
+                # the daemon frees the slots rather than commit whatever
+                # they held (issue 26, item 4).
+                log.warning("kvtier: store job %d failed: %s", job_id, e)
+                self._finished.append(TransferResult(job_id, False, 0, 0.0))
                 return True
             raise
         plan = list(copy_plan(engine_spec.block_ids, engine_spec.group_sizes,
