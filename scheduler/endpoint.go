@@ -73,6 +73,10 @@ type EndpointConfig struct {
 
 // Defaults for an endpoint.
 const (
+	// DefaultMaxInFlight: a connector sends a step's ~100 calls in one
+	// batch, most of them noreply or quiet; a daemon a few dozen steps
+	// behind must not refuse them (a refused quiet pin is a load without
+	// its pin). Each costs a goroutine while it is served.
 	DefaultMaxInFlight = 8192
 	DefaultMaxOpen     = 1 << 16
 	outQueue           = 4096
