@@ -338,6 +338,30 @@ def test_a_batch_goes_out_in_one_write_and_its_replies_come_back(daemon):
         assert c.take_replies() == []
 
 
+def test_a_batch_frame_serves_each_call_and_quiet_ones_answer_only_failures(daemon):
+    """send_calls sends calls as one batch frame: each is answered under
+    its own id as if it came alone; a quiet call that succeeds sends
+    nothing, one that fails sends its error naming the op (handed out by
+    take_replies though nobody awaits it)."""
+    with Client(daemon, heartbeat=False) as c:
+        assert c.hello.batch
+        g, cg = c.call("grant", n=2)
+        t, ct = c.call("touch", req={"id": "r"}, keys=[key(1)], quiet=True)  # a touch of nothing: succeeds
+        bad, cbad = c.call("prepare_load", req={"id": "r"}, keys=[key(2)], quiet=True)  # not held: refused
+        p, cp = c.call("ping")
+        c.send_calls([cg, ct, cbad, cp], keep=[g, t, p])  # NB: t awaited: a reply to it would be kept
+        got = {}
+        deadline = time.monotonic() + 10
+        while len(got) < 3:
+            got.update(c.take_replies())
+            assert time.monotonic() < deadline, got
+        assert set(got) == {g, bad, p}, "the quiet touch that succeeded was not answered"
+        assert len(got[g]["slots"]) == 2
+        assert got[bad]["err"]["op"] == "prepare_load"
+        assert c.stats()["session_calls_in_flight"] == 0, "every call has been served"
+        assert c.take_replies() == [], "nothing more came, for the quiet touch either"
+
+
 @pytest.mark.parametrize("transport", ["unix", "ipc"])
 def test_a_dead_daemon_is_a_kvtier_error_not_an_os_error(kvtierd_bin, tmp_path, transport):
     """Over unix:// the next write to a killed daemon is a broken pipe (or
