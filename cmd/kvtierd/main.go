@@ -38,6 +38,9 @@
 // unless given (or set under events: in the config file). The bound
 // addresses are logged as events_endpoint and events_replay.
 //
+// KVTIERD_CPUPROFILE=FILE (environment): a Go CPU profile of the whole run,
+// written to FILE at shutdown (`go tool pprof kvtierd FILE`).
+//
 // Exit status: 0 after a clean shutdown, 2 for bad flags, a bad config or a
 // failed Open, 1 for any other failure (HTTP listener, unclean shutdown). A
 // second signal during shutdown kills the process at once.
