@@ -85,3 +85,59 @@ func TestCreditedStoresInVLLMsOrder(t *testing.T) {
 	clock.Advance(10 * time.Second)
 	require.Equal(t, before+2, free(), "then its two unused slots are free")
 }
+
+// A session that ends with jobs in flight (its engine gone, or declared
+// lost) leaves their slots out of use for the quarantine: its worker may
+// still be copying a load out of a pinned slot or a store into a
+// write-pending one. The store's key is no longer pending (a lookup
+// misses), and only after the quarantine are the slots freed and the pin
+// dropped (issue 26, item 2).
+func TestAnEndedSessionsJobsAreQuarantined(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 8 * 4096,
+		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
+		EngineGrace: 10 * time.Second, Clock: clock})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+	stats := func() messages.Stats {
+		s, err := node.Manager().Stats(ctx)
+		require.NoError(t, err)
+		return s
+	}
+
+	held := sessionKeys(1)
+	w := &messages.ReqContext{RequestID: "w"}
+	plan, err := node.Manager().PrepareStore(ctx, w, held)
+	require.NoError(t, err)
+	require.NoError(t, node.Manager().JobDone(ctx, plan.Job, 0, true), "a block the node holds")
+
+	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "vllm"})
+	require.NoError(t, err)
+	r := &messages.ReqContext{RequestID: "r"}
+	_, err = c.PrepareLoad(ctx, r, held)
+	require.NoError(t, err)
+	writing := sessionKeys(2, 3)
+	store, err := c.PrepareStore(ctx, r, writing)
+	require.NoError(t, err)
+	require.Len(t, store.Slots, 2)
+	before := stats()
+	require.Equal(t, 1, before.Pinned)
+	require.Equal(t, 2, before.WritePending)
+
+	require.NoError(t, c.Close(ctx)) // the engine is gone; its worker may not be
+	during := stats()
+	require.Equal(t, before.Free, during.Free, "no slot of the ended session's jobs is free during the quarantine")
+	require.Equal(t, 1, during.Pinned, "the load's slot stays pinned: its copy may be in flight")
+	status, err := node.Manager().Lookup(ctx, &messages.ReqContext{RequestID: "x"}, writing, false)
+	require.NoError(t, err)
+	require.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss}, status, "the orphaned writes will never commit")
+
+	clock.Advance(10 * time.Second)
+	after := stats()
+	require.Equal(t, before.Free+2, after.Free, "then the store's two slots are free")
+	require.Zero(t, after.Pinned)
+	require.Zero(t, after.WritePending)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
+	"github.com/kvtier/kvtier/supervision"
 )
 
 // rawUnix is an engine speaking the unix:// transport by hand.
@@ -45,8 +46,10 @@ func testUnixConnectionIsTheSession(t *testing.T, poll time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dir := t.TempDir()
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
 	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"), EnginePoll: poll})
+		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"), EnginePoll: poll,
+		EngineGrace: 10 * time.Second, Clock: clock})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
 	require.Equal(t, "unix://"+filepath.Join(dir, "engine.sock"), node.EngineAddr())
@@ -68,9 +71,16 @@ func testUnixConnectionIsTheSession(t *testing.T, poll time.Duration) {
 	require.NoError(t, e.c.Close()) // gone without a Bye
 
 	require.Eventually(t, func() bool { // NB: a probe with a deadline, not a sleep
-		s, err := node.Manager().Stats(ctx)
-		return err == nil && s.WritePending == 0
-	}, 10*time.Second, time.Millisecond, "the session's write-pending slots were released when its connection ended")
+		st, err := node.Manager().Lookup(ctx, &messages.ReqContext{RequestID: "probe"}, sessionKeys(1), false)
+		return err == nil && st[0] == messages.Miss
+	}, 10*time.Second, time.Millisecond, "the session's writes were ended when its connection ended")
+	s, err = node.Manager().Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, s.WritePending, "their slots stay out of use for the quarantine (a worker may still copy)")
+	clock.Advance(10 * time.Second)
+	s, err = node.Manager().Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, s.WritePending, "then they are freed")
 
 	bad := dial()
 	var n [4]byte

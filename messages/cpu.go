@@ -176,6 +176,15 @@ type ReleaseOrigin struct {
 	Quarantine time.Duration
 }
 
+// OrphanJobs ends jobs whose engine is gone: their write-pending keys are
+// unindexed at once (their writes will never commit), and their pinned and
+// write-pending slots stay out of use for Quarantine, then are freed — a
+// worker may still be copying through them. 0 frees them at once. No reply.
+type OrphanJobs struct {
+	Jobs       []JobRef
+	Quarantine time.Duration
+}
+
 // ClearTier frees every ready, unpinned block.
 type ClearTier struct {
 	Corr uint64 // correlation id

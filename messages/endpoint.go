@@ -15,11 +15,14 @@ type ReleaseSession struct {
 	Prefix string   // request ids of the session start with this
 	Open   []string // request ids that may still hold leases (no RequestFinished yet)
 	// Session is the session's number: its slot credit (OriginCredit) is
-	// freed after CreditQuarantine, once no worker can still be copying
-	// into it.
-	Session          uint64
-	CreditQuarantine time.Duration
-	Reply            Reply[SessionReleased]
+	// freed after Quarantine.
+	Session uint64
+	// Quarantine keeps the session's credit and the slots of its jobs in
+	// flight (pinned for a load, write-pending for a store) out of use this
+	// long before they are freed: a worker of the engine may still be
+	// copying out of or into them. 0 frees them at once.
+	Quarantine time.Duration
+	Reply      Reply[SessionReleased]
 }
 
 // Grant asks for slot credit for an engine session's stores (standalone

@@ -781,7 +781,7 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
 	}
 	if m.Session != 0 {
-		ctx.Send(b.cfg.CPU, &messages.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.CreditQuarantine})
+		ctx.Send(b.cfg.CPU, &messages.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
 	}
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {
@@ -791,8 +791,25 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 			}
 		}
 	}
+	// NB: not reaped (which frees at once): the engine's workers may still
+	// be copying; the CPU tier keeps the slots out of use for the
+	// quarantine. Their late reports find no job.
+	refs := make([]messages.JobRef, 0, len(doomed))
 	for _, j := range doomed {
-		b.reap(ctx, j, "engine connection lost")
+		if j.kind == messages.JobLoad {
+			b.cfg.Counters.ReapedLoad++
+		} else {
+			b.cfg.Counters.ReapedStore++
+		}
+		b.reg.remove(j)
+		j.open = nil
+		refs = append(refs, j.ref())
 	}
+	if len(refs) > 0 {
+		b.cfg.Log.Warn().Int("jobs", len(refs)).Str("session", m.Prefix).Dur("quarantine", m.Quarantine).
+			Msg("bridge: jobs of an ended engine session orphaned; their slots are freed after the quarantine")
+		ctx.Send(b.cfg.CPU, &messages.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
+	}
+	b.drained(ctx)
 	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
 }

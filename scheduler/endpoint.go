@@ -65,10 +65,11 @@ type EndpointConfig struct {
 	MaxInFlight int               // calls of one session in flight at once
 	MaxOpen     int               // unfinished request ids one session may hold
 	Hello       wire.Hello        // geometry and limits told to every session
-	// CreditQuarantine keeps an ended session's slot credit out of use this
-	// long (a worker may still be copying into it); default Grace.
-	CreditQuarantine time.Duration
-	Log              zerolog.Logger
+	// Quarantine keeps an ended session's slot credit and the slots of its
+	// jobs in flight out of use this long (a worker may still be copying
+	// through them); default Grace.
+	Quarantine time.Duration
+	Log        zerolog.Logger
 }
 
 // Defaults for an endpoint.
@@ -101,8 +102,8 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	cfg.Hello.PackedKeys = true
 	cfg.Hello.Credit = true
 	cfg.Hello.Batch = true
-	if cfg.CreditQuarantine <= 0 {
-		cfg.CreditQuarantine = cfg.Grace
+	if cfg.Quarantine <= 0 {
+		cfg.Quarantine = cfg.Grace
 	}
 	e := &Endpoint{cfg: cfg, table: newSessionTable(), out: make(chan outbound, outQueue),
 		done: make(chan struct{}), metrics: newEndpointMetrics()}

@@ -299,7 +299,7 @@ func (a *endpointActor) maybeRelease(ctx actor.Context, s *session) {
 	s.open = nil // released once
 	reply := messages.NewReply[messages.SessionReleased]()
 	ctx.Send(a.ep.cfg.Bridge, &messages.ReleaseSession{Prefix: s.prefix, Open: open, Reply: reply,
-		Session: s.id, CreditQuarantine: a.ep.cfg.CreditQuarantine})
+		Session: s.id, Quarantine: a.ep.cfg.Quarantine})
 	self, root, id, timeout := ctx.Self(), ctx.ActorSystem().Root, s.id, a.ep.cfg.CallTimeout
 	a.ep.track.goTracked(func() {
 		timer := time.NewTimer(timeout)

@@ -136,6 +136,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 			}
 		}
 		a.aborted(ctx, keys)
+	case *messages.OrphanJobs:
+		a.orphanJobs(ctx, m)
 	case *messages.GrantCredit:
 		a.grant(ctx, m)
 	case *messages.BindCredit:
@@ -207,12 +209,36 @@ func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
 	}
 	a.log.Warn().Int("jobs", len(jobs)).Dur("quarantine", m.Quarantine).
 		Msg("cpu: jobs orphaned by a restart; their slots are released after the quarantine")
+	a.releaseAfter(ctx, jobs, m.Quarantine)
+}
+
+// orphanJobs ends the jobs of an engine that is gone: their writes are
+// unindexed now, their slots freed after the quarantine.
+func (a *Actor) orphanJobs(ctx actor.Context, m *messages.OrphanJobs) {
+	if m.Quarantine <= 0 {
+		var keys []messages.Key
+		for _, j := range m.Jobs {
+			keys = append(keys, a.state.ReleaseJob(j)...)
+		}
+		a.aborted(ctx, keys)
+		return
+	}
+	var aborted []messages.Key
+	for _, j := range m.Jobs {
+		aborted = append(aborted, a.state.OrphanJob(j)...)
+	}
+	a.aborted(ctx, aborted)
+	a.releaseAfter(ctx, m.Jobs, m.Quarantine)
+}
+
+// releaseAfter frees jobs' slots (releaseOrphans) once quarantine has passed.
+func (a *Actor) releaseAfter(ctx actor.Context, jobs []messages.JobRef, quarantine time.Duration) {
 	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &releaseOrphans{jobs: jobs}
 	clock := a.clock
 	if clock == nil {
 		clock = supervision.RealClock{}
 	}
-	clock.AfterFunc(m.Quarantine, func() { root.Send(self, msg) })
+	clock.AfterFunc(quarantine, func() { root.Send(self, msg) })
 }
 
 func (a *Actor) aborted(ctx actor.Context, keys []messages.Key) {

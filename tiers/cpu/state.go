@@ -436,7 +436,7 @@ func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef, aborted
 			jobs = append(jobs, j)
 		}
 	}
-	for j, slots := range s.reserved {
+	for j := range s.reserved {
 		if j.Origin != o {
 			continue
 		}
@@ -444,15 +444,28 @@ func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef, aborted
 			seen[j] = true
 			jobs = append(jobs, j)
 		}
-		for idx := range slots {
-			sl := &s.slots[idx]
-			aborted = append(aborted, sl.key)
-			delete(s.index, sl.key)
-			sl.key = quarantineKey(idx)
-			s.index[sl.key] = idx
-		}
+		aborted = append(aborted, s.OrphanJob(j)...)
 	}
 	return jobs, aborted
+}
+
+// OrphanJob unindexes job's write-pending slots (re-indexed under
+// quarantine keys no lookup can name: their writes will never commit, so
+// lookups answer MISS) and leaves its pins and slots in place for
+// ReleaseJob, once nothing can still copy through them. aborted are the
+// keys whose writes it ended.
+func (s *State) OrphanJob(job messages.JobRef) (aborted []messages.Key) {
+	for idx := range s.reserved[job] {
+		sl := &s.slots[idx]
+		if IsQuarantineKey(sl.key) {
+			continue
+		}
+		aborted = append(aborted, sl.key)
+		delete(s.index, sl.key)
+		sl.key = quarantineKey(idx)
+		s.index[sl.key] = idx
+	}
+	return aborted
 }
 
 // quarantineNS is the namespace of the keys quarantined slots are indexed
