@@ -99,7 +99,8 @@ func dialTest(t *testing.T, ctx context.Context, engine string) *client.Client {
 
 // An engine killed mid-run (SIGKILL: no Bye, no RequestFinished, jobs in
 // flight) leaves nothing pinned, leased or write-pending once its grace
-// period has passed, and the loss is counted.
+// period has passed and then the quarantine of its jobs' slots (as long
+// again: its workers may still be copying), and the loss is counted.
 func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -148,11 +149,18 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 	require.Equal(t, "lost", rec["reason"])
 	s, err := observer.Stats(ctx)
 	require.NoError(t, err)
-	require.Zero(t, s.WritePending, "write-pending slots")
-	require.Zero(t, s.Pinned, "pinned slots")
 	require.Zero(t, s.Leased, "leased slots")
 	require.Zero(t, s.JobsInFlight, "jobs in flight")
 	require.Zero(t, s.Requests, "requests with state")
+	for s.WritePending+s.Pinned > 0 { // NB: the quarantine (2 s) runs on the daemon's clock: probed, bounded by ctx
+		select {
+		case <-ctx.Done():
+			t.Fatalf("slots still held after the quarantine: %d write-pending, %d pinned", s.WritePending, s.Pinned)
+		case <-time.After(20 * time.Millisecond):
+		}
+		s, err = observer.Stats(ctx)
+		require.NoError(t, err)
+	}
 
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	code, body, err := get(ctx, client, "http://"+metricsAddr+"/metrics")

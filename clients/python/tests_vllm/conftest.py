@@ -47,13 +47,13 @@ class Daemon:
 
     def __init__(self, binary: str, workdir: str, block_bytes: int, pool_bytes: int,
                  config: Optional[str] = None, extra_args: Sequence[str] = (),
-                 transport: str = "ipc"):
+                 transport: str = "ipc", pool: Optional[str] = None):
         self.binary, self.workdir = binary, workdir
         self.block_bytes, self.pool_bytes, self.config = block_bytes, pool_bytes, config
         self.extra_args = list(extra_args)
         self.sock = os.path.join(workdir, "engine.sock")
         self.address = f"{transport}://" + self.sock  # ipc (ZeroMQ) or unix (stream)
-        self.pool = f"/dev/shm/kvtier-vllmtest-{os.getpid()}-{time.monotonic_ns()}.pool"
+        self.pool = pool or f"/dev/shm/kvtier-vllmtest-{os.getpid()}-{time.monotonic_ns()}.pool"
         self.metrics_port = 0
         self.proc: Optional[subprocess.Popen] = None
 
@@ -114,11 +114,11 @@ class Daemon:
             assert self.proc.wait(timeout=30) == 0
 
     def kill(self) -> None:
+        """SIGKILL: the pool file and the socket stay behind, as after a
+        crash (a daemon restarted on the same paths replaces both; the
+        fixture removes what is left at the end)."""
         self.proc.kill()
         self.proc.wait(timeout=30)
-        for p in (self.pool, self.sock):  # what a SIGKILLed daemon leaves behind
-            if os.path.exists(p):
-                os.unlink(p)
 
 
 @pytest.fixture
@@ -127,14 +127,17 @@ def daemon_factory(kvtierd_bin, tmp_path):
 
     def make(block_bytes: int = 64 << 10, pool_bytes: int = 64 << 20,
              config: Optional[str] = None, extra_args: Sequence[str] = (),
-             transport: str = "ipc") -> Daemon:
-        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args, transport)
+             transport: str = "ipc", pool: Optional[str] = None) -> Daemon:
+        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args, transport, pool)
         made.append(d)
         return d.start()
 
     yield make
     for d in made:
         d.stop()
+    for d in made:  # a killed daemon's pool file (64 MiB of /dev/shm)
+        if os.path.exists(d.pool):
+            os.unlink(d.pool)
 
 
 @pytest.fixture(params=["ipc", "unix"])

@@ -151,7 +151,8 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
     d = daemon_factory(transport=transport)
     e = engine_factory(models["a"], d.address)
     same(gen(e, "x1"), reference["x1"])
-    d.kill()
+    old_pool = os.stat(d.pool)
+    d.kill()  # its pool file stays, as after a crash
     t = time.monotonic()
     out = gen(e, "x2")  # recomputed: kvtier is gone
     same(out, reference["x2"])
@@ -159,8 +160,13 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
     assert time.monotonic() - t < 60
     same(gen(e, "y1"), reference["y1"])
 
-    d2 = daemon_factory(transport=transport)  # same socket path, new pool
-    assert d2.address == d.address
+    # Same socket path, same pool path (issue 26, item 1): the new pool is a
+    # new file, never the old one truncated and reused, so the workers —
+    # which check a spec's pool by device, inode and size — cannot write a
+    # store planned against the dead daemon into the new daemon's slots.
+    d2 = daemon_factory(transport=transport, pool=d.pool)
+    assert d2.address == d.address and d2.pool == d.pool
+    assert os.stat(d2.pool).st_ino != old_pool.st_ino, "a fresh pool file, not the old one reused"
     deadline = time.monotonic() + 120
     i = 0
     while d2.metrics().get("kvtier_stores_total", 0) == 0:  # reconnects within ~1 s
