@@ -179,6 +179,38 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
     assert out["cached"] >= PREFIX
 
 
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_a_stopped_kvtierd_costs_recomputes_and_leaks_nothing(
+        daemon_factory, engine_factory, models, reference, transport):
+    """kvtierd SIGSTOPped past the connector's timeout (kvtier_timeout_s,
+    2 s), then continued (issue 26, item 2): vLLM serves meanwhile
+    (recomputes), token-identical; the daemon, once continued, releases the
+    session the connector gave up on — its jobs' slots quarantined, not
+    freed at once, while the worker may still copy — the connector's new
+    session uses kvtier again, and nothing stays held."""
+    d = daemon_factory(transport=transport)
+    e = engine_factory(models["a"], d.address)
+    same(gen(e, "x1"), reference["x1"])
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        same(gen(e, "x2"), reference["x2"])  # the link times out: recomputed
+        same(gen(e, "y1"), reference["y1"])
+        assert time.monotonic() - t < 60
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    stores = d.metrics().get("kvtier_stores_total", 0)
+    deadline = time.monotonic() + 120
+    i = 0
+    while d.metrics().get("kvtier_stores_total", 0) <= stores:  # the new session stores
+        assert time.monotonic() < deadline, "vLLM never used the continued kvtierd"
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    same(gen(e, "x3"), reference["x3"])
+    same(gen(e, "y2"), reference["y2"])
+    d.wait_quiet(what="after the stop (the lost session's quarantine is --engine-grace, 3 s)")
+
+
 def test_different_models_never_share_a_block(daemon, engine_factory, models, reference):
     a = engine_factory(models["a"], daemon.address)
     same(gen(a, "x1"), reference["x1"])
