@@ -73,7 +73,7 @@ from vllm.v1.kv_offload.base import (
 from kvtier_client import HIT, HIT_PENDING, MISS, RETRY, Client, KvtierError, Request
 from kvtier_client.residency import Residency, ns_fingerprint
 
-from .layout import PoolRef
+from .layout import KvtierConfigError, PoolRef
 from .transfer import KvtierLoadStoreSpec
 
 log = logging.getLogger("kvtier_vllm")
@@ -277,16 +277,26 @@ class KvtierManager(OffloadingManager):
         self._spec.geometry.check(hello.block_bytes)
         if hello.namespace:
             # NB: this engine's namespace digests vLLM's root hash, which vLLM
-            # seeds after it builds the connector: it cannot be checked yet.
-            log.warning("kvtier: kvtierd serves only namespace %r; this engine's keys use "
-                        "their own layout namespace and will be refused", hello.namespace)
+            # seeds after it builds the connector: checked at the first key.
+            log.info("kvtier: kvtierd serves only namespace %r (checked at the first key)",
+                     hello.namespace)
 
     # -- keys -------------------------------------------------------------
 
     def _namespace(self) -> str:
         if self._ns is None:
-            self._ns = self._spec.namespace()
-            self._nsfp = ns_fingerprint(self._ns)
+            ns = self._spec.namespace()
+            c = self._link.client
+            served = c.hello.namespace if c is not None else ""
+            if served and served != ns:
+                # NB: the first key is the earliest this can be known: vLLM
+                # seeds the root hash the namespace digests after it builds
+                # the connector. Every key would be refused (BAD_KEY).
+                raise KvtierConfigError(
+                    f"kvtierd at {self._link.address} serves only namespace {served!r}, and this "
+                    f"engine's keys are in namespace {ns!r} (its model, KV layout and vLLM's root "
+                    f"hash): give kvtierd this namespace, or none")
+            self._ns, self._nsfp = ns, ns_fingerprint(ns)
             log.info("kvtier: layout namespace %s", self._ns)
         return self._ns
 

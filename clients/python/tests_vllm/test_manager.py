@@ -457,6 +457,30 @@ def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory
         kv.shutdown()
 
 
+def test_a_daemon_serving_another_namespace_is_a_clear_error_at_the_first_key(daemon_factory, tmp_path):
+    """kvtierd configured for one namespace, an engine whose keys are in
+    another (issue 26, item 5): a KvtierConfigError naming both at the
+    engine's first key — the earliest the engine's namespace exists (vLLM
+    seeds its root hash after building the connector) — not a BAD_KEY
+    deep in a call, nor an engine that silently never uses kvtier."""
+    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from kvtier_vllm.layout import KvtierConfigError
+    from vllm.v1.kv_offload.base import ReqContext
+
+    cfg = tmp_path / "ns.yaml"
+    cfg.write_text("namespace: 00000000deadbeef\n")
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=64 * PAGE, config=str(cfg))
+    kv = kvtier_manager(d.address, page_bytes=PAGE)
+    try:
+        key = chained_keys([1])[0]
+        ctx = ReqContext(req_id="r")
+        ctx.set_offload_key_position(key, 512)
+        with pytest.raises(KvtierConfigError, match="serves only namespace '00000000deadbeef'"):
+            kv.lookup(key, ctx)
+    finally:
+        kv.shutdown()
+
+
 def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
     """vLLM seeds its root hash at random per process for non-cryptographic
     hash algorithms unless PYTHONHASHSEED is set: such keys must never be
