@@ -24,13 +24,7 @@ import (
 func TestCreditedStoresInVLLMsOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dir := t.TempDir()
-	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
-		EngineGrace: 10 * time.Second, Clock: clock})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
+	node, clock := openEngineNode(t, ctx, "ipc", 16)
 
 	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "vllm"})
 	require.NoError(t, err)
@@ -95,13 +89,7 @@ func TestCreditedStoresInVLLMsOrder(t *testing.T) {
 func TestAnEndedSessionsJobsAreQuarantined(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dir := t.TempDir()
-	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 8 * 4096,
-		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
-		EngineGrace: 10 * time.Second, Clock: clock})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
+	node, clock := openEngineNode(t, ctx, "unix", 8)
 	stats := func() messages.Stats {
 		s, err := node.Manager().Stats(ctx)
 		require.NoError(t, err)
@@ -140,4 +128,19 @@ func TestAnEndedSessionsJobsAreQuarantined(t *testing.T) {
 	require.Equal(t, before.Free+2, after.Free, "then the store's two slots are free")
 	require.Zero(t, after.Pinned)
 	require.Zero(t, after.WritePending)
+}
+
+// openEngineNode opens a node of slots 4 KiB slots serving engines on
+// transport ("ipc" or "unix"), its engine grace (10 s) and every timer on
+// the returned manual clock; closed at the test's end.
+func openEngineNode(t *testing.T, ctx context.Context, transport string, slots int) (*kvtier.Node, *supervision.ManualClock) {
+	t.Helper()
+	dir := t.TempDir()
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: int64(slots) * 4096,
+		BlockBytes: 4096, EngineListen: transport + "://" + filepath.Join(dir, "engine.sock"),
+		EngineGrace: 10 * time.Second, Clock: clock})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, node.Close(context.Background())) })
+	return node, clock
 }

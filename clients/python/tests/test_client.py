@@ -316,6 +316,16 @@ def test_key_packing_falls_back_where_it_cannot_pack():
         assert "keys" in _key_field(keys), keys
 
 
+def take_replies(c: Client, n: int, timeout: float = 10.0) -> dict:
+    """take_replies() until n replies came (a deadline, not a sleep)."""
+    got: dict = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        got.update(c.take_replies())
+        assert time.monotonic() < deadline, got
+    return got
+
+
 def test_a_batch_goes_out_in_one_write_and_its_replies_come_back(daemon):
     """send_frames sends calls queued in a step at once; take_replies hands
     back the kept ones' replies (errors included, unchecked) and never
@@ -327,11 +337,7 @@ def test_a_batch_goes_out_in_one_write_and_its_replies_come_back(daemon):
         n, fn = c.frame("ping", noreply=True)
         g, fg = c.frame("grant", n=2)
         c.send_frames([fa, fb, fn, fg], keep=[a, b, g])
-        got = {}
-        deadline = time.monotonic() + 10
-        while len(got) < 3:
-            got.update(c.take_replies())
-            assert time.monotonic() < deadline, got
+        got = take_replies(c, 3)
         assert set(got) == {a, b, g}, "the noreply ping was not answered"
         assert got[b]["err"]["code"] == "BAD_KEY"
         assert len(got[g]["slots"]) == 2
@@ -350,11 +356,7 @@ def test_a_batch_frame_serves_each_call_and_quiet_ones_answer_only_failures(daem
         bad, cbad = c.call("prepare_load", req={"id": "r"}, keys=[key(2)], quiet=True)  # not held: refused
         p, cp = c.call("ping")
         c.send_calls([cg, ct, cbad, cp], keep=[g, t, p])  # NB: t awaited: a reply to it would be kept
-        got = {}
-        deadline = time.monotonic() + 10
-        while len(got) < 3:
-            got.update(c.take_replies())
-            assert time.monotonic() < deadline, got
+        got = take_replies(c, 3)
         assert set(got) == {g, bad, p}, "the quiet touch that succeeded was not answered"
         assert len(got[g]["slots"]) == 2
         assert got[bad]["err"]["op"] == "prepare_load"
