@@ -385,12 +385,22 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 	req := &messages.ReqContext{RequestID: "r"}
 	ks := keys(1, 2)
 	require.Equal(t, messages.Retry, cons.lookup(req, ks, true)[0])
-	// Nothing answers: once the deadlines pass (the manual clock; the
-	// tiering actor's was armed before RETRY was answered), the lookup
-	// resolves as absent.
-	cons.clock.Advance(2 * time.Second)
-	cons.idle()
-	require.Equal(t, statuses(2, messages.Miss), cons.lookup(req, ks, true), "MISS, not RETRY forever")
+	// Nothing answers: once the deadlines pass (the manual clock), the
+	// lookup resolves as absent. NB: the deadlines are armed in the actors'
+	// own mailboxes — the tiering actor's before RETRY was answered, the
+	// peer session's round deadline possibly after the clock moved (a
+	// lookup then joins the round still open and answers RETRY once more):
+	// time moves on until the answer is not RETRY, bounded by the ctx.
+	var st []messages.LookupStatus
+	for {
+		cons.clock.Advance(2 * time.Second)
+		cons.idle()
+		if st = cons.lookup(req, ks, true); st[0] != messages.Retry {
+			break
+		}
+		require.NoError(t, ctx.Err(), "RETRY forever")
+	}
+	require.Equal(t, statuses(2, messages.Miss), st, "MISS, not RETRY forever")
 	cons.quiet()
 
 	// The session's own round deadline resets it; it redials with a new
@@ -409,7 +419,7 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 	require.NotEqual(t, first.Epoch, again.Epoch, "a fresh epoch")
 	ps, err := cons.node.PeerStats(cons.ctx)
 	require.NoError(t, err)
-	require.Equal(t, uint64(1), ps[0].Failures)
+	require.GreaterOrEqual(t, ps[0].Failures, uint64(1), "the hung round counted as failed")
 }
 
 // A session that keeps sending malformed frames loses its inbound session
