@@ -629,15 +629,19 @@ func (b *Bridge) deadline(ctx actor.Context, m *jobDeadline) {
 }
 
 func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
+	b.countReaped(j)
+	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
+		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
+		Str("why", why).Msg("bridge: stalled job reaped")
+	b.finish(ctx, j, false, nil)
+}
+
+func (b *Bridge) countReaped(j *job) {
 	if j.kind == messages.JobLoad {
 		b.cfg.Counters.ReapedLoad++
 	} else {
 		b.cfg.Counters.ReapedStore++
 	}
-	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
-		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
-		Str("why", why).Msg("bridge: stalled job reaped")
-	b.finish(ctx, j, false, nil)
 }
 
 func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
@@ -796,11 +800,7 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 	// quarantine. Their late reports find no job.
 	refs := make([]messages.JobRef, 0, len(doomed))
 	for _, j := range doomed {
-		if j.kind == messages.JobLoad {
-			b.cfg.Counters.ReapedLoad++
-		} else {
-			b.cfg.Counters.ReapedStore++
-		}
+		b.countReaped(j)
 		b.reg.remove(j)
 		j.open = nil
 		refs = append(refs, j.ref())

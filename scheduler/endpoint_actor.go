@@ -151,12 +151,10 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 		return
 	}
 	if err := a.admit(s, q); err != nil {
-		if !q.RepliesOnError() {
-			a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
-			return
-		}
 		a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
-		a.ep.reply(m.peer, wire.EncodeCallError(q.ID, q.Op, err))
+		if q.RepliesOnError() {
+			a.ep.reply(m.peer, wire.EncodeCallError(q.ID, q.Op, err))
+		}
 		return
 	}
 	a.forward(ctx, m.peer, s, q)

@@ -127,15 +127,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *messages.ReleaseOrigin:
 		a.releaseOrigin(ctx, m)
 	case *releaseOrphans:
-		var keys []messages.Key
-		for _, j := range m.jobs {
-			for _, k := range a.state.ReleaseJob(j) {
-				if !IsQuarantineKey(k) {
-					keys = append(keys, k) // NB: none: OrphanOrigin re-keyed them
-				}
-			}
-		}
-		a.aborted(ctx, keys)
+		a.releaseJobs(ctx, m.jobs)
 	case *messages.OrphanJobs:
 		a.orphanJobs(ctx, m)
 	case *messages.GrantCredit:
@@ -216,11 +208,7 @@ func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
 // unindexed now, their slots freed after the quarantine.
 func (a *Actor) orphanJobs(ctx actor.Context, m *messages.OrphanJobs) {
 	if m.Quarantine <= 0 {
-		var keys []messages.Key
-		for _, j := range m.Jobs {
-			keys = append(keys, a.state.ReleaseJob(j)...)
-		}
-		a.aborted(ctx, keys)
+		a.releaseJobs(ctx, m.Jobs)
 		return
 	}
 	var aborted []messages.Key
@@ -229,6 +217,20 @@ func (a *Actor) orphanJobs(ctx actor.Context, m *messages.OrphanJobs) {
 	}
 	a.aborted(ctx, aborted)
 	a.releaseAfter(ctx, m.Jobs, m.Quarantine)
+}
+
+// releaseJobs frees jobs' pins and write-pending slots; a write that was
+// not orphaned (re-keyed) before is announced aborted.
+func (a *Actor) releaseJobs(ctx actor.Context, jobs []messages.JobRef) {
+	var keys []messages.Key
+	for _, j := range jobs {
+		for _, k := range a.state.ReleaseJob(j) {
+			if !IsQuarantineKey(k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	a.aborted(ctx, keys)
 }
 
 // releaseAfter frees jobs' slots (releaseOrphans) once quarantine has passed.
