@@ -355,12 +355,14 @@ class KvtierManager(OffloadingManager):
 
     def _queue(self, op: str, settle: Optional[tuple] = None, quiet: bool = False, **fields) -> int:
         """Queues a call for the next flush; its reply, if settle is given,
-        is handed to _settle_reply. Otherwise the daemon sends none — or,
-        quiet, only if the call fails (where the daemon reads batches; its
-        error is counted by _refused)."""
+        is handed to _settle_reply, otherwise the daemon sends none. Quiet,
+        where the daemon reads batches: a reply only if the call fails, its
+        error settled by _refused (settle is then not kept)."""
         c = self._link.client
-        if settle is None:
-            fields["quiet" if quiet and c.hello.batch else "noreply"] = True
+        if quiet and c.hello.batch:
+            settle, fields["quiet"] = None, True
+        elif settle is None:
+            fields["noreply"] = True
         if c.hello.batch:
             rid, call = c.call(op, **fields)
         else:
@@ -617,8 +619,7 @@ class KvtierManager(OffloadingManager):
         if slots is not None and self._link_up():
             # The lease becomes a pin: sent ahead of the completion, on the
             # same ordered connection; the workers copy meanwhile.
-            self._queue("prepare_load", None if self._quiet() else ("load",), quiet=True,
-                        req=r.wire, **self._keys(keys))
+            self._queue("prepare_load", ("load",), quiet=True, req=r.wire, **self._keys(keys))
             return KvtierLoadStoreSpec(slots, self._link.pool)
         self.load_fallbacks += 1
         try:
@@ -778,8 +779,8 @@ class KvtierManager(OffloadingManager):
             if commit and self._link_up():
                 # NB: its reply says the blocks are readable (or why not):
                 # read later, never waited for, it counts refused commits.
-                self._queue("complete_store", None if self._quiet() else ("commit",), quiet=True,
-                            req=b.req, ok=ok, **self._keys(commit))
+                self._queue("complete_store", ("commit",), quiet=True, req=b.req, ok=ok,
+                            **self._keys(commit))
             if not b.failed:
                 self._credit.extend(b.slots[pos[k]] for k in ks if not b.bound[pos[k]])
         b.deferred.clear()
