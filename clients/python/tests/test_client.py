@@ -164,6 +164,33 @@ def test_abandoned_session_is_released_after_grace(daemon):
     lost._sock.close()
 
 
+KILLED_CLIENT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from kvtier_client import Client
+c = Client(sys.argv[1], heartbeat=False)
+assert len(c._call("grant", n=4)["slots"]) == 4
+print("credited", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_clients_session_ends_with_its_connection(daemon):
+    """A client SIGKILLed while its session holds credit and no request (so
+    no liveness timer runs for it): kvtierd learns of the connection's end
+    on every transport (over ipc, by the routing id the client's handshake
+    carries) and frees the credit after its quarantine. Were the end not
+    learned, the credit would be held until kvtierd stops."""
+    child = subprocess.run([sys.executable, "-c", KILLED_CLIENT, daemon, os.path.dirname(HERE)],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL and "credited" in child.stdout, child.stderr
+    with Client(daemon) as observer:
+        deadline = time.monotonic() + 30
+        while observer.stats()["credit"] != 0:  # bounded readiness wait
+            assert time.monotonic() < deadline, "a killed client's credit is still held"
+            time.sleep(0.05)
+
+
 def test_packed_and_listed_keys_agree(daemon):
     """The daemon says it reads "pkeys"; keys sent packed (one namespace,
     one hash length, groups per key or shared) and as a list per key (the
