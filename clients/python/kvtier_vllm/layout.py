@@ -50,6 +50,44 @@ def none_hash_digest() -> Tuple[str, bool]:
     return digest, reproducible
 
 
+# vLLM's prefix_caching_hash_algo values (vllm.utils.hashing.get_hash_fn_by_name).
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+def possible_none_hash_digests() -> Optional[List[str]]:
+    """The digests none_hash_digest() can return once vLLM seeded its root
+    hash, known before it does so (vLLM seeds it after building the
+    connector), by vLLM's own seed rule (resolve_none_hash_seed): one, for
+    the engine's prefix_caching_hash_algo, where the vLLM config being built
+    is in context; otherwise one per algorithm whose seed is not drawn at
+    random (the cryptographic ones, and every one under PYTHONHASHSEED). A
+    root seeded at random matches none of them, and no namespace fixed in
+    advance either. None where vLLM lacks the seed rule."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core import kv_cache_utils as kcu
+    except ImportError:
+        return None
+    resolve = getattr(kcu, "resolve_none_hash_seed", None)
+    if resolve is None:
+        return None
+    cfg = get_current_vllm_config_or_none()
+    algo = getattr(getattr(cfg, "cache_config", None), "prefix_caching_hash_algo", None)
+    random_seeded = getattr(kcu, "_NON_CRYPTO_HASH_FUNCTIONS", frozenset())
+    seeded = os.environ.get("PYTHONHASHSEED") is not None
+    out = []
+    for name in ([algo] if algo else HASH_ALGOS):
+        try:
+            hash_fn = get_hash_fn_by_name(name)
+        except (ValueError, ImportError):
+            continue
+        if hash_fn in random_seeded and not seeded:
+            continue
+        out.append(hashlib.sha256(bytes(hash_fn(resolve(hash_fn)))).hexdigest()[:16])
+    return out
+
+
 # -- slot geometry -------------------------------------------------------------
 
 

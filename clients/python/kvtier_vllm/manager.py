@@ -275,11 +275,18 @@ class KvtierManager(OffloadingManager):
 
     def _check_hello(self, hello) -> None:
         self._spec.geometry.check(hello.block_bytes)
-        if hello.namespace:
-            # NB: this engine's namespace digests vLLM's root hash, which vLLM
-            # seeds after it builds the connector: checked at the first key.
-            log.info("kvtier: kvtierd serves only namespace %r (checked at the first key)",
-                     hello.namespace)
+        if not hello.namespace:
+            return
+        # NB: this engine's namespace digests vLLM's root hash, which vLLM
+        # seeds after it builds the connector: the namespaces it can have are
+        # known now by vLLM's own seed rule; the one it has, at the first key
+        # (_namespace).
+        possible = self._spec.possible_namespaces()
+        if possible is not None and hello.namespace not in possible:
+            raise self._namespace_error(hello.namespace, " or ".join(map(repr, possible)) or
+                                        "one of its own (vLLM seeds its root hash at random)")
+        log.info("kvtier: kvtierd serves only namespace %r (checked at the first key)",
+                 hello.namespace)
 
     # -- keys -------------------------------------------------------------
 
@@ -289,16 +296,24 @@ class KvtierManager(OffloadingManager):
             c = self._link.client
             served = c.hello.namespace if c is not None else ""
             if served and served != ns:
-                # NB: the first key is the earliest this can be known: vLLM
-                # seeds the root hash the namespace digests after it builds
-                # the connector. Every key would be refused (BAD_KEY).
-                raise KvtierConfigError(
-                    f"kvtierd at {self._link.address} serves only namespace {served!r}, and this "
-                    f"engine's keys are in namespace {ns!r} (its model, KV layout and vLLM's root "
-                    f"hash): give kvtierd this namespace, or none")
+                # NB: where the root hash could not be predicted at the
+                # engine's start (_check_hello), the first key is the
+                # earliest this is known. Every key would be refused (BAD_KEY).
+                raise self._namespace_error(served, repr(ns))
             self._ns, self._nsfp = ns, ns_fingerprint(ns)
             log.info("kvtier: layout namespace %s", self._ns)
         return self._ns
+
+    def _namespace_error(self, served: str, ns: str) -> KvtierConfigError:
+        return KvtierConfigError(
+            f"kvtierd at {self._link_address()} serves only namespace {served!r}, and this "
+            f"engine's keys are in namespace {ns} (its model, KV layout and vLLM's root "
+            f"hash): give kvtierd this namespace, or none")
+
+    def _link_address(self) -> str:
+        # NB: _check_hello runs while the link is being built
+        link = getattr(self, "_link", None)
+        return link.address if link is not None else self._spec.kvtier["kvtier_address"]
 
     def _wire(self, keys: Iterable[OffloadKey]) -> list:
         ns = self._namespace()

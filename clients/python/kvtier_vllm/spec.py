@@ -7,11 +7,12 @@ worker); both derive the same namespace and slot geometry from the same
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, OffloadingWorker
 
-from .layout import KvtierConfigError, SlotGeometry, layout_namespace, none_hash_digest
+from .layout import (KvtierConfigError, SlotGeometry, layout_namespace, none_hash_digest,
+                     possible_none_hash_digests)
 
 log = logging.getLogger("kvtier_vllm")
 
@@ -88,6 +89,15 @@ class KvtierOffloadingSpec(OffloadingSpec):
                 "PYTHONHASHSEED); its blocks can only be reused by this process. "
                 "Set PYTHONHASHSEED to the same value on every engine, or use sha256.")
         return layout_namespace({**self.layout_facts(), "root_hash": digest})
+
+    def possible_namespaces(self) -> Optional[List[str]]:
+        """Every namespace() this engine can have once vLLM seeded its root
+        hash, known before it (at the engine's start):
+        layout.possible_none_hash_digests. None where unknowable."""
+        digests = possible_none_hash_digests()
+        if digests is None:
+            return None
+        return [layout_namespace({**self.layout_facts(), "root_hash": d}) for d in digests]
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:

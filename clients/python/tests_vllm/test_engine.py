@@ -249,3 +249,19 @@ def test_chunks_of_two_blocks_round_trip_bit_identical(daemon, engine_factory, m
     out = gen(e, "x2")
     same(out, reference["x2"])
     assert out["cached"] >= PREFIX
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_a_namespace_mismatch_fails_the_engines_start(daemon_factory, models, tmp_path, transport):
+    """kvtierd serving another namespace: a real engine (sha256 block
+    hashes, vLLM's default) refuses to start, naming both namespaces, rather
+    than starting and failing its first request."""
+    from conftest import Engine
+
+    cfg = tmp_path / "ns.yaml"
+    cfg.write_text("namespace: 00000000deadbeef\n")
+    d = daemon_factory(config=str(cfg), transport=transport)
+    with pytest.raises(AssertionError) as failed:
+        Engine(models["a"], d.address).close()
+    assert "KvtierConfigError" in str(failed.value), str(failed.value)[-2000:]
+    assert "serves only namespace '00000000deadbeef'" in str(failed.value)

@@ -458,27 +458,97 @@ def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory
 
 
 def test_a_daemon_serving_another_namespace_is_a_clear_error_at_the_first_key(daemon_factory, tmp_path):
-    """kvtierd configured for one namespace, an engine whose keys are in
-    another (issue 26, item 5): a KvtierConfigError naming both at the
-    engine's first key — the earliest the engine's namespace exists (vLLM
-    seeds its root hash after building the connector) — not a BAD_KEY
-    deep in a call, nor an engine that silently never uses kvtier."""
-    from kvtier_vllm.harness import chained_keys, kvtier_manager
-    from kvtier_vllm.layout import KvtierConfigError
+    """kvtierd configured for one namespace this engine could have had (its
+    layout, under another hash algorithm: sha256_cbor), an engine whose keys
+    are in another (sha256): the start cannot tell (vLLM seeds its root hash
+    after building the connector), so a KvtierConfigError naming both comes
+    at the engine's first key — not a BAD_KEY deep in a call, nor an engine
+    that silently never uses kvtier."""
+    import hashlib
+
+    from kvtier_vllm.harness import chained_keys, kvtier_manager, offloading_config
+    from kvtier_vllm.layout import KvtierConfigError, layout_namespace
+    from kvtier_vllm.spec import KvtierOffloadingSpec
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import resolve_none_hash_seed
     from vllm.v1.kv_offload.base import ReqContext
 
+    facts = KvtierOffloadingSpec(offloading_config({"kvtier_address": "ipc:///unused"},
+                                                   page_bytes=PAGE)).layout_facts()
+    cbor_root = hashlib.sha256(sha256_cbor(resolve_none_hash_seed(sha256_cbor))).hexdigest()[:16]
+    served = layout_namespace({**facts, "root_hash": cbor_root})
     cfg = tmp_path / "ns.yaml"
-    cfg.write_text("namespace: 00000000deadbeef\n")
+    cfg.write_text(f"namespace: {served}\n")
     d = daemon_factory(block_bytes=PAGE, pool_bytes=64 * PAGE, config=str(cfg))
-    kv = kvtier_manager(d.address, page_bytes=PAGE)
+    kv = kvtier_manager(d.address, page_bytes=PAGE)  # seeds vLLM's root with sha256
     try:
         key = chained_keys([1])[0]
         ctx = ReqContext(req_id="r")
         ctx.set_offload_key_position(key, 512)
-        with pytest.raises(KvtierConfigError, match="serves only namespace '00000000deadbeef'"):
+        with pytest.raises(KvtierConfigError, match=f"serves only namespace '{served}'"):
             kv.lookup(key, ctx)
     finally:
         kv.shutdown()
+
+
+def _engine_config(monkeypatch, algo: str) -> None:
+    """The vLLM config an engine is being built with, as far as the root
+    hash prediction reads it."""
+    from types import SimpleNamespace
+
+    import vllm.config
+
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(prefix_caching_hash_algo=algo))
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: cfg)
+
+
+@pytest.mark.parametrize("algo,seed,predictable", [
+    ("sha256", None, True), ("sha256_cbor", None, True), ("xxhash", "7", True),
+    ("xxhash", None, False)])
+@pytest.mark.parametrize("in_context", [True, False])
+def test_the_root_hash_is_among_those_vllms_seed_rule_allows(monkeypatch, algo, seed,
+                                                             predictable, in_context):
+    """What the namespace will digest once vLLM seeded its root hash is
+    known before it (at the engine's start): exactly, with the engine's
+    config in context; else among every seedable algorithm's. A root seeded
+    at random is among none."""
+    from kvtier_vllm.layout import none_hash_digest, possible_none_hash_digests
+    from vllm.utils.hashing import get_hash_fn_by_name, sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+    if in_context:
+        _engine_config(monkeypatch, algo)
+    possible = possible_none_hash_digests()
+    init_none_hash(get_hash_fn_by_name(algo))
+    try:
+        actual = none_hash_digest()[0]
+        assert (actual in possible) == predictable
+        if in_context:
+            assert len(possible) == (1 if predictable else 0)
+    finally:
+        init_none_hash(sha256)
+
+
+def test_a_daemon_serving_another_namespace_is_a_clear_error_at_the_engines_start(
+        daemon_factory, tmp_path, monkeypatch):
+    """The mismatch fails the manager's construction — the engine's start —
+    not its first key, with the engine's config in context or not."""
+    from kvtier_vllm.harness import kvtier_manager
+    from kvtier_vllm.layout import KvtierConfigError
+
+    cfg = tmp_path / "ns.yaml"
+    cfg.write_text("namespace: 00000000deadbeef\n")
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=64 * PAGE, config=str(cfg))
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.raises(KvtierConfigError, match="serves only namespace '00000000deadbeef'"):
+        kvtier_manager(d.address, page_bytes=PAGE)
+    _engine_config(monkeypatch, "sha256")
+    with pytest.raises(KvtierConfigError, match="serves only namespace '00000000deadbeef'"):
+        kvtier_manager(d.address, page_bytes=PAGE)
 
 
 def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
