@@ -49,6 +49,18 @@ type EventsConfig struct {
 	// Linger bounds how long Close waits after the last send for ZeroMQ to
 	// hand queued batches to subscribers (default 100ms; negative: none).
 	Linger time.Duration `yaml:"linger"`
+	// LearnFrom lists engines' own KV event publishers (vLLM's
+	// kv_events_config endpoint, e.g. "tcp://127.0.0.1:5557"): the node
+	// subscribes to them and announces the blocks those engines store in
+	// kvtier with the token ids the engines announced (docs/VLLM.md, "KV
+	// events"). Needs Endpoint.
+	LearnFrom []string `yaml:"learn_from"`
+	// LearnCapacity bounds the blocks remembered from LearnFrom (default
+	// events.DefaultLearnCapacity).
+	LearnCapacity int `yaml:"learn_capacity"`
+	// LearnWait bounds how long a stored block waits for its engine's
+	// announcement (default events.DefaultLearnWait).
+	LearnWait time.Duration `yaml:"learn_wait"`
 }
 
 // Enabled reports whether events are published.
@@ -70,6 +82,8 @@ func (c EventsConfig) withDefaults() EventsConfig {
 		BufferBatches: events.DefaultBufferBatches,
 		Linger:        events.DefaultLinger,
 		BatchWindow:   events.DefaultBatchWindow,
+		LearnCapacity: events.DefaultLearnCapacity,
+		LearnWait:     events.DefaultLearnWait,
 	})
 	if c.Topic == "" {
 		c.Topic = "kv@" + c.NodeID + "@" + c.Model
@@ -92,6 +106,15 @@ func (c EventsConfig) validate() error {
 		return bad("buffer_batches %d must be positive", c.BufferBatches)
 	case c.DataParallelRank < 0:
 		return bad("data_parallel_rank %d must not be negative", c.DataParallelRank)
+	case len(c.LearnFrom) > 0 && c.Endpoint == "":
+		return bad("learn_from needs an endpoint (the node publishes what it learns)")
+	case c.LearnCapacity < 0:
+		return bad("learn_capacity %d must not be negative", c.LearnCapacity)
+	}
+	for _, a := range c.LearnFrom {
+		if !validZMQAddr(a) {
+			return bad("learn_from %q (want tcp://HOST:PORT or ipc://PATH)", a)
+		}
 	}
 	if _, err := events.ParseHashFormat(c.HashFormat); err != nil {
 		return fmt.Errorf("events: %w", err)

@@ -93,6 +93,7 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 		{n.openPeers, func() { _ = n.closePeers() }},
 		{n.openTiers, func() { _ = n.closeTiers(ctx) }}, // a failed openTiers closes what it opened
 		{func() error { return n.start(ctx, state) }, nil},
+		{func() error { n.startLearning(); return nil }, n.stopLearning},
 	} {
 		if err := c.open(); err != nil {
 			return nil, err
@@ -213,6 +214,7 @@ func (n *Node) shutdown(ctx context.Context) error {
 	}
 	close(n.closing)
 	errs := n.drain(ctx)
+	n.stopLearning()
 	if err := n.flushEvents(ctx); err != nil {
 		errs = append(errs, err)
 	}

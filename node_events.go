@@ -2,10 +2,10 @@ package kvtier
 
 // The node's KV events (docs/PROTOCOL.md, "KV events"): the publisher's
 // sockets open before the actors start, the hub actor is spawned first
-// under the guardian, the CPU tier forwards its events to it, the
-// secondary tiers find it registered for the node's actor system
-// (events/announce), and Close flushes the hub after the bridge drained,
-// then closes the sockets.
+// under the guardian, the CPU tier and the secondary tiers are handed its
+// PID when the node spawns them, subscribers to engines' own KV events
+// (events.learn_from) feed it what the engines announce, and Close stops
+// those, flushes the hub after the bridge drained, then closes the sockets.
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +32,8 @@ type eventsState struct {
 	pub      *events.Publisher
 	hub      *actor.PID // wired before spawn, checked after
 	counters events.Counters
+	learning sync.WaitGroup     // one subscriber per events.learn_from endpoint
+	unlearn  context.CancelFunc // stops them; nil when none runs
 }
 
 // openEvents binds the events sockets when configured.
@@ -60,8 +64,63 @@ func (n *Node) eventsChildren() []actors.Child {
 		Format: format, SpecKind: n.cfg.Events.SpecKind, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		BatchWindow: n.cfg.Events.BatchWindow, Encoding: encoding,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
+		LearnCapacity: n.learnCapacity(), LearnWait: n.cfg.Events.LearnWait,
 		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
 	})}}
+}
+
+// learnCapacity is the hub's, 0 (learning off) without engines to learn from.
+func (n *Node) learnCapacity() int {
+	if len(n.cfg.Events.LearnFrom) == 0 {
+		return 0
+	}
+	return n.cfg.Events.LearnCapacity
+}
+
+// learnRetry is how long a learning subscriber waits before it dials an
+// engine's publisher again (not up yet, restarted, or a bad payload).
+const learnRetry = time.Second
+
+// startLearning subscribes to every events.learn_from publisher: each of
+// their batches goes to the hub (events.Learn). A subscriber that fails
+// (the engine is not up, or went away) dials again after learnRetry until
+// stopLearning.
+func (n *Node) startLearning() {
+	if n.events.hub == nil || len(n.cfg.Events.LearnFrom) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.events.unlearn = cancel
+	root, hub := n.system.Root, n.events.hub
+	deliver := func(d events.Delivery) error {
+		root.Send(hub, &events.Learn{Batch: d.Batch})
+		return nil
+	}
+	for _, ep := range n.cfg.Events.LearnFrom {
+		log := n.cfg.Logger.With().Str("component", "events-learn").Str("engine_events", ep).Logger()
+		n.events.learning.Go(func() {
+			for {
+				err := events.Subscribe(ctx, events.SubscriberConfig{Endpoint: ep, ReplayFrom: -1}, deliver)
+				if ctx.Err() != nil {
+					return
+				}
+				log.Debug().Err(err).Dur("retry", learnRetry).Msg("engine events: subscription ended")
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(learnRetry):
+				}
+			}
+		})
+	}
+}
+
+// stopLearning ends the subscribers and waits for them.
+func (n *Node) stopLearning() {
+	if n.events.unlearn != nil {
+		n.events.unlearn()
+		n.events.learning.Wait()
+	}
 }
 
 // cpuOptions wires the CPU tier to the hub.
@@ -206,6 +265,10 @@ func (n *Node) registerEventsMetrics() {
 		counter("events_unknown_removals_total", "Removals of blocks never announced stored (not published).", &c.UnknownRemovals),
 		counter("events_held_for_parent_total", "Stored blocks whose announcement waited for their parent's write in the same medium.", &c.HeldForParent),
 		counter("events_encode_errors_total", "Event batches dropped because they failed to encode.", &c.EncodeErrors),
+		counter("events_learned_blocks_total", "Blocks learned from engines' own KV events (events.learn_from).", &c.Learned),
+		counter("events_learned_filled_total", "Stored blocks announced with token ids learned from their engine's events.", &c.Filled),
+		counter("events_awaited_tokens_total", "Stored events that waited for their engine's announcement of their token ids.", &c.AwaitedTokens),
+		counter("events_tokens_late_total", "Stored events whose wait for their engine's token ids ran out (announced without them).", &c.TokensLate),
 		counter("events_dropped_total", "Event batches dropped because the publisher's queue was full.", &n.events.pub.Dropped),
 	)
 }

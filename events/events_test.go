@@ -233,17 +233,27 @@ func TestPublisherReplaysBufferThenTerminator(t *testing.T) {
 	}))
 	assert.Equal(t, []uint64{5}, seqs)
 
-	// A raw request: frames as vLLM's subscriber sends and expects them.
+	// A raw request: frames as vLLM's subscriber sends and expects them
+	// (vLLM ≥ 0.32's ZmqEventPublisher._service_replay: ["", topic, seq,
+	// payload], then ["", "", END_SEQ, ""]).
 	d := zmq4.NewDealer(ctx)
 	defer d.Close()
 	require.NoError(t, d.Dial(p.ReplayEndpoint()))
-	require.NoError(t, d.Send(zmq4.NewMsgFrom([]byte{}, []byte{0, 0, 0, 0, 0, 0, 0, 9})))
+	require.NoError(t, d.Send(zmq4.NewMsgFrom([]byte{}, []byte{0, 0, 0, 0, 0, 0, 0, 5})))
 	m, err := d.Recv()
 	require.NoError(t, err)
-	require.Len(t, m.Frames, 3)
+	require.Len(t, m.Frames, 4)
 	assert.Empty(t, m.Frames[0])
-	assert.Equal(t, EndSeq, binary.BigEndian.Uint64(m.Frames[1]), "nothing from 9: only the terminator")
-	assert.Empty(t, m.Frames[2])
+	assert.Equal(t, "kv@t@m", string(m.Frames[1]), "the topic, as on the PUB socket")
+	assert.Equal(t, uint64(5), binary.BigEndian.Uint64(m.Frames[2]))
+	assert.Equal(t, []byte{5}, m.Frames[3])
+	m, err = d.Recv()
+	require.NoError(t, err)
+	require.Len(t, m.Frames, 4)
+	assert.Empty(t, m.Frames[0])
+	assert.Empty(t, m.Frames[1])
+	assert.Equal(t, EndSeq, binary.BigEndian.Uint64(m.Frames[2]), "then the terminator")
+	assert.Empty(t, m.Frames[3])
 	// A malformed request is dropped and counted, the socket keeps serving.
 	require.NoError(t, d.Send(zmq4.NewMsgFrom([]byte{}, []byte{1})))
 	require.NoError(t, Replay(ctx, p.ReplayEndpoint(), 4, func(uint64, []byte) error { return nil }))

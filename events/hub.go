@@ -29,6 +29,11 @@ import (
 //     joins it), or at MaxBatchEvents. No timer, no polling: an idle hub
 //     receives nothing and does nothing.
 //   - Receive never blocks: the sink's Publish does not.
+//   - with learning on (HubConfig.LearnCapacity), a stored event whose
+//     engine blocks have no token ids yet waits at most LearnWait for the
+//     engine's own announcement of them (a *Learn); events behind it wait
+//     with it, so the translator sees every event in arrival order. Flush
+//     and stopping release every waiting event first.
 type Hub struct {
 	cfg HubConfig
 	st  *hubState
@@ -58,7 +63,19 @@ type HubConfig struct {
 	Now            func() time.Time // batch timestamps
 	Counters       *Counters        // shared with the node; may be nil
 	Log            zerolog.Logger
+	// LearnCapacity turns learning on: the hub remembers up to this many
+	// blocks from engines' own KV events (*Learn) and announces the blocks
+	// those engines stored in kvtier with their token ids (Learned). 0: off.
+	LearnCapacity int
+	// LearnWait bounds how long a stored event waits for its engine's
+	// announcement; ≤ 0 = DefaultLearnWait.
+	LearnWait time.Duration
 }
+
+// DefaultLearnWait is how long a stored block waits for its token ids by
+// default: its engine announced it a step or more before it stored it, so
+// only a delayed engine publisher (or one kvtierd does not hear) waits.
+const DefaultLearnWait = 500 * time.Millisecond
 
 // DefaultMaxBatchEvents bounds a batch.
 const DefaultMaxBatchEvents = 1024
@@ -74,6 +91,10 @@ type Counters struct {
 	UnknownRemovals atomic.Uint64 // removals of blocks never announced stored
 	HeldForParent   atomic.Uint64 // stored blocks held back until their parent (being written) was announced
 	EncodeErrors    atomic.Uint64 // batches that failed to encode (dropped)
+	Learned         atomic.Uint64 // blocks learned from engines' events
+	Filled          atomic.Uint64 // stored blocks announced with learned token ids
+	AwaitedTokens   atomic.Uint64 // stored events that waited for their engine's announcement
+	TokensLate      atomic.Uint64 // ... of which the wait ran out (announced without them)
 }
 
 type hubState struct {
@@ -83,6 +104,14 @@ type hubState struct {
 	flushQueued bool
 	window      *time.Timer // armed while a batch gathers (BatchWindow > 0)
 	warned      bool        // a placeholder was logged once
+	waiting     []awaiting  // events held while the first awaits its token ids, in arrival order
+	waitTimer   *time.Timer // armed while waiting is not empty
+}
+
+// awaiting is an event held back, and until when its first may wait.
+type awaiting struct {
+	e     *messages.Event
+	until time.Time
 }
 
 // Messages the hub takes besides *messages.Event.
@@ -94,6 +123,13 @@ type (
 	Flushed struct{ Seq uint64 } // the next sequence number
 	// flushBatch is the hub's note to itself to close the open batch.
 	flushBatch struct{}
+	// Learn is a batch of an engine's own KV events (vLLM's, as its
+	// publisher sent them): what they say of the blocks the engine caches
+	// is remembered (Learned), and events waiting for it are released.
+	Learn struct{ Batch *Batch }
+	// waitOver is the hub's note to itself that the first waiting event's
+	// time may be up.
+	waitOver struct{}
 )
 
 // HubProps builds the hub's props; its state is made here, once, so that
@@ -108,8 +144,14 @@ func HubProps(cfg HubConfig) *actor.Props {
 	if cfg.Counters == nil {
 		cfg.Counters = &Counters{}
 	}
+	if cfg.LearnWait <= 0 {
+		cfg.LearnWait = DefaultLearnWait
+	}
 	st := &hubState{tr: NewTranslator(cfg.Format)}
 	st.tr.SpecKind = cfg.SpecKind
+	if cfg.LearnCapacity > 0 {
+		st.tr.Learned = NewLearned(cfg.LearnCapacity)
+	}
 	return actor.PropsFromProducer(func() actor.Actor { return &Hub{cfg: cfg, st: st} },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }
@@ -118,21 +160,30 @@ func HubProps(cfg HubConfig) *actor.Props {
 func (h *Hub) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.Event:
-		h.apply(ctx, m)
+		h.receive(ctx, m)
+	case *Learn:
+		h.learn(ctx, m)
+	case waitOver, *waitOver:
+		h.release(ctx, false)
 	case flushBatch, *flushBatch:
 		h.st.flushQueued = false
 		h.flush()
 	case *Flush:
+		h.release(ctx, true)
 		h.flush()
 		ctx.Respond(&Flushed{Seq: h.st.seq})
 	case *actor.Started:
-		// After a restart the note that would close the open batch may have
-		// been the message that failed.
+		// After a restart the note that would close the open batch (or end
+		// a wait) may have been the message that failed.
 		if len(h.st.pending) > 0 {
 			h.st.flushQueued = true
 			ctx.Send(ctx.Self(), &flushBatch{})
 		}
+		if len(h.st.waiting) > 0 {
+			ctx.Send(ctx.Self(), &waitOver{})
+		}
 	case *actor.Stopping:
+		h.release(ctx, true)
 		if h.st.window != nil {
 			h.st.window.Stop()
 		}
@@ -143,10 +194,71 @@ func (h *Hub) Receive(ctx actor.Context) {
 	}
 }
 
+// receive translates e now, or holds it (with learning on) while it, or
+// an event before it, awaits its engine's token ids.
+func (h *Hub) receive(ctx actor.Context, e *messages.Event) {
+	if len(h.st.waiting) == 0 && !h.st.tr.AwaitsTokens(e) {
+		h.apply(ctx, e)
+		return
+	}
+	if h.st.tr.AwaitsTokens(e) {
+		h.cfg.Counters.AwaitedTokens.Add(1)
+	}
+	// NB: wall time, as the batch window: waiting decides a payload, never
+	// whether or in which order blocks are announced.
+	h.st.waiting = append(h.st.waiting, awaiting{e: e, until: time.Now().Add(h.cfg.LearnWait)})
+	h.release(ctx, false)
+}
+
+// learn remembers what an engine's batch says and releases what it
+// completed.
+func (h *Hub) learn(ctx actor.Context, m *Learn) {
+	l := h.st.tr.Learned
+	if l == nil || m.Batch == nil {
+		return
+	}
+	h.cfg.Counters.Learned.Add(uint64(l.Learn(m.Batch)))
+	h.release(ctx, false)
+}
+
+// release translates the waiting events in order, up to the first that
+// still awaits token ids and has time left (all of them when force).
+func (h *Hub) release(ctx actor.Context, force bool) {
+	now := time.Now()
+	for len(h.st.waiting) > 0 {
+		w := h.st.waiting[0]
+		if awaits := h.st.tr.AwaitsTokens(w.e); awaits {
+			if !force && now.Before(w.until) {
+				h.armWait(ctx, w.until.Sub(now))
+				return
+			}
+			h.cfg.Counters.TokensLate.Add(1)
+		}
+		h.st.waiting[0] = awaiting{}
+		h.st.waiting = h.st.waiting[1:]
+		h.apply(ctx, w.e)
+	}
+	h.st.waiting = nil
+	if h.st.waitTimer != nil {
+		h.st.waitTimer.Stop()
+		h.st.waitTimer = nil
+	}
+}
+
+// armWait (re)arms the note that ends the first waiting event's wait.
+func (h *Hub) armWait(ctx actor.Context, d time.Duration) {
+	if h.st.waitTimer != nil {
+		h.st.waitTimer.Stop()
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	h.st.waitTimer = time.AfterFunc(d, func() { root.Send(self, &waitOver{}) })
+}
+
 func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	tr := h.st.tr
-	before := tr.Placeholders
+	before, filled := tr.Placeholders, tr.Filled
 	wire := tr.Apply(e)
+	h.cfg.Counters.Filled.Add(tr.Filled - filled)
 	h.cfg.Counters.UnknownRemovals.Store(tr.UnknownRemovals)
 	h.cfg.Counters.HeldForParent.Store(tr.Held)
 	if n := tr.Placeholders - before; n > 0 {

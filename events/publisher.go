@@ -267,15 +267,19 @@ func (p *Publisher) replayReader() {
 		p.Replays.Add(1)
 		entries := <-reply
 		var seq [8]byte
+		// NB: as vLLM's publisher replies (since 0.32): [topic, seq,
+		// payload] after the envelope, and a terminator with an empty topic
+		// and payload.
+		topic := []byte(p.cfg.Topic)
 		for _, e := range entries {
 			binary.BigEndian.PutUint64(seq[:], e.Seq)
-			if err := p.router.Send(zmq4.NewMsgFrom(id, nil, seq[:], e.Payload)); err != nil {
+			if err := p.router.Send(zmq4.NewMsgFrom(id, nil, topic, seq[:], e.Payload)); err != nil {
 				break
 			}
 			p.ReplayFrames.Add(1)
 		}
 		binary.BigEndian.PutUint64(seq[:], EndSeq)
-		_ = p.router.Send(zmq4.NewMsgFrom(id, nil, seq[:], nil))
+		_ = p.router.Send(zmq4.NewMsgFrom(id, nil, nil, seq[:], nil))
 	}
 }
 

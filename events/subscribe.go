@@ -192,14 +192,20 @@ func Replay(ctx context.Context, addr string, from uint64, fn func(seq uint64, p
 			}
 			return fmt.Errorf("events: replay: %w", err)
 		}
-		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 || len(m.Frames[1]) != 8 {
+		frames := m.Frames
+		if len(frames) == 4 {
+			// vLLM ≥ 0.32 (and kvtierd): ["", topic, seq, payload]; older
+			// publishers send no topic.
+			frames = append(frames[:1:1], frames[2:]...)
+		}
+		if len(frames) != 3 || len(frames[0]) != 0 || len(frames[1]) != 8 {
 			return fmt.Errorf("%w: replay message of %d frames", ErrMalformed, len(m.Frames))
 		}
-		seq := binary.BigEndian.Uint64(m.Frames[1])
+		seq := binary.BigEndian.Uint64(frames[1])
 		if seq == EndSeq {
 			return nil
 		}
-		if err := fn(seq, m.Frames[2]); err != nil {
+		if err := fn(seq, frames[2]); err != nil {
 			return err
 		}
 	}

@@ -45,7 +45,11 @@ type Translator struct {
 	// SpecKind is the kv_cache_spec_kind of stored blocks whose request did
 	// not say (events.kv_cache_spec_kind); "" = omitted.
 	SpecKind string
+	// Learned, when set, gives stored blocks whose own provenance has no
+	// token ids those their engine announced for them (Learned).
+	Learned *Learned
 	// Counters (monotonic).
+	Filled          uint64 // stored blocks given learned token ids
 	Placeholders    uint64 // blocks announced without full provenance
 	UnknownRemovals uint64 // removals of keys the translator never saw stored
 	Duplicates      uint64 // stores of a copy already held (ignored)
@@ -96,6 +100,54 @@ func sourceOf(e *messages.Event, i int) source {
 	return source{ctx: e.Ctx}
 }
 
+// sourceOf is block i's source, its token ids learned from its engine's
+// own events where it has none.
+func (t *Translator) sourceOf(e *messages.Event, i int) source {
+	s := sourceOf(e, i)
+	if p := t.learnedFor(e, i, s); p != nil {
+		t.Filled++
+		return source{prov: p, ctx: e.Ctx, known: true}
+	}
+	return s
+}
+
+// learnedFor is what the translator learned of block i of stored event e,
+// when its source s has no token ids and the block's size is the learned
+// one (a chunk of several engine blocks is not one learned block).
+func (t *Translator) learnedFor(e *messages.Event, i int, s source) *messages.Provenance {
+	if t.Learned == nil || s.tokens() != nil {
+		return nil
+	}
+	p := t.Learned.Lookup(e.Keys[i].Hash)
+	if p == nil {
+		return nil
+	}
+	if size := s.meta().blockSize; size != 0 && size != p.BlockSize {
+		return nil
+	}
+	return p
+}
+
+// AwaitsTokens reports whether e stores an engine's blocks (it carries the
+// request's context) of which some have no token ids yet, in a block size
+// the engines' events announce (or before any was heard): their engine's
+// announcement of them may still be on its way (HubConfig.LearnWait).
+func (t *Translator) AwaitsTokens(e *messages.Event) bool {
+	if t.Learned == nil || e.Kind != messages.BlockStored || e.Ctx == nil {
+		return false
+	}
+	for i := range e.Keys {
+		s := sourceOf(e, i)
+		if s.tokens() != nil || t.learnedFor(e, i, s) != nil {
+			continue
+		}
+		if size := s.meta().blockSize; size == 0 || t.Learned.HasBlockSize(size) || t.Learned.Sizes() == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // parent is the block's parent hash ("" at the start of a prompt) and
 // whether it is known.
 func (s source) parent() (string, bool) {
@@ -138,8 +190,13 @@ func (s source) meta() meta {
 	switch {
 	case s.prov != nil:
 		// NB: a block's stored provenance (promoted, fetched from a peer) has
-		// no spec kind, window or session: those come with requests only.
-		return meta{blockSize: s.prov.BlockSize, loraID: s.prov.LoRAID, loraName: s.prov.LoRAName}
+		// no spec kind, window or session: those come with requests only
+		// (a learned provenance has its request's context beside it).
+		m := meta{blockSize: s.prov.BlockSize, loraID: s.prov.LoRAID, loraName: s.prov.LoRAName}
+		if s.ctx != nil {
+			m.specKind, m.window, m.session = s.ctx.SpecKind, s.ctx.SlidingWindow, s.ctx.SessionID
+		}
+		return m
 	case s.ctx != nil:
 		return meta{s.ctx.BlockSize, s.ctx.LoRAID, s.ctx.LoRAName, s.ctx.SpecKind, s.ctx.SlidingWindow, s.ctx.SessionID}
 	}
@@ -211,7 +268,7 @@ func (t *Translator) Apply(e *messages.Event) []Event {
 	case messages.BlockStored:
 		var out []*block
 		for i, k := range e.Keys {
-			out = t.stored(m, &block{med: med, key: k, owner: e.Ownership, locality: e.Locality, src: sourceOf(e, i)}, out)
+			out = t.stored(m, &block{med: med, key: k, owner: e.Ownership, locality: e.Locality, src: t.sourceOf(e, i)}, out)
 		}
 		return t.storedEvents(out)
 	case messages.BlockRemoved:

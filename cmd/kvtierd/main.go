@@ -37,6 +37,9 @@
 // --events-replay tcp://*:5558 a ROUTER socket serving replays; both off
 // unless given (or set under events: in the config file). The bound
 // addresses are logged as events_endpoint and events_replay.
+// --events-learn-from tcp://127.0.0.1:5557 subscribes to a vLLM engine's own
+// KV events, so the blocks it stores in kvtier are announced with their
+// token ids (docs/VLLM.md, "KV events").
 //
 // KVTIERD_CPUPROFILE=FILE (environment): a Go CPU profile of the whole run,
 // written to FILE at shutdown (`go tool pprof kvtierd FILE`).
@@ -113,6 +116,7 @@ type options struct {
 	engineGroup     string
 	eventsEndpoint  string
 	eventsReplay    string
+	eventsLearn     string
 	eventsTopic     string
 	nodeID          string
 	peerListen      string
@@ -144,6 +148,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.engineGroup, "engine-group", "", "`group` allowed to use the engine socket and the pool file (mode 0660)")
 	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")
 	fs.StringVar(&o.eventsReplay, "events-replay", "", "KV events replay ROUTER `address` to bind, e.g. tcp://*:5558 (default from config, else off)")
+	fs.StringVar(&o.eventsLearn, "events-learn-from", "", "engines' own KV event publishers to learn token ids from, comma-separated `addresses` (vLLM's kv_events_config endpoint, e.g. tcp://127.0.0.1:5557; default from config, else none)")
 	fs.StringVar(&o.eventsTopic, "events-topic", "", "KV events topic (default from config, else kv@<node_id>@<model>)")
 	fs.StringVar(&o.nodeID, "node-id", "", "this node's id among its peers (default from config)")
 	fs.StringVar(&o.peerListen, "peer-listen", "", "peer control-plane `address` to bind, e.g. tcp://0.0.0.0:7600 (default from config, else peers off)")
@@ -240,6 +245,9 @@ func buildConfig(o options) (kvtier.Config, error) {
 	}
 	if o.set["events-topic"] {
 		cfg.Events.Topic = o.eventsTopic
+	}
+	if o.set["events-learn-from"] {
+		cfg.Events.LearnFrom = splitList(o.eventsLearn)
 	}
 	overlayPeers(&cfg.Peers, o)
 	if err := cfg.WithDefaults().Validate(); err != nil {
@@ -451,4 +459,15 @@ type promLogger struct{ log zerolog.Logger }
 // Println implements promhttp.Logger.
 func (l promLogger) Println(v ...any) {
 	l.log.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

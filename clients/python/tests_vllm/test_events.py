@@ -26,7 +26,9 @@ def free_port() -> int:
 
 
 def replay_all(addr: str):
-    """Every buffered batch, from sequence 0, through the replay ROUTER."""
+    """Every buffered batch, from sequence 0, through the replay ROUTER, read
+    as vLLM's own publisher answers (since 0.32: ["", topic, seq, payload],
+    then ["", "", END_SEQ, ""]) — kvtierd's and vLLM's alike."""
     import zmq
 
     ctx = zmq.Context.instance()
@@ -37,7 +39,7 @@ def replay_all(addr: str):
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])
         while True:
             assert dealer.poll(10_000), "replay stalled"
-            empty, seq, payload = dealer.recv_multipart()
+            empty, _topic, seq, payload = dealer.recv_multipart()
             seq = int.from_bytes(seq, "big")
             if seq == END:
                 return
