@@ -170,7 +170,7 @@ func TestHubAnnouncesWithoutTokenIDsOnceTheWaitRunsOut(t *testing.T) {
 	pid := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, Counters: counters,
 		LearnCapacity: 16, LearnWait: time.Millisecond, Log: zerolog.Nop()}))
 	system.Root.Send(pid, &Learn{Batch: engineBatch(nil, 4, 1)}) // the engine's block size is known
-	system.Root.Send(pid, engineStore(4, 12))                  // never announced by its engine
+	system.Root.Send(pid, engineStore(4, 12))                    // never announced by its engine
 
 	select {
 	case e := <-sink: // the wait ran out on its own: no Flush
