@@ -9,7 +9,7 @@ interleave with results).
     {"op": "quit"}
 
 Usage: python engine_child.py MODEL_DIR [--kvtier ADDR] [--dtype D]
-       [--block-size N] [--gpu-prefix-cache] [--extra JSON]
+       [--block-size N] [--gpu-prefix-cache] [--extra JSON] [--kv-events JSON]
 """
 
 import argparse
@@ -35,10 +35,15 @@ def engine(args):
         extra.update(json.loads(args.extra or "{}"))
         kv = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": extra}
+    events = None
+    if args.kv_events:
+        from vllm.config import KVEventsConfig
+
+        events = KVEventsConfig(**json.loads(args.kv_events))
     return LLM(model=args.model, skip_tokenizer_init=True, block_size=args.block_size,
                max_model_len=4096, dtype=args.dtype, enforce_eager=True, seed=0,
                enable_prefix_caching=args.gpu_prefix_cache, kv_transfer_config=kv,
-               max_num_seqs=8)
+               kv_events_config=events, max_num_seqs=8)
 
 
 def generate(llm, cmd):
@@ -67,6 +72,7 @@ def main():
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--gpu-prefix-cache", action="store_true")
     ap.add_argument("--extra")
+    ap.add_argument("--kv-events", help="vLLM's KVEventsConfig as JSON")
     ap.add_argument("--result-fd", type=int, required=True)
     args = ap.parse_args()
     results = os.fdopen(args.result_fd, "w", buffering=1)

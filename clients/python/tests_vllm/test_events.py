@@ -133,3 +133,4 @@ def replayed_inventory(addr: str):
                 assert isinstance(e, AllBlocksCleared)
                 pytest.fail("nothing cleared the cache in this test")
     return live, announced
+
