@@ -20,6 +20,7 @@ events:
   model: llama
   hash_format: bytes
   linger: 50ms
+  learn_from: ["tcp://127.0.0.1:5557"]
 `))
 	require.NoError(t, err)
 	c := cfg.WithDefaults()
@@ -28,6 +29,9 @@ events:
 	assert.Equal(t, "kv@n7@llama", c.Events.Topic)
 	assert.Equal(t, 10_000, c.Events.BufferBatches)
 	assert.Equal(t, 50*time.Millisecond, c.Events.Linger)
+	assert.Equal(t, []string{"tcp://127.0.0.1:5557"}, c.Events.LearnFrom)
+	assert.Equal(t, 65536, c.Events.LearnCapacity)
+	assert.Equal(t, 500*time.Millisecond, c.Events.LearnWait)
 
 	off := Config{}.WithDefaults()
 	assert.False(t, off.Events.Enabled())
@@ -38,6 +42,8 @@ events:
 		"bad scheme":              {Endpoint: "udp://x:1"},
 		"bad hash format":         {Endpoint: "tcp://*:1", HashFormat: "hex"},
 		"negative buffer":         {Endpoint: "tcp://*:1", BufferBatches: -1},
+		"learning, no endpoint":   {LearnFrom: []string{"tcp://127.0.0.1:5557"}},
+		"learning, bad address":   {Endpoint: "tcp://*:1", LearnFrom: []string{"127.0.0.1:5557"}},
 	} {
 		err := Config{Events: e}.WithDefaults().Validate()
 		assert.True(t, errors.Is(err, messages.ErrBadConfig), "%s: %v", name, err)
