@@ -92,7 +92,7 @@ section "vLLM connector's manager against vLLM 0.33 (its newest API; scheduler s
 VENV33="$(bash scripts/vllm-env.sh 0.33)"
 if ! VLLM_TARGET_DEVICE=cpu "$VENV33/bin/python" -m pytest \
 	clients/python/tests_vllm/test_manager.py clients/python/tests_vllm/test_layout.py \
-	clients/python/tests_vllm/test_events.py -q; then
+	clients/python/tests_vllm/test_events.py clients/python/tests_vllm/test_worker.py -q; then
 	echo "FAILED: vLLM 0.33 manager tests" >&2
 	exit 1
 fi

@@ -78,6 +78,16 @@ class PoolMapping:
             pass  # a tensor still aliases it; the mapping goes with the last one
 
 
+def pool_replaced(ref: PoolRef) -> bool:
+    """Whether ref's pool file is no longer at its path (removed, or
+    replaced by a restarted kvtierd's: another inode or size)."""
+    try:
+        st = os.stat(ref.path)
+    except FileNotFoundError:
+        return True
+    return (st.st_dev, st.st_ino, st.st_size) != (ref.dev, ref.ino, ref.size)
+
+
 @dataclass
 class _Copy:
     tensor: int
@@ -106,6 +116,7 @@ class KvtierWorker(OffloadingWorker):
         self._cuda = bool(self._engine) and self._engine[0].is_cuda
         self._maps: Dict[PoolRef, PoolMapping] = {}
         self._finished: List[TransferResult] = []
+        self.dropped_stores = 0  # stores planned on a pool kvtierd replaced (nothing copied)
         self._inflight: Deque[Tuple[int, object, int]] = deque()  # CUDA: (job, event, bytes)
         self._events: Dict[int, object] = {}
         self._stream = torch.cuda.Stream() if self._cuda else None
@@ -143,16 +154,31 @@ class KvtierWorker(OffloadingWorker):
         try:
             pool = self._mapping(pool_spec.pool)
         except OSError as e:
-            if to_pool:
-                # kvtierd went away after planning this store (or its pool
-                # cannot be mapped): the copy has nowhere to go. Reported as
-                # failed, so the manager's complete_store says ok=false and
-                # the daemon frees the slots rather than commit whatever
-                # they held (issue 26, item 4).
-                log.warning("kvtier: store job %d failed: %s", job_id, e)
-                self._finished.append(TransferResult(job_id, False, 0, 0.0))
-                return True
-            raise
+            ref = pool_spec.pool
+            if not pool_replaced(ref):
+                # The pool the scheduler planned with is there and this worker
+                # cannot map it (another /dev/shm, permissions): every copy
+                # would fail. A clear error, never a silent one.
+                raise KvtierConfigError(
+                    f"kvtier: this worker cannot map kvtierd's pool {ref.path} ({e}); "
+                    "the engine's workers must see the daemon's pool file") from e
+            if not to_pool:
+                # A load planned on a pool replaced before this worker ever
+                # mapped it: its bytes are gone, and vLLM (0.32, 0.33) has no
+                # way to fail a load. Never hand the engine unread KV.
+                raise RuntimeError(
+                    f"kvtier: load job {job_id} planned on a pool kvtierd replaced "
+                    f"({ref.path}: kvtierd restarted before the load ran)") from e
+            # kvtierd restarted after planning this store: its slots were the
+            # dead daemon's. Nothing is copied; the scheduler's manager voids
+            # the store's completion (planned in an older session), so no
+            # daemon commits what was not written. Reported done, not failed:
+            # vLLM's offloading worker asserts that every job succeeded
+            # (0.32, 0.33: "we currently do not support job failures").
+            log.warning("kvtier: store job %d dropped: %s", job_id, e)
+            self.dropped_stores += 1
+            self._finished.append(TransferResult(job_id, True, 0, 0.0))
+            return True
         plan = list(copy_plan(engine_spec.block_ids, engine_spec.group_sizes,
                               engine_spec.block_indices, pool_spec.block_ids, self._bpc))
         if self._cuda:
