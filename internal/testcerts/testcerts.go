@@ -16,9 +16,16 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
-	"testing"
 	"time"
 )
+
+// TB is the part of testing.TB these helpers use: a test passes its
+// *testing.T; importing no testing package keeps it out of the shipped
+// binaries that link these helpers (cmd/kvtier's bench).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
 
 // CA is a certificate authority made for one test.
 type CA struct {
@@ -31,7 +38,7 @@ type CA struct {
 var serial atomic.Int64
 
 // NewCA makes a CA (a test's).
-func NewCA(t testing.TB) *CA {
+func NewCA(t TB) *CA {
 	t.Helper()
 	ca, err := New()
 	must(t, err)
@@ -58,7 +65,7 @@ func New() (*CA, error) {
 
 // Issue signs a certificate naming node (for server and client auth) and
 // returns it with its key.
-func (ca *CA) Issue(t testing.TB, node string) tls.Certificate {
+func (ca *CA) Issue(t TB, node string) tls.Certificate {
 	t.Helper()
 	c, err := ca.issue(node)
 	must(t, err)
@@ -83,14 +90,14 @@ func (ca *CA) issue(node string) (tls.Certificate, error) {
 
 // Config is a node's data-plane TLS: a certificate naming cert (usually
 // the node's own id) issued by ca, trusting trust for both roles.
-func (ca *CA) Config(t testing.TB, cert string, trust *CA) *tls.Config {
+func (ca *CA) Config(t TB, cert string, trust *CA) *tls.Config {
 	t.Helper()
 	return &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, cert)}, RootCAs: trust.Pool, ClientCAs: trust.Pool}
 }
 
 // WriteFiles writes node's certificate, its key and this CA's certificate
 // as PEM files in dir, and returns their paths.
-func (ca *CA) WriteFiles(t testing.TB, dir, node string) (cert, key, caFile string) {
+func (ca *CA) WriteFiles(t TB, dir, node string) (cert, key, caFile string) {
 	t.Helper()
 	cert, key, caFile, err := ca.Files(dir, node)
 	must(t, err)
@@ -119,7 +126,7 @@ func (ca *CA) Files(dir, node string) (cert, key, caFile string, err error) {
 	return cert, key, caFile, nil
 }
 
-func must(t testing.TB, err error) {
+func must(t TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,6 +30,20 @@ import (
 	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
 )
+
+// TB is the part of testing.TB these helpers use: a test passes its
+// *testing.T; importing no testing package keeps it out of the shipped
+// binaries that link these helpers (cmd/kvtier's bench).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Cleanup(func())
+	Failed() bool
+	TempDir() string
+}
 
 // Install is how to get the server binary.
 const Install = "apt-get install -y --no-install-recommends etcd-server"
@@ -54,7 +67,7 @@ func Binary() (string, error) {
 
 // Need returns the etcd binary. Without it the test is skipped, or fails
 // when CI is "true": CI must run these tests.
-func Need(t testing.TB) string {
+func Need(t TB) string {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
@@ -69,7 +82,7 @@ func Need(t testing.TB) string {
 // Start launches a server over a temporary data directory, stopped when
 // the test ends. Without the binary the test is skipped, or fails when CI
 // is "true" (Need).
-func Start(t testing.TB) *Server {
+func Start(t TB) *Server {
 	t.Helper()
 	s := New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
@@ -83,7 +96,7 @@ func Start(t testing.TB) *Server {
 // New picks the server's ports and data directory without starting it (a
 // test of a node that starts before etcd does); Start starts it. It is
 // stopped when the test ends.
-func New(t testing.TB) *Server {
+func New(t TB) *Server {
 	t.Helper()
 	s, err := newServer(Need(t), t.TempDir())
 	if err != nil {
@@ -278,7 +291,7 @@ func (b *lockedBuffer) String() string {
 
 // Client is a plain client of the server, closed when the test ends: to
 // look behind the code under test.
-func (s *Server) Client(t testing.TB) *clientv3.Client {
+func (s *Server) Client(t TB) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -291,7 +304,7 @@ func (s *Server) Client(t testing.TB) *clientv3.Client {
 // Lapse revokes the lease key is held under, as the lease lapsing would
 // (the key goes with it), and returns the lease; the test fails if key is
 // not held under one.
-func (s *Server) Lapse(t testing.TB, key string) clientv3.LeaseID {
+func (s *Server) Lapse(t TB, key string) clientv3.LeaseID {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -14,9 +13,21 @@ import (
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
+// TB is the part of testing.TB these helpers use: a test passes its
+// *testing.T; importing no testing package keeps it out of the shipped
+// binaries that link these helpers (cmd/kvtier's bench).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
 // Need returns the versitygw binary (Binary). Without it the test is
 // skipped, or fails when CI is "true": CI must run these tests.
-func Need(t testing.TB) string {
+func Need(t TB) string {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
@@ -27,7 +38,7 @@ func Need(t testing.TB) string {
 
 // Unavailable ends a test that cannot have its server because of err:
 // skipped, or failed when CI is "true".
-func Unavailable(t testing.TB, err error) {
+func Unavailable(t TB, err error) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("CI=true and %v", err)
@@ -38,7 +49,7 @@ func Unavailable(t testing.TB, err error) {
 // Start launches a server over a temporary directory with bucket created,
 // stopped when the test ends. Without the binary the test is skipped, or
 // fails when CI is "true" (Need).
-func Start(t testing.TB, bucket string) *Server {
+func Start(t TB, bucket string) *Server {
 	t.Helper()
 	bin := Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -56,7 +67,7 @@ func Start(t testing.TB, bucket string) *Server {
 
 // Corrupt reads the object name in bucket through c, applies flip to its
 // bytes and writes it back: a copy damaged at rest.
-func Corrupt(t testing.TB, ctx context.Context, c *obj.Minio, bucket, name string, flip func(data []byte)) {
+func Corrupt(t TB, ctx context.Context, c *obj.Minio, bucket, name string, flip func(data []byte)) {
 	t.Helper()
 	o, err := c.Raw().GetObject(ctx, bucket, name, minio.GetObjectOptions{})
 	if err != nil {
@@ -79,7 +90,7 @@ func Corrupt(t testing.TB, ctx context.Context, c *obj.Minio, bucket, name strin
 
 // AwaitHealth waits until the obj tier actor pid reports healthy (or
 // unhealthy), failing the test if ctx ends first.
-func AwaitHealth(t testing.TB, ctx context.Context, root *actor.RootContext, pid *actor.PID, healthy bool) {
+func AwaitHealth(t TB, ctx context.Context, root *actor.RootContext, pid *actor.PID, healthy bool) {
 	t.Helper()
 	r := messages.NewReply[struct{}]()
 	root.Send(pid, &obj.AwaitHealth{Healthy: healthy, Reply: r})
