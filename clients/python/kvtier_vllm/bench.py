@@ -8,6 +8,14 @@ baseline measured in the same run.
     native CPUOffloadingManager and kvtier's manager (its own kvtierd) at
     the same capacity in blocks; reports hit rates and per-step latency.
 
+``python -m kvtier_vllm.bench share --json``
+    What one node cache shared by N engines is worth: the trace's requests
+    spread over N schedulers (round-robin, and by session), replayed
+    through N native managers of C/N blocks each and through N kvtier
+    managers sharing one kvtierd of C blocks, in the same run; hit rates and
+    recomputed tokens for N = 2, 4, 8, and with one engine restarted
+    halfway.
+
 ``python -m kvtier_vllm.bench ttft --json``
     Time to first token of a shared prefix reloaded from kvtier vs
     recomputed, on a local random-weight model (vLLM's CPU backend).
@@ -356,6 +364,110 @@ def bench_manager(args) -> Dict[str, object]:
     }
 
 
+# -- a node cache shared by N engines ----------------------------------------
+
+TRACE_BLOCK_TOKENS = 512  # the conversation trace's hash block (Mooncake's release)
+
+
+def route(trace: List[List[int]], engines: int, routing: str) -> List[List[List[int]]]:
+    """The trace's requests spread over engines: round-robin, or by session
+    (its first two blocks: the shared system prompt and the conversation's
+    first turn, the trace's stand-in for a session id; a prefix-affinity
+    router sends a conversation's turns to one engine)."""
+    out: List[List[List[int]]] = [[] for _ in range(engines)]
+    for i, ids in enumerate(trace):
+        if routing == "round_robin":
+            e = i % engines
+        else:
+            e = hash(tuple(ids[:2])) % engines
+        out[e].append(ids)
+    return out
+
+
+class _Restarted:
+    """An engine that restarts once, halfway through its requests: its
+    first half is replayed through one manager, the second through a new
+    one (make_manager() called again), as a restarted vLLM process would."""
+
+    def __init__(self, make_manager, requests: List[List[int]], **order):
+        half = len(requests) // 2
+        self.make, self.halves, self.order = make_manager, [requests[:half], requests[half:]], order
+        self.replays: List[Replay] = []
+
+    def steps_one_by_one(self):
+        for part in self.halves:
+            if self.replays:
+                getattr(self.replays[-1].m, "shutdown", lambda: None)()
+            r = Replay(self.make(), part, **self.order)
+            self.replays.append(r)
+            yield from r.steps_one_by_one()
+
+
+def _interleave(replays) -> None:
+    """Steps every replay one step at a time, round-robin, to the end."""
+    its = [r.steps_one_by_one() for r in replays]
+    while its:
+        for it in list(its):
+            if next(it, None) is None:
+                its.remove(it)
+
+
+def _totals(replays) -> Dict[str, float]:
+    looked = hit = 0
+    for r in replays:
+        for x in getattr(r, "replays", [r]):
+            looked, hit = looked + x.looked, hit + x.hit
+    return {"hit_rate": round(hit / looked, 4) if looked else 0.0,
+            "recomputed_tokens": (looked - hit) * TRACE_BLOCK_TOKENS}
+
+
+def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int, routing: str,
+               restart: bool, transport: str, per_step: int) -> Dict[str, object]:
+    """One configuration, native and kvtier in the same run: N native
+    managers of capacity // N blocks each, against N kvtier managers sharing
+    one kvtierd of capacity blocks; with restart, engine 0 restarts halfway
+    through its requests (a new native manager starts empty; a new kvtier
+    manager finds the node's cache)."""
+    from .harness import kvtier_manager, native_manager
+
+    page = 4096
+    parts = route(trace, engines, routing)
+    order = dict(per_step=per_step, preempt_every=0, abort_every=0, model_ms=0.0)
+
+    def engine(make, i):
+        if restart and i == 0:
+            return _Restarted(make, parts[i], **order)
+        return Replay(make(), parts[i], **order)
+
+    native = [engine(lambda: native_manager(max(1, capacity // engines), page_bytes=page), i)
+              for i in range(engines)]
+    _interleave(native)
+    with kvtierd(binary, page, capacity, transport=transport) as addr:
+        kv = [engine(lambda: kvtier_manager(addr, page_bytes=page), i) for i in range(engines)]
+        _interleave(kv)
+        for r in kv:
+            for x in getattr(r, "replays", [r])[-1:]:
+                x.m.shutdown()
+    n, k = _totals(native), _totals(kv)
+    return {"engines": engines, "routing": routing, "restart": restart,
+            "native_hit_rate": n["hit_rate"], "kvtier_hit_rate": k["hit_rate"],
+            "native_recomputed_tokens": n["recomputed_tokens"],
+            "kvtier_recomputed_tokens": k["recomputed_tokens"],
+            "recomputed_ratio": round(k["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 3)}
+
+
+def bench_share(args) -> Dict[str, object]:
+    trace = read_trace(args.trace, args.limit)
+    binary = kvtierd_binary(args.repo)
+    cases = [share_case(binary, trace, args.cpu_blocks, n, routing, False, args.transport, args.per_step)
+             for n in args.engines for routing in ("round_robin", "by_session")]
+    restarts = [share_case(binary, trace, args.cpu_blocks, n, "by_session", True, args.transport,
+                           args.per_step) for n in args.restart_engines]
+    return {"requests": len(trace), "capacity_blocks": args.cpu_blocks,
+            "block_tokens": TRACE_BLOCK_TOKENS, "transport": args.transport,
+            "cases": cases, "restart": restarts}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvtier_vllm.bench")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -374,6 +486,17 @@ def main(argv=None) -> int:
     m.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                    help="leave the trace in the garbage collector's generations (vLLM freezes its start-up heap)")
     m.add_argument("--json", action="store_true")
+    sh = sub.add_parser("share", help="N engines: one shared kvtierd vs N partitioned native caches")
+    sh.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
+    sh.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
+    sh.add_argument("--cpu-blocks", type=int, default=20000, help="the node's CPU capacity, all engines together")
+    sh.add_argument("--engines", type=int, nargs="+", default=[2, 4, 8])
+    sh.add_argument("--restart-engines", type=int, nargs="*", default=[2, 4, 8],
+                    help="engine counts of the restart case (engine 0 restarts halfway)")
+    sh.add_argument("--per-step", type=int, default=4, help="requests admitted per step, per engine")
+    sh.add_argument("--repo", default=".")
+    sh.add_argument("--transport", choices=("ipc", "unix"), default="ipc")
+    sh.add_argument("--json", action="store_true")
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)
     t.add_argument("--repeats", type=int, default=3)
@@ -382,6 +505,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "manager":
         out = bench_manager(args)
+    elif args.cmd == "share":
+        out = bench_share(args)
     else:
         from .bench_ttft import bench_ttft
 

@@ -576,3 +576,25 @@ def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
     init_none_hash(xxhash)
     assert spec.namespace() == b, "a shared PYTHONHASHSEED makes xxhash roots shareable"
     init_none_hash(sha256)
+
+
+def test_the_share_bench_reports_both_caches_per_engine_count_and_routing(kvtierd_bin):
+    """`python -m kvtier_vllm.bench share`: every case names both caches'
+    hit rate and recomputed tokens. On a trace where every engine's
+    requests share one prefix that only fits the node once, the shared
+    kvtierd must do better than the partitioned native caches (a bench that
+    measured nothing, or measured both against one cache, cannot)."""
+    from kvtier_vllm.bench import share_case
+
+    shared = list(range(1000, 1060))  # 60 blocks: fits C=80 once, not C/4=20 per engine
+    trace = [shared + [5000 + i] for i in range(32)]
+    out = share_case(kvtierd_bin, trace, capacity=80, engines=4, routing="round_robin",
+                     restart=False, transport="unix", per_step=1)
+    for field in ("native_hit_rate", "kvtier_hit_rate", "native_recomputed_tokens",
+                  "kvtier_recomputed_tokens"):
+        assert field in out, field
+    assert out["kvtier_hit_rate"] > out["native_hit_rate"] + 0.5, out
+    assert out["kvtier_recomputed_tokens"] < out["native_recomputed_tokens"], out
+    restarted = share_case(kvtierd_bin, trace, capacity=80, engines=2, routing="by_session",
+                           restart=True, transport="unix", per_step=1)
+    assert restarted["restart"] and restarted["kvtier_hit_rate"] >= restarted["native_hit_rate"], restarted
