@@ -9,7 +9,8 @@ interleave with results).
     {"op": "quit"}
 
 Usage: python engine_child.py MODEL_DIR [--kvtier ADDR] [--dtype D]
-       [--block-size N] [--gpu-prefix-cache] [--extra JSON] [--kv-events JSON]
+       [--block-size N] [--gpu-prefix-cache] [--gpu-blocks N] [--max-model-len N]
+       [--extra JSON] [--kv-events JSON]
 """
 
 import argparse
@@ -41,9 +42,10 @@ def engine(args):
 
         events = KVEventsConfig(**json.loads(args.kv_events))
     return LLM(model=args.model, skip_tokenizer_init=True, block_size=args.block_size,
-               max_model_len=4096, dtype=args.dtype, enforce_eager=True, seed=0,
+               max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=True, seed=0,
                enable_prefix_caching=args.gpu_prefix_cache, kv_transfer_config=kv,
-               kv_events_config=events, max_num_seqs=8)
+               kv_events_config=events, max_num_seqs=8,
+               num_gpu_blocks_override=args.gpu_blocks or None)
 
 
 def generate(llm, cmd):
@@ -71,6 +73,8 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--gpu-prefix-cache", action="store_true")
+    ap.add_argument("--gpu-blocks", type=int, default=0, help="vLLM's KV cache in blocks (0: as sized)")
+    ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--extra")
     ap.add_argument("--kv-events", help="vLLM's KVEventsConfig as JSON")
     ap.add_argument("--result-fd", type=int, required=True)

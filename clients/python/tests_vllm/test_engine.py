@@ -265,3 +265,54 @@ def test_a_namespace_mismatch_fails_the_engines_start(daemon_factory, models, tm
         Engine(models["a"], d.address).close()
     assert "KvtierConfigError" in str(failed.value), str(failed.value)[-2000:]
     assert "serves only namespace '00000000deadbeef'" in str(failed.value)
+
+
+# vLLM's GPU prefix cache on (its default), small enough to evict: what
+# kvtier serves must reproduce an engine whose GPU cache never evicts.
+SMALL_GPU = ("--gpu-prefix-cache", "--gpu-blocks", "64", "--max-model-len", "1024")
+EVICT_X = [f"z{i}" for i in range(16)]  # 16 x 4 blocks after x1 and y1: both prefixes leave a 64-block cache
+
+
+def run_sequence(engine, names):
+    return {n: gen(engine, n) for n in names}
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_with_vllms_prefix_cache_on_kvtier_matches_a_never_evicting_engine_across_a_crash(
+        daemon_factory, engine_factory, models, transport):
+    """vLLM's GPU prefix cache on and small: prefixes it evicted come back
+    from kvtier, token- and logprob-identical to the same engine with a GPU
+    cache that never evicts (the reference, same prompts in the same order);
+    then kvtierd is SIGKILLed (vLLM recomputes, still identical) and
+    restarted on the same pool path (kvtier serves again, identical)."""
+    from conftest import Engine
+
+    first = ["x1", "y1"] + EVICT_X + ["x2"]
+    later = ["y2", "x3"]
+    ref_engine = Engine(models["a"], None, "--gpu-prefix-cache", "--max-model-len", "1024")
+    try:
+        reference = run_sequence(ref_engine, first + later)
+    finally:
+        ref_engine.close()
+
+    d = daemon_factory(transport=transport)
+    e = engine_factory(models["a"], d.address, *SMALL_GPU)
+    got = run_sequence(e, first)
+    for n in first:
+        same(got[n], reference[n])
+    assert got["x2"]["cached"] >= PREFIX
+    assert loads(d) >= PREFIX // BLOCK, "the evicted prefix came from kvtier"
+
+    d.kill()
+    out = gen(e, "y2")  # kvtierd dead: y's prefix (evicted from the GPU cache) recomputed
+    same(out, reference["y2"])
+    d2 = daemon_factory(transport=transport, pool=d.pool)
+    deadline = time.monotonic() + 120
+    i = len(EVICT_X)
+    while d2.metrics().get("kvtier_stores_total", 0) == 0:  # reconnects within ~1 s
+        assert time.monotonic() < deadline, "vLLM never used the restarted kvtierd"
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    # x3's prefix: evicted from the GPU cache and gone with the dead daemon:
+    # recomputed, in the restarted daemon's session, still identical
+    same(gen(e, "x3"), reference["x3"])
