@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,13 +124,20 @@ func TestTranslatorAnnouncesAnEnginesBlockWithWhatTheEngineAnnounced(t *testing.
 	assert.True(t, tr.AwaitsTokens(engineStore(4, 12)))
 }
 
-func TestHubHoldsAnEnginesStoreUntilTheEngineAnnouncesIt(t *testing.T) {
+// learningHub is a hub that learns from engines' events, its sink and
+// counters; the actor system stops with the test.
+func learningHub(t *testing.T, wait time.Duration) (*actor.ActorSystem, *actor.PID, chanSink, *Counters) {
 	sink := make(chanSink, 16)
 	system := actors.NewSystem(zerolog.Nop())
-	defer system.Shutdown()
+	t.Cleanup(system.Shutdown)
 	counters := &Counters{}
 	pid := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, Counters: counters,
-		LearnCapacity: 16, LearnWait: time.Hour, Log: zerolog.Nop()}))
+		LearnCapacity: 16, LearnWait: wait, Log: zerolog.Nop()}))
+	return system, pid, sink, counters
+}
+
+func TestHubHoldsAnEnginesStoreUntilTheEngineAnnouncesIt(t *testing.T) {
+	system, pid, sink, counters := learningHub(t, time.Hour)
 	// The store reaches the hub before the engine's announcement of its
 	// blocks; a removal of another block follows it and must stay behind.
 	system.Root.Send(pid, engineStore(4, 11))
@@ -163,12 +171,7 @@ func TestHubHoldsAnEnginesStoreUntilTheEngineAnnouncesIt(t *testing.T) {
 }
 
 func TestHubAnnouncesWithoutTokenIDsOnceTheWaitRunsOut(t *testing.T) {
-	sink := make(chanSink, 16)
-	system := actors.NewSystem(zerolog.Nop())
-	defer system.Shutdown()
-	counters := &Counters{}
-	pid := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, Counters: counters,
-		LearnCapacity: 16, LearnWait: time.Millisecond, Log: zerolog.Nop()}))
+	system, pid, sink, counters := learningHub(t, time.Millisecond)
 	system.Root.Send(pid, &Learn{Batch: engineBatch(nil, 4, 1)}) // the engine's block size is known
 	system.Root.Send(pid, engineStore(4, 12))                    // never announced by its engine
 
