@@ -17,3 +17,8 @@ func (m *embedded) TieringIdle(ctx context.Context) error { return m.node.Tierin
 func (m *embedded) TieringStats(ctx context.Context) (messages.TieringStats, error) {
 	return m.node.TieringStats(ctx)
 }
+
+// Inventory lists what the node holds per medium (Node.Inventory).
+func (m *embedded) Inventory(ctx context.Context) (map[string][]messages.Key, error) {
+	return m.node.Inventory(ctx)
+}

@@ -39,13 +39,18 @@ type Config struct {
 	// DrainTimeout bounds the wait, after the last report, for the node to
 	// become quiet (no pending work, no pins, leases or pending writes).
 	DrainTimeout time.Duration
+	// ReachEvery samples, every so many steps, the share of the node's
+	// held blocks that no prefix lookup can reach (their parent is held
+	// nowhere): Summary.UnreachableCapacity. 0 = never; needs a manager that
+	// lists its node's inventory (InventoryManager).
+	ReachEvery int
 }
 
 // DefaultConfig is the engine `kvtier sim` runs with no flags.
 func DefaultConfig() Config {
 	return Config{GPUBlocks: 1000, Workers: 2, StepTime: 20 * time.Millisecond,
 		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true, Settle: false,
-		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second}
+		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second, ReachEvery: 50}
 }
 
 // Phase is where a scheduled request of a simulated engine is.
@@ -90,8 +95,10 @@ type engine struct {
 	sum      Summary
 	lookups  []time.Duration
 	wall     time.Time
-	tiered   TieredManager // nil when the manager has no secondary tiers to settle
-	tierWork bool          // a lookup of this step answered RETRY: secondary work to settle
+	tiered   TieredManager    // nil when the manager has no secondary tiers to settle
+	tierWork bool             // a lookup of this step answered RETRY: secondary work to settle
+	inv      InventoryManager // nil when the manager cannot list its node's blocks
+	reach    *reach
 }
 
 // Run replays reqs against mgr and returns the summary. mode names the
@@ -101,6 +108,9 @@ type engine struct {
 func Run(ctx context.Context, mgr kvtier.Manager, reqs []Request, cfg Config) (Summary, error) {
 	e := &engine{cfg: cfg, mgr: mgr, pool: mgr.Pool(), gpu: NewLRU(cfg.GPUBlocks), reqs: reqs, wall: time.Now()}
 	e.tiered, _ = mgr.(TieredManager)
+	if e.inv, _ = mgr.(InventoryManager); e.inv != nil && cfg.ReachEvery > 0 {
+		e.reach = newReach()
+	}
 	e.cfg.MaxRunning = max(e.cfg.MaxRunning, 1)
 	e.sum.Requests = len(reqs)
 	for e.done < len(reqs) || e.jobs.Len() > 0 {
@@ -113,6 +123,10 @@ func Run(ctx context.Context, mgr kvtier.Manager, reqs []Request, cfg Config) (S
 	}
 	if err := e.quiesce(ctx); err != nil {
 		return e.sum, err
+	}
+	if e.reach != nil {
+		f := e.reach.fraction()
+		e.sum.UnreachableCapacity = &f
 	}
 	e.sum.VirtualSeconds = e.now.Seconds()
 	e.sum.WallSeconds = time.Since(e.wall).Seconds()
@@ -147,6 +161,13 @@ func (e *engine) step(ctx context.Context) error {
 		return err
 	}
 	e.sum.Steps++
+	if e.reach != nil && e.sum.Steps%e.cfg.ReachEvery == 0 {
+		inv, err := e.inv.Inventory(ctx)
+		if err != nil {
+			return err
+		}
+		e.reach.sample(inv)
+	}
 	if e.cfg.Progress != nil {
 		e.cfg.Progress(e.done, len(e.reqs))
 	}
@@ -175,6 +196,9 @@ func (e *engine) newRunning(i int) *running {
 	req := e.reqs[i]
 	keys := Keys(e.cfg.Namespace, req.Blocks)
 	e.sum.PromptBlocks += len(keys)
+	if e.reach != nil {
+		e.reach.note(keys)
+	}
 	return &running{req: req, ctx: NewReqContext(fmt.Sprintf("sim-%d", i), e.cfg.Workers), keys: keys}
 }
 

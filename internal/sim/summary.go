@@ -30,6 +30,11 @@ type Summary struct {
 	GPUHitRate   float64  `json:"gpu_hit_rate"` // gpu hits / prompt blocks
 	CPUHitRate   float64  `json:"cpu_hit_rate"` // loaded from kvtier's CPU tier / prompt blocks (HIT at the first ask)
 	IdealHitRate *float64 `json:"ideal_hit_rate,omitempty"`
+	// UnreachableCapacity is the share of the blocks the node held, sampled
+	// every Config.ReachEvery steps, whose chain to the root was broken (a
+	// parent held in no tier): no prefix lookup can reach them. Absent when
+	// not measured (a remote node).
+	UnreachableCapacity *float64 `json:"unreachable_capacity_fraction,omitempty"`
 
 	// Secondary tiers (tiers.go): blocks loaded after a RETRY (promoted
 	// from a secondary tier), their rate, and per tier kind the share of
@@ -120,6 +125,9 @@ func (s Summary) WriteText(w io.Writer) {
 	if s.TierPromoted != nil {
 		p("secondary       %.2f%% of blocks loaded after promotion (fs %.2f%%, obj %.2f%%); promoted %v; cascade dropped %d; promotion failures %v",
 			100*s.SecondaryHitRate, 100*s.FSHitRate, 100*s.ObjHitRate, s.TierPromoted, s.CascadeDropped, s.PromotionFailures)
+	}
+	if s.UnreachableCapacity != nil {
+		p("unreachable     %.2f%%  of held blocks (a parent held in no tier: no prefix lookup reaches them)", 100**s.UnreachableCapacity)
 	}
 	if s.IdealHitRate != nil {
 		p("ideal hit rate  %.2f%%  (unbounded cache, prefix semantics)", 100**s.IdealHitRate)
