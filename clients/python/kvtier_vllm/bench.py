@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 # -- a kvtierd of the bench's own ---------------------------------------------
 
@@ -422,13 +422,18 @@ def _totals(replays) -> Dict[str, float]:
 
 
 def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int, routing: str,
-               restart: bool, transport: str, per_step: int) -> Dict[str, object]:
+               restart: bool, transport: str, per_step: int,
+               store_credit: Optional[int] = None) -> Dict[str, object]:
     """One configuration, native and kvtier in the same run: N native
     managers of capacity // N blocks each, against N kvtier managers sharing
     one kvtierd of capacity blocks; with restart, engine 0 restarts halfway
     through its requests (a new native manager starts empty; a new kvtier
-    manager finds the node's cache)."""
+    manager finds the node's cache). store_credit is each kvtier manager's
+    kvtier_store_credit (None: the connector's default): slots kvtierd
+    keeps free for an engine's stores come out of the shared capacity."""
     from .harness import kvtier_manager, native_manager
+
+    extra = {} if store_credit is None else {"kvtier_store_credit": store_credit}
 
     page = 4096
     parts = route(trace, engines, routing)
@@ -443,13 +448,13 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
               for i in range(engines)]
     _interleave(native)
     with kvtierd(binary, page, capacity, transport=transport) as addr:
-        kv = [engine(lambda: kvtier_manager(addr, page_bytes=page), i) for i in range(engines)]
+        kv = [engine(lambda: kvtier_manager(addr, page_bytes=page, extra=extra), i) for i in range(engines)]
         _interleave(kv)
         for r in kv:
             for x in getattr(r, "replays", [r])[-1:]:
                 x.m.shutdown()
     n, k = _totals(native), _totals(kv)
-    return {"engines": engines, "routing": routing, "restart": restart,
+    return {"engines": engines, "routing": routing, "restart": restart, "store_credit": store_credit,
             "native_hit_rate": n["hit_rate"], "kvtier_hit_rate": k["hit_rate"],
             "native_recomputed_tokens": n["recomputed_tokens"],
             "kvtier_recomputed_tokens": k["recomputed_tokens"],
@@ -459,10 +464,11 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
 def bench_share(args) -> Dict[str, object]:
     trace = read_trace(args.trace, args.limit)
     binary = kvtierd_binary(args.repo)
-    cases = [share_case(binary, trace, args.cpu_blocks, n, routing, False, args.transport, args.per_step)
+    cases = [share_case(binary, trace, args.cpu_blocks, n, routing, False, args.transport, args.per_step,
+                        args.store_credit)
              for n in args.engines for routing in ("round_robin", "by_session")]
     restarts = [share_case(binary, trace, args.cpu_blocks, n, "by_session", True, args.transport,
-                           args.per_step) for n in args.restart_engines]
+                           args.per_step, args.store_credit) for n in args.restart_engines]
     return {"requests": len(trace), "capacity_blocks": args.cpu_blocks,
             "block_tokens": TRACE_BLOCK_TOKENS, "transport": args.transport,
             "cases": cases, "restart": restarts}
@@ -496,6 +502,8 @@ def main(argv=None) -> int:
     sh.add_argument("--per-step", type=int, default=4, help="requests admitted per step, per engine")
     sh.add_argument("--repo", default=".")
     sh.add_argument("--transport", choices=("ipc", "unix"), default="ipc")
+    sh.add_argument("--store-credit", type=int, default=None,
+                    help="each kvtier manager's kvtier_store_credit (default: the connector's, 64)")
     sh.add_argument("--json", action="store_true")
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)
