@@ -60,7 +60,9 @@ func counts(s map[string]any) map[string]any {
 	out := map[string]any{}
 	for k, v := range s {
 		switch k {
-		case "lookup_p50_us", "lookup_p99_us", "wall_seconds", "settle_polls":
+		// NB: unreachable capacity is sampled through the embedded node's
+		// inventory only (a connected sim has no inventory to read).
+		case "lookup_p50_us", "lookup_p99_us", "wall_seconds", "settle_polls", "unreachable_capacity_fraction":
 		default:
 			out[k] = v
 		}

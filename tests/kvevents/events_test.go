@@ -247,14 +247,18 @@ func replay(ctx context.Context, t *testing.T, addr string, from uint64) []frame
 	for {
 		m, err := d.Recv()
 		require.NoError(t, err)
-		require.Len(t, m.Frames, 3, "[\"\", seq, payload]")
+		// vLLM's (>= 0.32) replay form: ["", topic, seq, payload]; the
+		// terminator's topic and payload are empty.
+		require.Len(t, m.Frames, 4, "[\"\", topic, seq, payload]")
 		require.Empty(t, m.Frames[0])
-		seq := binary.BigEndian.Uint64(m.Frames[1])
+		seq := binary.BigEndian.Uint64(m.Frames[2])
 		if seq == 0xFFFFFFFFFFFFFFFF {
-			require.Empty(t, m.Frames[2], "terminator payload")
+			require.Empty(t, m.Frames[1], "terminator topic")
+			require.Empty(t, m.Frames[3], "terminator payload")
 			return out
 		}
-		out = append(out, frame{seq: seq, payload: m.Frames[2]})
+		require.NotEmpty(t, m.Frames[1], "the topic")
+		out = append(out, frame{seq: seq, payload: m.Frames[3]})
 	}
 }
 
