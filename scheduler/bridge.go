@@ -45,11 +45,6 @@ type Bridge struct {
 	// completed before it, so blocks are ranked in completion order.
 	commitIssued, commitNext uint64
 	parked                   map[uint64]*checksummed
-	// A PrepareLoad that arrives while commits issued before it are still
-	// being checksummed waits for them (in arrival order): a caller that
-	// completed a store and loads its keys at once must find them
-	// committed, as if its calls took effect in the order it sent them.
-	heldLoads []heldLoad
 	// carry holds events drained from the CPU tier for a TakeEvents that a
 	// restart failed; the next TakeEvents returns them first. It outlives
 	// restarts (every incarnation gets the same one).
@@ -135,10 +130,6 @@ func (b *Bridge) Receive(ctx actor.Context) {
 	case *messages.Lookup:
 		b.lookup(ctx, m)
 	case *messages.PrepareLoad:
-		if b.commitNext < b.commitIssued {
-			b.heldLoads = append(b.heldLoads, heldLoad{after: b.commitIssued, m: m})
-			return
-		}
 		b.prepareLoad(ctx, m)
 	case *messages.Touch:
 		b.touch(ctx, m)
@@ -238,10 +229,6 @@ func (b *Bridge) failInFlight() {
 	for _, w := range b.waiters {
 		w.fail(ErrRestarted)
 	}
-	for _, h := range b.heldLoads {
-		h.m.Reply.Answer(messages.LoadJob{}, ErrRestarted)
-	}
-	b.heldLoads = nil
 }
 
 // askCPU sends a CPU-tier request built with a fresh correlation id and
@@ -548,25 +535,6 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
 	}
-	b.releaseLoads(ctx)
-}
-
-// heldLoad is a PrepareLoad waiting for the commits issued before it.
-type heldLoad struct {
-	after uint64 // the last commit issued when it arrived
-	m     *messages.PrepareLoad
-}
-
-// releaseLoads serves the held loads whose commits were all sent to the
-// CPU tier (which serves its mailbox in order: the commits land first).
-func (b *Bridge) releaseLoads(ctx actor.Context) {
-	n := 0
-	for n < len(b.heldLoads) && b.heldLoads[n].after <= b.commitNext {
-		b.prepareLoad(ctx, b.heldLoads[n].m)
-		b.heldLoads[n] = heldLoad{}
-		n++
-	}
-	b.heldLoads = b.heldLoads[n:]
 }
 
 // sendCommit asks the CPU tier to commit; the answer ends one in-flight

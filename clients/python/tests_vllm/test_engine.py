@@ -316,3 +316,42 @@ def test_with_vllms_prefix_cache_on_kvtier_matches_a_never_evicting_engine_acros
     # x3's prefix: evicted from the GPU cache and gone with the dead daemon:
     # recomputed, in the restarted daemon's session, still identical
     same(gen(e, "x3"), reference["x3"])
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_with_vllms_prefix_cache_on_a_stopped_kvtierd_costs_recomputes_and_leaks_nothing(
+        daemon_factory, engine_factory, models, transport):
+    """The SIGSTOP case with vLLM's GPU prefix cache on and small: kvtierd
+    stopped past the connector's timeout, then continued; vLLM's outputs
+    equal a never-evicting engine's throughout (prefixes recomputed while
+    kvtierd is stopped, served again after), kvtier is used again, and
+    nothing stays held."""
+    from conftest import Engine
+
+    first = ["x1", "y1"] + EVICT_X + ["x2"]
+    ref_engine = Engine(models["a"], None, "--gpu-prefix-cache", "--max-model-len", "1024")
+    try:
+        reference = run_sequence(ref_engine, first + ["y2", "x3"])
+    finally:
+        ref_engine.close()
+
+    d = daemon_factory(transport=transport)
+    e = engine_factory(models["a"], d.address, *SMALL_GPU)
+    got = run_sequence(e, first)
+    for n in first:
+        same(got[n], reference[n])
+    assert got["x2"]["cached"] >= PREFIX and loads(d) >= PREFIX // BLOCK
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        same(gen(e, "y2"), reference["y2"])  # the link times out: y's prefix recomputed
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    stores = d.metrics().get("kvtier_stores_total", 0)
+    deadline = time.monotonic() + 120
+    i = len(EVICT_X)
+    while d.metrics().get("kvtier_stores_total", 0) <= stores:  # the new session stores
+        assert time.monotonic() < deadline, "vLLM never used the continued kvtierd"
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    same(gen(e, "x3"), reference["x3"])
+    d.wait_quiet(what="after the stop (the lost session's quarantine is --engine-grace, 3 s)")
