@@ -197,11 +197,12 @@ func (h *Hub) Receive(ctx actor.Context) {
 // receive translates e now, or holds it (with learning on) while it, or
 // an event before it, awaits its engine's token ids.
 func (h *Hub) receive(ctx actor.Context, e *messages.Event) {
-	if len(h.st.waiting) == 0 && !h.st.tr.AwaitsTokens(e) {
+	awaits := h.st.tr.AwaitsTokens(e)
+	if len(h.st.waiting) == 0 && !awaits {
 		h.apply(ctx, e)
 		return
 	}
-	if h.st.tr.AwaitsTokens(e) {
+	if awaits {
 		h.cfg.Counters.AwaitedTokens.Add(1)
 	}
 	// NB: wall time, as the batch window: waiting decides a payload, never

@@ -93,7 +93,7 @@ func (l *Learned) Lookup(hash string) *messages.Provenance {
 	if len(hash) == 0 {
 		return nil
 	}
-	return l.blocks[lowBits(WireHash(hash, HashInt))]
+	return l.blocks[WireHash(hash, HashInt).Int]
 }
 
 func (l *Learned) put(h uint64, p *messages.Provenance) {

@@ -277,18 +277,15 @@ def run_sequence(engine, names):
     return {n: gen(engine, n) for n in names}
 
 
-@pytest.mark.parametrize("transport", ["ipc", "unix"])
-def test_with_vllms_prefix_cache_on_kvtier_matches_a_never_evicting_engine_across_a_crash(
-        daemon_factory, engine_factory, models, transport):
-    """vLLM's GPU prefix cache on and small: prefixes it evicted come back
-    from kvtier, token- and logprob-identical to the same engine with a GPU
-    cache that never evicts (the reference, same prompts in the same order);
-    then kvtierd is SIGKILLed (vLLM recomputes, still identical) and
-    restarted on the same pool path (kvtier serves again, identical)."""
+def prefix_cache_first_phase(daemon_factory, engine_factory, models, transport, later):
+    """The reference (a never-evicting engine, prefix cache on) over the
+    first phase and ``later``; a kvtierd on ``transport`` and an engine with
+    a small GPU cache, through the first phase: every output identical,
+    x2's prefix (evicted from the GPU cache) served by kvtier. Returns the
+    daemon, the engine and the reference."""
     from conftest import Engine
 
     first = ["x1", "y1"] + EVICT_X + ["x2"]
-    later = ["y2", "x3"]
     ref_engine = Engine(models["a"], None, "--gpu-prefix-cache", "--max-model-len", "1024")
     try:
         reference = run_sequence(ref_engine, first + later)
@@ -302,7 +299,19 @@ def test_with_vllms_prefix_cache_on_kvtier_matches_a_never_evicting_engine_acros
         same(got[n], reference[n])
     assert got["x2"]["cached"] >= PREFIX
     assert loads(d) >= PREFIX // BLOCK, "the evicted prefix came from kvtier"
+    return d, e, reference
 
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_with_vllms_prefix_cache_on_kvtier_matches_a_never_evicting_engine_across_a_crash(
+        daemon_factory, engine_factory, models, transport):
+    """vLLM's GPU prefix cache on and small: prefixes it evicted come back
+    from kvtier, token- and logprob-identical to the same engine with a GPU
+    cache that never evicts (the reference, same prompts in the same order);
+    then kvtierd is SIGKILLed (vLLM recomputes, still identical) and
+    restarted on the same pool path (kvtier serves again, identical)."""
+    d, e, reference = prefix_cache_first_phase(daemon_factory, engine_factory, models, transport,
+                                               later=["y2", "x3"])
     d.kill()
     out = gen(e, "y2")  # kvtierd dead: y's prefix (evicted from the GPU cache) recomputed
     same(out, reference["y2"])
@@ -326,21 +335,8 @@ def test_with_vllms_prefix_cache_on_a_stopped_kvtierd_costs_recomputes_and_leaks
     equal a never-evicting engine's throughout (prefixes recomputed while
     kvtierd is stopped, served again after), kvtier is used again, and
     nothing stays held."""
-    from conftest import Engine
-
-    first = ["x1", "y1"] + EVICT_X + ["x2"]
-    ref_engine = Engine(models["a"], None, "--gpu-prefix-cache", "--max-model-len", "1024")
-    try:
-        reference = run_sequence(ref_engine, first + ["y2", "x3"])
-    finally:
-        ref_engine.close()
-
-    d = daemon_factory(transport=transport)
-    e = engine_factory(models["a"], d.address, *SMALL_GPU)
-    got = run_sequence(e, first)
-    for n in first:
-        same(got[n], reference[n])
-    assert got["x2"]["cached"] >= PREFIX and loads(d) >= PREFIX // BLOCK
+    d, e, reference = prefix_cache_first_phase(daemon_factory, engine_factory, models, transport,
+                                               later=["y2", "x3"])
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         same(gen(e, "y2"), reference["y2"])  # the link times out: y's prefix recomputed
