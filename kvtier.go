@@ -41,6 +41,8 @@ type Node struct {
 	manager  *embedded
 	endpoint *scheduler.Endpoint // standalone mode only (standalone.go)
 	cpu      *actor.PID
+	state    *cpu.State  // the CPU tier's, its actor's to touch once spawned
+	plan     []planned   // the actors, in spawn order (topology.go)
 	events   eventsState // KV events (node_events.go)
 	tiers    tiersState  // secondary tiers (node_tiers.go)
 	peers    peersState  // peers: P2P tier, control and data planes (node_peers.go)
@@ -113,36 +115,29 @@ func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
+// start plans the node's actors (topology.go), wires their PIDs and spawns
+// them under the guardian, in spawn order.
 func (n *Node) start(ctx context.Context, state *cpu.State) error {
-	log := *n.cfg.Logger
-	n.system = actors.NewSystem(log)
-	supervision.AttachFaults(n.system, n.cfg.Faults) // chaos tests only; nil: nothing
-	cpuPID := n.pidOf("cpu")
-	n.cpu = cpuPID
-	hub := n.eventsChildren()
-	tierKids := n.tierChildren(cpuPID)
-	peerKids := n.peerChildren(cpuPID)
-	counters, jobSeq := &scheduler.Counters{}, &atomic.Uint64{}
-	children := []actors.Child{
-		{Name: "cpu", Props: cpu.Props(state, n.pool, n.cfg.Clock.Now, log.With().Str("actor", "cpu").Logger(), n.cpuOptions()...)},
-		{Name: "bridge", Props: scheduler.Props(scheduler.Config{
-			CPU: cpuPID, Slot: n.pool.Slot, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
-			Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
-			JobSeq: jobSeq, Counters: counters, Restarts: &n.restarts,
-			Tiering: n.tiers.tiering,
-			Log:     log.With().Str("actor", "bridge").Logger(),
-		})},
+	plan, err := plan(n.cfg, table)
+	if err != nil {
+		return err
 	}
-	children = append(children, n.endpointChildren()...)
-	children = append(children, tierKids...)
-	children = append(children, peerKids...)
-	children = append(hub, children...)
+	n.system = actors.NewSystem(*n.cfg.Logger)
+	supervision.AttachFaults(n.system, n.cfg.Faults) // chaos tests only; nil: nothing
+	n.state, n.plan = state, plan
+	n.cpu, n.events.hub = n.pidOf("cpu"), n.pidIf("events")
+	n.tiers.tiering, n.peers.tier, n.peers.plane = n.pidIf("tiering"), n.pidIf("p2p"), n.pidIf("peers")
+	children, err := n.children()
+	if err != nil {
+		n.system.Shutdown()
+		return err
+	}
 	n.dispatch = actors.NewWarmDispatcher(actors.WarmWorkers, actors.Throughput)
 	for _, c := range children {
 		c.Props.Configure(actor.WithDispatcher(n.dispatch))
 	}
 	spawned := make(chan map[string]*actor.PID, 1)
-	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, log), guardianName)
+	guardian, err := n.system.Root.SpawnNamed(actors.GuardianProps(children, spawned, &n.restarts, *n.cfg.Logger), guardianName)
 	if err != nil {
 		n.system.Shutdown()
 		_ = n.dispatch.Close(ctx)
@@ -151,11 +146,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 	n.guardian = guardian
 	select {
 	case pids := <-spawned:
-		if !pids["cpu"].Equal(cpuPID) {
-			n.stopActors(context.Background())
-			return fmt.Errorf("cpu tier spawned as %s, wired as %s", pids["cpu"], cpuPID)
-		}
-		if err := n.checkEvents(pids); err != nil {
+		if err := n.checkSpawned(pids); err != nil {
 			n.stopActors(context.Background())
 			return err
 		}
@@ -166,6 +157,17 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 		n.stopActors(context.Background())
 		return fmt.Errorf("start actors: %w", ctx.Err())
 	}
+}
+
+// bridgeProps builds the bridge.
+func (n *Node) bridgeProps(w wiring) *actor.Props {
+	return scheduler.Props(scheduler.Config{
+		CPU: w.to("cpu"), Slot: n.pool.Slot, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
+		Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
+		JobSeq: &atomic.Uint64{}, Counters: &scheduler.Counters{}, Restarts: &n.restarts,
+		Tiering: w.to("tiering"),
+		Log:     n.cfg.Logger.With().Str("actor", "bridge").Logger(),
+	})
 }
 
 // Manager returns the engine-facing API.
@@ -293,10 +295,18 @@ func deadlineOf(ctx context.Context) time.Time {
 	return d
 }
 
+// stopActors stops the actors in the reverse of their spawn order, each
+// once it has processed what it was sent (an actor stops before those it
+// sends to), then the guardian, the system and the dispatcher.
 func (n *Node) stopActors(ctx context.Context) error {
 	var err error
 	if n.guardian != nil {
-		err = actors.StopAndWait(ctx, n.system, n.guardian)
+		for i := len(n.plan) - 1; i >= 0 && err == nil; i-- {
+			err = actors.StopAndWait(ctx, n.system, n.pidOf(n.plan[i].Name))
+		}
+		if gerr := actors.StopAndWait(ctx, n.system, n.guardian); err == nil {
+			err = gerr
+		}
 	}
 	close(n.stopped)
 	n.system.Shutdown()

@@ -24,7 +24,6 @@ import (
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers"
-	"github.com/kvtier/kvtier/tiers/cpu"
 )
 
 // eventsState is the node's events wiring; zero when events are off.
@@ -52,21 +51,21 @@ func (n *Node) openEvents() error {
 	return nil
 }
 
-// eventsChildren is the hub, when events are on.
-func (n *Node) eventsChildren() []actors.Child {
+// hubProps builds the KV-event hub.
+func (n *Node) hubProps(w wiring) *actor.Props {
 	if n.events.pub == nil {
+		w.fail(errors.New("events planned but not opened"))
 		return nil
 	}
 	format, _ := events.ParseHashFormat(n.cfg.Events.HashFormat) // validated
 	encoding, _ := events.ParseEncoding(n.cfg.Events.Encoding)   // validated
-	n.events.hub = n.pidOf("events")
-	return []actors.Child{{Name: "events", Props: events.HubProps(events.HubConfig{
+	return events.HubProps(events.HubConfig{
 		Format: format, SpecKind: n.cfg.Events.SpecKind, DPRank: int64(n.cfg.Events.DataParallelRank), Sink: n.events.pub,
 		BatchWindow: n.cfg.Events.BatchWindow, Encoding: encoding,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
 		LearnCapacity: n.learnCapacity(), LearnWait: n.cfg.Events.LearnWait,
 		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
-	})}}
+	})
 }
 
 // learnCapacity is the hub's, 0 (learning off) without engines to learn from.
@@ -121,23 +120,6 @@ func (n *Node) stopLearning() {
 		n.events.unlearn()
 		n.events.learning.Wait()
 	}
-}
-
-// cpuOptions wires the CPU tier to the hub.
-func (n *Node) cpuOptions() []cpu.Option {
-	opts := []cpu.Option{cpu.WithClock(n.cfg.Clock)}
-	if n.events.hub != nil {
-		opts = append(opts, cpu.WithEventSink(n.events.hub))
-	}
-	return opts
-}
-
-// checkEvents verifies the hub was spawned where the CPU tier sends.
-func (n *Node) checkEvents(pids map[string]*actor.PID) error {
-	if n.events.hub != nil && !pids["events"].Equal(n.events.hub) {
-		return fmt.Errorf("events hub spawned as %s, wired as %s", pids["events"], n.events.hub)
-	}
-	return nil
 }
 
 // flushEvents closes the hub's open batch once every event sent before

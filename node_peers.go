@@ -21,7 +21,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/discovery"
@@ -29,7 +28,6 @@ import (
 	"github.com/kvtier/kvtier/rdma/nixl"
 	"github.com/kvtier/kvtier/rdma/tcp"
 	"github.com/kvtier/kvtier/tiers/p2p"
-	"github.com/kvtier/kvtier/tiers/tiering"
 )
 
 // peersState is the node's peer plumbing.
@@ -144,33 +142,22 @@ func defaultDataListen(control string) string {
 	return host + ":0"
 }
 
-// peerTier is the P2P tier as the tiering actor sees it, or nil.
-func (n *Node) peerTier() *tiering.Tier {
-	if n.peers.listener == nil {
-		return nil
-	}
-	name := n.cfg.Peers.TierName
-	if name == "" {
-		name = p2p.DefaultName
-	}
-	n.peers.tier = n.pidOf("p2p")
-	return &tiering.Tier{Name: name, Kind: p2p.Kind, PID: n.peers.tier, Batched: true, NoCascade: true}
+// p2pProps builds the P2P tier.
+func (n *Node) p2pProps(w wiring) *actor.Props {
+	return p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
+		Directory: n.cfg.Peers.Directory, Tiering: w.to("tiering"), Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})
 }
 
-// peerChildren are the P2P tier and the control plane, spawned after the
-// CPU tier (peerTier must have run).
-func (n *Node) peerChildren(cpuPID *actor.PID) []actors.Child {
+// peersProps builds the peer control plane (its sessions send to the CPU
+// tier and the P2P tier).
+func (n *Node) peersProps(w wiring) *actor.Props {
 	if n.peers.listener == nil {
+		w.fail(errors.New("peers planned but not opened"))
 		return nil
 	}
 	cfg := n.peers.cfg
-	cfg.CPU, cfg.Tier = cpuPID, n.peers.tier
-	n.peers.plane = n.pidOf("peers")
-	return []actors.Child{
-		{Name: "p2p", Props: p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
-			Directory: n.cfg.Peers.Directory, Tiering: n.pidOf("tiering"), Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})},
-		{Name: "peers", Props: peer.Props(cfg, n.peers.listener, n.peers.counters)},
-	}
+	cfg.CPU, cfg.Tier = w.to("cpu"), w.to("p2p")
+	return peer.Props(cfg, n.peers.listener, n.peers.counters)
 }
 
 func (p *peersState) tierName(pc PeersConfig) string {

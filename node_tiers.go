@@ -12,10 +12,10 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/p2p"
 	"github.com/kvtier/kvtier/tiers/tiering"
 )
 
@@ -61,32 +61,32 @@ func (n *Node) openTiers() error {
 	return nil
 }
 
-// tierChildren are the tier actors and the tiering actor (topology.go: after
-// the bridge and the endpoint). It sets n.tiers.tiering, which the bridge's
-// configuration names, so start calls it before building the bridge's.
-func (n *Node) tierChildren(cpuPID *actor.PID) []actors.Child {
-	peers := n.peerTier()
-	if len(n.tiers.opened) == 0 && peers == nil {
-		return nil
+// tierProps builds one secondary tier's actor.
+func (n *Node) tierProps(w wiring) *actor.Props {
+	for _, t := range n.tiers.opened {
+		if t.name == w.self.instance {
+			return t.props(w.to("events"))
+		}
 	}
-	var children []actors.Child
+	w.fail(errors.New("secondary tier planned but not opened"))
+	return nil
+}
+
+// tieringProps builds the tiering actor over the secondary tiers, in config
+// order, then the P2P tier: a local copy (fs, obj) is preferred to a peer's.
+func (n *Node) tieringProps(w wiring) *actor.Props {
 	var ts []tiering.Tier
 	for _, t := range n.tiers.opened {
-		name := "tier-" + t.name
-		children = append(children, actors.Child{Name: name, Props: t.props(n.events.hub)})
-		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: n.pidOf(name)})
+		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: w.to("tier-" + t.name)})
 	}
-	if peers != nil {
-		// Last: a local copy (fs, obj) is preferred to a peer's.
-		ts = append(ts, *peers)
+	if pid := w.to("p2p"); pid != nil {
+		ts = append(ts, tiering.Tier{Name: n.peers.tierName(n.cfg.Peers), Kind: p2p.Kind, PID: pid, Batched: true, NoCascade: true})
 	}
-	n.tiers.tiering = n.pidOf("tiering")
-	children = append(children, actors.Child{Name: "tiering", Props: tiering.Props(tiering.Config{
-		CPU: cpuPID, Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
+	return tiering.Props(tiering.Config{
+		CPU: w.to("cpu"), Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
 		LookupDeadline: n.cfg.SecondaryLookupDeadline, CascadeQueue: n.cfg.CascadeQueue,
 		Log: n.cfg.Logger.With().Str("actor", "tiering").Logger(),
-	})})
-	return children
+	})
 }
 
 // closeTiers stops every tier's I/O workers, waiting for running I/O until

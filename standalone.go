@@ -7,6 +7,7 @@ package kvtier
 // before anything else so no engine call arrives during the drain.
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/wire"
@@ -175,12 +175,14 @@ func engineAccess(group string) (int, os.FileMode, error) {
 	return gid, 0o660, nil
 }
 
-// endpointChildren is the endpoint actor for the guardian to spawn, if any.
-func (n *Node) endpointChildren() []actors.Child {
+// endpointProps builds the engine endpoint's actor (it calls the bridge).
+func (n *Node) endpointProps(w wiring) *actor.Props {
 	if n.endpoint == nil {
+		w.fail(errors.New("engine endpoint planned but not opened"))
 		return nil
 	}
-	return []actors.Child{{Name: "endpoint", Props: n.endpoint.Props()}}
+	w.to("bridge") // Start wires it (startEndpoint)
+	return n.endpoint.Props()
 }
 
 // startEndpoint begins serving once the actors are up, and registers the

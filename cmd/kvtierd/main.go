@@ -83,6 +83,17 @@ const (
 
 // startCPUProfile profiles the process into path until the returned func
 // runs (KVTIERD_CPUPROFILE; docs/PERFORMANCE.md).
+// printTopology writes the actors a node opened with cfg runs (--print-topology).
+func printTopology(w io.Writer, cfg kvtier.Config) int {
+	top, err := kvtier.PlanTopology(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvtierd:", err)
+		return exitConfig
+	}
+	fmt.Fprint(w, top)
+	return exitOK
+}
+
 func startCPUProfile(path string) (func(), error) {
 	f, err := os.Create(path)
 	if err != nil {
@@ -124,6 +135,7 @@ type options struct {
 	peerSecretFile  string
 	peerTransport   string
 	peers           peerFlags
+	printTopology   bool
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
 }
@@ -155,6 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.peerDataListen, "peer-data-listen", "", "tcp data-plane `address` to bind, e.g. 0.0.0.0:7601 (default: the peer-listen host, any port)")
 	fs.StringVar(&o.peerSecretFile, "peer-secret-file", "", "`file` holding the peers' shared HMAC secret (default from config)")
 	fs.StringVar(&o.peerTransport, "peer-transport", "", "data plane: tcp or nixl (default from config, else tcp)")
+	fs.BoolVar(&o.printTopology, "print-topology", false, "print the actors this configuration runs (spawn order, who sends to whom) and exit")
 	fs.Var(&o.peers, "peer", "a peer to dial, `node-id=tcp://host:port` (repeatable; adds to the config's)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -313,6 +326,9 @@ func run(args []string, stderr *os.File) int {
 		}
 		ev.Msg("bad configuration")
 		return exitConfig
+	}
+	if o.printTopology {
+		return printTopology(os.Stdout, cfg)
 	}
 	cfg.Logger = &base // the node adds its own component fields
 	log.Debug().Int("gc_percent", gcpercent.Apply(gcpercent.Default)).Msg("garbage collector target")

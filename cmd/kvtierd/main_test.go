@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,4 +105,27 @@ func TestProbes(t *testing.T) {
 	ready.Store(false) // shutdown began
 	require.Equal(t, http.StatusServiceUnavailable, code("/readyz"))
 	require.Equal(t, http.StatusOK, code("/healthz"))
+}
+
+// TestPrintTopology: --print-topology prints the actors the flags and the
+// config file turn on, without opening anything (the pool, the socket and
+// the peer address here could not be opened).
+func TestPrintTopology(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("secondary_tiers:\n  - kind: fs\n    root: /nonexistent/kvtier\n"), 0o600))
+	o := parse(t, "--config", p, "--print-topology", "--engine-listen", "unix:///nonexistent/engine.sock",
+		"--pool-path", "/nonexistent/pool", "--peer-listen", "tcp://192.0.2.1:7600", "--node-id", "a", "--peer-secret-file", p)
+	require.True(t, o.printTopology)
+	cfg, err := buildConfig(o)
+	require.NoError(t, err)
+	var out strings.Builder
+	require.Equal(t, exitOK, printTopology(&out, cfg))
+	var order []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 1 && f[0] != "stop" {
+			order = append(order, f[1])
+		}
+	}
+	require.Equal(t, []string{"cpu", "tier-fs", "p2p", "tiering", "bridge", "endpoint", "peers"}, order)
+	require.Contains(t, out.String(), "tiering      cpu, tier-fs, p2p")
 }
