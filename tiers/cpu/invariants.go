@@ -89,6 +89,11 @@ func (s *State) CheckInvariants() error {
 	if n := s.policy.Len(); n != ready+ranked {
 		bad("policy holds %d slots, %d ready and %d touched while written", n, ready, ranked)
 	}
+	if c, ok := s.policy.(interface{ check() error }); ok {
+		if err := c.check(); err != nil {
+			bad("policy: %w", err)
+		}
+	}
 	if ready != s.ready {
 		bad("ready count %d, %d slots ready", s.ready, ready)
 	}

@@ -24,6 +24,10 @@ type Policy interface {
 	Len() int
 }
 
+// Policies are the names NewPolicy knows: "lru" (vLLM's order, the
+// default), "arc", and "prefix" (a chain's deepest blocks first; prefix.go).
+var Policies = []string{"lru", "arc", "prefix"}
+
 // NewPolicy returns the named policy for a pool of n slots.
 func NewPolicy(name string, n int) (Policy, error) {
 	switch name {
@@ -31,8 +35,16 @@ func NewPolicy(name string, n int) (Policy, error) {
 		return newLRU(n), nil
 	case "arc":
 		return newARC(n), nil
+	case "prefix":
+		return newPrefix(n), nil
 	}
 	return nil, fmt.Errorf("%w: unknown eviction policy %q", messages.ErrBadConfig, name)
+}
+
+// ValidPolicy reports (ErrBadConfig) a name NewPolicy does not know.
+func ValidPolicy(name string) error {
+	_, err := NewPolicy(name, 1)
+	return err
 }
 
 // list is an intrusive doubly linked list over slot indices: O(1) insert,

@@ -32,6 +32,13 @@ func TestNewPolicy(t *testing.T) {
 	p, err := NewPolicy("arc", 4)
 	require.NoError(t, err)
 	assert.IsType(t, &arc{}, p)
+	p, err = NewPolicy("prefix", 4)
+	require.NoError(t, err)
+	assert.IsType(t, &prefix{}, p)
+	for _, name := range Policies {
+		assert.NoError(t, ValidPolicy(name), name)
+	}
+	assert.ErrorIs(t, ValidPolicy("fifo"), messages.ErrBadConfig)
 	_, err = NewPolicy("LRU", 4)
 	assert.ErrorIs(t, err, messages.ErrBadConfig)
 }
@@ -59,7 +66,7 @@ func TestLRUVictimOrder(t *testing.T) {
 }
 
 func TestVictimSkipsUnevictable(t *testing.T) {
-	for _, name := range []string{"lru", "arc"} {
+	for _, name := range []string{"lru", "arc", "prefix"} {
 		t.Run(name, func(t *testing.T) {
 			p, err := NewPolicy(name, 5)
 			require.NoError(t, err)
@@ -163,11 +170,13 @@ func TestPolicyHoldsExactlyReadySlots(t *testing.T) {
 			return p.l.in[idx], false
 		case *arc:
 			return p.t1.in[idx] || p.t2.in[idx], p.t1.in[idx] && p.t2.in[idx]
+		case *prefix:
+			return p.all.in[idx], false
 		}
 		t.Fatalf("unknown policy %T", p)
 		return false, false
 	}
-	for _, name := range []string{"lru", "arc"} {
+	for _, name := range []string{"lru", "arc", "prefix"} {
 		t.Run(name, func(t *testing.T) {
 			s, err := NewState(4, name, newFakeClock().now)
 			require.NoError(t, err)

@@ -33,6 +33,18 @@ func (p ProvSource) ref(i int) provRef {
 	return provRef{ctx: p.Ctx, place: p.Place[i]}
 }
 
+// parentHash is the hash of the block before this one in its chain; false
+// at the start of a prompt or when unknown. It builds nothing.
+func (r provRef) parentHash() (string, bool) {
+	switch {
+	case r.prov != nil:
+		return string(r.prov.ParentHash), len(r.prov.ParentHash) > 0
+	case r.ctx != nil && r.place.Index >= 0:
+		return r.place.Parent, r.place.Parent != ""
+	}
+	return "", false
+}
+
 // resolve builds the provenance (nil when unknown).
 func (r provRef) resolve() *messages.Provenance {
 	if r.prov != nil {

@@ -62,6 +62,7 @@ type State struct {
 	free     []int
 	index    map[messages.Key]int
 	policy   Policy
+	chain    chainPolicy // the policy, when it ranks by the prefix chain; else nil
 	leases   map[messages.Holder]*holderLeases // live leases by holder
 	nLeases  int                               // live leases in all
 	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
@@ -101,6 +102,7 @@ func NewState(n int, policy string, now func() time.Time) (*State, error) {
 		pins:     map[messages.JobRef]map[int]int32{},
 		reserved: map[messages.JobRef]map[int]struct{}{},
 	}
+	s.chain, _ = p.(chainPolicy)
 	for i := range s.free {
 		s.free[i] = n - 1 - i // pop from the end hands out slot 0 first
 	}
@@ -373,8 +375,8 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 	for i, idx := range idxs {
 		delete(mine, idx)
 		if ok {
+			s.slots[idx].prov = src.ref(i) // NB: before makeReady, which ranks by its parent
 			s.makeReady(idx, checksums[i])
-			s.slots[idx].prov = src.ref(i)
 		} else {
 			s.freeSlot(idx)
 			s.Counters.StoresFailed++
@@ -810,6 +812,11 @@ func (s *State) makeReady(idx int, sum uint32) {
 	sl.state, sl.checksum, sl.writer = slotReady, sum, messages.JobRef{}
 	if !sl.touched { // NB: a block touched while written keeps its rank
 		s.policy.Insert(idx, sl.key)
+	}
+	if s.chain != nil {
+		if h, ok := sl.prov.parentHash(); ok {
+			s.chain.SetParent(idx, messages.Key{Namespace: sl.key.Namespace, Hash: h, Group: sl.key.Group})
+		}
 	}
 	sl.touched = false
 	s.evictable++

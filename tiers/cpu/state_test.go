@@ -63,7 +63,7 @@ func TestNewStateBadConfig(t *testing.T) {
 		_, err := NewState(tc.n, tc.policy, time.Now)
 		assert.ErrorIs(t, err, messages.ErrBadConfig, "%d slots, policy %q", tc.n, tc.policy)
 	}
-	for _, p := range []string{"", "lru", "arc"} {
+	for _, p := range []string{"", "lru", "arc", "prefix"} {
 		_, err := NewState(4, p, time.Now)
 		assert.NoError(t, err, p)
 	}
