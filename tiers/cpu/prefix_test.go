@@ -14,7 +14,9 @@ import (
 
 // chainKey is block i of a test chain (its own namespace, so that parents
 // built from a hash stay in it).
-func chainKey(i int) messages.Key { return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("c%04d", i)} }
+func chainKey(i int) messages.Key {
+	return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("c%04d", i)}
+}
 
 func TestPrefixEvictsADeepestBlockFirst(t *testing.T) {
 	p := newPrefix(8)

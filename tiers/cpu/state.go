@@ -62,7 +62,7 @@ type State struct {
 	free     []int
 	index    map[messages.Key]int
 	policy   Policy
-	chain    chainPolicy // the policy, when it ranks by the prefix chain; else nil
+	chain    chainPolicy                       // the policy, when it ranks by the prefix chain; else nil
 	leases   map[messages.Holder]*holderLeases // live leases by holder
 	nLeases  int                               // live leases in all
 	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
