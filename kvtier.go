@@ -176,9 +176,6 @@ func (n *Node) Manager() Manager { return n.manager }
 // Registry is the node's private Prometheus registry.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
 
-// Pool is the CPU tier's slot memory.
-func (n *Node) Pool() *cpu.Pool { return n.pool }
-
 // Close shuts the node down within ctx (the node's call timeout when ctx
 // has no deadline), supervisor-ordered (DESIGN.md §6):
 //

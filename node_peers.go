@@ -204,9 +204,9 @@ func (n *Node) PeerStats(ctx context.Context) ([]messages.PeerStats, error) {
 	})
 }
 
-// PeerCounters are the control plane's counters (nil without peers): per
+// peerCounters are the control plane's counters (nil without peers): per
 // peer, frames dropped and handshakes refused by reason.
-func (n *Node) PeerCounters() *peer.Counters { return n.peers.counters }
+func (n *Node) peerCounters() *peer.Counters { return n.peers.counters }
 
 // WaitPeers returns once this node has a ready session to every one of
 // nodes (it can fetch from them), or ctx ends.

@@ -189,7 +189,7 @@ func TestPeersRefuseBadHandshakes(t *testing.T) {
 	h.Namespaces = []string{"another-tenant"}
 	requireRefused(t, tb.handshake(testSecret, h), wire.RefuseNamespace)
 
-	refused := prod.node.PeerCounters().Refused()
+	refused := prod.node.peerCounters().Refused()
 	require.Equal(t, uint64(2), refused[wire.RefuseAuth])
 	require.Equal(t, uint64(1), refused[wire.RefuseNotAllow])
 	require.Equal(t, uint64(1), refused[wire.RefuseVersion])
@@ -250,7 +250,7 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	require.Equal(t, "unknown_round", done.Reason)
 
 	prod.quiet()
-	dropped := prod.node.PeerCounters().Dropped()
+	dropped := prod.node.peerCounters().Dropped()
 	require.GreaterOrEqual(t, dropped["malformed"]+dropped["unknown_op"]+dropped["too_large"], uint64(2), "%v", dropped)
 	require.Equal(t, uint64(1), dropped["replayed_round"], "%v", dropped)
 	require.Equal(t, uint64(1), dropped["stale_epoch"], "%v", dropped)
@@ -310,7 +310,7 @@ func TestPeersForgedReplayedAndCrossSessionFramesAreDroppedAndCounted(t *testing
 	_, ok = p.recv().(*wire.AbortAck)
 	require.True(t, ok)
 
-	dropped := prod.node.PeerCounters().Dropped()
+	dropped := prod.node.peerCounters().Dropped()
 	require.Equal(t, uint64(1), dropped["replayed_frame"], "%v", dropped)
 	require.Equal(t, uint64(2), dropped["bad_seal"], "forged and cross-session: %v", dropped)
 	require.Equal(t, uint64(1), dropped["unsealed_frame"], "%v", dropped)
@@ -441,7 +441,7 @@ func TestPeersMalformedFloodDropsTheSession(t *testing.T) {
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
 	_, ok = p.recv().(*wire.LookupResp)
 	require.True(t, ok)
-	require.GreaterOrEqual(t, prod.node.PeerCounters().Dropped()["no_session"], uint64(1))
+	require.GreaterOrEqual(t, prod.node.peerCounters().Dropped()["no_session"], uint64(1))
 	requireStillServes(t, prod, cons, 0)
 }
 

@@ -84,7 +84,7 @@ func TestDiscoveredPeersStillPassTheHandshake(t *testing.T) {
 	open(t, 64, withDiscovery("d", s))
 	require.NoError(t, a.node.WaitPeers(a.ctx, "b"))
 	awaitTrue(t, "c refused (wrong secret), d refused (not allowed)", func() bool {
-		refused := a.node.PeerCounters().Refused()
+		refused := a.node.peerCounters().Refused()
 		return refused["auth"] > 0 && refused["not_allowed"] > 0
 	})
 	c, _ := a.peerStat("c")

@@ -87,7 +87,7 @@ fresh daemon: a warm one starts with blocks cached.`,
 	f.DurationVar(&o.copyTime, "copy-time", def.CopyTime, "virtual copy time per block of a job")
 	f.IntVar(&o.maxRunning, "max-running", def.MaxRunning, "requests scheduled at once")
 	f.IntVar(&o.maxWait, "max-wait", def.MaxWait, "steps a lookup waits on RETRY/HIT_PENDING before recomputing")
-	f.StringVar(&o.policy, "policy", "lru", "CPU tier eviction policy: lru or arc")
+	f.StringVar(&o.policy, "policy", "lru", "CPU tier eviction policy: lru, arc or prefix (a chain's deepest blocks first)")
 	f.StringVar(&o.poolPath, "pool-path", "", "shared-memory file of the pool (empty: anonymous memfd)")
 	f.BoolVar(&o.touch, "touch-gpu-hits", def.TouchGPUHits, "Touch blocks found in the GPU cache so the CPU tier's recency follows use")
 	f.BoolVar(&o.settle, "settle", def.Settle, "poll Stats after each store job until it is committed (the node already answers a job's last report after its commit)")

@@ -173,9 +173,12 @@ func RunNode(ctx context.Context, o NodeOptions, in io.Reader, out io.Writer) er
 	// Fault the pool's pages in before anything is measured, as the raw
 	// TCP baseline does for its buffer: first-touch page faults are a
 	// start-up cost of any pool, not of the path being compared.
-	mem := node.Pool().Memory()
-	for i := 0; i < len(mem); i += 4096 {
-		mem[i] = 0
+	pool := node.Manager().Pool()
+	for i := range pool.Slots() {
+		slot := pool.Slot(i)
+		for j := 0; j < len(slot); j += 4096 {
+			slot[j] = 0
+		}
 	}
 	d := &driver{node: node, m: node.Manager(), o: o}
 	defer func() {
