@@ -23,5 +23,5 @@ func cpuFlags(f *pflag.FlagSet, o *bench.CPUOptions) {
 	f.IntVar(&o.Lookups, "lookups", o.Lookups, "Lookup calls measured")
 	f.IntVar(&o.StoreBatch, "store-batch", o.StoreBatch, "keys per PrepareStore")
 	f.IntVar(&o.StoreRounds, "store-rounds", o.StoreRounds, "PrepareStore calls measured")
-	f.StringVar(&o.Policy, "policy", o.Policy, "eviction policy (lru, arc)")
+	f.StringVar(&o.Policy, "policy", o.Policy, "eviction policy (lru, arc, prefix)")
 }
