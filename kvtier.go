@@ -41,11 +41,12 @@ type Node struct {
 	manager  *embedded
 	endpoint *scheduler.Endpoint // standalone mode only (standalone.go)
 	cpu      *actor.PID
-	state    *cpu.State  // the CPU tier's, its actor's to touch once spawned
-	plan     []planned   // the actors, in spawn order (topology.go)
-	events   eventsState // KV events (node_events.go)
-	tiers    tiersState  // secondary tiers (node_tiers.go)
-	peers    peersState  // peers: P2P tier, control and data planes (node_peers.go)
+	state    *cpu.State     // the CPU tier's, its actor's to touch once spawned
+	plan     []planned      // the actors, in spawn order (topology.go)
+	offload  actors.Offload // the actors' reads of slot memory off their mailboxes
+	events   eventsState    // KV events (node_events.go)
+	tiers    tiersState     // secondary tiers (node_tiers.go)
+	peers    peersState     // peers: P2P tier, control and data planes (node_peers.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -162,7 +163,7 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 // bridgeProps builds the bridge.
 func (n *Node) bridgeProps(w wiring) *actor.Props {
 	return scheduler.Props(scheduler.Config{
-		CPU: w.to("cpu"), Slot: n.pool.Slot, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
+		CPU: w.to("cpu"), Slot: n.pool.Slot, Offload: &n.offload, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
 		Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
 		JobSeq: &atomic.Uint64{}, Counters: &scheduler.Counters{}, Restarts: &n.restarts,
 		Tiering: w.to("tiering"),
@@ -224,14 +225,15 @@ func (n *Node) shutdown(ctx context.Context) error {
 	if err := n.closeEvents(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	// NB: until all three are known stopped, something may still touch slot
-	// memory — an actor, a tier I/O worker copying into a slot, a transfer
-	// writing into one — so the pool stays mapped (leaked) rather than risk
-	// a fault.
+	// NB: until all four are known stopped, something may still touch slot
+	// memory — an actor, a checksum an actor runs off its mailbox, a tier
+	// I/O worker copying into a slot, a transfer writing into one — so the
+	// pool stays mapped (leaked) rather than risk a fault.
 	stopped := []struct {
 		what string
 		err  error
-	}{{"stop actors", actorsErr}, {"stop data plane", n.closePeers()}, {"stop tier I/O", n.closeTiers(ctx)}}
+	}{{"stop actors", actorsErr}, {"stop slot readers", n.offload.Close(ctx)},
+		{"stop data plane", n.closePeers()}, {"stop tier I/O", n.closeTiers(ctx)}}
 	mapped := false
 	for _, s := range stopped {
 		if s.err != nil {

@@ -561,3 +561,26 @@ func TestLifecyclePeersConnectWhileAConnectionNeverGreets(t *testing.T) {
 	}
 	goleak.VerifyNone(t, before)
 }
+
+// A checksum an actor runs off its mailbox (here one stuck in flight) keeps
+// the pool mapped: Close waits for it until its deadline, then says so, and
+// the slot memory it reads stays valid.
+func TestCloseKeepsThePoolMappedWhileASlotReaderRuns(t *testing.T) {
+	// NB: not open(): its cleanup requires a clean Close.
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	node, err := Open(ctx, Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock})
+	require.NoError(t, err)
+	slot := node.Manager().Pool().Slot(3)
+	unstick, read := make(chan struct{}), make(chan byte)
+	require.True(t, node.offload.Go(func() { <-unstick; read <- slot[testBlock-1] }))
+
+	closeCtx, closeCancel := context.WithTimeout(context.Background(), time.Second)
+	defer closeCancel()
+	err = node.Close(closeCtx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "stop slot readers (pool left mapped)")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(unstick)
+	require.Equal(t, byte(0), <-read, "the reader still reads mapped memory after Close")
+}

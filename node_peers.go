@@ -156,7 +156,7 @@ func (n *Node) peersProps(w wiring) *actor.Props {
 		return nil
 	}
 	cfg := n.peers.cfg
-	cfg.CPU, cfg.Tier = w.to("cpu"), w.to("p2p")
+	cfg.CPU, cfg.Tier, cfg.Offload = w.to("cpu"), w.to("p2p"), &n.offload
 	return peer.Props(cfg, n.peers.listener, n.peers.counters)
 }
 

@@ -278,7 +278,7 @@ func (n *Node) checkSpawned(pids map[string]*actor.PID) error {
 
 // cpuProps builds the CPU tier.
 func (n *Node) cpuProps(w wiring) *actor.Props {
-	opts := []cpu.Option{cpu.WithClock(n.cfg.Clock)}
+	opts := []cpu.Option{cpu.WithClock(n.cfg.Clock), cpu.WithOffload(&n.offload)}
 	if hub := w.to("events"); hub != nil {
 		opts = append(opts, cpu.WithEventSink(hub))
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/rdma"
@@ -49,11 +50,12 @@ type Config struct {
 	// like Peers but only while they are members; nil: static peers only.
 	Members Members
 
-	Transport rdma.Transport // the data plane, registered on the pool
-	Region    rdma.Region    // the registered pool, for checksum verification of fetched blocks
-	CPU       *actor.PID     // the CPU tier
-	Tier      *actor.PID     // the P2P tier, told of sessions becoming ready or going away
-	JobSeq    *atomic.Uint64 // numbers producer-side pin jobs (OriginPeer) across sessions
+	Transport rdma.Transport  // the data plane, registered on the pool
+	Region    rdma.Region     // the registered pool, for checksum verification of fetched blocks
+	Offload   *actors.Offload // where those checksums run off the mailbox, tracked for the pool's unmapping (nil: untracked)
+	CPU       *actor.PID      // the CPU tier
+	Tier      *actor.PID      // the P2P tier, told of sessions becoming ready or going away
+	JobSeq    *atomic.Uint64  // numbers producer-side pin jobs (OriginPeer) across sessions
 
 	LeaseTTL          time.Duration // producer lease of a round's hits, until Fetch or Abort
 	LookupTimeout     time.Duration // consumer: a Lookup round must be answered by then

@@ -574,9 +574,9 @@ func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetc
 // committed CRC32C off the mailbox.
 func (s *Session) verifyChunk(ctx actor.Context, v verifyChunk) {
 	self, root, region := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region
-	go func() {
+	s.cfg.Offload.Go(func() {
 		root.Send(self, &verified{round: v.round, chunk: v.chunk, ok: verify(region, v.slots, v.sums)})
-	}()
+	})
 }
 
 // verify checks each fetched slot against the producer's committed CRC32C

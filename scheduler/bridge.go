@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/internal/cede"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
@@ -56,6 +57,7 @@ type Bridge struct {
 type Config struct {
 	CPU          *actor.PID        // the CPU tier
 	Slot         func(int) []byte  // slot bytes, for checksums (read off the mailbox)
+	Offload      *actors.Offload   // where those reads run, tracked for the pool's unmapping (nil: untracked)
 	Clock        supervision.Clock // deadlines and leases
 	LeaseTTL     time.Duration     // engine lease length
 	Workers      int               // default worker reports per job
@@ -494,7 +496,7 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		slots[i] = j.slots[k]
 	}
 	self, root, ref, req, slot := ctx.Self(), ctx.ActorSystem().Root, j.ref(), j.req, b.cfg.Slot
-	go func() {
+	b.cfg.Offload.Go(func() {
 		// NB: 2 MiB at memory speed is ~200 µs of one core at a step
 		// boundary; the budget lets a peer's lookup queued behind it run.
 		var budget cede.Budget
@@ -505,7 +507,7 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 			budget.Spent(len(blk))
 		}
 		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then, seq: seq})
-	}()
+	})
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

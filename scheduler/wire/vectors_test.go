@@ -54,8 +54,8 @@ type vectorFixtures struct {
 }
 
 type vectorCall struct {
-	Op      string `json:"op"`
-	Note    string `json:"note"`
+	Op      string   `json:"op"`
+	Note    string   `json:"note"`
 	Request string   `json:"request"` // hex
 	Replies []string `json:"replies"` // hex, the frames that answer it (none for quiet calls that succeed)
 }

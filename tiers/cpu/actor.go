@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 )
@@ -43,6 +44,7 @@ type Actor struct {
 	verifyJob        messages.JobID
 	restarted        bool
 	sink             *actor.PID // event hub, or nil
+	offload          *actors.Offload
 }
 
 // Castagnoli is the CRC32C table every tier checksums blocks with.
@@ -53,6 +55,11 @@ const DefaultMaxEvents = 1 << 16
 
 // Option configures the actor.
 type Option func(*Actor)
+
+// WithOffload runs the actor's reads of slot memory off the mailbox (a
+// block's verification) on o's tracked goroutines, which the node waits
+// for before it unmaps the pool. Without it they run untracked.
+func WithOffload(o *actors.Offload) Option { return func(a *Actor) { a.offload = o } }
 
 // WithEventSink also sends every announced event, as a *messages.Event, to
 // pid (the node's event hub). The TakeEvents buffer is unaffected.
@@ -283,10 +290,10 @@ func (a *Actor) verify(ctx actor.Context, m *messages.VerifyBlock) {
 	}
 	self, sender, bytes := ctx.Self(), ctx.Sender(), a.pool.Slot(slots[0])
 	system := ctx.ActorSystem()
-	go func() {
+	a.offload.Go(func() {
 		got := crc32.Checksum(bytes, Castagnoli)
 		system.Root.Send(self, &verifyDone{corr: m.Corr, sender: sender, key: m.Key, job: job, want: want, got: got})
-	}()
+	})
 }
 
 func (a *Actor) verified(ctx actor.Context, m *verifyDone) {
