@@ -1,0 +1,1 @@
+"""kvtier as SGLang's HiCache storage backend (docs/SGLANG.md)."""
