@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu"
 )
 
 // Config configures a node. Zero values take the defaults below; negative
@@ -21,7 +22,8 @@ type Config struct {
 	PoolBytes int64 `yaml:"pool_bytes"`
 	// BlockBytes is the size of one block (one slot).
 	BlockBytes int `yaml:"block_bytes"`
-	// Policy is the eviction policy: "lru" (default) or "arc".
+	// Policy is the eviction policy: "lru" (default, vLLM's order), "arc" or
+	// "prefix" (a chain's deepest blocks first; tiers/cpu/prefix.go).
 	Policy string `yaml:"policy"`
 	// LeaseTTL bounds how long a HIT stays leased to a request that never
 	// calls PrepareLoad or RequestFinished.
@@ -145,8 +147,8 @@ func (c Config) Validate() error {
 		return bad("pool_bytes %d holds no block of %d bytes", c.PoolBytes, c.BlockBytes)
 	case c.PoolBytes/int64(c.BlockBytes) > 1<<31-1:
 		return bad("pool_bytes/block_bytes = %d slots, too many", c.PoolBytes/int64(c.BlockBytes))
-	case c.Policy != "lru" && c.Policy != "arc":
-		return bad("policy %q (want lru or arc)", c.Policy)
+	case cpu.ValidPolicy(c.Policy) != nil:
+		return bad("policy %q (want one of %v)", c.Policy, cpu.Policies)
 	case c.LeaseTTL <= 0:
 		return bad("lease_ttl %v must be positive", c.LeaseTTL)
 	case c.JobWorkers <= 0 || c.JobWorkers > 1024:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/messages"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -32,4 +33,15 @@ func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
 	_, statErr := os.Stat(pool)
 	require.ErrorIs(t, statErr, os.ErrNotExist, "the pool file is removed")
 	goleak.VerifyNone(t, before, testleak.ZMQPubWriter)
+}
+
+// Every eviction policy the CPU tier has is a valid config; any other name
+// is refused with the list.
+func TestPolicyNames(t *testing.T) {
+	for _, p := range []string{"lru", "arc", "prefix"} {
+		require.NoError(t, Config{Policy: p}.WithDefaults().Validate(), p)
+	}
+	err := Config{Policy: "fifo"}.WithDefaults().Validate()
+	require.ErrorIs(t, err, messages.ErrBadConfig)
+	require.ErrorContains(t, err, "prefix")
 }

@@ -46,6 +46,9 @@ type Bridge struct {
 	// completed before it, so blocks are ranked in completion order.
 	commitIssued, commitNext uint64
 	parked                   map[uint64]*checksummed
+	// order holds engine calls that would overtake a commit still being
+	// checksummed, or a held call of their request (order.go).
+	order callOrder
 	// carry holds events drained from the CPU tier for a TakeEvents that a
 	// restart failed; the next TakeEvents returns them first. It outlives
 	// restarts (every incarnation gets the same one).
@@ -129,46 +132,17 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.started(ctx)
 	case *actor.Restarting:
 		b.failInFlight()
-	case *messages.Lookup:
-		b.lookup(ctx, m)
-	case *messages.PrepareLoad:
-		b.prepareLoad(ctx, m)
-	case *messages.Touch:
-		b.touch(ctx, m)
-	case *messages.CompleteLoad:
-		b.completeLoad(ctx, m)
-	case *messages.PrepareStore:
-		b.prepareStore(ctx, m)
-	case *messages.CompleteStore:
-		b.completeStore(ctx, m)
-	case *messages.JobDone:
-		b.jobDone(ctx, m)
-	case *messages.RequestFinished:
-		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: m.Req.Holder()})
-		m.Reply.Answer(struct{}{}, nil)
-	case *messages.TakeEvents:
-		b.takeEvents(ctx, m)
-	case *messages.HasPendingWork:
-		// Only engine jobs need an engine step; peers, promotions, cascades
-		// and commits progress on their own (the contract: manager.go).
-		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
-	case *messages.Pause:
-		b.pause(ctx, m)
-	case *messages.Resume:
-		b.paused = b.closed
-		m.Reply.Answer(struct{}{}, b.closedErr())
-	case *messages.ResetCache:
-		b.resetCache(ctx, m)
+	case *messages.Lookup, *messages.PrepareLoad, *messages.Touch, *messages.CompleteLoad,
+		*messages.PrepareStore, *messages.CompleteStore, *messages.JobDone, *messages.RequestFinished,
+		*messages.TakeEvents, *messages.HasPendingWork, *messages.Pause, *messages.Resume,
+		*messages.ResetCache, *messages.ReleaseSession, *messages.Grant, *messages.StoreCredited:
+		if b.order.admit(m) {
+			b.serve(ctx, m)
+		}
 	case *messages.GetStats:
 		b.stats(ctx, m)
 	case *messages.Shutdown:
 		b.shutdown(ctx, m)
-	case *messages.ReleaseSession:
-		b.releaseSession(ctx, m)
-	case *messages.Grant:
-		b.grant(ctx, m)
-	case *messages.StoreCredited:
-		b.storeCredited(ctx, m)
 	case *messages.CreditGranted:
 		b.resume(m.Corr, m)
 	case *messages.CreditBound:
@@ -199,9 +173,74 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.resume(m.Corr, m)
 	case *messages.AsyncLookupResult:
 		b.resume(m.Corr, m)
-	case *actor.Stopping, *actor.Stopped, *actor.Restart:
+	case *actor.Stopping:
+		b.failHeld(messages.ErrClosed)
+	case *actor.Stopped, *actor.Restart:
 	default:
 		b.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("bridge: unknown message dropped")
+	}
+}
+
+// serve handles an engine call admitted in its order (order.go).
+func (b *Bridge) serve(ctx actor.Context, m any) {
+	switch m := m.(type) {
+	case *messages.Lookup:
+		b.lookup(ctx, m)
+	case *messages.PrepareLoad:
+		b.prepareLoad(ctx, m)
+	case *messages.Touch:
+		b.touch(ctx, m)
+	case *messages.CompleteLoad:
+		b.completeLoad(ctx, m)
+	case *messages.PrepareStore:
+		b.prepareStore(ctx, m)
+	case *messages.CompleteStore:
+		b.completeStore(ctx, m)
+	case *messages.JobDone:
+		b.jobDone(ctx, m)
+	case *messages.RequestFinished:
+		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: m.Req.Holder()})
+		m.Reply.Answer(struct{}{}, nil)
+	case *messages.TakeEvents:
+		b.takeEvents(ctx, m)
+	case *messages.HasPendingWork:
+		// Only engine jobs need an engine step; peers, promotions, cascades
+		// and commits progress on their own (the contract: manager.go).
+		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
+	case *messages.Pause:
+		b.pause(ctx, m)
+	case *messages.Resume:
+		b.paused = b.closed
+		m.Reply.Answer(struct{}{}, b.closedErr())
+	case *messages.ResetCache:
+		b.resetCache(ctx, m)
+	case *messages.ReleaseSession:
+		b.releaseSession(ctx, m)
+	case *messages.Grant:
+		b.grant(ctx, m)
+	case *messages.StoreCredited:
+		b.storeCredited(ctx, m)
+	}
+}
+
+// serveHeld re-admits the held calls in arrival order, once a commit was
+// sent to the CPU tier.
+func (b *Bridge) serveHeld(ctx actor.Context) {
+	if b.order.waiting() == 0 {
+		return
+	}
+	for _, m := range b.order.release() {
+		if b.order.admit(m) {
+			b.serve(ctx, m)
+		}
+	}
+}
+
+// failHeld answers every held call with err: the incarnation that held
+// them is going away.
+func (b *Bridge) failHeld(err error) {
+	for _, m := range b.order.release() {
+		failCall(m, err)
 	}
 }
 
@@ -231,6 +270,7 @@ func (b *Bridge) failInFlight() {
 	for _, w := range b.waiters {
 		w.fail(ErrRestarted)
 	}
+	b.failHeld(ErrRestarted)
 }
 
 // askCPU sends a CPU-tier request built with a fresh correlation id and
@@ -489,6 +529,7 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 		return
 	}
 	keys, place := j.placed(keys)
+	b.order.issued(keys)
 	b.commitIssued++
 	seq := b.commitIssued
 	slots := make([]int, len(keys))
@@ -534,9 +575,11 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 	for m != nil {
 		b.commitNext = m.seq
 		b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
+		b.order.landed(m.keys)
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
 	}
+	b.serveHeld(ctx)
 }
 
 // sendCommit asks the CPU tier to commit; the answer ends one in-flight

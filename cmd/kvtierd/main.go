@@ -149,7 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.poolPath, "pool-path", defaultPoolPath(), "shared-memory pool `file`; empty: anonymous memfd")
 	fs.Var(&o.poolBytes, "pool-bytes", "pool capacity, e.g. 1GiB (default from config, else 1GiB)")
 	fs.Var(&o.blockBytes, "block-bytes", "block (slot) size, e.g. 256KiB (default from config, else 256KiB)")
-	fs.StringVar(&o.policy, "policy", "", "eviction policy: lru or arc (default from config, else lru)")
+	fs.StringVar(&o.policy, "policy", "", "eviction policy: lru, arc or prefix (default from config, else lru)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` for /metrics, /healthz, /readyz")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (console on a terminal, else json), console, json")
