@@ -198,6 +198,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._tag = f"sgl-{os.getpid()}-{os.urandom(4).hex()}"
         self._reconnecting: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        self._up = threading.Condition(self._lock)  # notified when a session starts
         self.stats_counters = {k: 0 for k in (
             "exists_calls", "exists_round_trips", "exists_hits", "get_pages", "get_failed",
             "set_pages", "set_stored", "set_failed", "link_lost", "reconnects")}
@@ -263,6 +264,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self._epoch += 1
             self._leases.clear()
             self._leased.clear()
+            self._up.notify_all()
 
     def _link(self) -> Optional[Tuple[Client, _PoolMap, Optional[Residency], int]]:
         with self._lock:
@@ -319,6 +321,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def connected(self) -> bool:
         """Whether a session is up (tests, tools)."""
         return self._link() is not None
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Tests and tools only: waits (on the reconnect's notification,
+        no polling) until a session is up; False after timeout."""
+        with self._up:
+            return self._up.wait_for(lambda: self._client is not None, timeout)
 
     # -- keys ----------------------------------------------------------------
 

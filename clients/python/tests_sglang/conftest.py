@@ -1,0 +1,206 @@
+"""Fixtures of the SGLang backend's tests: a real kvtierd (built from this
+repository) and SGLang's own host KV pools and storage classes on CPU
+tensors (SGLang 0.5.23 installed without its CUDA kernels).
+
+Run in the SGLang venv: ``$(bash scripts/sglang-env.sh)/bin/python -m pytest
+clients/python/tests_sglang``. Without SGLang every test skips, saying so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import List, Optional, Sequence
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+try:
+    import torch
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    HAVE_SGLANG = True
+except Exception:  # ImportError, or a broken install
+    HAVE_SGLANG = False
+
+pytestmark = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed in this "
+                                "interpreter (scripts/sglang-env.sh builds the venv)")
+
+
+def pytest_collection_modifyitems(items):
+    if not HAVE_SGLANG:
+        skip = pytest.mark.skip(reason="SGLang is not installed (scripts/sglang-env.sh builds the venv)")
+        for item in items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def kvtierd_bin(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("bin") / "kvtierd")
+    subprocess.run(["go", "build", "-o", out, "./cmd/kvtierd"], cwd=REPO, check=True)
+    return out
+
+
+class Daemon:
+    """A kvtierd process on a unix:// engine socket (a killed daemon's
+    connection ends at once: the backend sees CLOSED, no timeout)."""
+
+    def __init__(self, binary: str, workdir: str, block_bytes: int, slots: int,
+                 config: Optional[str] = None, extra_args: Sequence[str] = ()):
+        self.binary, self.block_bytes, self.slots = binary, block_bytes, slots
+        self.config, self.extra_args = config, list(extra_args)
+        self.sock = os.path.join(workdir, f"engine-{time.monotonic_ns()}.sock")
+        self.address = "unix://" + self.sock
+        self.pool = f"/dev/shm/kvtier-sgltest-{os.getpid()}-{time.monotonic_ns()}.pool"
+        self.metrics_port = 0
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Daemon":
+        args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
+                "--pool-bytes", str(self.block_bytes * self.slots), "--block-bytes",
+                str(self.block_bytes), "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
+                "--log-format", "json"]
+        if self.config:
+            args += ["--config", self.config]
+        args += self.extra_args
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        for line in self.proc.stderr:  # readiness: the daemon's own log line
+            rec = json.loads(line)
+            if rec.get("message") == "kvtierd listening":
+                self.metrics_port = int(rec["metrics_addr"].rsplit(":", 1)[1])
+                break
+            assert time.monotonic() < deadline, "kvtierd did not start"
+        else:
+            raise AssertionError("kvtierd exited before listening")
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+        return self
+
+    def metrics(self) -> dict:
+        import urllib.request
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                      timeout=5).read().decode()
+        out = {}
+        for line in body.splitlines():
+            if line.startswith("kvtier_") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def wait_metric(self, name: str, at_least: float, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metrics().get(name, 0.0) < at_least:
+            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
+            time.sleep(0.02)  # NB: polling a process's metrics; no message to wait on
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(timeout=30) == 0
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def daemon_factory(kvtierd_bin, tmp_path):
+    made: List[Daemon] = []
+
+    def make(block_bytes: int, slots: int, config: Optional[str] = None,
+             extra_args: Sequence[str] = (), start: bool = True) -> Daemon:
+        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, slots, config, extra_args)
+        made.append(d)
+        return d.start() if start else d
+
+    yield make
+    for d in made:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        for p in (d.pool,):
+            if os.path.exists(p):
+                os.remove(p)
+
+
+# -- SGLang's host pools on CPU tensors ---------------------------------------
+
+LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 16, 4
+
+
+def _ptrs(ts):
+    return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+
+def mha_pool(layout: str = "layer_first", pages: int = 64, dtype=None, page_size: int = PAGE,
+             layers: int = LAYERS, heads: int = HEADS, head_dim: int = HEAD_DIM):
+    """SGLang's MHATokenToKVPoolHost over CPU 'device' buffers."""
+    dtype = dtype or torch.bfloat16
+    tokens = 16 * page_size
+    k = tuple(torch.zeros(tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
+    v = tuple(torch.zeros(tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
+    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=_ptrs(k), v_data_ptrs=_ptrs(v),
+                                           layout=KVBufferLayout.NHD),
+                         page_size=page_size, head_num=heads, head_dim=head_dim, v_head_dim=head_dim,
+                         dtype=dtype, device=torch.device("cpu"))
+    return MHATokenToKVPoolHost(info, 1.0, 0, page_size, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=tokens, start_layer=0, end_layer=layers,
+                                host_token_capacity=pages * page_size)
+
+
+def mla_pool(layout: str = "layer_first", pages: int = 64, dtype=None, page_size: int = PAGE,
+             layers: int = LAYERS, lora: int = 32, rope: int = 8):
+    """SGLang's MLATokenToKVPoolHost over CPU 'device' buffers."""
+    dtype = dtype or torch.bfloat16
+    tokens = 16 * page_size
+    bufs = tuple(torch.zeros(tokens, 1, lora + rope, dtype=dtype) for _ in range(layers))
+    info = MLABufferInfo(buffers=bufs, data_ptrs=_ptrs(bufs), layer_indices=tuple(range(layers)),
+                         device_layer_num=layers, page_size=page_size, kv_lora_rank=lora,
+                         qk_rope_head_dim=rope, kv_cache_dim=lora + rope, dtype=dtype,
+                         device=torch.device("cpu"))
+    return MLATokenToKVPoolHost(info, 1.0, 0, page_size, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=tokens, start_layer=0, end_layer=layers,
+                                target_layer_num=layers, host_token_capacity=pages * page_size)
+
+
+def storage_config(extra: dict, model: str = "test/model", tp_rank: int = 0, tp_size: int = 1,
+                   mla: bool = False, layout: str = "layer_first"):
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+                                attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
+                                enable_storage_metrics=False,
+                                is_page_first_layout=layout.startswith("page_first"),
+                                model_name=model, extra_config=dict(extra))
+
+
+def fill_page(pool, start: int, seed: int) -> None:
+    """Writes deterministic bytes (a function of seed) into the host page at start."""
+    page = pool.get_data_page(start, flat=False)
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (page.numel() * page.element_size(),), dtype=torch.uint8, generator=g)
+    page.copy_(raw.view(page.dtype).view(page.shape))
+
+
+def page_bytes_at(pool, start: int) -> bytes:
+    return bytes(pool.get_data_page(start, flat=True).contiguous().view(torch.uint8).numpy())
+
+
+def expected_bytes(pool, seed: int) -> bytes:
+    page = pool.get_data_page(0, flat=False)
+    g = torch.Generator().manual_seed(seed)
+    return bytes(torch.randint(0, 256, (page.numel() * page.element_size(),), dtype=torch.uint8,
+                               generator=g).numpy())
+
+
+def indices(pool, pages: Sequence[int]):
+    """host_indices for pages (page numbers of the pool), as SGLang passes them."""
+    ps = pool.page_size
+    return torch.cat([torch.arange(p * ps, (p + 1) * ps, dtype=torch.int64) for p in pages]
+                     or [torch.empty(0, dtype=torch.int64)])
