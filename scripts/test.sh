@@ -5,7 +5,8 @@
 # vLLM's CPU build in a venv; promtool), then checks the
 # alert rules with promtool and runs: go vet,
 # go test -race, the Python client's pytest suite (which starts a real
-# kvtierd), and the vLLM connector's suite (real vLLM engines + kvtierd). Exits non-zero on
+# kvtierd), the vLLM connector's suite (real vLLM engines + kvtierd) and the
+# SGLang backend's suite (SGLang's own classes + kvtierd). Exits non-zero on
 # any failure. Needs Go ≥ 1.26 and python3 on PATH (.ci/run installs them
 # on a bare Debian machine).
 set -euo pipefail
@@ -94,5 +95,15 @@ if ! VLLM_TARGET_DEVICE=cpu "$VENV33/bin/python" -m pytest \
 	clients/python/tests_vllm/test_manager.py clients/python/tests_vllm/test_layout.py \
 	clients/python/tests_vllm/test_events.py clients/python/tests_vllm/test_worker.py -q; then
 	echo "FAILED: vLLM 0.33 manager tests" >&2
+	exit 1
+fi
+
+section "SGLang HiCache backend (kvtier_sglang) against SGLang's own classes (scripts/sglang-env.sh builds the venv once)"
+# NB: the first run downloads SGLang 0.5.23 (without its CUDA kernels) and
+# torch (~3 GB) into ~/.cache/kvtier; later runs reuse it and reinstall only
+# kvtier's packages. The suite itself takes ~20 s (a real kvtierd per test).
+VENV_SGL="$(bash scripts/sglang-env.sh)"
+if ! "$VENV_SGL/bin/python" -m pytest clients/python/tests_sglang -q -W ignore::UserWarning; then
+	echo "FAILED: SGLang backend tests" >&2
 	exit 1
 fi
