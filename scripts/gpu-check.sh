@@ -19,7 +19,9 @@
 #      configuration failed, or the tests failed.
 #
 # Usage: bash scripts/gpu-check.sh [--dry-run] [--setup-only] [--no-bench]
-#            [--no-tests] [--budget-s N] [KNOB VALUE ...]
+#            [--no-tests] [--budget-s N] [--sglang] [KNOB VALUE ...]
+#   --sglang      the SGLang section instead (kvtier as SGLang's HiCache L3,
+#                 docs/SGLANG.md): see "--sglang" below
 #   --dry-run     print the plan (sizes, what it would install, the commands)
 #                 and what this machine has; installs and starts nothing
 #   --setup-only  Go, kvtierd, the venv and the model; measures nothing
@@ -62,11 +64,12 @@ die() {
 	exit 2
 }
 
-DRY_RUN=0 SETUP_ONLY=0 RUN_BENCH=1 RUN_TESTS=1 BATCH_INVARIANT=1 BUDGET_S=0
+DRY_RUN=0 SETUP_ONLY=0 RUN_BENCH=1 RUN_TESTS=1 BATCH_INVARIANT=1 BUDGET_S=0 SGLANG=0
 KNOBS=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--dry-run) DRY_RUN=1 ;;
+	--sglang) SGLANG=1 ;;
 	--setup-only) SETUP_ONLY=1 ;;
 	--no-bench) RUN_BENCH=0 ;;
 	--no-tests) RUN_TESTS=0 ;;
@@ -95,6 +98,112 @@ while [ $# -gt 0 ]; do
 done
 if [ "$SETUP_ONLY" = 1 ]; then
 	RUN_BENCH=0 RUN_TESTS=0
+fi
+
+# --sglang: the SGLang section instead of the vLLM one (issue 28; it has
+# not run on a GPU yet). A real SGLang server (SGLang 0.5.23 as the package
+# index serves it, CUDA, in its own venv) on a small random-weight Llama
+# (4 layers, built here), run twice: without L3, and with kvtier as its
+# HiCache storage backend (a kvtierd started here). Each time: /flush_cache,
+# a request with a long prefix, /flush_cache again (L1 and L2 emptied; kvtier
+# keeps the pages), a second request sharing that prefix. Fails unless the
+# greedy outputs are identical with kvtier on and off and, with kvtier, the
+# second request reports the prefix cached from L3
+# (meta_info.cached_tokens_details.storage). One JSON line on stdout (and
+# $OUT/gpu-check-sglang.json).
+if [ "$SGLANG" = 1 ]; then
+	SGL_VENV="${KVTIER_SGLANG_GPU_VENV:-$CACHE/sglang-gpu-0.5.23}"
+	SGL_WORK="$(mktemp -d "${TMPDIR:-/tmp}/kvtier-gpu-sglang.XXXXXX")"
+	if [ "$DRY_RUN" = 1 ]; then
+		log "would build $SGL_VENV (pip install sglang==0.5.23 + ./clients/python), kvtierd, a 4-layer random Llama,"
+		log "then run two SGLang servers (kvtier off, on) with --enable-hierarchical-cache"
+		exit 0
+	fi
+	command -v go >/dev/null || die "--sglang needs go on PATH (run the vLLM section's --setup-only first)"
+	if [ ! -x "$SGL_VENV/bin/python" ] || ! "$SGL_VENV/bin/python" -c 'import sglang' 2>/dev/null; then
+		python3 -m venv "$SGL_VENV"
+		"$SGL_VENV/bin/python" -m pip install --quiet "sglang==0.5.23" >&2
+	fi
+	"$SGL_VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$ROOT/clients/python" >&2
+	[ "$SETUP_ONLY" = 1 ] && exit 0
+	go build -o "$SGL_WORK/kvtierd" ./cmd/kvtierd
+	"$SGL_VENV/bin/python" - "$SGL_WORK" "$SGL_WORK/kvtierd" "${OUT:-}" <<'PYEOF'
+import json, os, signal, subprocess, sys, time, urllib.request
+
+work, kvtierd, out_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+model = os.path.join(work, "model")
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=8192)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model)
+tok_cfg = {"model_max_length": 8192}
+json.dump(tok_cfg, open(os.path.join(model, "tokenizer_config.json"), "w"))
+PAGE, PORT = 64, 30111
+page_bytes = PAGE * 4 * 2 * 8 * 128 * 2
+sock = os.path.join(work, "engine.sock")
+d = subprocess.Popen([kvtierd, "--engine-listen", "unix://" + sock, "--pool-bytes", "4GiB",
+                      "--block-bytes", str(page_bytes), "--metrics-listen", "127.0.0.1:0"])
+prefix = [(i * 7919) % 31000 + 100 for i in range(4096)]
+a, b = prefix + [11, 12, 13], prefix + [21, 22, 23]
+
+def post(path, body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data=json.dumps(body or {}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=600).read() or b"{}")
+
+def gen(ids):
+    return post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
+
+def serve(kvtier):
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--skip-tokenizer-init",
+            "--port", str(PORT), "--page-size", str(PAGE), "--enable-hierarchical-cache",
+            "--hicache-mem-layout", "page_first", "--enable-cache-report", "--random-seed", "0"]
+    if kvtier:
+        args += ["--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config",
+                 json.dumps({"backend_name": "kvtier", "module_path": "kvtier_sglang.backend",
+                             "class_name": "KvtierHiCacheStorage", "interface_v1": 1,
+                             "kvtier_address": "unix://" + sock})]
+    p = subprocess.Popen(args, stdout=open(os.path.join(work, f"sglang-{kvtier}.log"), "w"),
+                         stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5)
+            break
+        except Exception:
+            assert p.poll() is None and time.monotonic() < deadline, "SGLang did not start"
+            time.sleep(2)
+    try:
+        post("/flush_cache")
+        first = gen(a)
+        post("/flush_cache")
+        second = gen(b)
+        return first, second
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=120)
+
+res = {}
+try:
+    off = serve(False)
+    on = serve(True)
+    details = on[1]["meta_info"].get("cached_tokens_details") or {}
+    res = {"outputs_identical": [o["output_ids"] for o in off] == [o["output_ids"] for o in on],
+           "l3_cached_tokens": details.get("storage", 0), "prefix_tokens": len(prefix),
+           "cached_tokens_details": details}
+    res["ok"] = res["outputs_identical"] and res["l3_cached_tokens"] >= (len(prefix) // PAGE - 1) * PAGE
+finally:
+    d.send_signal(signal.SIGTERM)
+    d.wait(timeout=60)
+line = json.dumps({"sglang": res})
+print(line)
+if out_dir:
+    open(os.path.join(out_dir, "gpu-check-sglang.json"), "w").write(line + "\n")
+sys.exit(0 if res.get("ok") else 1)
+PYEOF
+	exit $?
 fi
 
 # The plan first, on the bare python3: a bad knob fails here, before
