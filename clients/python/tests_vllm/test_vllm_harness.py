@@ -121,9 +121,9 @@ _FORCED_HIT = (
     "forces hits by replacing connector_scheduler._maximal_prefix_lookup, so the "
     "connector calls prepare_load without the HIT lookup that takes kvtier's lease; "
     "kvtier's manager then pins synchronously, and kvtierd refuses (UNKNOWN_KEY) "
-    "a key never stored, or one whose store completion it has not applied yet: "
-    "timing-dependent (it passes some runs). vLLM's scheduler never loads without "
-    "a HIT lookup")
+    "a key it does not hold. vLLM's scheduler never loads without a HIT lookup. "
+    "(Forced loads of keys whose store was just completed pass since kvtierd keeps "
+    "calls in arrival order around its commits: scheduler/order.go)")
 _PAGE_SIZES = (
     "KV cache groups of different page sizes: RequestRunner hands the worker one "
     "tensor per group while its KVCacheConfig overlays the groups in one allocation "
@@ -175,18 +175,20 @@ NOT_APPLICABLE: Dict[str, Optional[str]] = {
     "test_scheduler.py::TestEagle::test_single_block_stored_at_end_of_prefill": None,
     "test_scheduler.py::TestEagle::test_sw_store_excludes_trailing_decode_block": None,
     "test_scheduler.py::TestSharedGroupMTPOffload::test_no_annotation_marks_no_groups": None,
+    "test_scheduler.py::test_abort_loading_requests": None,  # forced hits of keys just stored (scheduler/order.go)
+    "test_scheduler.py::test_async_preempt_readmit_before_transfer_output_is_deferred": None,  # forced hits of keys just stored (scheduler/order.go)
+    "test_scheduler.py::test_concurrent_lookups_of_the_same_prefix": None,  # forced hits of keys just stored (scheduler/order.go)
+    "test_scheduler.py::test_prefix_cache_reset_preserves_same_step_offload_reload": None,  # forced hits of keys just stored (scheduler/order.go)
+    "test_scheduler.py::test_reset_cache": None,  # forced hits of keys just stored (scheduler/order.go)
 
     # -- RequestRunner tests that cannot apply ----------------------------------
     "test_scheduler.py::test_abort_before_hit_uses_placeholder_then_later_hit_heals_removal":
         _LOOKUP,
-    "test_scheduler.py::test_abort_loading_requests": _FORCED_HIT,
-    "test_scheduler.py::test_async_preempt_readmit_before_transfer_output_is_deferred":
-        _FORCED_HIT,
-    "test_scheduler.py::test_concurrent_lookups_of_the_same_prefix": _FORCED_HIT,
     "test_scheduler.py::test_external_cache_hit_sources_reconcile_different_group_chunk_sizes":
         _PAGE_SIZES + "; it also dictates get_load_source",
     "test_scheduler.py::test_fence_at_build_store_jobs": _STORE_NONE,
-    "test_scheduler.py::test_fence_at_update_state_after_alloc": _FORCED_HIT,
+    "test_scheduler.py::test_fence_at_update_state_after_alloc":
+        _FORCED_HIT + " (here refused every run: the forced load names a block kvtierd does not hold)",
     "test_scheduler.py::test_loads_do_not_populate_fence_index":
         _FORCED_HIT + " (here a key never stored: refused every run)",
     "test_scheduler.py::test_max_load_tokens_limits_external_load": _RESTORE,
@@ -195,7 +197,6 @@ NOT_APPLICABLE: Dict[str, Optional[str]] = {
     "test_scheduler.py::test_offloading_connector": _STORE_NONE + "; it also " + _FORCED_HIT,
     "test_scheduler.py::test_on_request_finished_fires_after_final_block_store": _REFUSE,
     "test_scheduler.py::test_on_schedule_end_is_the_last_manager_call_of_a_step": _STORE_NONE,
-    "test_scheduler.py::test_prefix_cache_reset_preserves_same_step_offload_reload": _FORCED_HIT,
     "test_scheduler.py::test_promotion_hit_precedes_stored_event_translation": _EVENTS,
     "test_scheduler.py::test_request_finished_mixed_full_attn_and_sliding_window": _RESTORE,
     "test_scheduler.py::test_request_finished_with_pending_stores_populates_fence": _MOCK_FORGETS,
@@ -204,7 +205,6 @@ NOT_APPLICABLE: Dict[str, Optional[str]] = {
         _POLICY + "; its eagle cases also: " + _PAGE_SIZES,
     "test_scheduler.py::test_request_preemption":
         "cpu_hit=True: " + _FORCED_HIT + ". cpu_hit=False: " + _MOCK_FORGETS,
-    "test_scheduler.py::test_reset_cache": _FORCED_HIT,
     "test_scheduler.py::test_retention_interval_sparsifies_swa_stores": _PAGE_SIZES,
     "test_scheduler.py::test_retention_interval_zero_stores_only_replay_boundary": _PAGE_SIZES,
     "test_scheduler.py::test_scheduler_reports_allocation_failure": _REFUSE,
