@@ -27,7 +27,7 @@ type EndpointOptions struct {
 // DefaultEndpointOptions is what `kvtier bench endpoint` runs with no flags.
 func DefaultEndpointOptions() EndpointOptions {
 	return EndpointOptions{Slots: 4096, BlockBytes: 256 << 10, LookupKeys: 2000, Lookups: 300,
-		CopyBlocks: 64, CopyRounds: 40, Transport: "ipc", Timeout: 5 * time.Minute}
+		CopyBlocks: 64, CopyRounds: 40, Transport: "unix", Timeout: 5 * time.Minute}
 }
 
 // EndpointResult is the scenario's report: each figure through the socket
