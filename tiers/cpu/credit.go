@@ -29,12 +29,32 @@ func creditKey(idx int) messages.Key {
 // IsCreditKey reports a placeholder key of a credited slot.
 func IsCreditKey(k messages.Key) bool { return k.Namespace == creditNS }
 
+// CreditLimit bounds every session's credit together: credited slots are
+// taken from the cache all engines share, so their total must not grow
+// with the number of engines (8 engines' default 64 slots held 13 % of a
+// 4,000-slot pool empty, and cost more hit rate than that: docs/
+// PERFORMANCE.md, "One node cache shared by N engines"). A thirty-second
+// of the pool, and never less than one engine's default credit.
+func CreditLimit(slots int) int { return max(slots/32, 64) }
+
+// credited is how many slots every session's credit holds together.
+func (s *State) credited() int {
+	n := 0
+	for owner, slots := range s.reserved {
+		if owner.Origin == messages.OriginCredit {
+			n += len(slots)
+		}
+	}
+	return n
+}
+
 // Grant reserves up to n slots as owner's credit, free slots first, then
 // evicting in policy order. It grants fewer when the rest are pinned,
-// leased or write-pending.
+// leased or write-pending, or when every session's credit together would
+// pass CreditLimit.
 func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
 	s.expireLeases()
-	n = min(n, len(s.free)+s.evictable)
+	n = min(n, len(s.free)+s.evictable, max(0, CreditLimit(len(s.slots))-s.credited()))
 	for len(s.free) < n {
 		evicted = append(evicted, s.evictOne(nil))
 	}

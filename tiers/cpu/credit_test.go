@@ -164,3 +164,30 @@ func TestLeaseToPinKeepRank(t *testing.T) {
 	assert.Equal(t, ks(2), evicted, "a ranking pin made 1 most recent")
 	checkInv(t, s)
 }
+
+// Every session's credit together stays within CreditLimit, however many
+// sessions ask: credit comes out of the cache they share. A released
+// credit makes room for another.
+func TestCreditOfAllSessionsIsBounded(t *testing.T) {
+	const slots = 4096
+	limit := CreditLimit(slots)
+	require.Equal(t, 128, limit, "a thirty-second of the pool")
+	require.Equal(t, 64, CreditLimit(256), "never less than one engine's default credit")
+	s, _ := newTestState(t, slots)
+	total := 0
+	for id := range 8 {
+		got, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(id + 1)}, 64)
+		total += len(got)
+	}
+	assert.Equal(t, limit, total, "8 sessions asking 64 each share the limit")
+	more, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: 9}, 1)
+	assert.Empty(t, more, "no credit past the limit")
+	freed := s.ReleaseCredit(messages.JobRef{Origin: messages.OriginCredit, ID: 1})
+	require.Equal(t, 64, freed)
+	again, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: 9}, 100)
+	assert.Len(t, again, 64, "a released credit makes room")
+	res, err := s.Reserve(j1, ks(0, 1, 2))
+	require.NoError(t, err, "stores outside credit are not bounded by it")
+	assert.Len(t, res.Slots, 3)
+	checkInv(t, s)
+}
