@@ -93,17 +93,23 @@ type P2PMatrixResult struct {
 
 // P2PThroughputResult is the throughput scenario's report.
 type P2PThroughputResult struct {
-	FetchGBps    float64   `json:"fetch_GBps"`
-	TCPFetchGBps float64   `json:"tcp_fetch_GBps,omitempty"` // with --transport nixl: the tcp transport, same run
-	RawTCPGBps   float64   `json:"raw_tcp_GBps"`
-	Ratio        float64   `json:"fetch_over_raw"` // target ≥ 0.8
-	Transport    string    `json:"transport"`
-	TLS          bool      `json:"tls,omitempty"` // fetch_GBps is over TLS; tcp_fetch_GBps the same run's plain tcp
-	Blocks       int       `json:"blocks"`
-	BlockBytes   int       `json:"block_bytes"`
-	Rounds       int       `json:"rounds"`
-	FetchSamples []float64 `json:"fetch_GBps_samples"`
-	RawSamples   []float64 `json:"raw_tcp_GBps_samples"`
+	FetchGBps    float64 `json:"fetch_GBps"`
+	TCPFetchGBps float64 `json:"tcp_fetch_GBps,omitempty"` // with --transport nixl: the tcp transport, same run
+	RawTCPGBps   float64 `json:"raw_tcp_GBps"`
+	Ratio        float64 `json:"fetch_over_raw"` // target ≥ 0.8
+	Transport    string  `json:"transport"`
+	TLS          bool    `json:"tls,omitempty"` // fetch_GBps is over TLS; tcp_fetch_GBps the same run's plain tcp
+	// With TLS: the plain tcp pair's samples (its rounds alternate with the
+	// TLS pair's), the ratio of the medians (TLS over plain tcp; target ≥
+	// 0.7) and half the IQR of the per-round ratios.
+	TCPFetchSamples  []float64 `json:"tcp_fetch_GBps_samples,omitempty"`
+	TLSOverTCP       float64   `json:"tls_over_tcp,omitempty"`
+	TLSOverTCPSpread float64   `json:"tls_over_tcp_spread,omitempty"`
+	Blocks           int       `json:"blocks"`
+	BlockBytes       int       `json:"block_bytes"`
+	Rounds           int       `json:"rounds"`
+	FetchSamples     []float64 `json:"fetch_GBps_samples"`
+	RawSamples       []float64 `json:"raw_tcp_GBps_samples"`
 }
 
 const p2pSecret = "kvtier-bench-p2p-secret-0123456789"
@@ -363,6 +369,9 @@ func measureVisible(ctx context.Context, o P2POptions, src *child, sets *keySets
 // RunP2PThroughput compares fetch throughput with a raw TCP copy of the
 // same bytes between the same two processes, alternating rounds. With
 // Transport "nixl" it measures a tcp pair and a nixl pair in the same run.
+// With TLS it runs a plain tcp pair and a TLS pair side by side and
+// alternates their rounds (plain then TLS, TLS then plain, …), so that the
+// box's drift weighs on both alike.
 func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResult, err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -371,18 +380,7 @@ func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResul
 		if o.Transport != "tcp" {
 			return res, fmt.Errorf("%w: --tls is the tcp data plane's", messages.ErrBadConfig)
 		}
-		fetch, _, err := throughputPair(ctx, o)
-		if err != nil {
-			return res, fmt.Errorf("plain tcp pair: %w", err)
-		}
-		res.TCPFetchGBps = median(fetch)
-		if o.tlsCA, err = testcerts.New(); err != nil {
-			return res, err
-		}
-		if o.tlsDir, err = os.MkdirTemp("", "kvtier-bench-tls-"); err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(o.tlsDir)
+		return runTLSThroughput(ctx, o, res)
 	}
 	if o.Transport == "nixl" {
 		tcp := o
@@ -402,53 +400,126 @@ func RunP2PThroughput(ctx context.Context, o P2POptions) (res P2PThroughputResul
 	return res, nil
 }
 
+// runTLSThroughput measures a plain tcp pair and a TLS pair (certificates
+// made for the run) in alternating rounds; fetch_GBps is the TLS pair's,
+// tcp_fetch_GBps the plain pair's, raw_tcp_GBps the TLS pair's raw copies.
+func runTLSThroughput(ctx context.Context, o P2POptions, res P2PThroughputResult) (P2PThroughputResult, error) {
+	plain, err := startThroughputPair(ctx, o)
+	if err != nil {
+		return res, fmt.Errorf("plain tcp pair: %w", err)
+	}
+	defer plain.quit()
+	if o.tlsCA, err = testcerts.New(); err != nil {
+		return res, err
+	}
+	if o.tlsDir, err = os.MkdirTemp("", "kvtier-bench-tls-"); err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(o.tlsDir)
+	secure, err := startThroughputPair(ctx, o)
+	if err != nil {
+		return res, fmt.Errorf("tls pair: %w", err)
+	}
+	defer secure.quit()
+	for i := 0; i < o.Rounds; i++ {
+		first, second := plain, secure
+		if i%2 == 1 {
+			first, second = secure, plain
+		}
+		if err := first.round(i); err != nil {
+			return res, err
+		}
+		if err := second.round(i); err != nil {
+			return res, err
+		}
+	}
+	res.FetchSamples, res.RawSamples, res.TCPFetchSamples = secure.fetch, secure.raw, plain.fetch
+	res.FetchGBps, res.RawTCPGBps, res.TCPFetchGBps = median(secure.fetch), median(secure.raw), median(plain.fetch)
+	res.Ratio = res.FetchGBps / res.RawTCPGBps
+	res.TLSOverTCP = res.FetchGBps / res.TCPFetchGBps
+	res.TLSOverTCPSpread = ratioSpread(plain.fetch, secure.fetch)
+	return res, nil
+}
+
 // throughputPair runs o.Rounds fetches and raw copies between two fresh
 // node processes; GB/s samples.
 func throughputPair(ctx context.Context, o P2POptions) (fetch, raw []float64, err error) {
+	p, err := startThroughputPair(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.quit()
+	for i := 0; i < o.Rounds; i++ {
+		if err := p.round(i); err != nil {
+			return nil, nil, err
+		}
+	}
+	return p.fetch, p.raw, nil
+}
+
+// tpPair is a source and a consumer node, warmed up (connections made),
+// and the GB/s of the rounds measured on them.
+type tpPair struct {
+	o          P2POptions
+	src, cons  *child
+	sets       *keySets
+	fetch, raw []float64
+}
+
+func startThroughputPair(ctx context.Context, o P2POptions) (*tpPair, error) {
 	src, err := startP2PNode(ctx, o, "src")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	defer src.quit()
 	cons, err := startP2PNode(ctx, o, "cons", src)
 	if err != nil {
-		return nil, nil, err
+		src.quit()
+		return nil, err
 	}
-	defer cons.quit()
+	p := &tpPair{o: o, src: src, cons: cons, sets: &keySets{}}
 	if _, err := cons.call(p2pWaitPeer{Node: src.id}); err != nil {
-		return nil, nil, err
+		p.quit()
+		return nil, err
 	}
-	sets := &keySets{}
-	bytes := float64(o.FetchBlocks * o.BlockBytes)
-	if _, err := fetchOnce(o, src, cons, sets); err != nil { // warm-up: connections
-		return nil, nil, err
+	if _, err := fetchOnce(o, src, cons, p.sets); err != nil { // warm-up: connections
+		p.quit()
+		return nil, err
 	}
-	for i := 0; i < o.Rounds; i++ {
-		before, err := fetchStats(cons, src.id)
-		if err != nil {
-			return nil, nil, err
-		}
-		if _, err := fetchOnce(o, src, cons, sets); err != nil {
-			return nil, nil, err
-		}
-		after, err := fetchStats(cons, src.id)
-		if err != nil {
-			return nil, nil, err
-		}
-		fetch = append(fetch, float64(after.FetchBytes-before.FetchBytes)/float64(after.FetchNanos-before.FetchNanos))
-		if err := cons.send(p2pRawRecv{Bytes: int64(bytes)}); err != nil {
-			return nil, nil, err
-		}
-		if _, err := src.call(p2pRawSend{Addr: cons.ready.RawAddr, From: i, Count: o.FetchBlocks}); err != nil {
-			return nil, nil, err
-		}
-		r, err := cons.recv()
-		if err != nil {
-			return nil, nil, err
-		}
-		raw = append(raw, bytes/float64(r.Nanos))
+	return p, nil
+}
+
+func (p *tpPair) quit() {
+	p.cons.quit()
+	p.src.quit()
+}
+
+// round measures one fetch, then one raw copy of the same bytes.
+func (p *tpPair) round(i int) error {
+	bytes := float64(p.o.FetchBlocks * p.o.BlockBytes)
+	before, err := fetchStats(p.cons, p.src.id)
+	if err != nil {
+		return err
 	}
-	return fetch, raw, nil
+	if _, err := fetchOnce(p.o, p.src, p.cons, p.sets); err != nil {
+		return err
+	}
+	after, err := fetchStats(p.cons, p.src.id)
+	if err != nil {
+		return err
+	}
+	p.fetch = append(p.fetch, float64(after.FetchBytes-before.FetchBytes)/float64(after.FetchNanos-before.FetchNanos))
+	if err := p.cons.send(p2pRawRecv{Bytes: int64(bytes)}); err != nil {
+		return err
+	}
+	if _, err := p.src.call(p2pRawSend{Addr: p.cons.ready.RawAddr, From: i, Count: p.o.FetchBlocks}); err != nil {
+		return err
+	}
+	r, err := p.cons.recv()
+	if err != nil {
+		return err
+	}
+	p.raw = append(p.raw, bytes/float64(r.Nanos))
+	return nil
 }
 
 func fetchStats(c *child, peer string) (s struct{ FetchBytes, FetchNanos uint64 }, err error) {

@@ -197,7 +197,18 @@ func (t *Transport) send(p *peer, c *pconn, op *writeOp, deadline time.Time) (in
 	for _, s := range op.src {
 		bufs = append(bufs, t.region.Slot(s))
 	}
+	batch := batchOf(c.Conn)
+	if batch != nil {
+		batch.start()
+	}
 	n, werr := bufs.WriteTo(c.Conn)
+	if batch != nil {
+		// NB: the records gathered are on the wire only after this; a
+		// failure here is the payload's.
+		if err := batch.flush(); werr == nil && err != nil {
+			werr = err
+		}
+	}
 	c.prefaced = true
 	sent := max(0, n-int64(len(hdr)))
 	t.bytesSent.Add(uint64(sent))
