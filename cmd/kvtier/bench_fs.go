@@ -17,6 +17,7 @@ func printFS(_ bench.FSOptions, r bench.FSResult) {
 	fmt.Printf("write: fs tier %.2f GB/s, raw %.2f GB/s → %.2f× ± %.2f\n", r.FSWriteGBps, r.RawWriteGBps, r.WriteRatio, r.WriteRatioSpread)
 	fmt.Printf("write: raw one file per block (the files layout, no tier) %.2f GB/s → fs tier %.2f×\n", r.RawFilesWriteGBps, r.FilesWriteRatio)
 	fmt.Printf("read:  fs tier %.2f GB/s, raw %.2f GB/s → %.2f× ± %.2f\n", r.FSReadGBps, r.RawReadGBps, r.ReadRatio, r.ReadRatioSpread)
+	fmt.Printf("CPU s per GB: write fs tier %.3f, raw %.3f; read fs tier %.3f, raw %.3f\n", r.FSWriteCPU, r.RawWriteCPU, r.FSReadCPU, r.RawReadCPU)
 }
 
 func fsFlags(f *pflag.FlagSet, o *bench.FSOptions) {

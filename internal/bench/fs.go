@@ -61,7 +61,15 @@ type FSResult struct {
 	// the ratios.
 	WriteRatioSpread float64 `json:"write_ratio_spread"`
 	ReadRatioSpread  float64 `json:"read_ratio_spread"`
-	Rounds           int     `json:"rounds"`
+	// The CPU time (user and system, the whole process: actor, workers,
+	// driver) each phase took per GB moved, medians over the rounds. On a
+	// box whose cores are shared, a side that needs more CPU per byte loses
+	// more of its rate to other load: these show where the cores went.
+	FSWriteCPU  float64 `json:"fs_write_cpu_s_per_GB"`
+	RawWriteCPU float64 `json:"raw_write_cpu_s_per_GB"`
+	FSReadCPU   float64 `json:"fs_read_cpu_s_per_GB"`
+	RawReadCPU  float64 `json:"raw_read_cpu_s_per_GB"`
+	Rounds      int     `json:"rounds"`
 	TierLoad
 	Fsync     bool   `json:"fsync"`
 	ColdCache bool   `json:"cold_cache"`
@@ -114,17 +122,24 @@ func RunFS(ctx context.Context, o FSOptions) (FSResult, error) {
 	res.WriteRatio, res.ReadRatio = res.FSWriteGBps/res.RawWriteGBps, res.FSReadGBps/res.RawReadGBps
 	res.WriteRatioSpread, res.ReadRatioSpread = ratioSpread(s.rawW, s.tierW), ratioSpread(s.rawR, s.tierR)
 	res.FilesWriteRatio = res.FSWriteGBps / res.RawFilesWriteGBps
+	res.FSWriteCPU, res.RawWriteCPU = median(s.tierWCPU), median(s.rawWCPU)
+	res.FSReadCPU, res.RawReadCPU = median(s.tierRCPU), median(s.rawRCPU)
 	return res, nil
 }
 
 // fsSamples are each round's throughputs, GB/s.
-type fsSamples struct{ rawW, rawR, files, tierW, tierR []float64 }
+type fsSamples struct {
+	rawW, rawR, files, tierW, tierR []float64
+	// CPU seconds per GB of each phase
+	rawWCPU, rawRCPU, tierWCPU, tierRCPU []float64
+}
 
 // fsRound measures the raw file, the per-file baseline and the tier once
 // each (the tier first when tierFirst), on fresh files.
 func fsRound(ctx context.Context, dir string, src [][]byte, o FSOptions, tierFirst bool, s *fsSamples) error {
 	total := float64(o.Blocks) * float64(o.BlockBytes)
 	gbps := func(d time.Duration) float64 { return total / d.Seconds() / 1e9 }
+	perGB := func(d time.Duration) float64 { return d.Seconds() / (total / 1e9) }
 	// NB: each phase starts with no dirty pages of the one before, so the
 	// kernel's writeback throttling does not charge one for the other, and
 	// with the files of the one before removed, so that none starts with a
@@ -132,11 +147,13 @@ func fsRound(ctx context.Context, dir string, src [][]byte, o FSOptions, tierFir
 	// it: the tier, measured last, ran up to 2× slower for it).
 	raw := func() error {
 		unix.Sync()
-		w, r, err := rawIO(filepath.Join(dir, "raw"), src, o)
+		var cpu phaseCPU
+		w, r, err := rawIO(filepath.Join(dir, "raw"), src, o, &cpu)
 		if err != nil {
 			return err
 		}
 		s.rawW, s.rawR = append(s.rawW, gbps(w)), append(s.rawR, gbps(r))
+		s.rawWCPU, s.rawRCPU = append(s.rawWCPU, perGB(cpu.write)), append(s.rawRCPU, perGB(cpu.read))
 		if err := os.Remove(filepath.Join(dir, "raw")); err != nil {
 			return err
 		}
@@ -150,11 +167,13 @@ func fsRound(ctx context.Context, dir string, src [][]byte, o FSOptions, tierFir
 	}
 	tier := func() error {
 		unix.Sync()
-		w, r, err := tierIO(ctx, filepath.Join(dir, "tier"), src, o)
+		var cpu phaseCPU
+		w, r, err := tierIO(ctx, filepath.Join(dir, "tier"), src, o, &cpu)
 		if err != nil {
 			return err
 		}
 		s.tierW, s.tierR = append(s.tierW, gbps(w)), append(s.tierR, gbps(r))
+		s.tierWCPU, s.tierRCPU = append(s.tierWCPU, perGB(cpu.write)), append(s.tierRCPU, perGB(cpu.read))
 		return os.RemoveAll(filepath.Join(dir, "tier"))
 	}
 	first, second := raw, tier
@@ -168,12 +187,12 @@ func fsRound(ctx context.Context, dir string, src [][]byte, o FSOptions, tierFir
 }
 
 // rawIO writes the blocks into one file and reads them back, sequentially.
-func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, err error) {
+func rawIO(path string, src [][]byte, o FSOptions, cpu *phaseCPU) (write, read time.Duration, err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return 0, 0, err
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for i := range o.Blocks {
 		if _, err := f.Write(src[i%len(src)]); err != nil {
 			f.Close()
@@ -189,7 +208,7 @@ func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, e
 	if err := f.Close(); err != nil {
 		return 0, 0, err
 	}
-	write = time.Since(start)
+	write, cpu.write = time.Since(start), processCPU()-cpu0
 	if err := o.coldCache(); err != nil {
 		return 0, 0, err
 	}
@@ -199,13 +218,14 @@ func rawIO(path string, src [][]byte, o FSOptions) (write, read time.Duration, e
 	}
 	defer f.Close()
 	buf := make([]byte, o.BlockBytes)
-	start = time.Now()
+	start, cpu0 = time.Now(), processCPU()
 	for range o.Blocks {
 		if _, err := io.ReadFull(f, buf); err != nil {
 			return 0, 0, err
 		}
 	}
-	return write, time.Since(start), nil
+	read, cpu.read = time.Since(start), processCPU()-cpu0
+	return write, read, nil
 }
 
 // rawFiles writes every block as its own file (temp name, then rename),
@@ -269,14 +289,14 @@ func fsBenchKey(i int) messages.Key {
 
 // tierIO writes the blocks through the fs tier's actor with Window in
 // flight, then reads every one back (verified by the tier).
-func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions) (write, read time.Duration, err error) {
+func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions, cpu *phaseCPU) (write, read time.Duration, err error) {
 	tier, err := fs.Open(fs.Config{Root: root, BlockBytes: o.BlockBytes, Fsync: o.Fsync, Workers: o.Workers,
 		Queue: 4 * o.Window, Layout: o.Layout, Log: zerolog.Nop()})
 	if err != nil {
 		return 0, 0, err
 	}
 	return driveTier(ctx, tierDrive{name: "fs", props: tier.Props(nil), close: tier.Close, blockBytes: o.BlockBytes,
-		blocks: o.Blocks, window: o.Window, beforeRead: o.coldCache}, src)
+		blocks: o.Blocks, window: o.Window, beforeRead: o.coldCache, cpu: cpu}, src)
 }
 
 // pipeline issues Blocks operations keeping Window in flight; every answer

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -25,6 +26,21 @@ type tierDrive struct {
 	blocks     int          // blocks written, then read back
 	window     int          // operations in flight
 	beforeRead func() error // between the phases (e.g. drop the page cache); nil: nothing
+	cpu        *phaseCPU    // if set, filled with the process's CPU time in each phase
+}
+
+// phaseCPU is the CPU time (user and system, every goroutine of the
+// process) a write phase and a read phase took.
+type phaseCPU struct{ write, read time.Duration }
+
+// processCPU is the user and system CPU time this process has used so far
+// (0 where getrusage fails).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // driveTier writes d.blocks blocks (src cycled, each with its CRC32C)
@@ -56,6 +72,7 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 	}
 	defer system.Root.Stop(collector)
 	po := FSOptions{Blocks: d.blocks, Window: d.window}
+	cpu0 := processCPU()
 	write, err = pipeline(ctx, po, results, func(i, slot int) {
 		system.Root.RequestWithCustomSender(pid, &messages.TierWrite{Corr: uint64(slot), Key: fsBenchKey(i),
 			Src: src[i%len(src)], Checksum: sums[i%len(src)]}, collector)
@@ -63,6 +80,7 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 	if err != nil {
 		return 0, 0, fmt.Errorf("%s write: %w", d.name, err)
 	}
+	cpuWrite := processCPU() - cpu0
 	dests := make([][]byte, d.window)
 	for i := range dests {
 		dests[i] = make([]byte, d.blockBytes)
@@ -72,11 +90,15 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 			return 0, 0, err
 		}
 	}
+	cpu0 = processCPU()
 	read, err = pipeline(ctx, po, results, func(i, slot int) {
 		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("%s read: %w", d.name, err)
+	}
+	if d.cpu != nil {
+		*d.cpu = phaseCPU{write: cpuWrite, read: processCPU() - cpu0}
 	}
 	return write, read, nil
 }

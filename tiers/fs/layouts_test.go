@@ -765,3 +765,30 @@ func TestFSRefusesABlockOfAnotherSize(t *testing.T) {
 		assert.Equal(t, uint64(1), h.stats().WriteFailures)
 	})
 }
+
+// A slot whose bytes do not match its committed checksum is refused and
+// never stored: not readable, not announced, not found at the next start
+// — also in a segment, where its bytes are written before they are summed
+// and only the entry is held back (the first write of a segment
+// included: a later one carries the header).
+func TestFSSlotNotMatchingItsChecksumNeverStored(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout string) {
+		root := t.TempDir()
+		cfg := Config{Root: root, Layout: layout}
+		t.Run("crash", func(t *testing.T) {
+			h := openTierWith(t, cfg, harnessOpts{crash: true})
+			src, sum := evSrc(0)
+			err := h.Ask(&messages.TierWrite{Key: benchKey(0), Src: src, Checksum: sum + 1}).(*messages.TierWriteResult).Err
+			require.ErrorIs(t, err, messages.ErrChecksum)
+			h.write(1, nil)
+			_, err = h.readBytes(0)
+			require.ErrorIs(t, err, messages.ErrNotFound)
+			assert.Equal(t, []messages.Key{benchKey(1)}, h.Inventory())
+		})
+		h := openTier(t, cfg)
+		assert.Equal(t, []messages.Key{benchKey(1)}, h.Inventory(), "found at start")
+		h.readsAs(1, first(evSrc(1)))
+	})
+}
+
+func first[A, B any](a A, _ B) A { return a }
