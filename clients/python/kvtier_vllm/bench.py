@@ -6,7 +6,8 @@ baseline measured in the same run.
     calls it (per-key prefix scan, prepare/complete load and store, touch,
     request finished, ``on_schedule_end`` once per step) against vLLM's
     native CPUOffloadingManager and kvtier's manager (its own kvtierd) at
-    the same capacity in blocks; reports hit rates and per-step latency.
+    the same capacity in blocks; reports hit rates, per-step latency, and
+    the share of held blocks no prefix lookup can reach (sampled).
 
 ``python -m kvtier_vllm.bench share --json``
     What one node cache shared by N engines is worth: the trace's requests
@@ -292,6 +293,119 @@ class Replay:
         }
 
 
+class Reach:
+    """Capacity a prefix lookup can reach (issue 29; Go: internal/sim/reach.go).
+    A lookup stops at its first MISS, so a held block whose parent is not
+    held can never be hit. Every ``every`` steps of a replay (its
+    ``each_step``), ``held()`` gives the blocks its cache holds; the sample
+    counts those with an ancestor not held. A block's parent is the previous
+    key of the replay's own chained keys (the first of a prompt is a root).
+    ``fraction`` is the share of held blocks that were unreachable, over all
+    samples (as ``kvtier sim``'s ``unreachable_capacity_fraction``)."""
+
+    def __init__(self, replay: "Replay", held, every: int = 50):
+        self.replay, self.held, self.every = replay, held, every
+        self.parent: Dict[bytes, bytes] = {}
+        self.known: List[bytes] = []  # every key of the requests admitted so far, once
+        self._noted = 0
+        self.samples = self.held_sum = self.dead = 0
+
+    def _note(self) -> None:
+        # NB: the replay admits its trace in order (no keep_going here).
+        upto = min(self.replay.requests, len(self.replay.keys))
+        parent, known = self.parent, self.known
+        for keys in self.replay.keys[self._noted:upto]:
+            for i, k in enumerate(keys):
+                if k not in parent:
+                    parent[k] = keys[i - 1] if i else None
+                    known.append(k)
+        self._noted = upto
+
+    def each_step(self, step: int) -> None:
+        if self.every and step % self.every == 0:
+            self._note()
+            self.sample(self.held(self.known))
+
+    def sample(self, held) -> None:
+        held = set(held)
+        parent = self.parent
+        ok: Dict[bytes, bool] = {}
+        dead = 0
+        for k in held:
+            # Up the chain to a root, a block not held, or one already settled.
+            path, v = [], True
+            while True:
+                if k in ok:
+                    v = ok[k]
+                    break
+                path.append(k)
+                p = parent.get(k)
+                if p is None:
+                    v = True
+                    break
+                if p not in held:
+                    v = False
+                    break
+                k = p
+            for x in path:  # every block on the way shares the answer
+                ok[x] = v
+        for k in held:
+            if not ok[k]:
+                dead += 1
+        self.samples += 1
+        self.held_sum += len(held)
+        self.dead += dead
+
+    @property
+    def fraction(self) -> float:
+        return self.dead / self.held_sum if self.held_sum else 0.0
+
+
+def native_held(m):
+    """The blocks vLLM's CPUOffloadingManager holds, readable (a store in
+    flight is not yet): its cache policy's chunks."""
+    chunks = getattr(m._policy, "chunks", None)
+    if chunks is not None:  # LRU
+        return lambda known: [k for k, c in chunks.items() if c.is_ready]
+    get = m._policy.get  # any policy: ask it about every key seen
+
+    def held(known):
+        out = []
+        for k in known:
+            c = get(k)
+            if c is not None and c.is_ready:
+                out.append(k)
+        return out
+    return held
+
+
+def kvtier_held(mgr, stray: List[int]):
+    """The blocks kvtierd holds in CPU memory, readable (the bench runs no
+    secondary tier): the keys seen so far whose fingerprint is among the
+    entries of its residency index's CPU region, read once per sample (one
+    snapshot; the index keeps fingerprints, not keys). ``stray`` gets, per
+    sample, how many entries match no key seen (0 unless kvtierd holds
+    blocks this replay never stored)."""
+    from kvtier_client.residency import STATE_CPU, fingerprint_key
+
+    word: Dict[bytes, int] = {}  # key -> its index entry when held in CPU memory
+    mask = ~3 & ((1 << 64) - 1)
+
+    def held(known):
+        index = mgr._link.index
+        if index is None:
+            raise RuntimeError("kvtierd serves no residency index: the reach sample needs one")
+        mgr._namespace()
+        nsfp = mgr._nsfp
+        for k in known[len(word):]:  # NB: known only grows, in order
+            word[k] = (fingerprint_key(nsfp, k) & mask) | STATE_CPU
+        entries = {w for w in index.words(0) if w & 3 == STATE_CPU}
+        out = [k for k in known if word[k] in entries]
+        stray.append(len(entries) - len(out))
+        return out
+    return held
+
+
 def cold_trace(trace: List[List[int]]) -> List[List[int]]:
     """The same requests with no block shared: every lookup is a MISS."""
     out, n = [], 1 << 40
@@ -311,11 +425,18 @@ def bench_manager(args) -> Dict[str, object]:
     order = dict(per_step=args.per_step, preempt_every=args.preempt_every, abort_every=args.abort_every,
                  model_ms=args.model_ms)
     native = Replay(native_manager(args.cpu_blocks, page_bytes=page), trace, **order)
+    # Capacity a prefix lookup can reach, sampled between steps (outside
+    # their timed windows).
+    native_reach = Reach(native, native_held(native.m), args.reach_every)
+    native.each_step = native_reach.each_step
     binary = kvtierd_binary(args.repo)
     with kvtierd(binary, page, args.cpu_blocks, transport=args.transport) as addr:
         mgr = kvtier_manager(addr, page_bytes=page)
         blocking_at_start = mgr.blocking_calls  # the session's first credit grant
         kv = Replay(mgr, trace, **order)
+        stray: List[int] = []
+        kv_reach = Reach(kv, kvtier_held(mgr, stray), args.reach_every)
+        kv.each_step = kv_reach.each_step
         if args.gc_freeze:
             # As vLLM's EngineCore does once started (freeze_gc_heap): what
             # exists before serving is out of the collector's way. Here that
@@ -361,6 +482,18 @@ def bench_manager(args) -> Dict[str, object]:
         "kvtier_refused_calls": refused,
         "preempted": kv.preempted,
         "aborted": kv.aborted,
+        # Held blocks whose chain to the root is broken (no lookup can reach
+        # them), every reach_every steps, over the run (kvtier sim's figure).
+        "native_unreachable_capacity_fraction": round(native_reach.fraction, 4),
+        "kvtier_unreachable_capacity_fraction": round(kv_reach.fraction, 4),
+        "reach_every": args.reach_every,
+        "native_reach_samples": native_reach.samples,
+        "kvtier_reach_samples": kv_reach.samples,
+        "native_held_blocks_mean": round(native_reach.held_sum / max(1, native_reach.samples)),
+        "kvtier_held_blocks_mean": round(kv_reach.held_sum / max(1, kv_reach.samples)),
+        # kvtierd's index entries beyond the replay's keys (0: every block
+        # it holds was sampled).
+        "kvtier_reach_stray_blocks_max": max(stray, default=0),
     }
 
 
@@ -489,6 +622,8 @@ def main(argv=None) -> int:
                    help="the forward pass between a step's meta and its update (wall time, not counted)")
     m.add_argument("--preempt-every", type=int, default=50, help="preempt every Nth scheduled request once (0: never)")
     m.add_argument("--abort-every", type=int, default=100, help="abort every Nth new request unscheduled (0: never)")
+    m.add_argument("--reach-every", type=int, default=50,
+                   help="sample the capacity a prefix lookup can reach every N steps (0: never)")
     m.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                    help="leave the trace in the garbage collector's generations (vLLM freezes its start-up heap)")
     m.add_argument("--json", action="store_true")

@@ -602,3 +602,45 @@ def test_the_share_bench_reports_both_caches_per_engine_count_and_routing(kvtier
     restarted = share_case(kvtierd_bin, trace, capacity=80, engines=2, routing="by_session",
                            restart=True, transport="unix", per_step=1)
     assert restarted["restart"] and restarted["kvtier_hit_rate"] >= restarted["native_hit_rate"], restarted
+
+
+def _reach_run(tmp_path, monkeypatch, kvtierd_bin, trace, cpu_blocks):
+    import argparse
+    import json
+
+    from kvtier_vllm.bench import bench_manager
+
+    monkeypatch.setenv("PATH", os.path.dirname(kvtierd_bin) + os.pathsep + os.environ["PATH"])
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"hash_ids": ids}) + "\n" for ids in trace))
+    args = argparse.Namespace(trace=str(path), limit=0, cold=False, cpu_blocks=cpu_blocks, per_step=4,
+                              repo=".", transport="unix", model_ms=0.0, preempt_every=50,
+                              abort_every=100, gc_freeze=False, reach_every=5)
+    return bench_manager(args)
+
+
+def test_the_manager_bench_reports_the_capacity_no_prefix_lookup_can_reach(tmp_path, monkeypatch,
+                                                                           kvtierd_bin):
+    """`python -m kvtier_vllm.bench manager`: both caches' share of held
+    blocks whose chain to the root is broken (issue 29), sampled over the
+    run. With room for the whole trace nothing is evicted: no chain is
+    broken on either side. With a small capacity LRU evicts a chain's head
+    before its tail (a store ranks its first block oldest), and both caches
+    (kvtierd ranks as vLLM's LRU does) hold some dead blocks — a sampler
+    that saw nothing held, or had the chains wrong, cannot pass both."""
+    trace = conversations(64, seed=3)
+    blocks = len({tuple(ids[:i + 1]) for ids in trace for i in range(len(ids))})
+    fields = ("native_unreachable_capacity_fraction", "kvtier_unreachable_capacity_fraction")
+
+    roomy = _reach_run(tmp_path, monkeypatch, kvtierd_bin, trace, cpu_blocks=2 * blocks)
+    assert roomy["native_reach_samples"] > 3 and roomy["kvtier_reach_samples"] > 3, roomy
+    assert roomy["native_held_blocks_mean"] > 0 and roomy["kvtier_held_blocks_mean"] > 0, roomy
+    for f in fields:
+        assert roomy[f] == 0.0, (f, roomy)
+    assert roomy["kvtier_reach_stray_blocks_max"] == 0, roomy
+
+    small = _reach_run(tmp_path, monkeypatch, kvtierd_bin, trace, cpu_blocks=blocks // 8)
+    for f in fields:
+        assert 0.0 < small[f] <= 1.0, (f, small)
+    # Every block kvtierd holds is one of the replay's (the index asked about all).
+    assert small["kvtier_reach_stray_blocks_max"] <= 0, small
