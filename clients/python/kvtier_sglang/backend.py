@@ -201,7 +201,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._up = threading.Condition(self._lock)  # notified when a session starts
         self.stats_counters = {k: 0 for k in (
             "exists_calls", "exists_round_trips", "exists_hits", "get_pages", "get_failed",
-            "set_pages", "set_stored", "set_failed", "link_lost", "reconnects")}
+            "get_round_trips", "set_pages", "set_stored", "set_failed", "set_round_trips",
+            "link_lost", "reconnects")}
         try:
             self._connect()
         except Exception as e:  # kvtierd not up yet: SGLang starts all the same
@@ -492,6 +493,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if n == 0:
             # Not asked first (or the lease ran out): one leasing lookup.
             rid = self._rid("g")
+            self.stats_counters["get_round_trips"] += 1
             r = c._call("lookup", req={"id": rid}, prefix=True, **c._key_field(self._keys(keys)))
             n = _prefix(list(r["status"]))
         try:
@@ -499,6 +501,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 return
             load = self._keys(keys[:n])
             req = Request(rid)
+            self.stats_counters["get_round_trips"] += 1
             job = c.prepare_load(req, load)
             try:
                 for i, slot in enumerate(job.slots):
@@ -541,6 +544,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         wire = self._keys(keys)
         try:
             try:
+                self.stats_counters["set_round_trips"] += 1
                 plan = c.prepare_store(req, wire)
             except KvtierError as e:
                 if e.code in ("FULL", "PAUSED"):  # refused, session fine: SGLang retries later
@@ -557,6 +561,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 raise
             finally:
                 if plan.to_store:
+                    # NB: waited for (a second round trip): once batch_set_v1
+                    # returns, every engine's batch_exists finds the pages.
+                    # A quiet commit would save it, but another engine's
+                    # residency index shows a page only once its commit
+                    # landed, and SGLang's backup thread is off the
+                    # request path anyway.
+                    self.stats_counters["set_round_trips"] += 1
                     c.complete_store(req, plan.to_store, ok=ok)
             self.stats_counters["set_stored"] += len(plan.to_store)
             return [True] * len(keys)  # a page kvtier held already is stored too

@@ -124,6 +124,7 @@ def test_exists_answers_the_prefix_with_one_round_trip_and_none_for_a_miss(daemo
     b = backend(d.address, pool)
     keys = chain(2, 8)
     assert store(b, pool, keys[:3] + keys[4:6], [0, 1, 2, 4, 5]) == [True] * 5
+    assert b.get_stats()["set_round_trips"] == 2, "a batch_set_v1: its reservation and its commit"
     rt = b.get_stats()["exists_round_trips"]
     assert b.batch_exists(keys) == 3, "stops at the first page kvtier lacks"
     assert b.get_stats()["exists_round_trips"] == rt + 1
@@ -131,7 +132,9 @@ def test_exists_answers_the_prefix_with_one_round_trip_and_none_for_a_miss(daemo
     assert b.get_stats()["exists_round_trips"] == rt + 1, \
         "a first page the residency index lacks costs no round trip"
     # The leased prefix survives other stores filling the pool until the get.
+    gets = b.get_stats()["get_round_trips"]
     assert load_check(b, pool, keys[:3], range(20, 23)) == 3
+    assert b.get_stats()["get_round_trips"] == gets + 1, "a get of a leased prefix: its pin only"
     assert b.get_stats()["leases_held"] == 0
     b.close()
 
