@@ -644,3 +644,23 @@ def test_the_manager_bench_reports_the_capacity_no_prefix_lookup_can_reach(tmp_p
         assert 0.0 < small[f] <= 1.0, (f, small)
     # Every block kvtierd holds is one of the replay's (the index asked about all).
     assert small["kvtier_reach_stray_blocks_max"] <= 0, small
+
+
+def test_the_reach_sample_counts_held_blocks_below_a_missing_ancestor():
+    """The sampler's chain walk on its own: a held block is dead when any
+    ancestor is not held, whatever the order the held set is walked in."""
+    from types import SimpleNamespace
+
+    from kvtier_vllm.bench import Reach
+
+    a, b, c, d, e = (bytes([i]) * 36 for i in range(5))
+    replay = SimpleNamespace(keys=[[a, b, c], [a, b, d], [e]], requests=3)
+    held = {"now": set()}
+    r = Reach(replay, lambda known: held["now"], every=1)
+    for now, dead in (({a, b, c, d, e}, 0), ({a, c, d, e}, 2), ({b, c, d}, 3), ({e, c}, 1), (set(), 0)):
+        before = r.dead
+        held["now"] = now
+        r.each_step(1)
+        assert r.dead - before == dead, (now, dead)
+    assert r.samples == 5 and r.held_sum == 5 + 4 + 3 + 2
+    assert r.fraction == 6 / 14
