@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // VerifyBlock recomputes a resident block's CRC32C and compares it with the
@@ -20,7 +21,7 @@ func (n *Node) VerifyBlock(ctx context.Context, key messages.Key) error {
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
 		defer cancel()
 	}
-	r, err := actors.Ask(ctx, n.system, n.cpu, &messages.VerifyBlock{Corr: 1, Key: key})
+	r, err := actors.Ask(ctx, n.system, n.cpu, &cpumsg.VerifyBlock{Corr: 1, Key: key})
 	if err != nil {
 		return fmt.Errorf("kvtier: verify %v: %w", key, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // inbound is the session a peer dialed into our ROUTER, and the book of
@@ -100,7 +101,7 @@ func (o *served) drop(reason string)        { o.drops = append(o.drops, reason) 
 func (o *served) tell(msg any)              { o.cpu = append(o.cpu, cpuMsg{msg: msg}) }
 func (o *served) ask(c cpuCall, msg any)    { o.cpu = append(o.cpu, cpuMsg{msg: msg, call: &c}) }
 func (o *served) send(f wire.Frame)         { o.frames = append(o.frames, f) }
-func (o *served) release(h messages.Holder) { o.tell(&messages.ReleaseHolder{Holder: h}) }
+func (o *served) release(h messages.Holder) { o.tell(&cpumsg.ReleaseHolder{Holder: h}) }
 
 // lookup serves the peer's Lookup: its keys are leased to the round at
 // the CPU tier (the answer comes back to leased). While draining every key
@@ -133,7 +134,7 @@ func (in *inbound) lookup(f *wire.Lookup, draining bool) (o served) {
 		holder: messages.Holder{Origin: messages.OriginPeer, ID: fmt.Sprintf("peer:%s:%x:%d", in.node, in.epoch, f.Round)}}
 	in.rounds[r.n] = r
 	o.ask(cpuCall{epoch: in.epoch, round: r.n, holder: r.holder},
-		&messages.LookupAndLease{Holder: r.holder, Keys: keys, TTL: in.leaseTTL, WantChecksums: true, WantProv: true})
+		&cpumsg.LookupAndLease{Holder: r.holder, Keys: keys, TTL: in.leaseTTL, WantChecksums: true, WantProv: true})
 	return o
 }
 
@@ -143,7 +144,7 @@ func (in *inbound) allMiss(round uint64, n int) *wire.LookupResp {
 
 // leased answers the peer's Lookup from the CPU tier's answer. A round
 // with hits stays leased for the peer's Fetch; one without ends.
-func (in *inbound) leased(call cpuCall, m *messages.LookupResult, draining bool) (o served) {
+func (in *inbound) leased(call cpuCall, m *cpumsg.LookupResult, draining bool) (o served) {
 	r := in.roundOf(call)
 	switch {
 	case r == nil || r.phase != roundLooking:
@@ -225,19 +226,19 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 	r.expires = in.now().Add(time.Duration(f.TTLms) * time.Millisecond)
 	copy(r.token[:], f.Token)
 	o.ask(cpuCall{epoch: in.epoch, round: r.n, holder: r.holder, job: job},
-		&messages.LeaseToPin{Holder: r.holder, Job: job, Keys: keys})
+		&cpumsg.LeaseToPin{Holder: r.holder, Job: job, Keys: keys})
 	return o
 }
 
 // pinned starts the write of the pinned slots, or ends the round when its
 // leases were lost or its Fetch's ttl has passed (its pins are released
 // then). in is nil when the session ended meanwhile.
-func (in *inbound) pinned(call cpuCall, m *messages.PinResult) (o served) {
+func (in *inbound) pinned(call cpuCall, m *cpumsg.PinResult) (o served) {
 	r := in.roundOf(call)
 	if r == nil || r.phase != roundFetching {
 		// Nothing will write these pins: release them and the leases.
 		if m.Err == nil {
-			o.tell(&messages.ReleaseJob{Job: call.job})
+			o.tell(&cpumsg.ReleaseJob{Job: call.job})
 		}
 		o.release(call.holder)
 		return o
@@ -249,7 +250,7 @@ func (in *inbound) pinned(call cpuCall, m *messages.PinResult) (o served) {
 		// The consumer has given up on this Fetch: a write posted now could
 		// land in slots it reused (a one-sided RDMA write cannot be recalled).
 		o.drop("expired_fetch")
-		o.tell(&messages.ReleaseJob{Job: r.job})
+		o.tell(&cpumsg.ReleaseJob{Job: r.job})
 		return in.end(o, r, false, "expired")
 	}
 	o.write = &startWrite{round: r, src: m.Slots,
@@ -261,7 +262,7 @@ func (in *inbound) pinned(call cpuCall, m *messages.PinResult) (o served) {
 // became of its session (in may be nil or another epoch's); the round, if
 // its session still runs, is answered.
 func writeDone(in *inbound, m *written) (o served) {
-	o.tell(&messages.UnpinKeys{Job: m.job, Keys: m.keys})
+	o.tell(&cpumsg.UnpinKeys{Job: m.job, Keys: m.keys})
 	o.release(m.holder)
 	if in == nil || in.epoch != m.epoch {
 		return o

@@ -10,6 +10,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // The producer's book driven one event at a time, as the Session does,
@@ -54,7 +55,7 @@ func asked[T any](t *testing.T, o served) (T, cpuCall) {
 func released(o served) []messages.Holder {
 	var out []messages.Holder
 	for _, m := range o.cpu {
-		if r, ok := m.msg.(*messages.ReleaseHolder); ok {
+		if r, ok := m.msg.(*cpumsg.ReleaseHolder); ok {
 			out = append(out, r.Holder)
 		}
 	}
@@ -69,8 +70,8 @@ func frameTypes(o served) []string {
 	return out
 }
 
-func lease(call cpuCall, lookup *messages.LookupAndLease, hit ...bool) *messages.LookupResult {
-	m := &messages.LookupResult{Holder: call.holder, Status: make([]messages.LookupStatus, len(lookup.Keys)),
+func lease(call cpuCall, lookup *cpumsg.LookupAndLease, hit ...bool) *cpumsg.LookupResult {
+	m := &cpumsg.LookupResult{Holder: call.holder, Status: make([]messages.LookupStatus, len(lookup.Keys)),
 		Checksums: make([]uint32, len(lookup.Keys))}
 	for i, h := range hit {
 		if h {
@@ -83,7 +84,7 @@ func lease(call cpuCall, lookup *messages.LookupAndLease, hit ...bool) *messages
 // leasedRound runs a Lookup of keys a..c whose first two hit.
 func leasedRound(t *testing.T, in *inbound, round uint64) cpuCall {
 	t.Helper()
-	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: round, Keys: wkeys("ns", "a", "b", "c")}, false))
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: round, Keys: wkeys("ns", "a", "b", "c")}, false))
 	o := in.leased(call, lease(call, lk, true, true, false), false)
 	if len(o.frames) != 1 || len(released(o)) != 0 {
 		t.Fatalf("leased: %+v", o)
@@ -93,7 +94,7 @@ func leasedRound(t *testing.T, in *inbound, round uint64) cpuCall {
 
 func TestProducerServesARoundNumberOnce(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
-	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 5, Keys: wkeys("ns", "a")}, false))
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 5, Keys: wkeys("ns", "a")}, false))
 	if call.round != 5 || lk.Holder != call.holder || !lk.WantChecksums || lk.TTL != time.Minute {
 		t.Fatalf("lookup asked %+v for %+v", lk, call)
 	}
@@ -103,7 +104,7 @@ func TestProducerServesARoundNumberOnce(t *testing.T) {
 			t.Fatalf("round %d after 5: %+v, want a drop and nothing else", replay, o)
 		}
 	}
-	if _, c := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 6, Keys: wkeys("ns", "a")}, false)); c.holder == call.holder {
+	if _, c := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 6, Keys: wkeys("ns", "a")}, false)); c.holder == call.holder {
 		t.Fatal("two rounds share a lease holder")
 	}
 }
@@ -114,7 +115,7 @@ func TestProducerAnswersPositionallyAndNeverLeasesForeignNamespaces(t *testing.T
 	if !reflect.DeepEqual(o.drops, []string{"foreign_namespace_keys"}) {
 		t.Fatalf("drops %v", o.drops)
 	}
-	lk, call := asked[*messages.LookupAndLease](t, o)
+	lk, call := asked[*cpumsg.LookupAndLease](t, o)
 	if len(lk.Keys) != 3 || lk.Keys[0].Namespace != "" || lk.Keys[1].Namespace != "ns" {
 		t.Fatalf("asked keys %+v: the foreign key must stay in place as an unhittable one", lk.Keys)
 	}
@@ -130,7 +131,7 @@ func TestProducerAnswersPositionallyAndNeverLeasesForeignNamespaces(t *testing.T
 
 func TestProducerRoundThatHitNothingEndsWithoutARelease(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
-	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
 	o := in.leased(call, lease(call, lk, false), false)
 	if len(in.rounds) != 0 || len(released(o)) != 0 || len(o.frames) != 1 {
 		t.Fatalf("%+v; rounds %v", o, in.rounds)
@@ -144,7 +145,7 @@ func TestProducerDrainingAnswersMissesAndLeasesNothing(t *testing.T) {
 		t.Fatalf("draining lookup: %+v", o)
 	}
 	// A lookup already at the CPU tier when the drain began: its leases go back.
-	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 2, Keys: wkeys("ns", "a")}, false))
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 2, Keys: wkeys("ns", "a")}, false))
 	o = in.leased(call, lease(call, lk, true), true)
 	if !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || o.frames[0].(*wire.LookupResp).Hits[0] || len(in.rounds) != 0 {
 		t.Fatalf("lease answered while draining: %+v", o)
@@ -190,11 +191,11 @@ func TestProducerWriteHoldsItsLeasesUntilItReportsAndAcksALateAbortAfterIt(t *te
 	call := leasedRound(t, in, 1)
 	job := messages.JobRef{Origin: messages.OriginPeer, ID: 9}
 	tok := rdma.NewToken()
-	pin, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "b", "a"), Dest: []int{3, 0}, Token: tok[:]}, job))
+	pin, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "b", "a"), Dest: []int{3, 0}, Token: tok[:]}, job))
 	if pin.Job != job || pin.Holder != call.holder || len(pin.Keys) != 2 || pinCall.job != job {
 		t.Fatalf("pin %+v call %+v", pin, pinCall)
 	}
-	o := in.pinned(pinCall, &messages.PinResult{Job: job, Slots: []int{10, 11}})
+	o := in.pinned(pinCall, &cpumsg.PinResult{Job: job, Slots: []int{10, 11}})
 	if o.write == nil || !reflect.DeepEqual(o.write.src, []int{10, 11}) || o.write.round.token != tok || len(o.cpu)+len(o.frames) != 0 {
 		t.Fatalf("pinned: %+v", o)
 	}
@@ -214,7 +215,7 @@ func TestProducerWriteHoldsItsLeasesUntilItReportsAndAcksALateAbortAfterIt(t *te
 	report := o.write.done
 	report.c = rdma.Completion{Err: errors.New("peer gone")}
 	o = writeDone(in, &report)
-	unpin, ok := o.cpu[0].msg.(*messages.UnpinKeys)
+	unpin, ok := o.cpu[0].msg.(*cpumsg.UnpinKeys)
 	if !ok || unpin.Job != job || len(unpin.Keys) != 2 || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) {
 		t.Fatalf("write report: %+v", o.cpu)
 	}
@@ -227,15 +228,15 @@ func TestProducerPostsNoWriteForAFetchPastItsTTL(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
 	call := leasedRound(t, in, 1)
 	job := messages.JobRef{Origin: messages.OriginPeer, ID: 5}
-	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 100, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, job))
+	_, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 100, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, job))
 	was := testNow
 	defer func() { testNow = was }()
 	testNow = testNow.Add(100 * time.Millisecond) // the pin came back as the consumer gave up
-	o := in.pinned(pinCall, &messages.PinResult{Job: job, Slots: []int{1}})
+	o := in.pinned(pinCall, &cpumsg.PinResult{Job: job, Slots: []int{1}})
 	if o.write != nil {
 		t.Fatal("a write was posted for a Fetch its consumer no longer waits for")
 	}
-	rj, ok := o.cpu[0].msg.(*messages.ReleaseJob)
+	rj, ok := o.cpu[0].msg.(*cpumsg.ReleaseJob)
 	if !ok || rj.Job != job || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) {
 		t.Fatalf("cpu %+v: want the pins and the leases released", o.cpu)
 	}
@@ -250,8 +251,8 @@ func TestProducerPostsNoWriteForAFetchPastItsTTL(t *testing.T) {
 func TestProducerWriteReportAfterItsSessionEndedStillReleases(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
 	leasedRound(t, in, 1)
-	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 3}))
-	report := in.pinned(pinCall, &messages.PinResult{Slots: []int{1}}).write.done
+	_, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 3}))
+	report := in.pinned(pinCall, &cpumsg.PinResult{Slots: []int{1}}).write.done
 	for _, later := range []*inbound{nil, testInbound(t, nil, nil)} { // ended; replaced by a new epoch (7 again: a new book)
 		if later != nil {
 			later.epoch = 8
@@ -265,18 +266,18 @@ func TestProducerWriteReportAfterItsSessionEndedStillReleases(t *testing.T) {
 
 func TestProducerAnswersToAnEndedSessionReleaseWhatTheyHold(t *testing.T) {
 	in := testInbound(t, []string{"ns"}, []string{"ns"})
-	lk, call := asked[*messages.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a")}, false))
 	var gone *inbound
 	if o := gone.leased(call, lease(call, lk, true), false); !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || len(o.frames) != 0 {
 		t.Fatalf("lease answer after the session ended: %+v", o)
 	}
 	leasedRound(t, in, 2)
-	_, pinCall := asked[*messages.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 2, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 4}))
-	o := gone.pinned(pinCall, &messages.PinResult{Slots: []int{1}})
-	if rj, ok := o.cpu[0].msg.(*messages.ReleaseJob); !ok || rj.Job.ID != 4 || len(released(o)) != 1 || o.write != nil {
+	_, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 2, Keys: wkeys("ns", "a"), Dest: []int{0}}, messages.JobRef{ID: 4}))
+	o := gone.pinned(pinCall, &cpumsg.PinResult{Slots: []int{1}})
+	if rj, ok := o.cpu[0].msg.(*cpumsg.ReleaseJob); !ok || rj.Job.ID != 4 || len(released(o)) != 1 || o.write != nil {
 		t.Fatalf("pin answer after the session ended: %+v", o)
 	}
-	if o := gone.pinned(pinCall, &messages.PinResult{Err: messages.ErrLeaseLost}); len(o.cpu) != 1 || len(released(o)) != 1 {
+	if o := gone.pinned(pinCall, &cpumsg.PinResult{Err: messages.ErrLeaseLost}); len(o.cpu) != 1 || len(released(o)) != 1 {
 		t.Fatalf("a failed pin owns no job to release: %+v", o)
 	}
 }
@@ -295,7 +296,7 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 		var (
 			round     uint64
 			lookups   []cpuCall
-			lookupsOf = map[uint64]*messages.LookupAndLease{}
+			lookupsOf = map[uint64]*cpumsg.LookupAndLease{}
 			pins      []cpuCall
 			writes    []written
 			held      = map[messages.Holder]bool{} // got a lease from the CPU tier
@@ -325,10 +326,10 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 					continue
 				}
 				switch msg := m.msg.(type) {
-				case *messages.LookupAndLease:
+				case *cpumsg.LookupAndLease:
 					lookups = append(lookups, *m.call)
 					lookupsOf[m.call.round] = msg
-				case *messages.LeaseToPin:
+				case *cpumsg.LeaseToPin:
 					pins = append(pins, *m.call)
 				}
 			}
@@ -370,7 +371,7 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					err = messages.ErrLeaseLost
 				}
-				apply(live.pinned(c, &messages.PinResult{Job: c.job, Slots: []int{1}, Err: err}))
+				apply(live.pinned(c, &cpumsg.PinResult{Job: c.job, Slots: []int{1}, Err: err}))
 			case k == 4 && len(writes) > 0:
 				i := rng.IntN(len(writes))
 				w := writes[i]
@@ -394,7 +395,7 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 				apply(live.leased(c, lease(c, lookupsOf[c.round], true, true), false))
 			case len(pins) > 0:
 				c := take(&pins)
-				apply(live.pinned(c, &messages.PinResult{Job: c.job, Slots: []int{1}}))
+				apply(live.pinned(c, &cpumsg.PinResult{Job: c.job, Slots: []int{1}}))
 			default:
 				w := writes[0]
 				writes = writes[1:]

@@ -16,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Session is the actor for one remote peer. It runs both directions:
@@ -199,9 +200,9 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.carryOut(ctx, s.rounds.arrived(m))
 	case *verified:
 		s.carryOut(ctx, s.rounds.verified(m))
-	case *messages.LookupResult:
+	case *cpumsg.LookupResult:
 		s.onLeased(ctx, m)
-	case *messages.PinResult:
+	case *cpumsg.PinResult:
 		s.onPinned(ctx, m)
 	case *written:
 		s.onWritten(ctx, m)
@@ -784,9 +785,9 @@ func (s *Session) carry(ctx actor.Context, o served) {
 
 func setCorr(msg any, corr uint64) {
 	switch m := msg.(type) {
-	case *messages.LookupAndLease:
+	case *cpumsg.LookupAndLease:
 		m.Corr = corr
-	case *messages.LeaseToPin:
+	case *cpumsg.LeaseToPin:
 		m.Corr = corr
 	default:
 		panic(fmt.Sprintf("peer: %T is not a request to the CPU tier", msg))
@@ -794,13 +795,13 @@ func setCorr(msg any, corr uint64) {
 }
 
 // onLeased: the CPU tier leased (or not) a Lookup's keys.
-func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
+func (s *Session) onLeased(ctx actor.Context, m *cpumsg.LookupResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
 	if !ok {
 		// Asked by a previous incarnation (a restart): nobody will fetch.
 		if m.Holder.Origin == messages.OriginPeer {
-			ctx.Send(s.cfg.CPU, &messages.ReleaseHolder{Holder: m.Holder})
+			ctx.Send(s.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Holder})
 		}
 		return
 	}
@@ -808,14 +809,14 @@ func (s *Session) onLeased(ctx actor.Context, m *messages.LookupResult) {
 }
 
 // onPinned: the CPU tier pinned (or not) a Fetch's leased keys.
-func (s *Session) onPinned(ctx actor.Context, m *messages.PinResult) {
+func (s *Session) onPinned(ctx actor.Context, m *cpumsg.PinResult) {
 	call, ok := s.pending[m.Corr]
 	delete(s.pending, m.Corr)
 	if !ok {
 		// Asked by a previous incarnation (a restart): nothing will write
 		// these pins; they would leak.
 		if m.Err == nil && m.Job.Origin == messages.OriginPeer {
-			ctx.Request(s.cfg.CPU, &messages.ReleaseJob{Job: m.Job})
+			ctx.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: m.Job})
 		}
 		return
 	}

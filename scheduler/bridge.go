@@ -14,6 +14,7 @@ import (
 	"github.com/kvtier/kvtier/internal/cede"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Bridge is the engine-facing actor: it serves the manager API, owns the
@@ -143,9 +144,9 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.stats(ctx, m)
 	case *messages.Shutdown:
 		b.shutdown(ctx, m)
-	case *messages.CreditGranted:
+	case *cpumsg.CreditGranted:
 		b.resume(m.Corr, m)
-	case *messages.CreditBound:
+	case *cpumsg.CreditBound:
 		b.resume(m.Corr, m)
 	case *jobDeadline:
 		b.deadline(ctx, m)
@@ -153,15 +154,15 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.reapUpTo(ctx, m.gen)
 	case *checksummed:
 		b.commitChecksummed(ctx, m)
-	case *messages.LookupResult:
+	case *cpumsg.LookupResult:
 		b.resume(m.Corr, m)
-	case *messages.PinResult:
+	case *cpumsg.PinResult:
 		b.resume(m.Corr, m)
-	case *messages.ReserveResult:
+	case *cpumsg.ReserveResult:
 		b.resume(m.Corr, m)
 	case *messages.Ack:
 		b.resumeAck(m)
-	case *messages.TierEvents:
+	case *cpumsg.TierEvents:
 		if _, asked := b.pending[m.Corr]; !asked {
 			// Drained for a TakeEvents the last restart failed: kept for the
 			// next one, never lost.
@@ -169,7 +170,7 @@ func (b *Bridge) Receive(ctx actor.Context) {
 			return
 		}
 		b.resume(m.Corr, m)
-	case *messages.TierStatsResult:
+	case *cpumsg.TierStatsResult:
 		b.resume(m.Corr, m)
 	case *messages.AsyncLookupResult:
 		b.resume(m.Corr, m)
@@ -199,7 +200,7 @@ func (b *Bridge) serve(ctx actor.Context, m any) {
 	case *messages.JobDone:
 		b.jobDone(ctx, m)
 	case *messages.RequestFinished:
-		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: m.Req.Holder()})
+		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
 		m.Reply.Answer(struct{}{}, nil)
 	case *messages.TakeEvents:
 		b.takeEvents(ctx, m)
@@ -249,7 +250,7 @@ func (b *Bridge) started(ctx actor.Context) {
 		b.cfg.Log.Warn().Msg("bridge: restarted; releasing every engine lease, pin and write")
 		// NB: the engine may still be copying for jobs this incarnation never
 		// heard of: their slots stay unusable until no copy can be running.
-		ctx.Send(b.cfg.CPU, &messages.ReleaseOrigin{Origin: messages.OriginEngine,
+		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseOrigin{Origin: messages.OriginEngine,
 			Quarantine: max(b.cfg.LoadTimeout, b.cfg.StoreTimeout)})
 	}
 }
@@ -347,8 +348,8 @@ func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
 		return
 	}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL, WantSlots: m.WantSlots}
-	}, func(r *messages.LookupResult) {
+		return &cpumsg.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL, WantSlots: m.WantSlots}
+	}, func(r *cpumsg.LookupResult) {
 		if m.WantSlots {
 			m.Slots = r.Slots
 		}
@@ -420,8 +421,8 @@ func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
 		fail(err)
 	}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
-	}, func(res *messages.PinResult) {
+		return &cpumsg.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
+	}, func(res *cpumsg.PinResult) {
 		if res.Err != nil {
 			refused(res.Err)
 			return
@@ -438,7 +439,7 @@ func (b *Bridge) touch(ctx actor.Context, m *messages.Touch) {
 		m.Reply.Answer(struct{}{}, err)
 		return
 	}
-	ctx.Send(b.cfg.CPU, &messages.TouchKeys{Keys: m.Keys})
+	ctx.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
 	m.Reply.Answer(struct{}{}, nil)
 }
 
@@ -451,7 +452,7 @@ func (b *Bridge) completeLoad(ctx actor.Context, m *messages.CompleteLoad) {
 	for j, keys := range byJob {
 		// NB: the CPU tier's mailbox is FIFO from us, so any later call we
 		// forward sees these pins released; no need to await the ack.
-		ctx.Request(b.cfg.CPU, &messages.UnpinKeys{Job: j.ref(), Keys: keys})
+		ctx.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
 		b.closeIfEmpty(ctx, j)
 	}
 	m.Reply.Answer(struct{}{}, nil)
@@ -466,8 +467,8 @@ func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
-	}, func(res *messages.ReserveResult) {
+		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
+	}, func(res *cpumsg.ReserveResult) {
 		if res.Err != nil {
 			fail(res.Err)
 			return
@@ -599,7 +600,7 @@ func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *message
 		b.drained(ctx)
 	}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req, Place: place}
+		return &cpumsg.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req, Place: place}
 	}, func(r *messages.Ack) { landed(r.Err) }, landed)
 }
 
@@ -653,7 +654,7 @@ func (b *Bridge) finish(ctx actor.Context, j *job, ok bool, then func(error)) {
 	case j.kind == messages.JobLoad:
 		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
 		// pins released, so the answer need not wait for the ack.
-		ctx.Request(b.cfg.CPU, &messages.ReleaseJob{Job: j.ref()})
+		ctx.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
 		if then != nil {
 			then(nil)
 		}
@@ -690,8 +691,8 @@ func (b *Bridge) countReaped(j *job) {
 }
 
 func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
-	askCPU(b, ctx, func(corr uint64) any { return &messages.TakeTierEvents{Corr: corr} },
-		func(r *messages.TierEvents) {
+	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.TakeTierEvents{Corr: corr} },
+		func(r *cpumsg.TierEvents) {
 			events := r.Events
 			if len(*b.carry) > 0 {
 				events = append(*b.carry, events...)
@@ -769,7 +770,7 @@ func (b *Bridge) drainBy(ctx actor.Context, deadline time.Time, reply messages.R
 }
 
 func (b *Bridge) clearTier(ctx actor.Context, reply messages.Reply[struct{}]) {
-	askCPU(b, ctx, func(corr uint64) any { return &messages.ClearTier{Corr: corr} },
+	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.ClearTier{Corr: corr} },
 		func(r *messages.Ack) { reply.Answer(struct{}{}, r.Err) },
 		func(err error) { reply.Answer(struct{}{}, err) })
 }
@@ -802,7 +803,7 @@ func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
 func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
 	c := *b.cfg.Counters
 	jobs, requests, paused := len(b.reg.jobs), len(b.reg.byReq), b.paused
-	askCPU(b, ctx, func(corr uint64) any { return &messages.TierStats{Corr: corr} }, func(r *messages.TierStatsResult) {
+	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.TierStats{Corr: corr} }, func(r *cpumsg.TierStatsResult) {
 		s := r.Stats
 		s.JobsInFlight, s.Requests, s.Paused = jobs, requests, paused
 		s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
@@ -827,10 +828,10 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 		return
 	}
 	for _, id := range m.Open {
-		ctx.Send(b.cfg.CPU, &messages.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
+		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
 	}
 	if m.Session != 0 {
-		ctx.Send(b.cfg.CPU, &messages.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
+		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
 	}
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {
@@ -853,7 +854,7 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 	if len(refs) > 0 {
 		b.cfg.Log.Warn().Int("jobs", len(refs)).Str("session", m.Prefix).Dur("quarantine", m.Quarantine).
 			Msg("bridge: jobs of an ended engine session orphaned; their slots are freed after the quarantine")
-		ctx.Send(b.cfg.CPU, &messages.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
+		ctx.Send(b.cfg.CPU, &cpumsg.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
 	}
 	b.drained(ctx)
 	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)

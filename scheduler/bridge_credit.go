@@ -4,6 +4,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Slot credit (standalone engines): a session's slots granted ahead of its
@@ -22,8 +23,8 @@ func (b *Bridge) grant(ctx actor.Context, m *messages.Grant) {
 		return
 	}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N}
-	}, func(r *messages.CreditGranted) {
+		return &cpumsg.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N}
+	}, func(r *cpumsg.CreditGranted) {
 		m.Reply.Answer(messages.CreditGrant{Slots: r.Slots, Evicted: r.Evicted}, nil)
 	}, fail)
 }
@@ -40,8 +41,8 @@ func (b *Bridge) storeCredited(ctx actor.Context, m *messages.StoreCredited) {
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
 	askCPU(b, ctx, func(corr uint64) any {
-		return &messages.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: ref, Keys: m.Keys, Slots: m.Slots}
-	}, func(r *messages.CreditBound) {
+		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: ref, Keys: m.Keys, Slots: m.Slots}
+	}, func(r *cpumsg.CreditBound) {
 		if r.Err != nil {
 			fail(r.Err)
 			return

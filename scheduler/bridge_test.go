@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -124,7 +125,7 @@ func TestJobPlacedOrdersKeysByTheirPlaceInTheCall(t *testing.T) {
 type wrongTypeCPU struct{ lookups int }
 
 func (c *wrongTypeCPU) Receive(ctx actor.Context) {
-	m, ok := ctx.Message().(*messages.LookupAndLease)
+	m, ok := ctx.Message().(*cpumsg.LookupAndLease)
 	if !ok {
 		return
 	}
@@ -137,7 +138,7 @@ func (c *wrongTypeCPU) Receive(ctx actor.Context) {
 	for i := range status {
 		status[i] = messages.Hit
 	}
-	ctx.Respond(&messages.LookupResult{Corr: m.Corr, Status: status})
+	ctx.Respond(&cpumsg.LookupResult{Corr: m.Corr, Status: status})
 }
 
 // A CPU-tier answer of the wrong type fails that one engine call with
@@ -178,10 +179,10 @@ type pinningCPU struct {
 
 func (c *pinningCPU) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *messages.LeaseToPin:
+	case *cpumsg.LeaseToPin:
 		c.log <- "pin"
-		ctx.Respond(&messages.PinResult{Corr: m.Corr, Job: m.Job, Slots: make([]int, len(m.Keys))})
-	case *messages.UnpinKeys:
+		ctx.Respond(&cpumsg.PinResult{Corr: m.Corr, Job: m.Job, Slots: make([]int, len(m.Keys))})
+	case *cpumsg.UnpinKeys:
 		c.log <- "unpin"
 		ctx.Respond(&messages.Ack{Corr: m.Corr})
 	}

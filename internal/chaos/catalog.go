@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // The message catalogue: which messages, delivered to which actor, may be
@@ -80,7 +81,7 @@ func init() {
 	// The CPU tier: recency hints only. Its slot protocol (Reserve, Commit,
 	// LeaseToPin, Unpin, Release*) is the owner of record's and relies on
 	// exactly-once FIFO delivery from each sender.
-	allow("cpu", anyFault, (*messages.TouchKeys)(nil))
+	allow("cpu", anyFault, (*cpumsg.TouchKeys)(nil))
 
 	// The tiering actor. Tier lookup answers are covered by the lookup
 	// deadline; a cascade is best effort (a lost one is a block not copied
@@ -88,7 +89,7 @@ func init() {
 	// job holding slots are never dropped.
 	allow("tiering", anyFault, (*messages.TierLookupResult)(nil), (*messages.Cascade)(nil))
 	allow("tiering", noLoss, (*messages.AsyncLookup)(nil), (*messages.TierReadResult)(nil),
-		(*messages.TierWriteResult)(nil), (*messages.ReserveResult)(nil), (*messages.PinResult)(nil),
+		(*messages.TierWriteResult)(nil), (*cpumsg.ReserveResult)(nil), (*cpumsg.PinResult)(nil),
 		(*messages.Ack)(nil), (*messages.TierStatsReply)(nil))
 
 	// Secondary tiers. A lost lookup is the lookup deadline's; a lost
@@ -122,7 +123,7 @@ func init() {
 	// most.
 	allowTypes("session", anyFault, "*peer.inboundFrame", "*peer.outboundFrame")
 	allow("session", lateOnly, (*messages.PeerLookup)(nil), (*messages.PeerFetch)(nil),
-		(*messages.LookupResult)(nil), (*messages.PinResult)(nil))
+		(*cpumsg.LookupResult)(nil), (*cpumsg.PinResult)(nil))
 	allow("session", anyFault, (*messages.PeerRelease)(nil))
 	allowTypes("session", lateOnly, "*peer.arrived", "*peer.verified", "*peer.written")
 }

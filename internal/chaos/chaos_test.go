@@ -23,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 )
@@ -239,10 +240,10 @@ func nth(target, typ string, kind Kind, ns ...uint64) supervision.MessageRule {
 // The self-tests break an invariant on purpose, through a test seam, and
 // check the harness notices: a harness that cannot fail proves nothing.
 func TestSelfTestsCatchBrokenInvariants(t *testing.T) {
-	releaseJob := fmt.Sprintf("%T", (*messages.ReleaseJob)(nil))
-	unpin := fmt.Sprintf("%T", (*messages.UnpinKeys)(nil))
-	lookupAndLease := fmt.Sprintf("%T", (*messages.LookupAndLease)(nil))
-	tierEvents := fmt.Sprintf("%T", (*messages.TierEvents)(nil))
+	releaseJob := fmt.Sprintf("%T", (*cpumsg.ReleaseJob)(nil))
+	unpin := fmt.Sprintf("%T", (*cpumsg.UnpinKeys)(nil))
+	lookupAndLease := fmt.Sprintf("%T", (*cpumsg.LookupAndLease)(nil))
+	tierEvents := fmt.Sprintf("%T", (*cpumsg.TierEvents)(nil))
 	many := make([]uint64, 0, 50)
 	for n := uint64(10); n < 60; n++ {
 		many = append(many, n)
@@ -293,8 +294,8 @@ func TestSelfTestsCatchBrokenInvariants(t *testing.T) {
 // delays surround a few releases dropped outside the catalogue, and
 // shrinks the leak it causes to the drop that reproduces it.
 func TestShrinkFindsTheFaultThatLeaks(t *testing.T) {
-	releaseJob := fmt.Sprintf("%T", (*messages.ReleaseJob)(nil))
-	touch := fmt.Sprintf("%T", (*messages.TouchKeys)(nil))
+	releaseJob := fmt.Sprintf("%T", (*cpumsg.ReleaseJob)(nil))
+	touch := fmt.Sprintf("%T", (*cpumsg.TouchKeys)(nil))
 	rep := run(t, Options{Seed: 20, Duration: time.Second, QuietTimeout: time.Second,
 		Shrink: 2 * time.Minute, Hooks: Hooks{UnsafeRules: []supervision.MessageRule{
 			nth("kvtier/cpu", touch, supervision.FaultDelay, 3, 9),
@@ -343,15 +344,15 @@ func TestDdminFindsAOneMinimalSubset(t *testing.T) {
 // slot protocol is never perturbed at all (panics aside).
 func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 	typ := func(m any) string { return fmt.Sprintf("%T", m) }
-	for _, m := range []any{(*messages.ReserveSlots)(nil), (*messages.CommitSlots)(nil), (*messages.LeaseToPin)(nil),
-		(*messages.UnpinKeys)(nil), (*messages.ReleaseJob)(nil), (*messages.ReleaseHolder)(nil),
-		(*messages.ReleaseOrigin)(nil), (*messages.LookupAndLease)(nil), (*messages.TakeTierEvents)(nil)} {
+	for _, m := range []any{(*cpumsg.ReserveSlots)(nil), (*cpumsg.CommitSlots)(nil), (*cpumsg.LeaseToPin)(nil),
+		(*cpumsg.UnpinKeys)(nil), (*cpumsg.ReleaseJob)(nil), (*cpumsg.ReleaseHolder)(nil),
+		(*cpumsg.ReleaseOrigin)(nil), (*cpumsg.LookupAndLease)(nil), (*cpumsg.TakeTierEvents)(nil)} {
 		assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/cpu", typ(m)), typ(m))
 	}
 	assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/events", typ((*messages.Event)(nil))))
 	noDrop := map[string][]any{
-		"kvtier/tiering": {(*messages.TierReadResult)(nil), (*messages.TierWriteResult)(nil), (*messages.ReserveResult)(nil),
-			(*messages.PinResult)(nil), (*messages.Ack)(nil), (*messages.AsyncLookup)(nil)},
+		"kvtier/tiering": {(*messages.TierReadResult)(nil), (*messages.TierWriteResult)(nil), (*cpumsg.ReserveResult)(nil),
+			(*cpumsg.PinResult)(nil), (*messages.Ack)(nil), (*messages.AsyncLookup)(nil)},
 		"kvtier/tier-fs":  {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
 		"kvtier/tier-obj": {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
 		"kvtier/bridge":   {(*messages.AsyncLookupResult)(nil)},
@@ -379,7 +380,7 @@ func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 	// the data plane's completions release pins or answer a fetch.
 	session := "kvtier/peers/peer-n1"
 	for _, m := range []string{typ((*messages.PeerLookup)(nil)), typ((*messages.PeerFetch)(nil)), "*peer.arrived",
-		"*peer.verified", "*peer.written", typ((*messages.LookupResult)(nil)), typ((*messages.PinResult)(nil))} {
+		"*peer.verified", "*peer.written", typ((*cpumsg.LookupResult)(nil)), typ((*cpumsg.PinResult)(nil))} {
 		assert.Equal(t, []Kind{supervision.FaultDelay, supervision.FaultReorder, supervision.FaultPanic}, Allowed(session, m), m)
 	}
 	assert.Contains(t, Allowed(session, "*peer.outboundFrame"), supervision.FaultDrop, "the network may lose a frame")

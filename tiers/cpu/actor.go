@@ -10,6 +10,7 @@ import (
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Actor is the CPU tier's mailbox: it applies messages to State one at a time
@@ -95,8 +96,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.checkAfterRestart()
 	case *actor.Restarting:
 		a.restarted = true
-	case *messages.LookupAndLease:
-		res := &messages.LookupResult{Corr: m.Corr, Holder: m.Holder, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)}
+	case *cpumsg.LookupAndLease:
+		res := &cpumsg.LookupResult{Corr: m.Corr, Holder: m.Holder, Status: a.state.LookupAndLease(m.Holder, m.Keys, m.Prefix, m.TTL)}
 		if m.WantChecksums {
 			res.Checksums = a.checksumsOfHits(m.Keys, res.Status)
 		}
@@ -107,55 +108,55 @@ func (a *Actor) Receive(ctx actor.Context) {
 			res.Slots = a.state.SlotsOf(m.Keys, res.Status)
 		}
 		ctx.Respond(res)
-	case *messages.LeaseToPin:
+	case *cpumsg.LeaseToPin:
 		pin := a.state.LeaseToPin
 		if m.KeepRank {
 			pin = a.state.LeaseToPinKeepRank
 		}
 		slots, err := pin(m.Holder, m.Job, m.Keys)
-		res := &messages.PinResult{Corr: m.Corr, Job: m.Job, Slots: slots, Err: err}
+		res := &cpumsg.PinResult{Corr: m.Corr, Job: m.Job, Slots: slots, Err: err}
 		if m.WantProv && err == nil {
 			res.Prov = a.state.ProvenanceOf(m.Keys, nil)
 		}
 		ctx.Respond(res)
-	case *messages.TouchKeys:
+	case *cpumsg.TouchKeys:
 		a.state.Touch(m.Keys)
-	case *messages.UnpinKeys:
+	case *cpumsg.UnpinKeys:
 		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: a.state.Unpin(m.Job, m.Keys)})
-	case *messages.ReserveSlots:
+	case *cpumsg.ReserveSlots:
 		a.reserve(ctx, m)
-	case *messages.CommitSlots:
+	case *cpumsg.CommitSlots:
 		a.commit(ctx, m)
-	case *messages.ReleaseJob:
+	case *cpumsg.ReleaseJob:
 		a.aborted(ctx, a.state.ReleaseJob(m.Job))
 		ctx.Respond(&messages.Ack{Corr: m.Corr})
-	case *messages.ReleaseHolder:
+	case *cpumsg.ReleaseHolder:
 		a.state.ReleaseHolder(m.Holder)
-	case *messages.ReleaseOrigin:
+	case *cpumsg.ReleaseOrigin:
 		a.releaseOrigin(ctx, m)
 	case *releaseOrphans:
 		a.releaseJobs(ctx, m.jobs)
-	case *messages.OrphanJobs:
+	case *cpumsg.OrphanJobs:
 		a.orphanJobs(ctx, m)
-	case *messages.GrantCredit:
+	case *cpumsg.GrantCredit:
 		a.grant(ctx, m)
-	case *messages.BindCredit:
+	case *cpumsg.BindCredit:
 		a.bind(ctx, m)
-	case *messages.ReleaseCredit:
+	case *cpumsg.ReleaseCredit:
 		a.releaseCreditAfter(ctx, m)
 	case *releaseCredit:
 		a.state.ReleaseCredit(m.owner)
-	case *messages.ClearTier:
+	case *cpumsg.ClearTier:
 		a.clear(ctx, m)
-	case *messages.VerifyBlock:
+	case *cpumsg.VerifyBlock:
 		a.verify(ctx, m)
 	case *verifyDone:
 		a.verified(ctx, m)
-	case *messages.TakeTierEvents:
-		ctx.Respond(&messages.TierEvents{Corr: m.Corr, Events: a.events, Dropped: a.dropped})
+	case *cpumsg.TakeTierEvents:
+		ctx.Respond(&cpumsg.TierEvents{Corr: m.Corr, Events: a.events, Dropped: a.dropped})
 		a.events, a.dropped = nil, 0
-	case *messages.TierStats:
-		ctx.Respond(&messages.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
+	case *cpumsg.TierStats:
+		ctx.Respond(&cpumsg.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
 	case *messages.TierInventory:
 		ctx.Respond(&messages.InventoryResult{Corr: m.Corr, Medium: messages.MediumCPU, Keys: a.state.ReadyKeys()})
 	case *actor.Stopping, *actor.Stopped, *actor.Restart:
@@ -164,16 +165,16 @@ func (a *Actor) Receive(ctx actor.Context) {
 	}
 }
 
-func (a *Actor) reserve(ctx actor.Context, m *messages.ReserveSlots) {
+func (a *Actor) reserve(ctx actor.Context, m *cpumsg.ReserveSlots) {
 	res, err := a.state.Reserve(m.Job, m.Keys)
 	if len(res.Evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
 	}
 	a.note(ctx, messages.BlockWriting, res.ToStore)
-	ctx.Respond(&messages.ReserveResult{Corr: m.Corr, ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted, Err: err})
+	ctx.Respond(&cpumsg.ReserveResult{Corr: m.Corr, ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted, Err: err})
 }
 
-func (a *Actor) commit(ctx actor.Context, m *messages.CommitSlots) {
+func (a *Actor) commit(ctx actor.Context, m *cpumsg.CommitSlots) {
 	src := ProvSource{Ctx: m.Ctx, Place: m.Place}
 	if len(m.Prov) == len(m.Keys) {
 		src.Prov = m.Prov
@@ -196,7 +197,7 @@ type releaseOrphans struct{ jobs []messages.JobRef }
 
 // releaseOrigin ends an origin's leases at once and its pins and writes at
 // once or after the quarantine (their slots stay unusable meanwhile).
-func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
+func (a *Actor) releaseOrigin(ctx actor.Context, m *cpumsg.ReleaseOrigin) {
 	if m.Quarantine <= 0 {
 		a.aborted(ctx, a.state.ReleaseOrigin(m.Origin))
 		return
@@ -213,7 +214,7 @@ func (a *Actor) releaseOrigin(ctx actor.Context, m *messages.ReleaseOrigin) {
 
 // orphanJobs ends the jobs of an engine that is gone: their writes are
 // unindexed now, their slots freed after the quarantine.
-func (a *Actor) orphanJobs(ctx actor.Context, m *messages.OrphanJobs) {
+func (a *Actor) orphanJobs(ctx actor.Context, m *cpumsg.OrphanJobs) {
 	if m.Quarantine <= 0 {
 		a.releaseJobs(ctx, m.Jobs)
 		return
@@ -263,7 +264,7 @@ func (a *Actor) note(ctx actor.Context, kind messages.EventKind, keys []messages
 	ctx.Send(a.sink, &messages.Event{Kind: kind, Keys: keys, Medium: messages.MediumCPU, At: a.now()})
 }
 
-func (a *Actor) clear(ctx actor.Context, m *messages.ClearTier) {
+func (a *Actor) clear(ctx actor.Context, m *cpumsg.ClearTier) {
 	removed := a.state.Clear()
 	if a.state.Occupancy().Free == a.state.Slots() {
 		a.announce(ctx, messages.Event{Kind: messages.AllBlocksCleared})
@@ -275,7 +276,7 @@ func (a *Actor) clear(ctx actor.Context, m *messages.ClearTier) {
 
 // verify pins the block under a tier-owned job and checksums it off the
 // mailbox; verified finishes the job.
-func (a *Actor) verify(ctx actor.Context, m *messages.VerifyBlock) {
+func (a *Actor) verify(ctx actor.Context, m *cpumsg.VerifyBlock) {
 	_, want, err := a.state.Checksum(m.Key)
 	if err != nil {
 		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})

@@ -5,20 +5,21 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // releaseCredit frees a credit once its quarantine has passed.
 type releaseCredit struct{ owner messages.JobRef }
 
-func (a *Actor) grant(ctx actor.Context, m *messages.GrantCredit) {
+func (a *Actor) grant(ctx actor.Context, m *cpumsg.GrantCredit) {
 	slots, evicted := a.state.Grant(m.Owner, m.N)
 	if len(evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: evicted})
 	}
-	ctx.Respond(&messages.CreditGranted{Corr: m.Corr, Owner: m.Owner, Slots: slots, Evicted: evicted})
+	ctx.Respond(&cpumsg.CreditGranted{Corr: m.Corr, Owner: m.Owner, Slots: slots, Evicted: evicted})
 }
 
-func (a *Actor) bind(ctx actor.Context, m *messages.BindCredit) {
+func (a *Actor) bind(ctx actor.Context, m *cpumsg.BindCredit) {
 	bound, err := a.state.Bind(m.Owner, m.Job, m.Keys, m.Slots)
 	if err == nil {
 		writing := make([]messages.Key, 0, len(m.Keys))
@@ -29,13 +30,13 @@ func (a *Actor) bind(ctx actor.Context, m *messages.BindCredit) {
 		}
 		a.note(ctx, messages.BlockWriting, writing)
 	}
-	ctx.Respond(&messages.CreditBound{Corr: m.Corr, Bound: bound, Err: err})
+	ctx.Respond(&cpumsg.CreditBound{Corr: m.Corr, Bound: bound, Err: err})
 }
 
 // releaseCreditAfter keeps an ended session's credit out of use for the
 // quarantine (a worker may still be copying into a credited slot), then
 // frees it.
-func (a *Actor) releaseCreditAfter(ctx actor.Context, m *messages.ReleaseCredit) {
+func (a *Actor) releaseCreditAfter(ctx actor.Context, m *cpumsg.ReleaseCredit) {
 	if m.Quarantine <= 0 {
 		a.state.ReleaseCredit(m.Owner)
 		return

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
@@ -75,47 +76,47 @@ func TestActorAnswersAndAnnouncesProvenance(t *testing.T) {
 
 	// A promotion-like commit: provenance given whole.
 	job := messages.JobRef{Origin: messages.OriginTier, ID: messages.TieringJobBase + 1}
-	r := ask(&messages.ReserveSlots{Job: job, Keys: ks(0, 1)}).(*messages.ReserveResult)
+	r := ask(&cpumsg.ReserveSlots{Job: job, Keys: ks(0, 1)}).(*cpumsg.ReserveResult)
 	require.NoError(t, r.Err)
 	e := next()
 	assert.Equal(t, messages.BlockWriting, e.Kind)
 	assert.Equal(t, ks(0, 1), e.Keys)
 	given := []*messages.Provenance{{BlockSize: 4, TokenIDs: []int32{1, 2, 3, 4}}, nil}
-	require.NoError(t, ask(&messages.CommitSlots{Job: job, Keys: ks(0, 1), OK: true, Checksums: []uint32{0, 0}, Prov: given}).(*messages.Ack).Err)
+	require.NoError(t, ask(&cpumsg.CommitSlots{Job: job, Keys: ks(0, 1), OK: true, Checksums: []uint32{0, 0}, Prov: given}).(*messages.Ack).Err)
 	e = next()
 	assert.Equal(t, messages.BlockStored, e.Kind)
 	assert.Equal(t, given, e.Prov)
 
 	// A peer-style lookup gets them back, HITs only; a cascade-style pin too.
-	lr := ask(&messages.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "round"}, Keys: ks(0, 1, 2),
-		TTL: time.Minute, WantProv: true}).(*messages.LookupResult)
+	lr := ask(&cpumsg.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "round"}, Keys: ks(0, 1, 2),
+		TTL: time.Minute, WantProv: true}).(*cpumsg.LookupResult)
 	assert.Equal(t, []messages.LookupStatus{messages.Hit, messages.Hit, messages.Miss}, lr.Status)
 	assert.Equal(t, []*messages.Provenance{given[0], nil, nil}, lr.Prov)
-	plain := ask(&messages.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "r2"}, Keys: ks(0), TTL: time.Minute}).(*messages.LookupResult)
+	plain := ask(&cpumsg.LookupAndLease{Holder: messages.Holder{Origin: messages.OriginPeer, ID: "r2"}, Keys: ks(0), TTL: time.Minute}).(*cpumsg.LookupResult)
 	assert.Nil(t, plain.Prov, "only asked for")
 	pin := messages.JobRef{Origin: messages.OriginTier, ID: messages.TieringJobBase + 2}
-	pr := ask(&messages.LeaseToPin{Job: pin, Keys: ks(0), WantProv: true}).(*messages.PinResult)
+	pr := ask(&cpumsg.LeaseToPin{Job: pin, Keys: ks(0), WantProv: true}).(*cpumsg.PinResult)
 	require.NoError(t, pr.Err)
 	assert.Equal(t, []*messages.Provenance{given[0]}, pr.Prov)
 
 	// A store that fails: its keys' writes are noted abandoned.
 	job3 := messages.JobRef{Origin: messages.OriginEngine, ID: 3}
-	require.NoError(t, ask(&messages.ReserveSlots{Job: job3, Keys: ks(2)}).(*messages.ReserveResult).Err)
+	require.NoError(t, ask(&cpumsg.ReserveSlots{Job: job3, Keys: ks(2)}).(*cpumsg.ReserveResult).Err)
 	assert.Equal(t, messages.BlockWriting, next().Kind)
-	require.NoError(t, ask(&messages.CommitSlots{Job: job3, Keys: ks(2), OK: false}).(*messages.Ack).Err)
+	require.NoError(t, ask(&cpumsg.CommitSlots{Job: job3, Keys: ks(2), OK: false}).(*messages.Ack).Err)
 	e = next()
 	assert.Equal(t, messages.BlockWriteAborted, e.Kind)
 	assert.Equal(t, ks(2), e.Keys)
 	job4 := messages.JobRef{Origin: messages.OriginEngine, ID: 4}
-	require.NoError(t, ask(&messages.ReserveSlots{Job: job4, Keys: ks(3)}).(*messages.ReserveResult).Err)
+	require.NoError(t, ask(&cpumsg.ReserveSlots{Job: job4, Keys: ks(3)}).(*cpumsg.ReserveResult).Err)
 	assert.Equal(t, messages.BlockWriting, next().Kind)
-	ask(&messages.ReleaseJob{Job: job4})
+	ask(&cpumsg.ReleaseJob{Job: job4})
 	e = next()
 	assert.Equal(t, messages.BlockWriteAborted, e.Kind, "a reaped job's writes are abandoned")
 	assert.Equal(t, ks(3), e.Keys)
 
 	// Notes never reach the engine's drain.
-	te := ask(&messages.TakeTierEvents{}).(*messages.TierEvents)
+	te := ask(&cpumsg.TakeTierEvents{}).(*cpumsg.TierEvents)
 	require.Len(t, te.Events, 1)
 	assert.Equal(t, messages.BlockStored, te.Events[0].Kind)
 }

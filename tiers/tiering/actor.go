@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Actor is the tiering actor.
@@ -91,13 +92,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.cascade(ctx, m)
 	case *messages.TierLookupResult:
 		answer(a, ctx, m.Corr, replyLookup, m, a.onTierLookup)
-	case *messages.ReserveResult:
+	case *cpumsg.ReserveResult:
 		answer(a, ctx, m.Corr, replyReserve, m, a.onReserve)
 	case *messages.TierReadResult:
 		answer(a, ctx, m.Corr, replyRead, m, a.onRead)
 	case *messages.TierReadBatchResult:
 		answer(a, ctx, m.Corr, replyReadBatch, m, a.onReadBatch)
-	case *messages.PinResult:
+	case *cpumsg.PinResult:
 		answer(a, ctx, m.Corr, replyPin, m, a.onPin)
 	case *messages.TierWriteResult:
 		answer(a, ctx, m.Corr, replyWrite, m, a.onWrite)

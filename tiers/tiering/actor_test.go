@@ -16,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -113,7 +114,7 @@ func (r *rig) lookup(keys ...messages.Key) []messages.LookupStatus {
 
 func (r *rig) cpuStats() messages.Stats {
 	r.t.Helper()
-	return r.ask(r.cpu, &messages.TierStats{Corr: 1}).(*messages.TierStatsResult).Stats
+	return r.ask(r.cpu, &cpumsg.TierStats{Corr: 1}).(*cpumsg.TierStatsResult).Stats
 }
 
 func (r *rig) idle() {

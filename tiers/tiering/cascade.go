@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 type cascadeItem struct {
@@ -64,11 +65,11 @@ func (a *Actor) dispatch(ctx actor.Context, t int) {
 	c.timer = a.after(ctx, a.cfg.CascadeTimeout, &cascadeDeadline{job: ref.ID})
 	keys := c.keys
 	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: -1}, func(corr uint64) any {
-		return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: keys, WantProv: true}
+		return &cpumsg.LeaseToPin{Corr: corr, Job: ref, Keys: keys, WantProv: true}
 	})
 }
 
-func (a *Actor) onPin(ctx actor.Context, p pendingReply, m *messages.PinResult) {
+func (a *Actor) onPin(ctx actor.Context, p pendingReply, m *cpumsg.PinResult) {
 	c := p.cas
 	c.pinning--
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: c.id}
@@ -87,7 +88,7 @@ func (a *Actor) onPin(ctx actor.Context, p pendingReply, m *messages.PinResult) 
 		for i, k := range c.keys {
 			c.pinning++
 			a.request(ctx, a.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: i}, func(corr uint64) any {
-				return &messages.LeaseToPin{Corr: corr, Job: ref, Keys: []messages.Key{k}, WantProv: true}
+				return &cpumsg.LeaseToPin{Corr: corr, Job: ref, Keys: []messages.Key{k}, WantProv: true}
 			})
 		}
 	case m.Err != nil:

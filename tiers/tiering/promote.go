@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 type promotion struct {
@@ -42,16 +43,16 @@ func (a *Actor) promote(ctx actor.Context, req *messages.ReqContext, tier int, k
 	}
 	p.timer = a.after(ctx, a.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
 	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
-		return &messages.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
+		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
 	})
 }
 
-func (a *Actor) onReserve(ctx actor.Context, p pendingReply, m *messages.ReserveResult) {
+func (a *Actor) onReserve(ctx actor.Context, p pendingReply, m *cpumsg.ReserveResult) {
 	prom := p.prom
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	if prom.reaped {
 		// Reaped while waiting: whatever was reserved is freed at once.
-		ctx.Request(a.cfg.CPU, &messages.ReleaseJob{Job: ref})
+		ctx.Request(a.cfg.CPU, &cpumsg.ReleaseJob{Job: ref})
 		return
 	}
 	if m.Err != nil {
@@ -212,7 +213,7 @@ func (a *Actor) commitPromotion(ctx actor.Context, prom *promotion) {
 		tier := a.cfg.Tiers[prom.tier].Name
 		n := uint64(len(keys))
 		a.request(ctx, a.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
-			return &messages.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
+			return &cpumsg.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
 		})
 		a.stats.Promoted[tier] += n
 	}
@@ -233,7 +234,7 @@ func (a *Actor) endPromotion(prom *promotion) {
 }
 
 func (a *Actor) release(ctx actor.Context, id messages.JobID) {
-	ctx.Request(a.cfg.CPU, &messages.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
+	ctx.Request(a.cfg.CPU, &cpumsg.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
 }
 
 func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
