@@ -31,11 +31,13 @@ func IsCreditKey(k messages.Key) bool { return k.Namespace == creditNS }
 
 // CreditLimit bounds every session's credit together: credited slots are
 // taken from the cache all engines share, so their total must not grow
-// with the number of engines (8 engines' default 64 slots held 13 % of a
-// 4,000-slot pool empty, and cost more hit rate than that: docs/
-// PERFORMANCE.md, "One node cache shared by N engines"). A thirty-second
-// of the pool, and never less than one engine's default credit.
-func CreditLimit(slots int) int { return max(slots/32, 64) }
+// with the number of engines (8 engines' credit, each grown to its own
+// step's stores, held a quarter of a 4,000-slot pool empty and cut the
+// hit rate by a third: docs/PERFORMANCE.md, "One node cache shared by N
+// engines"). An eighth of the pool: one engine's stores of a step fit in
+// it on that pool (a thirty-second made it block on prepare_store 2.5
+// times a step), and never less than one engine's default credit.
+func CreditLimit(slots int) int { return max(slots/8, 64) }
 
 // credited is how many slots every session's credit holds together.
 func (s *State) credited() int {

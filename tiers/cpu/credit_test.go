@@ -169,9 +169,9 @@ func TestLeaseToPinKeepRank(t *testing.T) {
 // sessions ask: credit comes out of the cache they share. A released
 // credit makes room for another.
 func TestCreditOfAllSessionsIsBounded(t *testing.T) {
-	const slots = 4096
+	const slots = 1024
 	limit := CreditLimit(slots)
-	require.Equal(t, 128, limit, "a thirty-second of the pool")
+	require.Equal(t, 128, limit, "an eighth of the pool")
 	require.Equal(t, 64, CreditLimit(256), "never less than one engine's default credit")
 	s, _ := newTestState(t, slots)
 	total := 0
