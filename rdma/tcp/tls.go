@@ -79,8 +79,8 @@ func rawConn(c net.Conn) net.Conn {
 // records of 16 KiB. crypto/tls writes each record (at most 16 KiB of
 // payload) with its own write call; a 128 KiB slot was 8 writes, each
 // pushing its own segment and waking the consumer. Gathered, a 425 MiB
-// fetch took 20% less CPU per byte on loopback (docs/PERFORMANCE.md, "TLS
-// on the tcp data plane", issue 29).
+// fetch took 14-23% less CPU per byte on loopback (docs/PERFORMANCE.md,
+// "TLS on the tcp data plane", issue 29).
 const tlsBatchBytes = 256 << 10
 
 // recordBatch is the socket under a dialer's TLS connection. Between

@@ -59,11 +59,10 @@ func (s *Store) writeRecord(w recordWrite, k messages.Key, src []byte, sum uint3
 			return ioErr("write", err)
 		}
 		// NB: summed after the block's write, not before: the write's copy
-		// brought src into this core's cache, where CRC32C runs at ~3× the
-		// speed it has on a slot coming from memory (issue 29: 22-28% less
-		// CPU per byte written, docs/PERFORMANCE.md). A mismatch leaves
-		// the bytes in a slot no entry names: dead space, as after a failed
-		// write.
+		// brought src into this core's cache, where the check costs about a
+		// third of what it costs on a slot coming from memory (issue 29,
+		// docs/PERFORMANCE.md, "Round 4"). A mismatch leaves the bytes in
+		// a slot no entry names: dead space, as after a failed write.
 		if got := crc32.Checksum(src, castagnoli); got != sum {
 			return fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 		}
