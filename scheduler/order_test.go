@@ -89,6 +89,18 @@ func TestCallOrderModel(t *testing.T) {
 			}
 			served = append(served, m)
 		}
+		// land: a commit sent to the CPU tier; the bridge re-admits.
+		land := func(keys []messages.Key) {
+			o.landed(keys)
+			for _, k := range keys {
+				pending[k]--
+			}
+			for _, m := range o.release() {
+				if o.admit(m) {
+					serve(m)
+				}
+			}
+		}
 		for range 200 {
 			switch r := rng.Intn(10); {
 			case r < 6:
@@ -134,27 +146,11 @@ func TestCallOrderModel(t *testing.T) {
 				}
 				keys := commits[0]
 				commits = commits[1:]
-				o.landed(keys)
-				for _, k := range keys {
-					pending[k]--
-				}
-				for _, m := range o.release() {
-					if o.admit(m) {
-						serve(m)
-					}
-				}
+				land(keys)
 			}
 		}
 		for _, keys := range commits {
-			o.landed(keys)
-			for _, k := range keys {
-				pending[k]--
-			}
-			for _, m := range o.release() {
-				if o.admit(m) {
-					serve(m)
-				}
-			}
+			land(keys)
 		}
 		require.Zero(t, o.waiting(), "seed %d: calls left held with no commit pending", seed)
 		require.Len(t, served, len(arrived), "seed %d: every call served once", seed)
