@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"sync"
 
 	"github.com/kvtier/kvtier/rdma"
 )
@@ -87,9 +88,12 @@ const tlsBatchBytes = 256 << 10
 // start and flush (one payload's writes, on the goroutine sending it) it
 // gathers the records crypto/tls writes and writes them tlsBatchBytes at
 // a time; otherwise (the handshake, anything else) a write goes straight
-// through. Only the sending worker touches it while it gathers.
+// through. The sending worker gathers; mu also orders it against a write
+// from elsewhere (Close's close_notify alert, sent by the goroutine that
+// disconnects).
 type recordBatch struct {
 	net.Conn
+	mu  sync.Mutex
 	buf []byte // gathered records; nil until the first payload
 	on  bool   // gathering
 }
@@ -105,6 +109,8 @@ func batchOf(c net.Conn) *recordBatch {
 
 // start gathers the writes that follow, until flush.
 func (b *recordBatch) start() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.buf == nil {
 		b.buf = make([]byte, 0, tlsBatchBytes)
 	}
@@ -112,6 +118,8 @@ func (b *recordBatch) start() {
 }
 
 func (b *recordBatch) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if !b.on {
 		return b.Conn.Write(p)
 	}
@@ -129,6 +137,8 @@ func (b *recordBatch) Write(p []byte) (int, error) {
 
 // flush writes what was gathered and stops gathering.
 func (b *recordBatch) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.on = false
 	return b.write()
 }
