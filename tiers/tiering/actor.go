@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -11,7 +12,10 @@ import (
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
-// Actor is the tiering actor.
+// State is the tiering actor's core: every decision it makes, driven one
+// message at a time through Handle, with what it does outside itself
+// (requests, answers, timers) handed to an Effects. The actor is a shell
+// around it; tests drive it directly.
 //
 // Invariants:
 //   - a key is in at most one of: looking (a lookup batch resolves it),
@@ -25,7 +29,7 @@ import (
 //   - per tier: cascade writes in flight (pinned) ≤ CascadeInFlight, and
 //     those plus the blocks waiting (unpinned) ≤ CascadeQueue.
 //   - answers to the bridge never wait for a tier.
-type Actor struct {
+type State struct {
 	cfg  Config
 	log  zerolog.Logger
 	corr uint64
@@ -58,83 +62,121 @@ type (
 	cascadeDeadline   struct{ job messages.JobID }
 )
 
+// Effects is what the core does outside itself. Request's answer comes
+// back as a message to Handle; Respond answers the message being handled;
+// After sends the actor msg once d has passed on its clock (a deadline that
+// ends a batch or a job, never a wait inside a handler).
+type Effects interface {
+	Request(to *actor.PID, msg any)
+	Send(to *actor.PID, msg any)
+	Respond(msg any)
+	After(d time.Duration, msg any) supervision.Timer
+}
+
+// Actor is the tiering actor: a shell that hands each message to its
+// State with the actor's context as the effects.
+type Actor struct{ state *State }
+
 // Props builds the tiering actor. Its state outlives a supervisor restart
 // (the producer hands back the same instance): tier I/O of its jobs may
 // still be running into or out of slots, so the jobs that hold those slots
 // must survive to release them when the I/O returns.
 func Props(cfg Config) *actor.Props {
-	a := newActor(cfg.WithDefaults())
+	a := &Actor{state: NewState(cfg.WithDefaults())}
 	return actor.PropsFromProducer(func() actor.Actor { return a },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }
 
-func newActor(cfg Config) *Actor {
+// Receive hands every message but the lifecycle's to the core.
+func (a *Actor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started, *actor.Restarting, *actor.Stopping, *actor.Stopped, *actor.Restart:
+		return
+	}
+	a.state.Handle(contextEffects{ctx: ctx, clock: a.state.cfg.Clock}, ctx.Message())
+}
+
+// contextEffects carries out the core's effects through an actor context.
+type contextEffects struct {
+	ctx   actor.Context
+	clock supervision.Clock
+}
+
+func (e contextEffects) Request(to *actor.PID, msg any) { e.ctx.Request(to, msg) }
+func (e contextEffects) Send(to *actor.PID, msg any)    { e.ctx.Send(to, msg) }
+func (e contextEffects) Respond(msg any)                { e.ctx.Respond(msg) }
+
+func (e contextEffects) After(d time.Duration, msg any) supervision.Timer {
+	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
+	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
+}
+
+// NewState is the core for cfg (defaults already filled).
+func NewState(cfg Config) *State {
 	n := len(cfg.Tiers)
-	a := &Actor{cfg: cfg, log: cfg.Log,
+	s := &State{cfg: cfg, log: cfg.Log,
 		looking: map[messages.Key]*batch{}, batches: map[uint64]*batch{},
 		negative: map[messages.Key]negEntry{}, promoting: map[messages.Key]*promotion{},
 		proms: map[messages.JobID]*promotion{}, cascades: map[messages.JobID]*cascade{},
 		queued: make([]int, n), waiting: make([][]cascadeItem, n), pending: map[uint64]pendingReply{},
 		reading: make([]int, n), readQueue: make([][]readTask, n)}
-	a.stats.Promoted, a.stats.PromotionsFailed = map[string]uint64{}, map[string]uint64{}
-	a.stats.CascadeWritten, a.stats.CascadeDropped, a.stats.CascadeFailed = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
-	return a
+	s.stats.Promoted, s.stats.PromotionsFailed = map[string]uint64{}, map[string]uint64{}
+	s.stats.CascadeWritten, s.stats.CascadeDropped, s.stats.CascadeFailed = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
+	return s
 }
 
-// Receive handles one message.
-func (a *Actor) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+// Handle handles one message.
+func (s *State) Handle(fx Effects, msg any) {
+	switch m := msg.(type) {
 	case *messages.AsyncLookup:
-		a.asyncLookup(ctx, m)
+		s.asyncLookup(fx, m)
 	case *messages.TierRefreshed:
-		a.refreshed(m.Tier)
+		s.refreshed(m.Tier)
 	case *messages.Cascade:
-		a.cascade(ctx, m)
+		s.cascade(fx, m)
 	case *messages.TierLookupResult:
-		answer(a, ctx, m.Corr, replyLookup, m, a.onTierLookup)
+		answer(s, fx, m.Corr, replyLookup, m, s.onTierLookup)
 	case *cpumsg.ReserveResult:
-		answer(a, ctx, m.Corr, replyReserve, m, a.onReserve)
+		answer(s, fx, m.Corr, replyReserve, m, s.onReserve)
 	case *messages.TierReadResult:
-		answer(a, ctx, m.Corr, replyRead, m, a.onRead)
+		answer(s, fx, m.Corr, replyRead, m, s.onRead)
 	case *messages.TierReadBatchResult:
-		answer(a, ctx, m.Corr, replyReadBatch, m, a.onReadBatch)
+		answer(s, fx, m.Corr, replyReadBatch, m, s.onReadBatch)
 	case *cpumsg.PinResult:
-		answer(a, ctx, m.Corr, replyPin, m, a.onPin)
+		answer(s, fx, m.Corr, replyPin, m, s.onPin)
 	case *messages.TierWriteResult:
-		answer(a, ctx, m.Corr, replyWrite, m, a.onWrite)
+		answer(s, fx, m.Corr, replyWrite, m, s.onWrite)
 	case *messages.Ack:
-		answer(a, ctx, m.Corr, replyCommit, m, a.onCommitAck) // corr 0 (a release's ack) is never pending
+		answer(s, fx, m.Corr, replyCommit, m, s.onCommitAck) // corr 0 (a release's ack) is never pending
 	case *messages.TierStatsReply:
-		answer(a, ctx, m.Corr, replyStats, m, a.onTierStats)
+		answer(s, fx, m.Corr, replyStats, m, s.onTierStats)
 	case *lookupDeadline:
-		if b := a.batches[m.batch]; b != nil {
-			a.stats.LookupsTimedOut += uint64(len(b.keys))
-			a.log.Warn().Int("keys", len(b.keys)).Str("tiers", a.tierNames(b.waiting)).Msg("tiering: secondary lookup deadline passed; missing answers count as absent")
+		if b := s.batches[m.batch]; b != nil {
+			s.stats.LookupsTimedOut += uint64(len(b.keys))
+			s.log.Warn().Int("keys", len(b.keys)).Str("tiers", s.tierNames(b.waiting)).Msg("tiering: secondary lookup deadline passed; missing answers count as absent")
 			b.waiting = 0
-			a.resolve(ctx, b)
+			s.resolve(fx, b)
 		}
 	case *promotionDeadline:
-		a.reapPromotion(ctx, m.job)
+		s.reapPromotion(fx, m.job)
 	case *cascadeDeadline:
-		a.reapCascade(ctx, m.job)
+		s.reapCascade(fx, m.job)
 	case *messages.TieringIdle:
-		a.waiters = append(a.waiters, m.Reply)
+		s.waiters = append(s.waiters, m.Reply)
 	case *messages.GetTieringStats:
-		a.gatherStats(ctx, m)
-	case *actor.Started, *actor.Restarting, *actor.Stopping, *actor.Stopped, *actor.Restart:
-		return
+		s.gatherStats(fx, m)
 	default:
-		a.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("tiering: unknown message dropped")
+		s.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("tiering: unknown message dropped")
 		return
 	}
-	a.wakeIdle()
+	s.wakeIdle()
 }
 
-func (a *Actor) busy() bool {
-	if len(a.batches) > 0 || len(a.proms) > 0 || len(a.cascades) > 0 {
+func (s *State) busy() bool {
+	if len(s.batches) > 0 || len(s.proms) > 0 || len(s.cascades) > 0 {
 		return true
 	}
-	for _, w := range a.waiting {
+	for _, w := range s.waiting {
 		if len(w) > 0 {
 			return true
 		}
@@ -142,14 +184,14 @@ func (a *Actor) busy() bool {
 	return false
 }
 
-func (a *Actor) wakeIdle() {
-	if len(a.waiters) == 0 || a.busy() {
+func (s *State) wakeIdle() {
+	if len(s.waiters) == 0 || s.busy() {
 		return
 	}
-	for _, w := range a.waiters {
+	for _, w := range s.waiters {
 		w.Answer(struct{}{}, nil)
 	}
-	a.waiters = nil
+	s.waiters = nil
 }
 
 // job is what a promotion and a cascade share: tier I/O into or out of CPU
@@ -165,30 +207,30 @@ type job struct {
 
 // stalled marks j reaped at its deadline, counts it in reaped and logs it
 // with its tier I/O still outstanding (named io); false if it already was.
-func (a *Actor) stalled(j *job, reaped *uint64, kind, io string) bool {
+func (s *State) stalled(j *job, reaped *uint64, kind, io string) bool {
 	if j.reaped {
 		return false
 	}
 	j.reaped = true
 	*reaped++
-	a.log.Warn().Uint64("job", uint64(j.id)).Str("tier", a.cfg.Tiers[j.tier].Name).Int("keys", len(j.keys)).
+	s.log.Warn().Uint64("job", uint64(j.id)).Str("tier", s.cfg.Tiers[j.tier].Name).Int("keys", len(j.keys)).
 		Int(io, j.outstanding).Msg("tiering: stalled " + kind + " reaped")
 	return true
 }
 
-func (a *Actor) nextJob() messages.JobRef {
-	a.seq++
-	return messages.JobRef{Origin: messages.OriginTier, ID: jobBase + a.seq}
+func (s *State) nextJob() messages.JobRef {
+	s.seq++
+	return messages.JobRef{Origin: messages.OriginTier, ID: jobBase + s.seq}
 }
 
 // allowed is the mask of tiers req may load from.
-func (a *Actor) allowed(req *messages.ReqContext) uint64 {
-	all := uint64(1)<<len(a.cfg.Tiers) - 1
+func (s *State) allowed(req *messages.ReqContext) uint64 {
+	all := uint64(1)<<len(s.cfg.Tiers) - 1
 	if req == nil || len(req.TierFilter) == 0 {
 		return all
 	}
 	var mask uint64
-	for i, t := range a.cfg.Tiers {
+	for i, t := range s.cfg.Tiers {
 		for _, name := range req.TierFilter {
 			if name == t.Name || name == t.Kind {
 				mask |= 1 << i
@@ -198,15 +240,15 @@ func (a *Actor) allowed(req *messages.ReqContext) uint64 {
 	return mask
 }
 
-func (a *Actor) tierNames(mask uint64) string {
-	s := ""
-	for i, t := range a.cfg.Tiers {
+func (s *State) tierNames(mask uint64) string {
+	names := ""
+	for i, t := range s.cfg.Tiers {
 		if mask&(1<<i) != 0 {
-			if s != "" {
-				s += ","
+			if names != "" {
+				names += ","
 			}
-			s += t.Name
+			names += t.Name
 		}
 	}
-	return s
+	return names
 }

@@ -198,7 +198,7 @@ type atomicCounter struct{ atomic.Uint64 }
 // absences cached from its answers go, the other tiers' stay.
 func TestRefreshedTierForgetsItsCachedAbsencesOnly(t *testing.T) {
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	a := newActor(Config{Tiers: []Tier{{Name: "fs"}, {Name: "peers"}}, Clock: clock}.WithDefaults())
+	a := NewState(Config{Tiers: []Tier{{Name: "fs"}, {Name: "peers"}}, Clock: clock}.WithDefaults())
 	until := clock.Now().Add(time.Minute)
 	a.markAbsent(k(1), 0b11, until) // absent from both
 	a.markAbsent(k(2), 0b10, until) // absent from the peers only

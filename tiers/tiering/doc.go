@@ -10,7 +10,12 @@
 // holds), never reads another actor's fields, and never counts as engine
 // work: HasPendingWork ignores it (DESIGN.md §3).
 //
-// Files: actor.go (the actor, its invariants, Receive), config.go,
+// Its decisions live in State, a core driven one message at a time with
+// its effects (requests, answers, timers) handed to an Effects: the actor
+// is a shell that gives it its context, and model_test.go drives it
+// through a seeded world instead.
+//
+// Files: actor.go (the core, its invariants, Handle; the actor shell), config.go,
 // lookup.go (asynchronous lookups, the negative cache), promote.go,
 // cascade.go, replies.go (which request a CPU or tier answer belongs to)
 // and stats.go.

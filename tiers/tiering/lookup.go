@@ -4,8 +4,6 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 )
@@ -33,14 +31,14 @@ type batch struct {
 // known about yet. With Prefix the keys are the tail of a prefix scan: the
 // scan stops at the first key known absent, and only the first key's
 // status matters to the engine (the rest answer MISS).
-func (a *Actor) asyncLookup(ctx actor.Context, m *messages.AsyncLookup) {
+func (s *State) asyncLookup(fx Effects, m *messages.AsyncLookup) {
 	status := make([]messages.LookupStatus, len(m.Keys))
-	allowed := a.allowed(m.Req)
-	now := a.cfg.Clock.Now()
+	allowed := s.allowed(m.Req)
+	now := s.cfg.Clock.Now()
 	var start []messages.Key
 	var startMask uint64
 	for i, k := range m.Keys {
-		st, ask := a.keyStatus(k, allowed, now)
+		st, ask := s.keyStatus(k, allowed, now)
 		if st == messages.Miss && m.Prefix {
 			break
 		}
@@ -53,67 +51,67 @@ func (a *Actor) asyncLookup(ctx actor.Context, m *messages.AsyncLookup) {
 		}
 	}
 	if len(start) > 0 {
-		a.startBatch(ctx, m.Req, start, m.Prefix, startMask)
+		s.startBatch(fx, m.Req, start, m.Prefix, startMask)
 	}
 	for _, st := range status {
 		if st == messages.Retry {
-			a.stats.Retries++
+			s.stats.Retries++
 		}
 	}
-	ctx.Respond(&messages.AsyncLookupResult{Corr: m.Corr, Status: status})
+	fx.Respond(&messages.AsyncLookupResult{Corr: m.Corr, Status: status})
 }
 
 // keyStatus is k's answer for a request allowed to load from allowed, and
 // the tiers to ask when a lookup must start (0: none).
-func (a *Actor) keyStatus(k messages.Key, allowed uint64, now time.Time) (messages.LookupStatus, uint64) {
+func (s *State) keyStatus(k messages.Key, allowed uint64, now time.Time) (messages.LookupStatus, uint64) {
 	if allowed == 0 {
 		return messages.Miss, 0
 	}
-	if p, ok := a.promoting[k]; ok && !p.reaped {
+	if p, ok := s.promoting[k]; ok && !p.reaped {
 		return messages.Retry, 0
 	}
-	if _, ok := a.looking[k]; ok {
+	if _, ok := s.looking[k]; ok {
 		return messages.Retry, 0
 	}
 	ask := allowed
-	if n, ok := a.negative[k]; ok {
+	if n, ok := s.negative[k]; ok {
 		if now.Before(n.until) {
 			ask &^= n.absent
 		} else {
-			delete(a.negative, k)
+			delete(s.negative, k)
 		}
 	}
 	if ask == 0 {
-		a.stats.NegativeHits++
+		s.stats.NegativeHits++
 		return messages.Miss, 0
 	}
 	return messages.Retry, ask
 }
 
-func (a *Actor) startBatch(ctx actor.Context, req *messages.ReqContext, keys []messages.Key, prefix bool, mask uint64) {
-	a.corr++
-	b := &batch{id: a.corr, req: req, keys: keys, prefix: prefix, mask: mask, waiting: mask,
+func (s *State) startBatch(fx Effects, req *messages.ReqContext, keys []messages.Key, prefix bool, mask uint64) {
+	s.corr++
+	b := &batch{id: s.corr, req: req, keys: keys, prefix: prefix, mask: mask, waiting: mask,
 		found: make([]uint64, len(keys)), corrs: map[int]uint64{}}
-	a.batches[b.id] = b
+	s.batches[b.id] = b
 	for _, k := range keys {
-		a.looking[k] = b
+		s.looking[k] = b
 	}
-	a.stats.LookupsStarted += uint64(len(keys))
-	b.timer = a.after(ctx, a.cfg.LookupDeadline, &lookupDeadline{batch: b.id})
-	for i, t := range a.cfg.Tiers {
+	s.stats.LookupsStarted += uint64(len(keys))
+	b.timer = fx.After(s.cfg.LookupDeadline, &lookupDeadline{batch: b.id})
+	for i, t := range s.cfg.Tiers {
 		if mask&(1<<i) == 0 {
 			continue
 		}
-		a.request(ctx, t.PID, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
+		s.request(fx, t.PID, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
 			b.corrs[i] = corr
 			return &messages.TierLookup{Corr: corr, Keys: keys, Req: req}
 		})
 	}
 }
 
-func (a *Actor) onTierLookup(ctx actor.Context, p pendingReply, m *messages.TierLookupResult) {
+func (s *State) onTierLookup(fx Effects, p pendingReply, m *messages.TierLookupResult) {
 	b := p.batch
-	if a.batches[b.id] != b || b.waiting&(1<<p.tier) == 0 {
+	if s.batches[b.id] != b || b.waiting&(1<<p.tier) == 0 {
 		return // resolved at its deadline already
 	}
 	b.waiting &^= 1 << p.tier
@@ -123,7 +121,7 @@ func (a *Actor) onTierLookup(ctx actor.Context, p pendingReply, m *messages.Tier
 		// "ask again" would be RETRY on every engine step, forever. It counts
 		// as absent for NegativeTTL: the engine gets MISS on its next step and
 		// the tier is asked again once the entry expires.
-		a.stats.LookupsUnavailable++
+		s.stats.LookupsUnavailable++
 	} else {
 		for i := range b.keys {
 			if i < len(m.Found) && m.Found[i] {
@@ -132,7 +130,7 @@ func (a *Actor) onTierLookup(ctx actor.Context, p pendingReply, m *messages.Tier
 		}
 	}
 	if b.waiting == 0 {
-		a.resolve(ctx, b)
+		s.resolve(fx, b)
 	}
 }
 
@@ -140,19 +138,19 @@ func (a *Actor) onTierLookup(ctx actor.Context, p pendingReply, m *messages.Tier
 // configured order) that has it; the rest are cached as absent from the
 // tiers that answered. With prefix, promotion stops at the first key no
 // tier has.
-func (a *Actor) resolve(ctx actor.Context, b *batch) {
+func (s *State) resolve(fx Effects, b *batch) {
 	b.timer.Stop()
-	delete(a.batches, b.id)
+	delete(s.batches, b.id)
 	for _, corr := range b.corrs {
-		delete(a.pending, corr) // a tier that never answered: forget the question
+		delete(s.pending, corr) // a tier that never answered: forget the question
 	}
-	until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
+	until := s.cfg.Clock.Now().Add(s.cfg.NegativeTTL)
 	byTier := map[int][]messages.Key{}
 	stopped := false
 	for i, k := range b.keys {
-		delete(a.looking, k)
+		delete(s.looking, k)
 		if b.found[i] == 0 {
-			a.markAbsent(k, b.mask, until)
+			s.markAbsent(k, b.mask, until)
 			stopped = stopped || b.prefix
 			continue
 		}
@@ -162,42 +160,42 @@ func (a *Actor) resolve(ctx actor.Context, b *batch) {
 		t := bits.TrailingZeros64(b.found[i])
 		byTier[t] = append(byTier[t], k)
 	}
-	for t := range a.cfg.Tiers {
+	for t := range s.cfg.Tiers {
 		if keys := byTier[t]; len(keys) > 0 {
-			a.promote(ctx, b.req, t, keys)
+			s.promote(fx, b.req, t, keys)
 		}
 	}
 }
 
 // refreshed drops the absences cached for the named tier: it may hold
 // more now. O(negative entries), for an event as rare as a peer coming up.
-func (a *Actor) refreshed(name string) {
-	for i, t := range a.cfg.Tiers {
+func (s *State) refreshed(name string) {
+	for i, t := range s.cfg.Tiers {
 		if t.Name != name {
 			continue
 		}
 		bit := uint64(1) << i
-		for k, n := range a.negative {
+		for k, n := range s.negative {
 			if n.absent&bit != 0 {
 				if n.absent &^= bit; n.absent == 0 {
-					delete(a.negative, k)
+					delete(s.negative, k)
 				} else {
-					a.negative[k] = n
+					s.negative[k] = n
 				}
 			}
 		}
 	}
 }
 
-func (a *Actor) markAbsent(k messages.Key, tiers uint64, until time.Time) {
+func (s *State) markAbsent(k messages.Key, tiers uint64, until time.Time) {
 	if tiers == 0 {
 		return
 	}
-	n := a.negative[k]
-	if a.cfg.Clock.Now().After(n.until) {
+	n := s.negative[k]
+	if s.cfg.Clock.Now().After(n.until) {
 		n.absent = 0
 	}
 	n.absent |= tiers
 	n.until = until
-	a.negative[k] = n
+	s.negative[k] = n
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -34,106 +32,106 @@ type readTask struct {
 // for cascades (maxInFlight) and lookups.
 const maxReadsPerTier = 64
 
-func (a *Actor) promote(ctx actor.Context, req *messages.ReqContext, tier int, keys []messages.Key) {
-	ref := a.nextJob()
+func (s *State) promote(fx Effects, req *messages.ReqContext, tier int, keys []messages.Key) {
+	ref := s.nextJob()
 	p := &promotion{job: job{id: ref.ID, tier: tier, keys: keys}, req: req}
-	a.proms[p.id] = p
+	s.proms[p.id] = p
 	for _, k := range keys {
-		a.promoting[k] = p
+		s.promoting[k] = p
 	}
-	p.timer = a.after(ctx, a.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
-	a.request(ctx, a.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
+	p.timer = fx.After(s.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
+	s.request(fx, s.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
 		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
 	})
 }
 
-func (a *Actor) onReserve(ctx actor.Context, p pendingReply, m *cpumsg.ReserveResult) {
+func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
 	prom := p.prom
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	if prom.reaped {
 		// Reaped while waiting: whatever was reserved is freed at once.
-		ctx.Request(a.cfg.CPU, &cpumsg.ReleaseJob{Job: ref})
+		fx.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: ref})
 		return
 	}
 	if m.Err != nil {
-		a.stats.PromotionsFull += uint64(len(prom.keys))
-		until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
+		s.stats.PromotionsFull += uint64(len(prom.keys))
+		until := s.cfg.Clock.Now().Add(s.cfg.NegativeTTL)
 		for _, k := range prom.keys {
-			a.markAbsent(k, 1<<prom.tier, until)
+			s.markAbsent(k, 1<<prom.tier, until)
 		}
-		a.endPromotion(prom)
+		s.endPromotion(prom)
 		return
 	}
 	for _, k := range prom.keys {
-		delete(a.promoting, k) // keys already present: nothing to do for them
+		delete(s.promoting, k) // keys already present: nothing to do for them
 	}
 	prom.keys, prom.slots, prom.reserved = m.ToStore, m.Slots, true
 	prom.sums, prom.ok = make([]uint32, len(m.ToStore)), make([]bool, len(m.ToStore))
 	if len(m.ToStore) == 0 {
-		a.endPromotion(prom)
+		s.endPromotion(prom)
 		return
 	}
-	tier := a.cfg.Tiers[prom.tier]
+	tier := s.cfg.Tiers[prom.tier]
 	if tier.Batched {
-		a.readBatch(ctx, prom)
+		s.readBatch(fx, prom)
 		return
 	}
 	for i, k := range prom.keys {
-		a.promoting[k] = prom
+		s.promoting[k] = prom
 		prom.outstanding++
-		a.readQueue[prom.tier] = append(a.readQueue[prom.tier], readTask{prom: prom, idx: i})
+		s.readQueue[prom.tier] = append(s.readQueue[prom.tier], readTask{prom: prom, idx: i})
 	}
-	a.pumpReads(ctx, prom.tier)
+	s.pumpReads(fx, prom.tier)
 }
 
 // pumpReads sends waiting promotion reads while tier t has read budget;
 // a waiting read of a reaped promotion is dropped, not sent.
-func (a *Actor) pumpReads(ctx actor.Context, t int) {
-	for a.reading[t] < maxReadsPerTier && len(a.readQueue[t]) > 0 {
-		task := a.readQueue[t][0]
-		a.readQueue[t] = a.readQueue[t][1:]
+func (s *State) pumpReads(fx Effects, t int) {
+	for s.reading[t] < maxReadsPerTier && len(s.readQueue[t]) > 0 {
+		task := s.readQueue[t][0]
+		s.readQueue[t] = s.readQueue[t][1:]
 		prom := task.prom
 		if prom.reaped {
 			prom.outstanding--
-			a.finishReaped(ctx, prom)
+			s.finishReaped(fx, prom)
 			continue
 		}
-		a.reading[t]++
+		s.reading[t]++
 		prom.issued++
-		k, dest := prom.keys[task.idx], a.cfg.Slot(prom.slots[task.idx])
-		a.request(ctx, a.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
+		k, dest := prom.keys[task.idx], s.cfg.Slot(prom.slots[task.idx])
+		s.request(fx, s.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
 			return &messages.TierRead{Corr: corr, Key: k, Dest: dest}
 		})
 	}
-	if len(a.readQueue[t]) == 0 {
-		a.readQueue[t] = nil // let the backing array go
+	if len(s.readQueue[t]) == 0 {
+		s.readQueue[t] = nil // let the backing array go
 	}
 }
 
 // finishReaped ends a reaped promotion once nothing can write its slots.
-func (a *Actor) finishReaped(ctx actor.Context, prom *promotion) {
+func (s *State) finishReaped(fx Effects, prom *promotion) {
 	if prom.outstanding == 0 {
-		a.release(ctx, prom.id)
-		a.endPromotion(prom)
+		s.release(fx, prom.id)
+		s.endPromotion(prom)
 	}
 }
 
 // readBatch asks a batched tier for the whole promotion at once.
-func (a *Actor) readBatch(ctx actor.Context, prom *promotion) {
+func (s *State) readBatch(fx Effects, prom *promotion) {
 	dests := make([][]byte, len(prom.keys))
 	for i, k := range prom.keys {
-		a.promoting[k] = prom
-		dests[i] = a.cfg.Slot(prom.slots[i])
+		s.promoting[k] = prom
+		dests[i] = s.cfg.Slot(prom.slots[i])
 	}
 	prom.outstanding = len(prom.keys)
 	keys, slots := prom.keys, prom.slots
-	a.request(ctx, a.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
+	s.request(fx, s.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
 		return &messages.TierReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
 	})
 }
 
 // onReadBatch applies a batched tier's answer key by key, as onRead does.
-func (a *Actor) onReadBatch(ctx actor.Context, p pendingReply, m *messages.TierReadBatchResult) {
+func (s *State) onReadBatch(fx Effects, p pendingReply, m *messages.TierReadBatchResult) {
 	prom := p.prom
 	for i, k := range prom.keys {
 		res := &messages.TierReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
@@ -143,24 +141,24 @@ func (a *Actor) onReadBatch(ctx actor.Context, p pendingReply, m *messages.TierR
 		if i < len(m.Prov) {
 			res.Prov = m.Prov[i]
 		}
-		a.readDone(ctx, prom, i, res)
+		s.readDone(fx, prom, i, res)
 	}
 }
 
-func (a *Actor) onRead(ctx actor.Context, p pendingReply, m *messages.TierReadResult) {
+func (s *State) onRead(fx Effects, p pendingReply, m *messages.TierReadResult) {
 	prom := p.prom
 	prom.issued--
 	if !prom.reaped { // a reaped promotion gave its budget back when reaped
-		a.reading[prom.tier]--
+		s.reading[prom.tier]--
 	}
-	a.readDone(ctx, prom, p.idx, m)
-	a.pumpReads(ctx, prom.tier)
+	s.readDone(fx, prom, p.idx, m)
+	s.pumpReads(fx, prom.tier)
 }
 
 // readDone records one key's read of a promotion; the last one commits it.
-func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *messages.TierReadResult) {
+func (s *State) readDone(fx Effects, prom *promotion, idx int, m *messages.TierReadResult) {
 	prom.outstanding--
-	tier := a.cfg.Tiers[prom.tier]
+	tier := s.cfg.Tiers[prom.tier]
 	if m.Err == nil {
 		prom.sums[idx], prom.ok[idx] = m.Checksum, true
 		if m.Prov != nil {
@@ -172,31 +170,31 @@ func (a *Actor) readDone(ctx actor.Context, prom *promotion, idx int, m *message
 	} else if errors.Is(m.Err, messages.ErrTierBusy) {
 		// Back-pressure, not absence: the slot is freed with the promotion's
 		// failed keys and the key is asked for again on the next lookup.
-		a.stats.PromotionsBusy++
+		s.stats.PromotionsBusy++
 	} else {
 		// No livelock: a failed copy is a miss for this tier until the
 		// negative entry expires, and a bad copy is deleted.
-		a.stats.PromotionsFailed[tier.Name]++
-		a.markAbsent(m.Key, 1<<prom.tier, a.cfg.Clock.Now().Add(a.cfg.NegativeTTL))
+		s.stats.PromotionsFailed[tier.Name]++
+		s.markAbsent(m.Key, 1<<prom.tier, s.cfg.Clock.Now().Add(s.cfg.NegativeTTL))
 		if errors.Is(m.Err, messages.ErrInvalidBlock) || errors.Is(m.Err, messages.ErrChecksum) {
-			ctx.Send(tier.PID, &messages.TierDelete{Key: m.Key})
+			fx.Send(tier.PID, &messages.TierDelete{Key: m.Key})
 		}
-		a.log.Warn().Err(m.Err).Str("tier", tier.Name).Msg("tiering: promotion read failed; key is a miss for this tier")
+		s.log.Warn().Err(m.Err).Str("tier", tier.Name).Msg("tiering: promotion read failed; key is a miss for this tier")
 	}
 	if prom.outstanding > 0 {
 		return
 	}
 	if prom.reaped {
-		a.release(ctx, prom.id)
-		a.endPromotion(prom)
+		s.release(fx, prom.id)
+		s.endPromotion(prom)
 		return
 	}
-	a.commitPromotion(ctx, prom)
+	s.commitPromotion(fx, prom)
 }
 
 // commitPromotion makes the verified blocks readable and frees the slots of
 // the rest.
-func (a *Actor) commitPromotion(ctx actor.Context, prom *promotion) {
+func (s *State) commitPromotion(fx Effects, prom *promotion) {
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	var keys []messages.Key
 	var sums []uint32
@@ -210,63 +208,63 @@ func (a *Actor) commitPromotion(ctx actor.Context, prom *promotion) {
 		}
 	}
 	if len(keys) > 0 {
-		tier := a.cfg.Tiers[prom.tier].Name
+		tier := s.cfg.Tiers[prom.tier].Name
 		n := uint64(len(keys))
-		a.request(ctx, a.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
+		s.request(fx, s.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
 			return &cpumsg.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
 		})
-		a.stats.Promoted[tier] += n
+		s.stats.Promoted[tier] += n
 	}
 	if len(keys) < len(prom.keys) {
-		a.release(ctx, prom.id) // FIFO after the commit: frees only the failed keys
+		s.release(fx, prom.id) // FIFO after the commit: frees only the failed keys
 	}
-	a.endPromotion(prom)
+	s.endPromotion(prom)
 }
 
-func (a *Actor) endPromotion(prom *promotion) {
+func (s *State) endPromotion(prom *promotion) {
 	prom.timer.Stop()
-	delete(a.proms, prom.id)
+	delete(s.proms, prom.id)
 	for _, k := range prom.keys {
-		if a.promoting[k] == prom {
-			delete(a.promoting, k)
+		if s.promoting[k] == prom {
+			delete(s.promoting, k)
 		}
 	}
 }
 
-func (a *Actor) release(ctx actor.Context, id messages.JobID) {
-	ctx.Request(a.cfg.CPU, &cpumsg.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
+func (s *State) release(fx Effects, id messages.JobID) {
+	fx.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
 }
 
-func (a *Actor) reapPromotion(ctx actor.Context, id messages.JobID) {
-	prom := a.proms[id]
-	if prom == nil || !a.stalled(&prom.job, &a.stats.PromotionsReaped, "promotion", "reads_outstanding") {
+func (s *State) reapPromotion(fx Effects, id messages.JobID) {
+	prom := s.proms[id]
+	if prom == nil || !s.stalled(&prom.job, &s.stats.PromotionsReaped, "promotion", "reads_outstanding") {
 		return
 	}
-	until := a.cfg.Clock.Now().Add(a.cfg.NegativeTTL)
+	until := s.cfg.Clock.Now().Add(s.cfg.NegativeTTL)
 	for _, k := range prom.keys {
-		a.markAbsent(k, 1<<prom.tier, until)
+		s.markAbsent(k, 1<<prom.tier, until)
 	}
 	// Reads sent and unanswered give their budget back now: a tier that
 	// never answers them must not starve later promotions.
-	a.reading[prom.tier] -= prom.issued
+	s.reading[prom.tier] -= prom.issued
 	switch {
 	case !prom.reserved:
 		// The reservation answer is still to come; onReserve frees it.
-		a.endPromotion(prom)
+		s.endPromotion(prom)
 	case prom.outstanding == 0:
-		a.release(ctx, id)
-		a.endPromotion(prom)
+		s.release(fx, id)
+		s.endPromotion(prom)
 	}
 	// Otherwise reads are still running into the reserved slots: the job
 	// stays (its keys answer MISS here, HIT_PENDING at the CPU tier) and is
 	// released by onRead when the last one returns.
 	// Its reads still waiting for budget are dropped (and it ends) here, and
 	// the budget it gave back goes to the promotions behind it.
-	a.pumpReads(ctx, prom.tier)
+	s.pumpReads(fx, prom.tier)
 }
 
-func (a *Actor) onCommitAck(_ actor.Context, p pendingReply, m *messages.Ack) {
+func (s *State) onCommitAck(_ Effects, p pendingReply, m *messages.Ack) {
 	if m.Err != nil {
-		a.log.Error().Err(m.Err).Uint64("job", uint64(p.prom.id)).Msg("tiering: promotion commit refused")
+		s.log.Error().Err(m.Err).Uint64("job", uint64(p.prom.id)).Msg("tiering: promotion commit refused")
 	}
 }

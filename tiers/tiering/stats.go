@@ -1,8 +1,6 @@
 package tiering
 
 import (
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -12,30 +10,30 @@ type statsGather struct {
 	waiting int
 }
 
-func (a *Actor) gatherStats(ctx actor.Context, m *messages.GetTieringStats) {
-	out := a.stats
-	out.Promoted, out.PromotionsFailed = cloneMap(a.stats.Promoted), cloneMap(a.stats.PromotionsFailed)
-	out.CascadeWritten, out.CascadeDropped, out.CascadeFailed = cloneMap(a.stats.CascadeWritten), cloneMap(a.stats.CascadeDropped), cloneMap(a.stats.CascadeFailed)
-	out.InFlightLookups, out.InFlightPromotions, out.NegativeEntries = len(a.looking), len(a.promoting), len(a.negative)
-	for t, q := range a.queued {
-		out.InFlightCascades += q + len(a.waiting[t])
+func (s *State) gatherStats(fx Effects, m *messages.GetTieringStats) {
+	out := s.stats
+	out.Promoted, out.PromotionsFailed = cloneMap(s.stats.Promoted), cloneMap(s.stats.PromotionsFailed)
+	out.CascadeWritten, out.CascadeDropped, out.CascadeFailed = cloneMap(s.stats.CascadeWritten), cloneMap(s.stats.CascadeDropped), cloneMap(s.stats.CascadeFailed)
+	out.InFlightLookups, out.InFlightPromotions, out.NegativeEntries = len(s.looking), len(s.promoting), len(s.negative)
+	for t, q := range s.queued {
+		out.InFlightCascades += q + len(s.waiting[t])
 	}
-	out.LookupDeadline, out.CascadeQueuePerTier = a.cfg.LookupDeadline, a.cfg.CascadeQueue
-	out.Tiers = make([]messages.SecondaryStats, len(a.cfg.Tiers))
-	g := &statsGather{reply: m.Reply, out: out, waiting: len(a.cfg.Tiers)}
+	out.LookupDeadline, out.CascadeQueuePerTier = s.cfg.LookupDeadline, s.cfg.CascadeQueue
+	out.Tiers = make([]messages.SecondaryStats, len(s.cfg.Tiers))
+	g := &statsGather{reply: m.Reply, out: out, waiting: len(s.cfg.Tiers)}
 	if g.waiting == 0 {
 		m.Reply.Answer(out, nil)
 		return
 	}
-	for i, t := range a.cfg.Tiers {
+	for i, t := range s.cfg.Tiers {
 		g.out.Tiers[i] = messages.SecondaryStats{Name: t.Name, Kind: t.Kind}
-		a.request(ctx, t.PID, pendingReply{kind: replyStats, stats: g, tier: i}, func(corr uint64) any {
+		s.request(fx, t.PID, pendingReply{kind: replyStats, stats: g, tier: i}, func(corr uint64) any {
 			return &messages.TierStatsQuery{Corr: corr}
 		})
 	}
 }
 
-func (a *Actor) onTierStats(_ actor.Context, p pendingReply, m *messages.TierStatsReply) {
+func (s *State) onTierStats(_ Effects, p pendingReply, m *messages.TierStatsReply) {
 	p.stats.out.Tiers[p.tier] = m.Stats
 	if p.stats.waiting--; p.stats.waiting == 0 {
 		p.stats.reply.Answer(p.stats.out, nil)
