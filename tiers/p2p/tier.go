@@ -7,15 +7,22 @@
 // It owns which peer a key is fetched from and how long an unused lookup
 // lease is held. It never touches sockets, the data plane or slot memory
 // (the sessions and the transport do), and never the CPU tier's state.
+//
+// Its decisions live in State, a core driven one message at a time with
+// its effects (requests to sessions, answers, timers, event watchers)
+// handed to an Effects; Tier, the actor, is a shell that gives it its
+// context, and model_test.go drives it through a seeded world instead.
 package p2p
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
@@ -71,7 +78,10 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Tier is the P2P tier actor.
+// State is the P2P tier's core: its decisions, driven one message at a
+// time through Handle, with what it does outside itself (requests to the
+// sessions, answers, timers, event watchers) handed to an Effects. Tier,
+// the actor, is a shell around it; tests drive it directly.
 //
 // Invariants:
 //   - every TierLookup and TierReadBatch is answered exactly once; a read
@@ -86,7 +96,7 @@ func (c Config) WithDefaults() Config {
 //     it cannot vouch for), unless the request names its sources;
 //   - a peer's event watcher runs only while its session is up, and none
 //     outlives the actor.
-type Tier struct {
+type State struct {
 	cfg     Config
 	peers   []peerRef // ready sessions, in the order they came up
 	corr    uint64
@@ -169,6 +179,29 @@ type (
 	}
 )
 
+// Effects is what the core does outside itself. Request's answer comes
+// back as a message to Handle; Respond answers the message being handled,
+// whose sender is Sender; After sends the actor msg once d has passed on
+// its clock; Watch follows a peer's event stream (cfg) until cancel,
+// sending what it reads back as eventBatch, replayDone and watchEnded
+// messages marked with node and gen.
+type Effects interface {
+	Request(to *actor.PID, msg any)
+	Send(to *actor.PID, msg any)
+	Respond(msg any)
+	Sender() *actor.PID
+	After(d time.Duration, msg any) supervision.Timer
+	Watch(node string, gen uint64, cfg events.SubscriberConfig) (cancel func())
+}
+
+// Tier is the P2P tier actor: a shell that hands each message to its
+// State with the actor's context as the effects, and owns the watcher
+// goroutines, waited for when it stops.
+type Tier struct {
+	state    *State
+	watchers sync.WaitGroup
+}
+
 // Props returns the tier's props. Its state outlives a restart (the
 // producer hands the supervisor the same Tier): the peers that are up, the
 // rounds held at producers and, above all, the reads in flight, whose
@@ -177,24 +210,43 @@ type (
 // A panic is injected (chaos) or a bug: the state is as the last completed
 // message left it, or as far as the failed one got.
 func Props(cfg Config) *actor.Props {
-	cfg = cfg.WithDefaults()
-	t := &Tier{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
+	a := &Tier{state: NewState(cfg.WithDefaults())}
+	return actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithReceiverMiddleware(supervision.Faults))
+}
+
+// NewState is the core for cfg (defaults already filled).
+func NewState(cfg Config) *State {
+	t := &State{cfg: cfg, lookups: map[uint64]asked{}, fetches: map[uint64]*fetch{},
 		held: map[messages.Key]*hit{}, rounds: map[roundID]*heldRound{}, probes: map[uint64]probeReq{},
 		watch: newWatchers(), stats: messages.SecondaryStats{Name: cfg.Name, Kind: Kind, Blocks: -1}}
 	if cfg.Directory {
 		t.dir = newDirectory(directoryMaxKeys)
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return t }, actor.WithReceiverMiddleware(supervision.Faults))
+	return t
 }
 
-// Receive handles the tier's messages.
-func (t *Tier) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+// Receive hands every message but the lifecycle's to the core; stopped,
+// it cancels the event watchers and waits for them: none outlives it.
+func (a *Tier) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Stopped:
+		a.state.stopAllWatches()
+		a.watchers.Wait()
+		return
+	case *actor.Started, *actor.Restarting, *actor.Stopping, *actor.Restart:
+		return
+	}
+	a.state.Handle(contextEffects{ctx: ctx, clock: a.state.cfg.Clock, watchers: &a.watchers}, ctx.Message())
+}
+
+// Handle handles one message.
+func (t *State) Handle(fx Effects, msg any) {
+	switch m := msg.(type) {
 	case *peer.Up:
 		t.up(m)
-		t.startWatch(ctx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
+		t.startWatch(fx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
 		if t.cfg.Tiering != nil {
-			ctx.Send(t.cfg.Tiering, &messages.TierRefreshed{Tier: t.cfg.Name})
+			fx.Send(t.cfg.Tiering, &messages.TierRefreshed{Tier: t.cfg.Name})
 		}
 		t.wake()
 	case *messages.AwaitPeers:
@@ -203,45 +255,43 @@ func (t *Tier) Receive(ctx actor.Context) {
 	case *peer.Down:
 		t.down(m)
 	case *peer.EventsAt:
-		t.setAddrs(ctx, m)
+		t.setAddrs(fx, m)
 	case *eventBatch:
 		t.onEventBatch(m)
 	case *replayDone:
 		t.onReplayDone(m)
 	case *watchEnded:
-		t.onWatchEnded(ctx, m)
+		t.onWatchEnded(fx, m)
 	case *rewatch:
-		t.onRewatch(ctx, m)
-	case *actor.Stopped:
-		t.stopAllWatches()
+		t.onRewatch(fx, m)
 	case *messages.TierLookup:
-		t.lookup(ctx, m)
+		t.lookup(fx, m)
 	case *messages.PeerLookupResult:
 		if p, ok := t.probes[m.Corr]; ok {
-			t.onProbe(ctx, m, p)
+			t.onProbe(fx, m, p)
 			return
 		}
-		t.onLookup(ctx, m)
+		t.onLookup(fx, m)
 	case *messages.ProbePeer:
-		t.probe(ctx, m)
+		t.probe(fx, m)
 	case *lookupDeadline:
 		if l := t.pendingLookup(m.corr); l != nil {
-			t.answerLookup(ctx, l)
+			t.answerLookup(fx, l)
 		}
 	case *holdExpired:
 		if h := t.rounds[m.round]; h != nil && h.seq == m.seq {
-			t.releaseRound(ctx, m.round)
+			t.releaseRound(fx, m.round)
 		}
 	case *messages.TierReadBatch:
-		t.read(ctx, m)
+		t.read(fx, m)
 	case *messages.PeerFetchResult:
-		t.onFetch(ctx, m)
+		t.onFetch(fx, m)
 	case *messages.TierRead:
 		// Only batched reads are served: a promotion from peers is a round.
-		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
+		fx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
 	case *messages.TierWrite:
 		// Peers are never a cascade target: they hold their own engines' blocks.
-		ctx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
+		fx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
 	case *messages.TierDelete:
 		// A bad copy came from a peer's pool; nothing of ours to delete.
 	case *messages.TierStatsQuery:
@@ -251,11 +301,11 @@ func (t *Tier) Receive(ctx actor.Context) {
 		if t.dir != nil {
 			st.DirectoryKeys, st.DirectoryBytes = t.dir.size()
 		}
-		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: st})
+		fx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: st})
 	}
 }
 
-func (t *Tier) up(m *peer.Up) {
+func (t *State) up(m *peer.Up) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
 			t.peers[i].pid = m.Session
@@ -266,7 +316,7 @@ func (t *Tier) up(m *peer.Up) {
 }
 
 // wake answers the AwaitPeers whose nodes are all ready.
-func (t *Tier) wake() {
+func (t *State) wake() {
 	kept := t.waiters[:0]
 	for _, w := range t.waiters {
 		if t.allUp(w.Nodes) {
@@ -278,7 +328,7 @@ func (t *Tier) wake() {
 	t.waiters = kept
 }
 
-func (t *Tier) allUp(nodes []string) bool {
+func (t *State) allUp(nodes []string) bool {
 	for _, n := range nodes {
 		if !t.isUp(n) {
 			return false
@@ -287,7 +337,7 @@ func (t *Tier) allUp(nodes []string) bool {
 	return true
 }
 
-func (t *Tier) isUp(node string) bool {
+func (t *State) isUp(node string) bool {
 	for _, p := range t.peers {
 		if p.node == node {
 			return true
@@ -296,7 +346,7 @@ func (t *Tier) isUp(node string) bool {
 	return false
 }
 
-func (t *Tier) down(m *peer.Down) {
+func (t *State) down(m *peer.Down) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
 			t.peers = append(t.peers[:i], t.peers[i+1:]...)
@@ -315,31 +365,30 @@ func (t *Tier) down(m *peer.Down) {
 // lookup asks the peers that may hold the keys (every ready one, or those
 // the directory names) at once; a key is found at the first peer whose
 // answer has it.
-func (t *Tier) lookup(ctx actor.Context, m *messages.TierLookup) {
+func (t *State) lookup(fx Effects, m *messages.TierLookup) {
 	t.stats.Lookups += uint64(len(m.Keys))
 	t.stats.LookupCalls++
-	l := &lookup{corr: m.Corr, asker: ctx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
+	l := &lookup{corr: m.Corr, asker: fx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
 	peers := t.eligible(m.Req)
 	if t.dir != nil && (m.Req == nil || len(m.Req.PeerSources) == 0) {
 		peers = t.dir.holders(peers, m.Keys)
 	}
 	t.stats.PeerAsks += uint64(len(peers))
 	if len(peers) == 0 || len(m.Keys) == 0 {
-		ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: l.found})
+		fx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: l.found})
 		return
 	}
 	l.waiting = len(peers)
 	for _, p := range peers {
 		t.corr++
 		t.lookups[t.corr] = asked{l: l, pid: p.pid}
-		ctx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+		fx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
 	}
-	self, root, corr := ctx.Self(), ctx.ActorSystem().Root, t.corr
-	l.timer = t.cfg.Clock.AfterFunc(t.cfg.LookupTimeout, func() { root.Send(self, &lookupDeadline{corr: corr}) })
+	l.timer = fx.After(t.cfg.LookupTimeout, &lookupDeadline{corr: t.corr})
 }
 
 // eligible are the ready peers req may fetch from (its PeerSources, or all).
-func (t *Tier) eligible(req *messages.ReqContext) []peerRef {
+func (t *State) eligible(req *messages.ReqContext) []peerRef {
 	if req == nil || len(req.PeerSources) == 0 {
 		return t.peers
 	}
@@ -354,7 +403,7 @@ func (t *Tier) eligible(req *messages.ReqContext) []peerRef {
 	return out
 }
 
-func (t *Tier) pendingLookup(corr uint64) *lookup {
+func (t *State) pendingLookup(corr uint64) *lookup {
 	a, ok := t.lookups[corr]
 	if !ok || a.l.done {
 		return nil
@@ -362,7 +411,7 @@ func (t *Tier) pendingLookup(corr uint64) *lookup {
 	return a.l
 }
 
-func (t *Tier) onLookup(ctx actor.Context, m *messages.PeerLookupResult) {
+func (t *State) onLookup(fx Effects, m *messages.PeerLookupResult) {
 	a, ok := t.lookups[m.Corr]
 	if !ok {
 		return
@@ -386,26 +435,24 @@ func (t *Tier) onLookup(ctx actor.Context, m *messages.PeerLookupResult) {
 		}
 	}
 	if len(used) > 0 {
-		self, root := ctx.Self(), ctx.ActorSystem().Root
 		t.seq++
 		h := &heldRound{pid: a.pid, keys: used, seq: t.seq}
-		msg := &holdExpired{round: rid, seq: t.seq}
-		h.timer = t.cfg.Clock.AfterFunc(t.cfg.HoldTimeout, func() { root.Send(self, msg) })
+		h.timer = fx.After(t.cfg.HoldTimeout, &holdExpired{round: rid, seq: t.seq})
 		t.rounds[rid] = h
 	} else if m.Err == nil && anyHit(m.Hits) {
 		// Hits nobody wants (another peer was first, or too late): free them now.
-		ctx.Send(a.pid, &messages.PeerRelease{Round: m.Round})
+		fx.Send(a.pid, &messages.PeerRelease{Round: m.Round})
 	}
 	if l.done {
 		return
 	}
 	l.waiting--
 	if l.waiting == 0 || allTrue(l.found) {
-		t.answerLookup(ctx, l)
+		t.answerLookup(fx, l)
 	}
 }
 
-func (t *Tier) answerLookup(ctx actor.Context, l *lookup) {
+func (t *State) answerLookup(fx Effects, l *lookup) {
 	l.done = true
 	if l.timer != nil {
 		l.timer.Stop()
@@ -417,30 +464,30 @@ func (t *Tier) answerLookup(ctx actor.Context, l *lookup) {
 		}
 	}
 	t.stats.Found += uint64(n)
-	t.send(ctx, l.asker, &messages.TierLookupResult{Corr: l.corr, Found: l.found})
+	t.send(fx, l.asker, &messages.TierLookupResult{Corr: l.corr, Found: l.found})
 	// NB: entries of peers yet to answer stay until their answer (every
 	// session answers every round, within its round deadline); onLookup
 	// then releases their hits.
 }
 
-func (t *Tier) send(ctx actor.Context, to *actor.PID, msg any) {
+func (t *State) send(fx Effects, to *actor.PID, msg any) {
 	if to != nil {
-		ctx.Send(to, msg)
+		fx.Send(to, msg)
 	}
 }
 
 // releaseRound gives a held round back to its producer.
-func (t *Tier) releaseRound(ctx actor.Context, rid roundID) {
+func (t *State) releaseRound(fx Effects, rid roundID) {
 	h := t.rounds[rid]
 	if h == nil {
 		return
 	}
 	t.forget(rid, h)
-	ctx.Send(h.pid, &messages.PeerRelease{Round: rid.round})
+	fx.Send(h.pid, &messages.PeerRelease{Round: rid.round})
 }
 
 // forget drops a held round and its keys: O(the round's keys).
-func (t *Tier) forget(rid roundID, h *heldRound) {
+func (t *State) forget(rid roundID, h *heldRound) {
 	h.timer.Stop()
 	delete(t.rounds, rid)
 	for _, k := range h.keys {
@@ -453,9 +500,9 @@ func (t *Tier) forget(rid roundID, h *heldRound) {
 // --- read ---------------------------------------------------------------------
 
 // read fetches a promotion: one PeerFetch per producer round.
-func (t *Tier) read(ctx actor.Context, m *messages.TierReadBatch) {
+func (t *State) read(fx Effects, m *messages.TierReadBatch) {
 	n := len(m.Keys)
-	r := &read{corr: m.Corr, asker: ctx.Sender(), res: &messages.TierReadBatchResult{Corr: m.Corr,
+	r := &read{corr: m.Corr, asker: fx.Sender(), res: &messages.TierReadBatchResult{Corr: m.Corr,
 		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n), Prov: make([]*messages.Provenance, n)}}
 	type part struct {
 		pid   *actor.PID
@@ -492,14 +539,14 @@ func (t *Tier) read(ctx actor.Context, m *messages.TierReadBatch) {
 		t.corr++
 		t.fetches[t.corr] = p.f
 		r.waiting++
-		ctx.Request(p.pid, &messages.PeerFetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
+		fx.Request(p.pid, &messages.PeerFetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
 	}
 	if r.waiting == 0 {
-		t.answerRead(ctx, r)
+		t.answerRead(fx, r)
 	}
 }
 
-func (t *Tier) onFetch(ctx actor.Context, m *messages.PeerFetchResult) {
+func (t *State) onFetch(fx Effects, m *messages.PeerFetchResult) {
 	f := t.fetches[m.Corr]
 	if f == nil {
 		return
@@ -518,11 +565,11 @@ func (t *Tier) onFetch(ctx actor.Context, m *messages.PeerFetchResult) {
 	}
 	r.waiting--
 	if r.waiting == 0 {
-		t.answerRead(ctx, r)
+		t.answerRead(fx, r)
 	}
 }
 
-func (t *Tier) answerRead(ctx actor.Context, r *read) {
+func (t *State) answerRead(fx Effects, r *read) {
 	for _, err := range r.res.Errs {
 		if err == nil {
 			t.stats.Reads++
@@ -530,7 +577,7 @@ func (t *Tier) answerRead(ctx actor.Context, r *read) {
 			t.stats.ReadFailures++
 		}
 	}
-	t.send(ctx, r.asker, r.res)
+	t.send(fx, r.asker, r.res)
 }
 
 func anyHit(hits []bool) bool {
@@ -552,12 +599,12 @@ func allTrue(bs []bool) bool {
 }
 
 // probe asks one peer directly (ProbePeer).
-func (t *Tier) probe(ctx actor.Context, m *messages.ProbePeer) {
+func (t *State) probe(fx Effects, m *messages.ProbePeer) {
 	for _, p := range t.peers {
 		if p.node == m.Node {
 			t.corr++
 			t.probes[t.corr] = probeReq{m: m, pid: p.pid}
-			ctx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+			fx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
 			return
 		}
 	}
@@ -570,10 +617,10 @@ type probeReq struct {
 	pid *actor.PID
 }
 
-func (t *Tier) onProbe(ctx actor.Context, m *messages.PeerLookupResult, p probeReq) {
+func (t *State) onProbe(fx Effects, m *messages.PeerLookupResult, p probeReq) {
 	delete(t.probes, m.Corr)
 	if m.Err == nil && anyHit(m.Hits) {
-		ctx.Send(p.pid, &messages.PeerRelease{Round: m.Round})
+		fx.Send(p.pid, &messages.PeerRelease{Round: m.Round})
 	}
 	p.m.Reply.Answer(m.Hits, m.Err)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/peer"
+	"github.com/kvtier/kvtier/supervision"
 )
 
 // watchRetry is how long a failed stream waits before it is subscribed to
@@ -53,12 +54,11 @@ type watchers struct {
 	addrs   map[string]peer.EventsAt
 	running map[string]*watcher
 	gen     uint64
-	wg      sync.WaitGroup
 }
 
 type watcher struct {
 	gen    uint64
-	cancel context.CancelFunc
+	cancel func()
 }
 
 func newWatchers() *watchers {
@@ -66,15 +66,15 @@ func newWatchers() *watchers {
 }
 
 // setAddrs records where node publishes; it restarts a running watcher.
-func (t *Tier) setAddrs(ctx actor.Context, m *peer.EventsAt) {
+func (t *State) setAddrs(fx Effects, m *peer.EventsAt) {
 	t.watch.addrs[m.Node] = *m
 	if t.isUp(m.Node) {
-		t.startWatch(ctx, m.Node)
+		t.startWatch(fx, m.Node)
 	}
 }
 
 // startWatch (re)starts node's watcher and its directory set.
-func (t *Tier) startWatch(ctx actor.Context, node string) {
+func (t *State) startWatch(fx Effects, node string) {
 	w := t.watch
 	addr, ok := w.addrs[node]
 	if !ok || t.dir == nil {
@@ -83,41 +83,27 @@ func (t *Tier) startWatch(ctx actor.Context, node string) {
 	t.stopWatch(node)
 	t.dir.watch(node)
 	w.gen++
-	sub, cancel := context.WithCancel(context.Background())
-	w.running[node] = &watcher{gen: w.gen, cancel: cancel}
-	self, root, gen := ctx.Self(), ctx.ActorSystem().Root, w.gen
 	cfg := events.SubscriberConfig{Endpoint: addr.Endpoint, Replay: addr.Replay, ReplayFrom: -1}
 	if addr.Replay != "" {
 		cfg.ReplayFrom = 0
-		cfg.Replayed = func(delivered int) { root.Send(self, &replayDone{node: node, gen: gen, delivered: delivered}) }
 	}
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		err := events.Subscribe(sub, cfg, func(d events.Delivery) error {
-			root.Send(self, &eventBatch{node: node, gen: gen, seq: d.Seq, missed: d.Missed, batch: d.Batch})
-			return nil
-		})
-		if sub.Err() == nil {
-			root.Send(self, &watchEnded{node: node, gen: gen, err: err})
-		}
-	}()
+	w.running[node] = &watcher{gen: w.gen, cancel: fx.Watch(node, w.gen, cfg)}
 }
 
 // stopWatch cancels node's watcher, if any (it exits on its own).
-func (t *Tier) stopWatch(node string) {
+func (t *State) stopWatch(node string) {
 	if r := t.watch.running[node]; r != nil {
 		r.cancel()
 		delete(t.watch.running, node)
 	}
 }
 
-func (t *Tier) current(node string, gen uint64) bool {
+func (t *State) current(node string, gen uint64) bool {
 	r := t.watch.running[node]
 	return r != nil && r.gen == gen
 }
 
-func (t *Tier) onEventBatch(m *eventBatch) {
+func (t *State) onEventBatch(m *eventBatch) {
 	if t.current(m.node, m.gen) {
 		t.dir.apply(m.node, m.seq, m.missed, m.batch)
 	}
@@ -125,7 +111,7 @@ func (t *Tier) onEventBatch(m *eventBatch) {
 
 // onReplayDone: a replay from the first batch that found none means the
 // peer has published nothing yet: its (empty) set is complete.
-func (t *Tier) onReplayDone(m *replayDone) {
+func (t *State) onReplayDone(m *replayDone) {
 	if t.current(m.node, m.gen) && m.delivered == 0 {
 		t.dir.empty(m.node)
 	}
@@ -134,7 +120,7 @@ func (t *Tier) onReplayDone(m *replayDone) {
 // onWatchEnded: the stream failed (the peer's publisher went away, or sent
 // what could not be decoded). The set is kept but marked incomplete, and
 // the watcher is started again, with a fresh set, after a back-off.
-func (t *Tier) onWatchEnded(ctx actor.Context, m *watchEnded) {
+func (t *State) onWatchEnded(fx Effects, m *watchEnded) {
 	if !t.current(m.node, m.gen) {
 		return
 	}
@@ -142,22 +128,59 @@ func (t *Tier) onWatchEnded(ctx actor.Context, m *watchEnded) {
 	if p := t.dir.peers[m.node]; p != nil {
 		p.complete = false
 	}
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	node, gen := m.node, m.gen
-	t.cfg.Clock.AfterFunc(watchRetry, func() { root.Send(self, &rewatch{node: node, gen: gen}) })
+	fx.After(watchRetry, &rewatch{node: m.node, gen: m.gen})
 }
 
-func (t *Tier) onRewatch(ctx actor.Context, m *rewatch) {
+func (t *State) onRewatch(fx Effects, m *rewatch) {
 	if t.current(m.node, m.gen) && t.isUp(m.node) {
-		t.startWatch(ctx, m.node)
+		t.startWatch(fx, m.node)
 	}
 }
 
-// stopAllWatches cancels every watcher and waits for them: the tier is
-// stopping, and no goroutine may outlive it.
-func (t *Tier) stopAllWatches() {
+// stopAllWatches cancels every watcher: the tier is stopping (the shell
+// waits for them to end).
+func (t *State) stopAllWatches() {
 	for node := range t.watch.running {
 		t.stopWatch(node)
 	}
-	t.watch.wg.Wait()
+}
+
+// contextEffects carries out the core's effects through an actor context;
+// its watcher goroutines are counted in watchers.
+type contextEffects struct {
+	ctx      actor.Context
+	clock    supervision.Clock
+	watchers *sync.WaitGroup
+}
+
+func (e contextEffects) Request(to *actor.PID, msg any) { e.ctx.Request(to, msg) }
+func (e contextEffects) Send(to *actor.PID, msg any)    { e.ctx.Send(to, msg) }
+func (e contextEffects) Respond(msg any)                { e.ctx.Respond(msg) }
+func (e contextEffects) Sender() *actor.PID             { return e.ctx.Sender() }
+
+func (e contextEffects) After(d time.Duration, msg any) supervision.Timer {
+	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
+	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
+}
+
+// Watch subscribes to a peer's event stream in a goroutine that sends
+// every batch to the tier, until cancel.
+func (e contextEffects) Watch(node string, gen uint64, cfg events.SubscriberConfig) func() {
+	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
+	sub, cancel := context.WithCancel(context.Background())
+	if cfg.Replay != "" {
+		cfg.Replayed = func(delivered int) { root.Send(self, &replayDone{node: node, gen: gen, delivered: delivered}) }
+	}
+	e.watchers.Add(1)
+	go func() {
+		defer e.watchers.Done()
+		err := events.Subscribe(sub, cfg, func(d events.Delivery) error {
+			root.Send(self, &eventBatch{node: node, gen: gen, seq: d.Seq, missed: d.Missed, batch: d.Batch})
+			return nil
+		})
+		if sub.Err() == nil {
+			root.Send(self, &watchEnded{node: node, gen: gen, err: err})
+		}
+	}()
+	return cancel
 }
