@@ -9,7 +9,7 @@ import (
 // The embedded manager also exposes the node's secondary-tier settling and
 // counters, for the simulator (internal/sim looks for these methods).
 
-// TieringIdle waits until no secondary lookup, promotion or cascade is in
+// tieringmsg.Idle waits until no secondary lookup, promotion or cascade is in
 // flight (Node.TieringIdle).
 func (m *embedded) TieringIdle(ctx context.Context) error { return m.node.TieringIdle(ctx) }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -259,7 +261,7 @@ func (n *Node) drain(ctx context.Context) []error {
 	wait, cancel := context.WithTimeout(ctx, budget+(left-budget)/2)
 	defer cancel()
 	type peerResult struct {
-		res messages.PeerShutdownResult
+		res peermsg.ShutdownResult
 		err error
 	}
 	peers := make(chan peerResult, 1)

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
@@ -200,7 +202,7 @@ func (n *Node) PeerStats(ctx context.Context) ([]messages.PeerStats, error) {
 		return nil, ErrNoPeers
 	}
 	return callActor(ctx, n, n.peers.plane, "kvtier peers", func(r messages.Reply[[]messages.PeerStats]) any {
-		return &messages.GetPeerStats{Reply: r}
+		return &peermsg.GetStats{Reply: r}
 	})
 }
 
@@ -215,7 +217,7 @@ func (n *Node) WaitPeers(ctx context.Context, nodes ...string) error {
 		return ErrNoPeers
 	}
 	_, err := callActor(ctx, n, n.peers.tier, "kvtier p2p tier", func(r messages.Reply[struct{}]) any {
-		return &messages.AwaitPeers{Nodes: nodes, Reply: r}
+		return &peermsg.AwaitPeers{Nodes: nodes, Reply: r}
 	})
 	return err
 }
@@ -224,17 +226,17 @@ func (n *Node) WaitPeers(ctx context.Context, nodes ...string) error {
 // (members watching stop dialing it before its Bye reaches them), then new
 // rounds are refused, rounds in flight finish until deadline and are
 // aborted then, every session says Bye. Without peers it returns at once.
-func (n *Node) shutdownPeers(ctx context.Context, deadline time.Time) (messages.PeerShutdownResult, error) {
+func (n *Node) shutdownPeers(ctx context.Context, deadline time.Time) (peermsg.ShutdownResult, error) {
 	if n.peers.plane == nil {
-		return messages.PeerShutdownResult{}, nil
+		return peermsg.ShutdownResult{}, nil
 	}
 	n.leaveDiscovery(ctx)
-	return callActor(ctx, n, n.peers.plane, "kvtier peers shutdown", func(r messages.Reply[messages.PeerShutdownResult]) any {
-		return &messages.PeerShutdown{Deadline: deadline, Reply: r}
+	return callActor(ctx, n, n.peers.plane, "kvtier peers shutdown", func(r messages.Reply[peermsg.ShutdownResult]) any {
+		return &peermsg.Shutdown{Deadline: deadline, Reply: r}
 	})
 }
 
-// ProbePeer asks peer node which of keys it holds right now, through this
+// peermsg.Probe asks peer node which of keys it holds right now, through this
 // node's session with it; nothing is promoted and the peer's leases are
 // released at once. For operators and benchmarks.
 func (n *Node) ProbePeer(ctx context.Context, node string, keys []messages.Key) ([]bool, error) {
@@ -242,6 +244,6 @@ func (n *Node) ProbePeer(ctx context.Context, node string, keys []messages.Key) 
 		return nil, ErrNoPeers
 	}
 	return callActor(ctx, n, n.peers.tier, "kvtier p2p probe", func(r messages.Reply[[]bool]) any {
-		return &messages.ProbePeer{Node: node, Keys: keys, Reply: r}
+		return &peermsg.Probe{Node: node, Keys: keys, Reply: r}
 	})
 }

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
@@ -105,7 +107,7 @@ func (n *Node) closeTiers(ctx context.Context) error {
 // ErrNoSecondaryTiers: the node has no secondary tier configured.
 var ErrNoSecondaryTiers = fmt.Errorf("%w: no secondary tiers configured", messages.ErrBadConfig)
 
-// TieringIdle waits until the tiering actor has no secondary lookup,
+// tieringmsg.Idle waits until the tiering actor has no secondary lookup,
 // promotion or cascade in flight, or ctx ends. The engine API never needs
 // it; simulators and tests use it to settle a node between steps. Without
 // secondary tiers it returns at once.
@@ -113,7 +115,7 @@ func (n *Node) TieringIdle(ctx context.Context) error {
 	if n.tiers.tiering == nil {
 		return nil
 	}
-	_, err := askTiering[struct{}](ctx, n, func(r messages.Reply[struct{}]) any { return &messages.TieringIdle{Reply: r} })
+	_, err := askTiering[struct{}](ctx, n, func(r messages.Reply[struct{}]) any { return &tieringmsg.Idle{Reply: r} })
 	return err
 }
 
@@ -124,7 +126,7 @@ func (n *Node) TieringStats(ctx context.Context) (messages.TieringStats, error) 
 		return messages.TieringStats{}, ErrNoSecondaryTiers
 	}
 	return askTiering[messages.TieringStats](ctx, n, func(r messages.Reply[messages.TieringStats]) any {
-		return &messages.GetTieringStats{Reply: r}
+		return &tieringmsg.GetStats{Reply: r}
 	})
 }
 

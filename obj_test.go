@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 	"github.com/stretchr/testify/require"
@@ -132,9 +134,9 @@ func TestObjCorruptObjectIsDeletedNotServed(t *testing.T) {
 	require.Equal(t, uint64(1), ts.Tiers[0].Invalid)
 	require.Zero(t, ts.Promoted["obj"])
 	// One worker: a lookup asked now runs after the delete.
-	r, err := actors.Ask(h.ctx, h.node.system, h.objPID(), &messages.TierLookup{Keys: keys(7)})
+	r, err := actors.Ask(h.ctx, h.node.system, h.objPID(), &tiermsg.Lookup{Keys: keys(7)})
 	require.NoError(t, err)
-	require.Equal(t, []bool{false}, r.(*messages.TierLookupResult).Found)
+	require.Equal(t, []bool{false}, r.(*tiermsg.LookupResult).Found)
 	_, err = raw.Raw().StatObject(h.ctx, objBucket, name, minio.StatObjectOptions{})
 	require.Equal(t, http.StatusNotFound, minio.ToErrorResponse(err).StatusCode, "the bad copy is deleted")
 	h.quiet()

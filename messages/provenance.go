@@ -67,7 +67,7 @@ func BlockTokens(ctx *ReqContext, p Placement) ([]int32, bool) {
 // Provenance is one block's origin, as a KV-aware router needs it (vLLM's
 // BlockStored fields): what makes its stored event full. It travels with
 // the block where no request context does: in a secondary tier's stored
-// block header (tiers/blockfmt), in a TierRead answer, in a peer's lookup
+// block header (tiers/blockfmt), in a tiermsg.Read answer, in a peer's lookup
 // answer, and into the CPU tier through CommitSlots.Prov.
 //
 // A Provenance is immutable once built and may be shared: its slices may

@@ -4,91 +4,9 @@ import (
 	"time"
 )
 
-// Secondary tiers (fs, obj) and the tiering actor that cascades to them and
-// promotes from them (DESIGN.md §4 store and secondary-hit flows).
-//
-// Every request to a tier carries a Corr the tier echoes in its answer, so
-// the tiering actor matches answers without blocking futures. Slot memory
-// crosses in Src / Dest: the sender holds a pin (cascade) or a write
-// reservation (promotion) on that slot until the answer comes back, and the
-// tier touches the bytes only in its I/O workers, never in Receive.
-
-// TierRefreshed tells the tiering actor that a tier may now hold blocks it
-// answered absent before (the P2P tier: a peer's session came up — a new
-// member, or one restarted with its data), so the absences cached from its
-// answers are dropped and the next lookups ask it again.
-type TierRefreshed struct {
-	Tier string // the tier's name
-}
-
-// TierLookup asks a secondary tier which of Keys it holds.
-type TierLookup struct {
-	Corr uint64 // echoed in TierLookupResult
-	Keys []Key
-	Req  *ReqContext // the request that started the lookup (its peer sources); may be nil
-}
-
-// TierLookupResult answers TierLookup.
-type TierLookupResult struct {
-	Corr  uint64
-	Found []bool // one per key
-	Err   error  // ErrTierUnavailable when the tier could not tell (then Found is all false)
-}
-
-// TierRead asks a tier to read Key's block into Dest (a slot reserved for
-// the reader) and verify its checksum.
-type TierRead struct {
-	Corr uint64
-	Key  Key
-	Dest []byte // len = block bytes
-}
-
-// TierReadResult answers TierRead. With Err nil, Dest holds the block and
-// Checksum is its verified CRC32C.
-type TierReadResult struct {
-	Corr     uint64
-	Key      Key
-	Checksum uint32
-	Err      error // ErrNotFound, ErrInvalidBlock (removed), ErrTierUnavailable, or an I/O error
-	// Prov is the provenance stored with the block (with Err nil), nil when
-	// the block was stored without one (an older format, or none known).
-	Prov *Provenance
-}
-
-// TierWrite asks a tier to store Src as Key's block. The tier verifies Src
-// against Checksum before it makes the block visible.
-type TierWrite struct {
-	Corr     uint64
-	Key      Key
-	Src      []byte // a pinned slot; read only by the tier's workers
-	Checksum uint32 // CRC32C of Src, as committed in the CPU tier
-	// Prov is stored with the block (in its header) and announced with it;
-	// nil when unknown. Read only by the tier (and its workers).
-	Prov *Provenance
-}
-
-// TierWriteResult answers TierWrite.
-type TierWriteResult struct {
-	Corr uint64
-	Key  Key
-	Err  error // ErrTierFull, ErrTierUnavailable, ErrChecksum or an I/O error
-}
-
-// TierDelete removes Key's block from a tier (a bad copy). No reply.
-type TierDelete struct {
-	Key Key
-}
-
-// TierStatsQuery asks a secondary tier for its counters.
-type TierStatsQuery struct {
-	Corr uint64
-}
-
-// TierStatsReply answers TierStatsQuery.
-type TierStatsReply struct {
-	Corr  uint64
-	Stats SecondaryStats
-}
+// What the node reports of its secondary tiers and the tiering actor (the
+// stats API). Their protocols live beside them: the secondary-tier contract
+// in tiers/tiermsg, the tiering actor's in tiers/tiering/tieringmsg.
 
 // SecondaryStats are one secondary tier's gauges and counters.
 type SecondaryStats struct {
@@ -123,51 +41,12 @@ type SecondaryStats struct {
 	// ChoresFull are the ChoreFailures for lack of room (ENOSPC).
 	ChoresFull uint64 `json:"chores_full"`
 
-	// The P2P tier's: lookups it was asked, the PeerLookup messages they
+	// The P2P tier's: lookups it was asked, the peermsg.Lookup messages they
 	// sent (the directory's saving), and its directory's size.
-	LookupCalls    uint64 `json:"lookup_calls,omitempty"`    // TierLookup calls
+	LookupCalls    uint64 `json:"lookup_calls,omitempty"`    // tiermsg.Lookup calls
 	PeerAsks       uint64 `json:"peer_asks,omitempty"`       // peers asked, summed over lookups
 	DirectoryKeys  int    `json:"directory_keys,omitempty"`  // keys the directory records, all peers
 	DirectoryBytes int64  `json:"directory_bytes,omitempty"` // its approximate memory
-}
-
-// AsyncLookup asks the tiering actor about keys the CPU tier answered MISS
-// for. It answers at once: RETRY for keys whose secondary lookup or
-// promotion is in flight (or was just started), MISS for keys known absent
-// from every tier Req may load from, or whose lookup passed its deadline.
-type AsyncLookup struct {
-	Corr   uint64
-	Req    *ReqContext // the request (its TierFilter, and provenance for the stored event)
-	Keys   []Key       // the CPU tier's MISS keys, in prefix order
-	Prefix bool        // keys are the tail of a prefix scan: promote only a found prefix
-}
-
-// AsyncLookupResult answers AsyncLookup: Retry or Miss per key.
-type AsyncLookupResult struct {
-	Corr   uint64
-	Status []LookupStatus
-}
-
-// Cascade tells the tiering actor that Keys became readable in the CPU tier
-// (a successful store commit) with Checksums. Fire and forget: the tiering
-// actor pins, writes and unpins on its own, shedding past its queue bound.
-type Cascade struct {
-	Keys      []Key
-	Checksums []uint32
-	Ctx       *ReqContext
-}
-
-// TieringIdle asks to be answered once the tiering actor has no lookup,
-// promotion or cascade in flight (answered at once when idle). For
-// simulators and tests that need a settled node; the engine never waits.
-type TieringIdle struct {
-	Reply Reply[struct{}]
-}
-
-// GetTieringStats asks the tiering actor for its counters and every
-// secondary tier's.
-type GetTieringStats struct {
-	Reply Reply[TieringStats]
 }
 
 // TieringStats is a snapshot of the tiering actor and its tiers.

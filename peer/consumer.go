@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
@@ -21,7 +23,7 @@ import (
 // Invariants:
 //   - a round number is used once in the session's life (across epochs);
 //     a frame for an unknown round, or one in another phase, is dropped;
-//   - every PeerLookup and PeerFetch is answered exactly once;
+//   - every peermsg.Lookup and peermsg.Fetch is answered exactly once;
 //   - a fetch is answered only when no chunk is in flight or verifying
 //     (the P2P tier then frees or commits slots nobody writes any more),
 //     and, when it succeeds, only after the producer's TransferDone too
@@ -53,9 +55,9 @@ type outRound struct {
 	epoch  uint64
 	phase  roundPhase
 	keys   []messages.Key // asked (namespaces we share)
-	index  []int          // position of each asked key in the PeerLookup
-	total  int            // keys in the PeerLookup
-	corr   uint64         // the P2P tier's PeerLookup / PeerFetch
+	index  []int          // position of each asked key in the peermsg.Lookup
+	total  int            // keys in the peermsg.Lookup
+	corr   uint64         // the P2P tier's peermsg.Lookup / peermsg.Fetch
 	asker  *actor.PID
 	start  time.Time
 	wait   time.Duration     // the deadline to arm
@@ -94,7 +96,7 @@ const (
 type linkNow struct {
 	epoch    uint64 // the outbound session's epoch
 	ready    bool   // its handshake completed, and it is not lost
-	draining bool   // a PeerShutdown: no new rounds
+	draining bool   // a peermsg.Shutdown: no new rounds
 }
 
 func (l linkNow) open() bool { return l.ready && !l.draining }
@@ -143,9 +145,9 @@ func (c *consumer) arm(o *consumed, r *outRound, d time.Duration) {
 }
 
 // lookup starts a Lookup round for the keys in namespaces we share.
-func (c *consumer) lookup(m *messages.PeerLookup, asker *actor.PID, l linkNow) (o consumed) {
+func (c *consumer) lookup(m *peermsg.Lookup, asker *actor.PID, l linkNow) (o consumed) {
 	if !l.open() {
-		o.answer(asker, &messages.PeerLookupResult{Corr: m.Corr, Node: c.node, Hits: make([]bool, len(m.Keys)),
+		o.answer(asker, &peermsg.LookupResult{Corr: m.Corr, Node: c.node, Hits: make([]bool, len(m.Keys)),
 			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
 		return o
 	}
@@ -202,10 +204,10 @@ func (c *consumer) lookupResp(f *wire.LookupResp) (o consumed) {
 	return c.answerLookup(o, r, f.Hits, f.Checksums, nil)
 }
 
-// answerLookup answers the round's PeerLookup; a round with hits stays
+// answerLookup answers the round's peermsg.Lookup; a round with hits stays
 // leased (until a fetch, a release or the lease TTL), others end.
 func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, err error) consumed {
-	res := &messages.PeerLookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
+	res := &peermsg.LookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
 		Checksums: make([]uint32, r.total), Err: err, RTT: c.now().Sub(r.start)}
 	n := 0
 	for i, hit := range hits {
@@ -240,12 +242,12 @@ func (c *consumer) end(r *outRound) {
 	delete(c.rounds, r.n)
 }
 
-// startFetch checks a PeerFetch of a leased round. It returns the round and
-// its fetch to announce to the transport, or nil and the PeerFetch's answer.
-func (c *consumer) startFetch(m *messages.PeerFetch, asker *actor.PID, l linkNow) (*outRound, *outFetch, consumed) {
+// startFetch checks a peermsg.Fetch of a leased round. It returns the round and
+// its fetch to announce to the transport, or nil and the peermsg.Fetch's answer.
+func (c *consumer) startFetch(m *peermsg.Fetch, asker *actor.PID, l linkNow) (*outRound, *outFetch, consumed) {
 	var o consumed
 	fail := func(err error) (*outRound, *outFetch, consumed) {
-		o.answer(asker, &messages.PeerFetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
+		o.answer(asker, &peermsg.FetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
 		return nil, nil, o
 	}
 	r := c.rounds[m.Round]
@@ -268,10 +270,10 @@ func (c *consumer) startFetch(m *messages.PeerFetch, asker *actor.PID, l linkNow
 // announced the fetch fails now; otherwise the Fetch goes out, and a
 // refusal fails it once the announced chunks are in (they still complete,
 // once, as canceled).
-func (c *consumer) fetching(r *outRound, f *outFetch, m *messages.PeerFetch, asker *actor.PID, announced int, err error) (o consumed) {
+func (c *consumer) fetching(r *outRound, f *outFetch, m *peermsg.Fetch, asker *actor.PID, announced int, err error) (o consumed) {
 	if err != nil && announced == 0 {
 		c.end(r)
-		o.answer(asker, &messages.PeerFetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)),
+		o.answer(asker, &peermsg.FetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)),
 			Err: fmt.Errorf("%w: %w", messages.ErrPeerUnavailable, err)})
 		return o
 	}
@@ -351,7 +353,7 @@ func (c *consumer) arrived(m *arrived) (o consumed) {
 		// A previous incarnation's fetch: once its last chunk is in, its
 		// slots are free; answer so they get released.
 		if m.last {
-			o.answer(m.asker, &messages.PeerFetchResult{Corr: m.corr, Node: c.node, Round: m.round, Err: messages.ErrPeerUnavailable})
+			o.answer(m.asker, &peermsg.FetchResult{Corr: m.corr, Node: c.node, Round: m.round, Err: messages.ErrPeerUnavailable})
 		}
 		return o
 	}
@@ -383,10 +385,10 @@ func (c *consumer) verified(m *verified) (o consumed) {
 	return c.checkFetch(o, r)
 }
 
-// finishFetch answers the PeerFetch and ends the round.
+// finishFetch answers the peermsg.Fetch and ends the round.
 func (c *consumer) finishFetch(o consumed, r *outRound, ok []bool, err error) consumed {
 	f := r.fetch
-	res := &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, OK: make([]bool, len(f.keys)), Err: err,
+	res := &peermsg.FetchResult{Corr: r.corr, Node: c.node, Round: r.n, OK: make([]bool, len(f.keys)), Err: err,
 		Duration: c.now().Sub(f.start)}
 	good := 0
 	for i := range ok {
@@ -415,7 +417,7 @@ func (c *consumer) finishFetch(o consumed, r *outRound, ok []bool, err error) co
 
 // release: the P2P tier will not fetch a leased round; the producer's
 // leases are freed now (an Abort) when the session it was leased on runs.
-func (c *consumer) release(m *messages.PeerRelease, l linkNow) (o consumed) {
+func (c *consumer) release(m *peermsg.Release, l linkNow) (o consumed) {
 	r := c.rounds[m.Round]
 	if r == nil || r.phase != roundLeased {
 		return o
@@ -431,7 +433,7 @@ func (c *consumer) release(m *messages.PeerRelease, l linkNow) (o consumed) {
 func (c *consumer) releaseLeased(l linkNow) (o consumed) {
 	for _, r := range c.rounds {
 		if r.phase == roundLeased {
-			p := c.release(&messages.PeerRelease{Round: r.n}, l)
+			p := c.release(&peermsg.Release{Round: r.n}, l)
 			o.frames = append(o.frames, p.frames...)
 		}
 	}
@@ -505,7 +507,7 @@ func (c *consumer) close() (o consumed) {
 			if r.fetch.waiting == 0 {
 				// Every chunk is in: nothing touches the slots but a
 				// verification, whose answer is moot now.
-				o.answer(r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
+				o.answer(r.asker, &peermsg.FetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
 				continue
 			}
 			for i, in := range r.fetch.arrived {
@@ -514,7 +516,7 @@ func (c *consumer) close() (o consumed) {
 				}
 			}
 		case roundVerified:
-			o.answer(r.asker, &messages.PeerFetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
+			o.answer(r.asker, &peermsg.FetchResult{Corr: r.corr, Node: c.node, Round: r.n, Err: messages.ErrPeerUnavailable})
 		}
 	}
 	return o

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
@@ -65,9 +67,9 @@ func noAnswer(t *testing.T, o consumed, when string) {
 // leased looks up keys a, b, c of which the producer holds all.
 func leased(t *testing.T, c *consumer) *outRound {
 	t.Helper()
-	o := c.lookup(&messages.PeerLookup{Corr: 1, Keys: mkeys("ns", "a", "b", "c")}, asker, readyAt)
+	o := c.lookup(&peermsg.Lookup{Corr: 1, Keys: mkeys("ns", "a", "b", "c")}, asker, readyAt)
 	lk := o.frames[0].(*wire.Lookup)
-	res := only[*messages.PeerLookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round,
+	res := only[*peermsg.LookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round,
 		Hits: []bool{true, true, true}, Checksums: []uint32{1, 2, 3}}))
 	if res.Err != nil {
 		t.Fatal(res.Err)
@@ -78,7 +80,7 @@ func leased(t *testing.T, c *consumer) *outRound {
 // fetchAll fetches the three leased keys into slots 10..12, both chunks announced.
 func fetchAll(t *testing.T, c *consumer, r *outRound) *outFetch {
 	t.Helper()
-	m := &messages.PeerFetch{Corr: 2, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12}, Checksums: []uint32{1, 2, 3}}
+	m := &peermsg.Fetch{Corr: 2, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12}, Checksums: []uint32{1, 2, 3}}
 	r2, f, o := c.startFetch(m, asker, readyAt)
 	if r2 != r || f == nil || len(o.answers) != 0 || f.chunks != 2 {
 		t.Fatalf("startFetch: %v %+v %+v", r2, f, o)
@@ -92,13 +94,13 @@ func fetchAll(t *testing.T, c *consumer, r *outRound) *outFetch {
 
 func TestConsumerAsksOnlySharedNamespacesAndAnswersPositionally(t *testing.T) {
 	c := testConsumer()
-	o := c.lookup(&messages.PeerLookup{Corr: 9, Keys: append(mkeys("other", "x"), mkeys("ns", "a", "b")...)}, asker, readyAt)
+	o := c.lookup(&peermsg.Lookup{Corr: 9, Keys: append(mkeys("other", "x"), mkeys("ns", "a", "b")...)}, asker, readyAt)
 	lk := o.frames[0].(*wire.Lookup)
 	if len(lk.Keys) != 2 || lk.Keys[0].Namespace != "ns" || lk.Epoch != 7 || !o.heartbeat || len(o.arm) != 1 || o.arm[0].wait != time.Second {
 		t.Fatalf("lookup sent %+v, %+v", lk, o)
 	}
 	noAnswer(t, o, "lookup sent")
-	res := only[*messages.PeerLookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round,
+	res := only[*peermsg.LookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round,
 		Hits: []bool{false, true}, Checksums: []uint32{0, 42}}))
 	if res.Corr != 9 || !reflect.DeepEqual(res.Hits, []bool{false, false, true}) || res.Checksums[2] != 42 {
 		t.Fatalf("answer %+v", res)
@@ -125,8 +127,8 @@ func TestConsumerAnswersAtOnceWhatItCannotAsk(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConsumer()
-			o := c.lookup(&messages.PeerLookup{Corr: 3, Keys: tc.keys}, asker, tc.link)
-			res := only[*messages.PeerLookupResult](t, o)
+			o := c.lookup(&peermsg.Lookup{Corr: 3, Keys: tc.keys}, asker, tc.link)
+			res := only[*peermsg.LookupResult](t, o)
 			if !errors.Is(res.Err, tc.err) || res.Err == nil != (tc.err == nil) || len(res.Hits) != 1 || res.Hits[0] {
 				t.Fatalf("answer %+v", res)
 			}
@@ -144,10 +146,10 @@ func TestConsumerFailsAMalformedAnswerOnce(t *testing.T) {
 		{Hits: []bool{true, true}, Checksums: []uint32{1, 2}, Prov: make([]*wire.Provenance, 1)}, // provenances short
 	} {
 		c := testConsumer()
-		lk := c.lookup(&messages.PeerLookup{Corr: 1, Keys: mkeys("ns", "a", "b")}, asker, readyAt).frames[0].(*wire.Lookup)
+		lk := c.lookup(&peermsg.Lookup{Corr: 1, Keys: mkeys("ns", "a", "b")}, asker, readyAt).frames[0].(*wire.Lookup)
 		resp.Epoch, resp.Round = 7, lk.Round
 		o := c.lookupResp(resp)
-		if res := only[*messages.PeerLookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerRefused) || res.Hits[0] {
+		if res := only[*peermsg.LookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerRefused) || res.Hits[0] {
 			t.Fatalf("answer %+v", res)
 		}
 		if !reflect.DeepEqual(o.drops, []string{"malformed"}) || len(c.rounds) != 0 {
@@ -171,7 +173,7 @@ func TestConsumerAnswersAFetchOnlyWhenEveryChunkIsInVerifiedAndTheProducerIsDone
 		t.Fatalf("verify %+v", o.verify)
 	}
 	noAnswer(t, c.transferDone(&wire.TransferDone{Epoch: 7, Round: r.n, OK: true}), "producer done, chunk 0 verifying")
-	res := only[*messages.PeerFetchResult](t, c.verified(&verified{round: r.n, chunk: 0, ok: []bool{true, false}}))
+	res := only[*peermsg.FetchResult](t, c.verified(&verified{round: r.n, chunk: 0, ok: []bool{true, false}}))
 	if res.Err != nil || !reflect.DeepEqual(res.OK, []bool{true, false, true}) || res.Bytes != 2*halfChunk || res.Corr != 2 {
 		t.Fatalf("fetch answer %+v", res)
 	}
@@ -198,7 +200,7 @@ func TestConsumerVerifiedBytesWithoutTheProducersReportEndAtTheDeadline(t *testi
 		t.Fatal("a deadline armed for an earlier phase fired")
 	}
 	o := c.deadline(&roundTimer{round: r.n, seq: r.tseq}, readyAt)
-	if res := only[*messages.PeerFetchResult](t, o); res.Err != nil || !reflect.DeepEqual(res.OK, []bool{true, true, true}) {
+	if res := only[*peermsg.FetchResult](t, o); res.Err != nil || !reflect.DeepEqual(res.OK, []bool{true, true, true}) {
 		t.Fatalf("answer %+v", res)
 	}
 	if !reflect.DeepEqual(o.drops, []string{"transfer_done_missing"}) || o.reset != "" {
@@ -235,7 +237,7 @@ func TestConsumerFailedFetchWaitsForItsCanceledChunks(t *testing.T) {
 			if !f.arrived[0] {
 				noAnswer(t, c.arrived(&arrived{round: r.n, chunk: 0}), "chunk 0 in, chunk 1 canceled but not in")
 			}
-			res := only[*messages.PeerFetchResult](t, c.arrived(&arrived{round: r.n, chunk: last, c: rdma.Completion{Err: rdma.ErrCanceled}}))
+			res := only[*peermsg.FetchResult](t, c.arrived(&arrived{round: r.n, chunk: last, c: rdma.Completion{Err: rdma.ErrCanceled}}))
 			if !errors.Is(res.Err, tc.cause) || res.OK[0] {
 				t.Fatalf("answer %+v, want %v", res, tc.cause)
 			}
@@ -249,10 +251,10 @@ func TestConsumerFailedFetchWaitsForItsCanceledChunks(t *testing.T) {
 func TestConsumerExpectRefusals(t *testing.T) {
 	c := testConsumer()
 	r := leased(t, c)
-	m := &messages.PeerFetch{Corr: 2, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12}, Checksums: []uint32{1, 2, 3}}
+	m := &peermsg.Fetch{Corr: 2, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12}, Checksums: []uint32{1, 2, 3}}
 	_, f, _ := c.startFetch(m, asker, readyAt)
 	o := c.fetching(r, f, m, asker, 0, errors.New("no route"))
-	if res := only[*messages.PeerFetchResult](t, o); !errors.Is(res.Err, messages.ErrPeerUnavailable) || len(o.frames) != 0 || len(c.rounds) != 0 {
+	if res := only[*peermsg.FetchResult](t, o); !errors.Is(res.Err, messages.ErrPeerUnavailable) || len(o.frames) != 0 || len(c.rounds) != 0 {
 		t.Fatalf("nothing announced: %+v, rounds %v", o, c.rounds)
 	}
 
@@ -264,20 +266,20 @@ func TestConsumerExpectRefusals(t *testing.T) {
 	if !reflect.DeepEqual(o.cancel, []rdma.Token{chunkToken(f.token, 0)}) {
 		t.Fatalf("canceled %v", o.cancel)
 	}
-	res := only[*messages.PeerFetchResult](t, c.arrived(&arrived{round: r.n, chunk: 0, last: true, c: rdma.Completion{Err: rdma.ErrCanceled}}))
+	res := only[*peermsg.FetchResult](t, c.arrived(&arrived{round: r.n, chunk: 0, last: true, c: rdma.Completion{Err: rdma.ErrCanceled}}))
 	if !errors.Is(res.Err, messages.ErrPeerUnavailable) {
 		t.Fatalf("answer %+v", res)
 	}
 }
 
 func TestConsumerFetchNeedsALeasedRoundOnTheLiveSession(t *testing.T) {
-	fetch := func(c *consumer, r *outRound, keys int, l linkNow) *messages.PeerFetchResult {
-		m := &messages.PeerFetch{Corr: 5, Round: r.n, Keys: mkeys("ns", "a", "b", "c")[:keys], Slots: []int{1, 2, 3}[:keys], Checksums: []uint32{1, 2, 3}}
+	fetch := func(c *consumer, r *outRound, keys int, l linkNow) *peermsg.FetchResult {
+		m := &peermsg.Fetch{Corr: 5, Round: r.n, Keys: mkeys("ns", "a", "b", "c")[:keys], Slots: []int{1, 2, 3}[:keys], Checksums: []uint32{1, 2, 3}}
 		got, _, o := c.startFetch(m, asker, l)
 		if got != nil {
 			t.Fatal("started")
 		}
-		return only[*messages.PeerFetchResult](t, o)
+		return only[*peermsg.FetchResult](t, o)
 	}
 	c := testConsumer()
 	r := leased(t, c)
@@ -292,7 +294,7 @@ func TestConsumerFetchNeedsALeasedRoundOnTheLiveSession(t *testing.T) {
 	}
 	c = testConsumer()
 	r = leased(t, c)
-	if o := c.release(&messages.PeerRelease{Round: r.n}, readyAt); !reflect.DeepEqual(o.frames, []wire.Frame{&wire.Abort{Epoch: 7, Round: r.n}}) {
+	if o := c.release(&peermsg.Release{Round: r.n}, readyAt); !reflect.DeepEqual(o.frames, []wire.Frame{&wire.Abort{Epoch: 7, Round: r.n}}) {
 		t.Fatalf("release sent %+v", o.frames)
 	}
 	if res := fetch(c, r, 3, readyAt); !errors.Is(res.Err, messages.ErrLeaseLost) {
@@ -302,10 +304,10 @@ func TestConsumerFetchNeedsALeasedRoundOnTheLiveSession(t *testing.T) {
 
 func TestConsumerDeadlineOfAWaitingRoundResetsTheSession(t *testing.T) {
 	c := testConsumer()
-	lk := c.lookup(&messages.PeerLookup{Corr: 1, Keys: mkeys("ns", "a")}, asker, readyAt).frames[0].(*wire.Lookup)
+	lk := c.lookup(&peermsg.Lookup{Corr: 1, Keys: mkeys("ns", "a")}, asker, readyAt).frames[0].(*wire.Lookup)
 	r := c.rounds[lk.Round]
 	o := c.deadline(&roundTimer{round: r.n, seq: r.tseq}, readyAt)
-	if res := only[*messages.PeerLookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerTimeout) || o.reset != "round_timeout" {
+	if res := only[*peermsg.LookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerTimeout) || o.reset != "round_timeout" {
 		t.Fatalf("%+v / %+v", res, o)
 	}
 
@@ -318,7 +320,7 @@ func TestConsumerDeadlineOfAWaitingRoundResetsTheSession(t *testing.T) {
 		t.Fatalf("%+v", o)
 	}
 	c.arrived(&arrived{round: r.n, chunk: 0, c: rdma.Completion{Err: rdma.ErrCanceled}})
-	res := only[*messages.PeerFetchResult](t, c.arrived(&arrived{round: r.n, chunk: 1, last: true, c: rdma.Completion{Err: rdma.ErrCanceled}}))
+	res := only[*peermsg.FetchResult](t, c.arrived(&arrived{round: r.n, chunk: 1, last: true, c: rdma.Completion{Err: rdma.ErrCanceled}}))
 	if !errors.Is(res.Err, messages.ErrPeerTimeout) || f.waiting != 0 {
 		t.Fatalf("%+v", res)
 	}
@@ -326,13 +328,13 @@ func TestConsumerDeadlineOfAWaitingRoundResetsTheSession(t *testing.T) {
 
 func TestConsumerCloseLeavesAFetchOnTheWireToItsLastChunk(t *testing.T) {
 	c := testConsumer()
-	lookup := c.lookup(&messages.PeerLookup{Corr: 1, Keys: mkeys("ns", "z")}, asker, readyAt)
+	lookup := c.lookup(&peermsg.Lookup{Corr: 1, Keys: mkeys("ns", "z")}, asker, readyAt)
 	_ = lookup
 	r := leased(t, c)
 	f := fetchAll(t, c, r)
 	c.arrived(&arrived{round: r.n, chunk: 0})
 	o := c.close()
-	if res := only[*messages.PeerLookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerUnavailable) {
+	if res := only[*peermsg.LookupResult](t, o); !errors.Is(res.Err, messages.ErrPeerUnavailable) {
 		t.Fatalf("the lookup: %+v", res)
 	}
 	if !reflect.DeepEqual(o.cancel, []rdma.Token{chunkToken(f.token, 1)}) {
@@ -340,7 +342,7 @@ func TestConsumerCloseLeavesAFetchOnTheWireToItsLastChunk(t *testing.T) {
 	}
 	// The next incarnation gets the last chunk's completion: it answers.
 	next := testConsumer()
-	res := only[*messages.PeerFetchResult](t, next.arrived(&arrived{round: r.n, chunk: 1, last: true, corr: 2, asker: asker}))
+	res := only[*peermsg.FetchResult](t, next.arrived(&arrived{round: r.n, chunk: 1, last: true, corr: 2, asker: asker}))
 	if res.Corr != 2 || !errors.Is(res.Err, messages.ErrPeerUnavailable) {
 		t.Fatalf("%+v", res)
 	}
@@ -352,7 +354,7 @@ func TestConsumerCloseLeavesAFetchOnTheWireToItsLastChunk(t *testing.T) {
 // TestConsumerAnswersEveryAskExactlyOnce drives random interleavings of
 // the P2P tier's asks, the producer's frames, the transport's completions,
 // verifications, deadlines and session resets, then delivers everything
-// still owed, and checks that each PeerLookup and PeerFetch got exactly
+// still owed, and checks that each peermsg.Lookup and peermsg.Fetch got exactly
 // one answer, and a fetch's only after every chunk it announced came in.
 func TestConsumerAnswersEveryAskExactlyOnce(t *testing.T) {
 	for seed := range uint64(300) {
@@ -373,12 +375,12 @@ func TestConsumerAnswersEveryAskExactlyOnce(t *testing.T) {
 			for _, a := range o.answers {
 				var ac uint64
 				switch m := a.msg.(type) {
-				case *messages.PeerLookupResult:
+				case *peermsg.LookupResult:
 					ac = m.Corr
 					if m.Err == nil && slices.Contains(m.Hits, true) {
 						leasedN = append(leasedN, m.Round)
 					}
-				case *messages.PeerFetchResult:
+				case *peermsg.FetchResult:
 					ac = m.Corr
 					if onWire[ac] != 0 {
 						t.Fatalf("seed %d: fetch %d answered with %d chunks on the wire", seed, ac, onWire[ac])
@@ -409,7 +411,7 @@ func TestConsumerAnswersEveryAskExactlyOnce(t *testing.T) {
 			case 0:
 				corr++
 				asked[corr] = true
-				apply(c.lookup(&messages.PeerLookup{Corr: corr, Keys: mkeys("ns", "a", "b", "c")}, asker, readyAt))
+				apply(c.lookup(&peermsg.Lookup{Corr: corr, Keys: mkeys("ns", "a", "b", "c")}, asker, readyAt))
 			case 1:
 				if n, ok := pick(&lookingN); ok {
 					apply(c.lookupResp(&wire.LookupResp{Epoch: 7, Round: n, Hits: []bool{rng.IntN(3) > 0, true, true}, Checksums: []uint32{1, 2, 3}}))
@@ -418,7 +420,7 @@ func TestConsumerAnswersEveryAskExactlyOnce(t *testing.T) {
 				if n, ok := pick(&leasedN); ok {
 					corr++
 					asked[corr] = true
-					m := &messages.PeerFetch{Corr: corr, Round: n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{1, 2, 3}, Checksums: []uint32{1, 2, 3}}
+					m := &peermsg.Fetch{Corr: corr, Round: n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{1, 2, 3}, Checksums: []uint32{1, 2, 3}}
 					r, f, o := c.startFetch(m, asker, readyAt)
 					apply(o)
 					if r != nil {

@@ -5,6 +5,7 @@ package peer
 
 import (
 	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/kvtier/kvtier/peer/wire"
 )
 
@@ -140,8 +141,7 @@ func (s *Session) forget(ctx actor.Context) {
 	}
 	if s.out.phase == outReady && s.cfg.HeartbeatInterval > 0 {
 		s.unlisted = true
-		s.out.pingSeq++ // NB: the probe's own seq space (probeSeqBit), apart from the heartbeat's
-		seq := probeSeqBit | s.out.pingSeq
+		seq := s.out.nextProbe()
 		s.sendOut(&wire.Ping{Epoch: s.out.epoch, Seq: seq})
 		self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
 		s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &probeTimer{gen: gen, seq: seq}) })
@@ -162,7 +162,7 @@ func (s *Session) onProbeTimer(ctx actor.Context, m *probeTimer) {
 	if !s.unlisted || m.gen != s.out.gen {
 		return // listed again, or its session already failed
 	}
-	if s.out.probe >= m.seq {
+	if s.out.probeAnswered(m.seq) {
 		s.log.Info().Msg("peer: left discovery but answers; kept until its session fails")
 		return
 	}

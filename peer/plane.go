@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/go-zeromq/zmq4"
 
@@ -97,7 +99,7 @@ type Plane struct {
 	// unspawned are members whose session could not be spawned yet: the
 	// session they had is still stopping under the same name.
 	unspawned map[string]bool
-	shutdown  *shutdown // non-nil once PeerShutdown came
+	shutdown  *shutdown // non-nil once peermsg.Shutdown came
 }
 
 // MemberUp tells the plane that discovery found a live member whose
@@ -123,11 +125,11 @@ type MemberUp struct {
 // session stops once nothing is left. Static peers are unaffected.
 type MemberDown struct{ Node string }
 
-// shutdown is a PeerShutdown in progress.
+// shutdown is a peermsg.Shutdown in progress.
 type shutdown struct {
-	req     *messages.PeerShutdown
+	req     *peermsg.Shutdown
 	waiting map[string]bool
-	res     messages.PeerShutdownResult
+	res     peermsg.ShutdownResult
 	timer   supervision.Timer
 }
 
@@ -163,9 +165,9 @@ func (p *Plane) Receive(ctx actor.Context) {
 		p.start(ctx)
 	case *routerIn:
 		p.route(ctx, m)
-	case *messages.GetPeerStats:
+	case *peermsg.GetStats:
 		m.Reply.Answer(p.ctr.Peers(), nil)
-	case *messages.PeerShutdown:
+	case *peermsg.Shutdown:
 		p.beginShutdown(ctx, m)
 	case *drained:
 		p.onDrained(m)
@@ -318,9 +320,9 @@ func validNode(id string) bool {
 }
 
 // beginShutdown drains every session; new sessions are refused from now on.
-func (p *Plane) beginShutdown(ctx actor.Context, m *messages.PeerShutdown) {
+func (p *Plane) beginShutdown(ctx actor.Context, m *peermsg.Shutdown) {
 	if p.shutdown != nil {
-		m.Reply.Answer(messages.PeerShutdownResult{}, fmt.Errorf("%w: peer shutdown already in progress", messages.ErrClosed))
+		m.Reply.Answer(peermsg.ShutdownResult{}, fmt.Errorf("%w: peer shutdown already in progress", messages.ErrClosed))
 		return
 	}
 	sd := &shutdown{req: m, waiting: map[string]bool{}}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -33,7 +35,7 @@ import (
 //   - a round number is used once in the session's life (across epochs);
 //     a frame of another epoch, or for an unknown or finished round, is
 //     dropped and counted: late and duplicate frames are harmless;
-//   - every PeerLookup and PeerFetch is answered exactly once; a fetch is
+//   - every peermsg.Lookup and peermsg.Fetch is answered exactly once; a fetch is
 //     answered only after the transport's Expect completed, so the P2P tier
 //     frees or commits slots nobody writes any more;
 //   - every lease, pin and write a peer's round holds in the CPU tier is
@@ -67,7 +69,7 @@ type Session struct {
 	unlisted bool
 }
 
-// draining is a PeerShutdown reaching this session: no new rounds; the
+// draining is a peermsg.Shutdown reaching this session: no new rounds; the
 // ones in flight finish until the deadline, then are aborted.
 type draining struct {
 	plane   *actor.PID
@@ -88,36 +90,6 @@ type sessionIdle struct {
 	node string
 	pid  *actor.PID
 }
-
-// outbound is our side of the session we dial.
-type outbound struct {
-	phase   outPhase
-	gen     uint64 // link / timer generation
-	link    *link
-	epoch   uint64
-	hello   *wire.Hello
-	timer   supervision.Timer // redial or handshake deadline
-	backoff time.Duration
-	meta    []byte       // data-plane metadata we Connected for the peer
-	seal    *wire.Sealer // seals what we send, from our Auth on (this epoch's keys)
-	open    *wire.Opener // checks what the peer sends, from its Ready on
-	hbArmed bool         // a heartbeat timer is armed
-	pingSeq uint64
-	pongSeq uint64
-	missed  int
-	hb      supervision.Timer
-	probe   uint64 // the last liveness probe's seq answered (members.go)
-}
-
-type outPhase uint8
-
-const (
-	outIdle outPhase = iota // waiting to (re)dial
-	outDialing
-	outHello // Hello sent, waiting for Welcome
-	outAuth  // Auth sent, waiting for Ready
-	outReady
-)
 
 // Messages a session sends itself.
 type (
@@ -188,11 +160,11 @@ func (s *Session) Receive(ctx actor.Context) {
 		s.onOutboundFrame(ctx, m)
 	case *inboundFrame:
 		s.onInboundFrame(ctx, m)
-	case *messages.PeerLookup:
+	case *peermsg.Lookup:
 		s.carryOut(ctx, s.rounds.lookup(m, ctx.Sender(), s.linkNow()))
-	case *messages.PeerFetch:
+	case *peermsg.Fetch:
 		s.fetch(ctx, m)
-	case *messages.PeerRelease:
+	case *peermsg.Release:
 		s.carryOut(ctx, s.rounds.release(m, s.linkNow()))
 	case *roundTimer:
 		s.carryOut(ctx, s.rounds.deadline(m, s.linkNow()))
@@ -241,16 +213,12 @@ func (s *Session) Receive(ctx actor.Context) {
 
 // dial opens a fresh link under a new epoch and starts the handshake clock.
 func (s *Session) dial(ctx actor.Context) {
-	s.out.gen++
-	gen := s.out.gen
-	s.out.epoch = wire.NewEpoch()
-	s.out.seal, s.out.open = nil, nil // keys are per epoch: derived again at its Welcome
-	s.out.hello = &wire.Hello{Version: wire.Version, Node: s.cfg.Node, Epoch: s.out.epoch, Nonce: wire.NewNonce(),
+	epoch := wire.NewEpoch()
+	gen := s.out.begin(epoch, &wire.Hello{Version: wire.Version, Node: s.cfg.Node, Epoch: epoch, Nonce: wire.NewNonce(),
 		Namespaces: s.cfg.Namespaces, BlockBytes: s.cfg.BlockBytes, Slots: s.cfg.Slots,
-		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()}
+		Transport: s.cfg.Transport.Kind(), DataMeta: s.cfg.Transport.Metadata()})
 	self, root := ctx.Self(), ctx.ActorSystem().Root
 	s.out.link = openLink(s.cfg, s.ctr, s.addr, gen, func(m any) { root.Send(self, m) })
-	s.out.phase = outDialing
 	s.armOut(ctx, s.cfg.HandshakeTimeout)
 }
 
@@ -263,21 +231,16 @@ func (s *Session) armOut(ctx actor.Context, d time.Duration) {
 }
 
 func (s *Session) onLinkUp(m *linkUp) {
-	if m.gen != s.out.gen || s.out.phase != outDialing {
-		return
+	if s.out.linkUp(m.gen) {
+		s.sendOut(s.out.hello)
 	}
-	s.out.phase = outHello
-	s.sendOut(s.out.hello)
 }
 
 func (s *Session) onOutTimer(ctx actor.Context, m *outTimer) {
-	if m.gen != s.out.gen {
-		return
-	}
-	switch s.out.phase {
-	case outIdle:
+	switch s.out.timerFired(m.gen) {
+	case outTimerDial:
 		s.dial(ctx)
-	case outDialing, outHello, outAuth:
+	case outTimerHandshakeTimeout:
 		s.resetOut(ctx, "handshake_timeout")
 	}
 }
@@ -298,7 +261,7 @@ func (s *Session) onWelcome(ctx actor.Context, w *wire.Welcome) {
 			s.refusedOut(ctx, reason, msg)
 			return
 		}
-		s.out.phase = outAuth
+		s.out.welcomed()
 		s.sendOut(&wire.Auth{Epoch: s.out.epoch, MAC: wire.ClientMAC(s.cfg.Secret, s.out.hello, w)})
 		dialer, listener := wire.SessionKeys(s.cfg.Secret, s.out.hello, w)
 		s.out.seal, s.out.open = wire.NewSealer(dialer), wire.NewOpener(listener)
@@ -307,12 +270,10 @@ func (s *Session) onWelcome(ctx actor.Context, w *wire.Welcome) {
 }
 
 func (s *Session) onReady(ctx actor.Context) {
-	if s.out.phase != outAuth {
+	if !s.out.ready() {
 		s.ctr.drop("unexpected_ready")
 		return
 	}
-	s.out.phase = outReady
-	s.out.backoff = 0
 	s.out.timer.Stop()
 	s.pc.ready.Store(true)
 	ctx.Send(s.cfg.Tier, &Up{Node: s.node, Session: ctx.Self(), Epoch: s.out.epoch})
@@ -351,26 +312,23 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 	if s.out.hb != nil {
 		s.out.hb.Stop()
 	}
-	s.out.hbArmed, s.out.pingSeq, s.out.pongSeq, s.out.missed = false, 0, 0, 0
 	s.carryOut(ctx, s.rounds.failAll(fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, reason)))
 	if s.out.link != nil {
 		l := s.out.link
 		s.out.link = nil
 		go l.close() // NB: waits for zmq4's goroutines; never in the mailbox
 	}
-	s.out.gen++
-	s.out.phase = outIdle
+	redial := !s.unlisted && s.addr != "" && s.drain == nil
+	_, wait := s.out.lost(redial, s.cfg.RetryMin, s.cfg.RetryMax)
 	if s.unlisted { // it left discovery, and now its session failed too
 		s.unlisted = false
 		s.addr = ""
 		s.releaseIfIdle(ctx)
 		return
 	}
-	if s.addr == "" || s.drain != nil {
-		return
+	if redial {
+		s.armOut(ctx, wait)
 	}
-	s.out.backoff = min(max(2*s.out.backoff, s.cfg.RetryMin), s.cfg.RetryMax)
-	s.armOut(ctx, s.out.backoff)
 }
 
 // armHeartbeat arms the liveness ping, only while a round of ours is in
@@ -378,35 +336,21 @@ func (s *Session) resetOut(ctx actor.Context, reason string) {
 // its connection closing, or by the next round's deadline), and a busy one
 // learns of a hung peer before a long fetch's deadline.
 func (s *Session) armHeartbeat(ctx actor.Context) {
-	if s.cfg.HeartbeatInterval <= 0 || s.out.hbArmed {
+	if s.cfg.HeartbeatInterval <= 0 || !s.out.armHeartbeat() {
 		return
 	}
-	s.out.hbArmed = true
 	self, root, gen := ctx.Self(), ctx.ActorSystem().Root, s.out.gen
 	s.out.hb = s.cfg.Clock.AfterFunc(s.cfg.HeartbeatInterval, func() { root.Send(self, &hbTimer{gen: gen}) })
 }
 
 func (s *Session) onHeartbeat(ctx actor.Context, m *hbTimer) {
-	if m.gen != s.out.gen {
-		return
+	switch step := s.out.heartbeat(m.gen, s.rounds.waitingOnPeer()); {
+	case step.dead:
+		s.resetOut(ctx, "heartbeat")
+	case step.ping != 0:
+		s.sendOut(&wire.Ping{Epoch: s.out.epoch, Seq: step.ping})
+		s.armHeartbeat(ctx)
 	}
-	s.out.hbArmed = false
-	if s.out.phase != outReady {
-		return
-	}
-	if !s.rounds.waitingOnPeer() {
-		s.out.pingSeq, s.out.pongSeq, s.out.missed = 0, 0, 0 // idle: stop until the next round
-		return
-	}
-	if s.out.pongSeq < s.out.pingSeq {
-		if s.out.missed++; s.out.missed >= 2 {
-			s.resetOut(ctx, "heartbeat")
-			return
-		}
-	}
-	s.out.pingSeq++
-	s.sendOut(&wire.Ping{Epoch: s.out.epoch, Seq: s.out.pingSeq})
-	s.armHeartbeat(ctx)
 }
 
 // --- outbound: frames -------------------------------------------------------
@@ -440,11 +384,7 @@ func (s *Session) onOutboundFrame(ctx actor.Context, m *outboundFrame) {
 	case *wire.AbortAck:
 		// Nothing held: the round was forgotten when we sent the Abort.
 	case *wire.Pong:
-		if f.Seq&probeSeqBit != 0 {
-			s.out.probe = max(s.out.probe, f.Seq)
-		} else if f.Seq > s.out.pongSeq {
-			s.out.pongSeq, s.out.missed = f.Seq, 0
-		}
+		s.out.pong(f.Seq)
 	case *wire.Bye:
 		s.resetOut(ctx, "bye")
 	default:
@@ -541,7 +481,7 @@ func (s *Session) armRound(ctx actor.Context, r *outRound) {
 }
 
 // fetch starts the data-plane transfer of leased hits into reserved slots.
-func (s *Session) fetch(ctx actor.Context, m *messages.PeerFetch) {
+func (s *Session) fetch(ctx actor.Context, m *peermsg.Fetch) {
 	r, f, o := s.rounds.startFetch(m, ctx.Sender(), s.linkNow())
 	if r == nil {
 		s.carryOut(ctx, o)
@@ -960,7 +900,7 @@ func frameEpoch(f wire.Frame) (uint64, bool) {
 	return 0, false
 }
 
-// --- drain (PeerShutdown) ---------------------------------------------------
+// --- drain (peermsg.Shutdown) ---------------------------------------------------
 
 func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 	if s.drain != nil {

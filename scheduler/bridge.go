@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -172,7 +174,7 @@ func (b *Bridge) Receive(ctx actor.Context) {
 		b.resume(m.Corr, m)
 	case *cpumsg.TierStatsResult:
 		b.resume(m.Corr, m)
-	case *messages.AsyncLookupResult:
+	case *tieringmsg.AsyncLookupResult:
 		b.resume(m.Corr, m)
 	case *actor.Stopping:
 		b.failHeld(messages.ErrClosed)

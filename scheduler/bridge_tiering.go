@@ -3,6 +3,8 @@ package scheduler
 import (
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -49,7 +51,7 @@ func (b *Bridge) answerLookup(ctx actor.Context, m *messages.Lookup, st []messag
 	}
 	b.corr++
 	b.pending[b.corr] = pendingCall{onReply: func(r any) {
-		res := r.(*messages.AsyncLookupResult)
+		res := r.(*tieringmsg.AsyncLookupResult)
 		for j, i := range idx {
 			if j < len(res.Status) {
 				st[i] = res.Status[j]
@@ -57,7 +59,7 @@ func (b *Bridge) answerLookup(ctx actor.Context, m *messages.Lookup, st []messag
 		}
 		m.Reply.Answer(st, nil)
 	}, fail: func(err error) { m.Reply.Answer(nil, err) }}
-	ctx.Request(b.cfg.Tiering, &messages.AsyncLookup{Corr: b.corr, Req: m.Req, Keys: keys, Prefix: m.Prefix})
+	ctx.Request(b.cfg.Tiering, &tieringmsg.AsyncLookup{Corr: b.corr, Req: m.Req, Keys: keys, Prefix: m.Prefix})
 }
 
 // cascade tells the tiering actor that keys became readable (fire and
@@ -66,5 +68,5 @@ func (b *Bridge) cascade(ctx actor.Context, keys []messages.Key, sums []uint32, 
 	if b.cfg.Tiering == nil || len(keys) == 0 || len(sums) != len(keys) {
 		return
 	}
-	ctx.Send(b.cfg.Tiering, &messages.Cascade{Keys: keys, Checksums: sums, Ctx: req})
+	ctx.Send(b.cfg.Tiering, &tieringmsg.Cascade{Keys: keys, Checksums: sums, Ctx: req})
 }

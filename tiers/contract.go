@@ -1,24 +1,24 @@
 package tiers
 
 // The secondary-tier contract. A secondary tier (tiers/fs, tiers/obj) is an
-// actor that answers these messages (messages/tiering.go) to their sender,
+// actor that answers these messages (tiers/tiermsg) to their sender,
 // echoing Corr, and never blocks its mailbox: every read, write, delete or
 // network call runs on its Workers and comes back as a message.
 //
-//	TierLookup{Keys}            → TierLookupResult{Found per key}
+//	tiermsg.Lookup{Keys}            → tiermsg.LookupResult{Found per key}
 //	    Answered from the tier's index when it has one (fs), else by probes
 //	    on its workers (obj). An unhealthy tier answers at once, Found all
 //	    false, Err ErrTierUnavailable.
-//	TierRead{Key, Dest}         → TierReadResult{Checksum} | Err
+//	tiermsg.Read{Key, Dest}         → tiermsg.ReadResult{Checksum} | Err
 //	    Reads the block into Dest (a slot the caller reserved) and verifies
 //	    its stored CRC32C; a block that fails any check is removed, counted,
 //	    and answered ErrInvalidBlock: never served.
-//	TierWrite{Key, Src, Checksum} → TierWriteResult | Err
+//	tiermsg.Write{Key, Src, Checksum} → tiermsg.WriteResult | Err
 //	    Verifies Src against Checksum, then stores it so that a reader sees
 //	    either nothing or the whole block (atomic publish). Full → ErrTierFull;
 //	    queue full or unhealthy → ErrTierUnavailable (shed, counted).
-//	TierDelete{Key}             (no reply) removes a bad copy.
-//	TierStatsQuery              → TierStatsReply{SecondaryStats}
+//	tiermsg.Delete{Key}             (no reply) removes a bad copy.
+//	tiermsg.StatsQuery              → tiermsg.StatsReply{SecondaryStats}
 //
 // The caller owns the slot memory's lifetime: it keeps the pin (write) or
 // reservation (read) until the answer arrives, so a worker never touches a

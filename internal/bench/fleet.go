@@ -6,7 +6,7 @@ package bench
 // are usually on another node. It runs twice on the same workload — once
 // with the peer directory (a miss asks only the peers whose KV events name
 // one of its keys), once asking every ready peer — and reports, side by
-// side, what a miss costs in PeerLookup messages and what share of the
+// side, what a miss costs in peermsg.Lookup messages and what share of the
 // blocks not on the node were found on a peer.
 //
 // One process, because 64 processes on a 2-core machine measure the

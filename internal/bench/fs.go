@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
@@ -314,9 +316,9 @@ func pipeline(ctx context.Context, o FSOptions, results <-chan any, issue func(i
 			var err error
 			var slot uint64
 			switch m := r.(type) {
-			case *messages.TierWriteResult:
+			case *tiermsg.WriteResult:
 				err, slot = m.Err, m.Corr
-			case *messages.TierReadResult:
+			case *tiermsg.ReadResult:
 				err, slot = m.Err, m.Corr
 			}
 			if err != nil {

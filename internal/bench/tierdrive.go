@@ -8,11 +8,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/actors"
-	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
@@ -63,7 +64,7 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 	results := make(chan any, d.window)
 	collector, err := system.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
 		switch m := c.Message().(type) {
-		case *messages.TierWriteResult, *messages.TierReadResult:
+		case *tiermsg.WriteResult, *tiermsg.ReadResult:
 			results <- m
 		}
 	}), "collector")
@@ -74,7 +75,7 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 	po := FSOptions{Blocks: d.blocks, Window: d.window}
 	cpu0 := processCPU()
 	write, err = pipeline(ctx, po, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierWrite{Corr: uint64(slot), Key: fsBenchKey(i),
+		system.Root.RequestWithCustomSender(pid, &tiermsg.Write{Corr: uint64(slot), Key: fsBenchKey(i),
 			Src: src[i%len(src)], Checksum: sums[i%len(src)]}, collector)
 	})
 	if err != nil {
@@ -92,7 +93,7 @@ func driveTier(ctx context.Context, d tierDrive, src [][]byte) (write, read time
 	}
 	cpu0 = processCPU()
 	read, err = pipeline(ctx, po, results, func(i, slot int) {
-		system.Root.RequestWithCustomSender(pid, &messages.TierRead{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
+		system.Root.RequestWithCustomSender(pid, &tiermsg.Read{Corr: uint64(slot), Key: fsBenchKey(i), Dest: dests[slot]}, collector)
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("%s read: %w", d.name, err)

@@ -4,6 +4,10 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -37,7 +41,7 @@ var (
 	anyFault = []Kind{supervision.FaultDrop, supervision.FaultDelay, supervision.FaultDuplicate, supervision.FaultReorder}
 	// Late or reordered but exactly once: answers matched by correlation id
 	// whose requester has no deadline for them, and I/O requests whose
-	// completion releases slot memory (a lost TierRead would keep a
+	// completion releases slot memory (a lost tiermsg.Read would keep a
 	// promotion's slots reserved forever; a duplicate one would let a
 	// worker write into a slot after its job released it).
 	lateOnly = []Kind{supervision.FaultDelay, supervision.FaultReorder}
@@ -76,7 +80,7 @@ func init() {
 	allow("bridge", noDup, (*messages.TakeEvents)(nil))
 	// The tiering actor's answer to a MISS: the engine's Lookup waits on it
 	// (a loss would be an unanswered call), a repeat is ignored by corr.
-	allow("bridge", noLoss, (*messages.AsyncLookupResult)(nil))
+	allow("bridge", noLoss, (*tieringmsg.AsyncLookupResult)(nil))
 
 	// The CPU tier: recency hints only. Its slot protocol (Reserve, Commit,
 	// LeaseToPin, Unpin, Release*) is the owner of record's and relies on
@@ -87,26 +91,26 @@ func init() {
 	// deadline; a cascade is best effort (a lost one is a block not copied
 	// down, as when the queue sheds it). Answers whose loss would strand a
 	// job holding slots are never dropped.
-	allow("tiering", anyFault, (*messages.TierLookupResult)(nil), (*messages.Cascade)(nil))
-	allow("tiering", noLoss, (*messages.AsyncLookup)(nil), (*messages.TierReadResult)(nil),
-		(*messages.TierWriteResult)(nil), (*cpumsg.ReserveResult)(nil), (*cpumsg.PinResult)(nil),
-		(*messages.Ack)(nil), (*messages.TierStatsReply)(nil))
+	allow("tiering", anyFault, (*tiermsg.LookupResult)(nil), (*tieringmsg.Cascade)(nil))
+	allow("tiering", noLoss, (*tieringmsg.AsyncLookup)(nil), (*tiermsg.ReadResult)(nil),
+		(*tiermsg.WriteResult)(nil), (*cpumsg.ReserveResult)(nil), (*cpumsg.PinResult)(nil),
+		(*messages.Ack)(nil), (*tiermsg.StatsReply)(nil))
 
 	// Secondary tiers. A lost lookup is the lookup deadline's; a lost
 	// delete leaves a bad copy that fails its checksum on the next read.
-	allow("tier-*", anyFault, (*messages.TierLookup)(nil), (*messages.TierDelete)(nil))
-	allow("tier-*", noLoss, (*messages.TierStatsQuery)(nil))
-	allow("tier-*", lateOnly, (*messages.TierRead)(nil), (*messages.TierWrite)(nil))
+	allow("tier-*", anyFault, (*tiermsg.Lookup)(nil), (*tiermsg.Delete)(nil))
+	allow("tier-*", noLoss, (*tiermsg.StatsQuery)(nil))
+	allow("tier-*", lateOnly, (*tiermsg.Read)(nil), (*tiermsg.Write)(nil))
 
-	// The P2P tier. A lost TierLookup is the tiering actor's lookup
+	// The P2P tier. A lost tiermsg.Lookup is the tiering actor's lookup
 	// deadline's. A session's answers are matched by corr (a repeat finds
-	// nothing pending) but never lost: a PeerLookup or PeerFetch entry
+	// nothing pending) but never lost: a peermsg.Lookup or peermsg.Fetch entry
 	// would stay forever, and a lost fetch answer strands the promotion's
 	// slots. A read batch is an I/O request: exactly once.
-	allow("p2p", anyFault, (*messages.TierLookup)(nil))
-	allow("p2p", noLoss, (*messages.PeerLookupResult)(nil), (*messages.PeerFetchResult)(nil),
-		(*messages.TierStatsQuery)(nil))
-	allow("p2p", lateOnly, (*messages.TierReadBatch)(nil))
+	allow("p2p", anyFault, (*tiermsg.Lookup)(nil))
+	allow("p2p", noLoss, (*peermsg.LookupResult)(nil), (*peermsg.FetchResult)(nil),
+		(*tiermsg.StatsQuery)(nil))
+	allow("p2p", lateOnly, (*tiermsg.ReadBatch)(nil))
 
 	// A peer session (peer/session.go). Wire frames in either direction
 	// are a network's: lost, late or repeated, they are absorbed by the
@@ -115,16 +119,16 @@ func init() {
 	// lease TTL), the handshake deadline and the heartbeat, and a frame of
 	// another epoch or for a finished round is dropped. The P2P tier's
 	// requests are answered exactly once by the session, so they are late
-	// at most (a duplicate PeerLookup would lease a round nobody releases
-	// but the TTL). A PeerRelease lost leaves the lease to its TTL. The
+	// at most (a duplicate peermsg.Lookup would lease a round nobody releases
+	// but the TTL). A peermsg.Release lost leaves the lease to its TTL. The
 	// data plane's completions (arrived, verified, written) and the CPU
 	// tier's answers to a producer round (LookupResult, PinResult) release
 	// slots, pins and leases, or answer a fetch: exactly once, late at
 	// most.
 	allowTypes("session", anyFault, "*peer.inboundFrame", "*peer.outboundFrame")
-	allow("session", lateOnly, (*messages.PeerLookup)(nil), (*messages.PeerFetch)(nil),
+	allow("session", lateOnly, (*peermsg.Lookup)(nil), (*peermsg.Fetch)(nil),
 		(*cpumsg.LookupResult)(nil), (*cpumsg.PinResult)(nil))
-	allow("session", anyFault, (*messages.PeerRelease)(nil))
+	allow("session", anyFault, (*peermsg.Release)(nil))
 	allowTypes("session", lateOnly, "*peer.arrived", "*peer.verified", "*peer.written")
 }
 

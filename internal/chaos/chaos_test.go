@@ -16,6 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -351,11 +355,11 @@ func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 	}
 	assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed("kvtier/events", typ((*messages.Event)(nil))))
 	noDrop := map[string][]any{
-		"kvtier/tiering": {(*messages.TierReadResult)(nil), (*messages.TierWriteResult)(nil), (*cpumsg.ReserveResult)(nil),
-			(*cpumsg.PinResult)(nil), (*messages.Ack)(nil), (*messages.AsyncLookup)(nil)},
-		"kvtier/tier-fs":  {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
-		"kvtier/tier-obj": {(*messages.TierRead)(nil), (*messages.TierWrite)(nil)},
-		"kvtier/bridge":   {(*messages.AsyncLookupResult)(nil)},
+		"kvtier/tiering": {(*tiermsg.ReadResult)(nil), (*tiermsg.WriteResult)(nil), (*cpumsg.ReserveResult)(nil),
+			(*cpumsg.PinResult)(nil), (*messages.Ack)(nil), (*tieringmsg.AsyncLookup)(nil)},
+		"kvtier/tier-fs":  {(*tiermsg.Read)(nil), (*tiermsg.Write)(nil)},
+		"kvtier/tier-obj": {(*tiermsg.Read)(nil), (*tiermsg.Write)(nil)},
+		"kvtier/bridge":   {(*tieringmsg.AsyncLookupResult)(nil)},
 	}
 	for target, ms := range noDrop {
 		for _, m := range ms {
@@ -363,7 +367,7 @@ func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 		}
 	}
 	for _, target := range []string{"kvtier/tier-fs", "kvtier/tier-obj"} {
-		for _, m := range []any{(*messages.TierRead)(nil), (*messages.TierWrite)(nil)} {
+		for _, m := range []any{(*tiermsg.Read)(nil), (*tiermsg.Write)(nil)} {
 			assert.NotContains(t, Allowed(target, typ(m)), supervision.FaultDuplicate,
 				"a repeated %s would let a worker touch a slot after its job released it", typ(m))
 		}
@@ -379,15 +383,15 @@ func TestCatalogueNeverDropsWhatTheDesignNeedsDelivered(t *testing.T) {
 	// Peers: a session answers the P2P tier's requests exactly once, and
 	// the data plane's completions release pins or answer a fetch.
 	session := "kvtier/peers/peer-n1"
-	for _, m := range []string{typ((*messages.PeerLookup)(nil)), typ((*messages.PeerFetch)(nil)), "*peer.arrived",
+	for _, m := range []string{typ((*peermsg.Lookup)(nil)), typ((*peermsg.Fetch)(nil)), "*peer.arrived",
 		"*peer.verified", "*peer.written", typ((*cpumsg.LookupResult)(nil)), typ((*cpumsg.PinResult)(nil))} {
 		assert.Equal(t, []Kind{supervision.FaultDelay, supervision.FaultReorder, supervision.FaultPanic}, Allowed(session, m), m)
 	}
 	assert.Contains(t, Allowed(session, "*peer.outboundFrame"), supervision.FaultDrop, "the network may lose a frame")
-	for _, m := range []any{(*messages.PeerLookupResult)(nil), (*messages.PeerFetchResult)(nil), (*messages.TierReadBatch)(nil)} {
+	for _, m := range []any{(*peermsg.LookupResult)(nil), (*peermsg.FetchResult)(nil), (*tiermsg.ReadBatch)(nil)} {
 		assert.NotContains(t, Allowed("kvtier/p2p", typ(m)), supervision.FaultDrop, typ(m))
 	}
-	assert.NotContains(t, Allowed("kvtier/p2p", typ((*messages.TierLookup)(nil))), supervision.FaultPanic,
+	assert.NotContains(t, Allowed("kvtier/p2p", typ((*tiermsg.Lookup)(nil))), supervision.FaultPanic,
 		"the P2P tier's rounds die with it: never restarted")
 	assert.Empty(t, Allowed("kvtier/peers", "*peer.routerIn"), "the control plane is never perturbed")
 	assert.Equal(t, []Kind{supervision.FaultPanic}, Allowed(session, "*peer.linkDown"),
@@ -525,13 +529,13 @@ func TestParseKinds(t *testing.T) {
 // TestP2PRestartKeepsItsPromotions is the regression test of a bug this
 // harness found: the P2P tier's pending lookups, fetches and held rounds
 // lived in the actor and died with it, so a restart right after it took a
-// TierReadBatch left that batch unanswered (the tiering actor kept the
+// tiermsg.ReadBatch left that batch unanswered (the tiering actor kept the
 // reserved slots forever) and the new incarnation never heard PeerUp
 // again. The tier's state now outlives a restart (tiers/p2p Props).
 func TestP2PRestartKeepsItsPromotions(t *testing.T) {
 	var once atomic.Bool
 	rule := func(d supervision.Delivery) supervision.Decision {
-		if strings.HasSuffix(d.Target, "/p2p") && d.Type == fmt.Sprintf("%T", (*messages.TierReadBatch)(nil)) &&
+		if strings.HasSuffix(d.Target, "/p2p") && d.Type == fmt.Sprintf("%T", (*tiermsg.ReadBatch)(nil)) &&
 			once.CompareAndSwap(false, true) {
 			return supervision.Decision{Kind: supervision.FaultPanic}
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -111,12 +113,12 @@ func TestFullFSRefusalsCountedByTheTier(t *testing.T) {
 	sum := crc32.Checksum(src, blockfmt.Castagnoli)
 	key := func(i int) messages.Key { return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("%032x", i)} }
 	write := func(i int) error {
-		r := h.Ask(&messages.TierWrite{Corr: uint64(i), Key: key(i), Src: src, Checksum: sum}).(*messages.TierWriteResult)
+		r := h.Ask(&tiermsg.Write{Corr: uint64(i), Key: key(i), Src: src, Checksum: sum}).(*tiermsg.WriteResult)
 		return r.Err
 	}
 	quiet := func() messages.SecondaryStats {
 		for { // NB: the tier offers no "idle" notification; every ask runs its due chores
-			st := h.Ask(&messages.TierStatsQuery{Corr: 1}).(*messages.TierStatsReply).Stats
+			st := h.Ask(&tiermsg.StatsQuery{Corr: 1}).(*tiermsg.StatsReply).Stats
 			if st.InFlight == 0 {
 				return st
 			}
@@ -144,7 +146,7 @@ func TestFullFSRefusalsCountedByTheTier(t *testing.T) {
 	assert.Equal(t, 2, disk.segments)
 	assert.Empty(t, accounts(true, disk, st, block), "the root holds what the tier accounts: %+v, %+v", disk, st)
 	for _, i := range []int{0, 3} {
-		r := h.Ask(&messages.TierRead{Corr: 9, Key: key(i), Dest: make([]byte, block)}).(*messages.TierReadResult)
+		r := h.Ask(&tiermsg.Read{Corr: 9, Key: key(i), Dest: make([]byte, block)}).(*tiermsg.ReadResult)
 		require.NoError(t, r.Err, "block %d", i)
 	}
 }

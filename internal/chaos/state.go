@@ -26,7 +26,7 @@ const (
 	invAnswers     = "well-formed-answers"  // answers have the shape the API promises
 	invClose       = "clean-close"          // the node closes without error
 	invCommitted   = "no-corrupt-committed" // quiet: every resident block still matches the checksum taken at commit
-	invPeerRounds  = "peer-rounds-answered" // quiet: every PeerLookup and PeerFetch of the P2P tier answered
+	invPeerRounds  = "peer-rounds-answered" // quiet: every peermsg.Lookup and peermsg.Fetch of the P2P tier answered
 	invPeersBack   = "peers-reconnected"    // quiet: every node has a ready session to every other (after kills and cuts)
 	invDiskFull    = "disk-full-absorbed"   // quiet: ENOSPC counted as full writes, no torn file left, writes stored again after
 )

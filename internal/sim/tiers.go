@@ -12,7 +12,7 @@ import (
 // simulator can settle and read (the embedded node). Without it, or without
 // secondary tiers, the run is unchanged.
 type TieredManager interface {
-	// TieringIdle returns once no secondary lookup, promotion or cascade is
+	// tieringmsg.Idle returns once no secondary lookup, promotion or cascade is
 	// in flight.
 	TieringIdle(ctx context.Context) error
 	// TieringStats returns the secondary tiers' counters (an error when the

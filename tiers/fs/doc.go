@@ -25,7 +25,7 @@
 // entries is written after its blocks. Capacity counts whole segments
 // (dead records included) and is kept by evicting whole segments, least
 // recently used first (reading or writing a block makes its segment
-// recent). Removing one block (a bad copy, TierDelete) marks its record
+// recent). Removing one block (a bad copy, tiermsg.Delete) marks its record
 // dead; a segment with no live record left is removed. Segments are not
 // compacted: a cache's blocks are cheap to lose and immutable, so copying
 // the live blocks of a cold segment would spend write bandwidth on blocks
@@ -55,6 +55,6 @@
 // their headers are read (events.go) — the same in both layouts.
 //
 // The package owns its directory, its index and its I/O workers. It never
-// touches CPU-tier state: slot bytes arrive in TierWrite/TierRead messages
+// touches CPU-tier state: slot bytes arrive in tiermsg.Write/tiermsg.Read messages
 // whose sender holds the slot for the duration.
 package fs

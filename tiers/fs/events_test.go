@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,13 +104,13 @@ func evSrc(i int) ([]byte, uint32) {
 func (h *fsHarness) write(i int, p *messages.Provenance) {
 	h.T.Helper()
 	src, sum := evSrc(i)
-	r := h.Ask(&messages.TierWrite{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*messages.TierWriteResult)
+	r := h.Ask(&tiermsg.Write{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*tiermsg.WriteResult)
 	require.NoError(h.T, r.Err)
 }
 
-func (h *fsHarness) read(i int) *messages.TierReadResult {
+func (h *fsHarness) read(i int) *tiermsg.ReadResult {
 	h.T.Helper()
-	r := h.Ask(&messages.TierRead{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*messages.TierReadResult)
+	r := h.Ask(&tiermsg.Read{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*tiermsg.ReadResult)
 	return r
 }
 
@@ -143,7 +145,7 @@ func testFSAnnouncesWithProvenanceAndReadsItBack(t *testing.T, layout string) {
 	assert.Equal(t, messages.BlockStored, h.Next().Kind)
 	assert.ElementsMatch(t, []messages.Key{benchKey(1), benchKey(2)}, h.Inventory())
 
-	h.System.Root.Send(h.PID, &messages.TierDelete{Key: benchKey(1)})
+	h.System.Root.Send(h.PID, &tiermsg.Delete{Key: benchKey(1)})
 	e = h.Next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{benchKey(1)}, e.Keys)

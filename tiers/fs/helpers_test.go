@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/messages"
@@ -15,7 +17,7 @@ import (
 // stats asks the tier its counters.
 func (h *fsHarness) stats() messages.SecondaryStats {
 	h.T.Helper()
-	return h.Ask(&messages.TierStatsQuery{Corr: 1}).(*messages.TierStatsReply).Stats
+	return h.Ask(&tiermsg.StatsQuery{Corr: 1}).(*tiermsg.StatsReply).Stats
 }
 
 // quiesce waits until the tier has no I/O queued or running: every chore

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // Layouts: how an fs tier keeps its blocks on disk (Config.Layout).
@@ -50,7 +51,7 @@ type layout interface {
 	// beginWrite reserves room for m's block of size bytes, evicting as
 	// the capacity needs: errExists, errBusy, ErrTierFull as
 	// Index.BeginWrite.
-	beginWrite(m *messages.TierWrite, size int64) (*writeOp, error)
+	beginWrite(m *tiermsg.Write, size int64) (*writeOp, error)
 	// chores is the housekeeping I/O due now (the segment layout's seals
 	// and removals).
 	chores() []chore
@@ -107,7 +108,7 @@ func (l filesLayout) drop(k messages.Key, _ *record) (bool, *cleanup) {
 	return true, &cleanup{io: func() { _ = l.store.Remove(k) }, done: func() { l.EndDelete(k) }}
 }
 
-func (l filesLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, error) {
+func (l filesLayout) beginWrite(m *tiermsg.Write, size int64) (*writeOp, error) {
 	evicted, err := l.BeginWrite(m.Key, size)
 	if err != nil {
 		return nil, err
@@ -189,7 +190,7 @@ func (l segLayout) drop(k messages.Key, at *record) (bool, *cleanup) {
 		skipped: func() { l.x.requeueRemoval(gone) }}
 }
 
-func (l segLayout) beginWrite(m *messages.TierWrite, size int64) (*writeOp, error) {
+func (l segLayout) beginWrite(m *tiermsg.Write, size int64) (*writeOp, error) {
 	block := int64(len(m.Src))
 	w, err := l.x.beginWrite(m.Key, entrySize(size-block), block)
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -53,13 +55,13 @@ func recCost(p *messages.Provenance) int64 {
 func (h *fsHarness) tryWrite(i int, src []byte, p *messages.Provenance) error {
 	h.T.Helper()
 	sum := crcOf(src)
-	return h.Ask(&messages.TierWrite{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*messages.TierWriteResult).Err
+	return h.Ask(&tiermsg.Write{Key: benchKey(i), Src: src, Checksum: sum, Prov: p}).(*tiermsg.WriteResult).Err
 }
 
 // readsAs checks block i reads back as want.
 func (h *fsHarness) readsAs(i int, want []byte) {
 	h.T.Helper()
-	r := h.Ask(&messages.TierRead{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*messages.TierReadResult)
+	r := h.Ask(&tiermsg.Read{Key: benchKey(i), Dest: make([]byte, evBlock)}).(*tiermsg.ReadResult)
 	require.NoError(h.T, r.Err, "block %d", i)
 	require.Equal(h.T, crcOf(want), r.Checksum, "block %d", i)
 }
@@ -68,7 +70,7 @@ func (h *fsHarness) readsAs(i int, want []byte) {
 func (h *fsHarness) readBytes(i int) ([]byte, error) {
 	h.T.Helper()
 	dest := make([]byte, evBlock)
-	r := h.Ask(&messages.TierRead{Key: benchKey(i), Dest: dest}).(*messages.TierReadResult)
+	r := h.Ask(&tiermsg.Read{Key: benchKey(i), Dest: dest}).(*tiermsg.ReadResult)
 	return dest, r.Err
 }
 
@@ -258,7 +260,7 @@ func TestFSRemovedThenRewritten(t *testing.T) {
 			}
 			h.quiesce()
 			for _, i := range []int{1, 4} {
-				h.System.Root.Send(h.PID, &messages.TierDelete{Key: benchKey(i)})
+				h.System.Root.Send(h.PID, &tiermsg.Delete{Key: benchKey(i)})
 				e := h.Next()
 				require.Equal(t, messages.BlockRemoved, e.Kind)
 				require.Equal(t, []messages.Key{benchKey(i)}, e.Keys)
@@ -308,8 +310,8 @@ func TestFSConcurrentReadsDuringEviction(t *testing.T) {
 			defer close(done)
 			for i := range blocks {
 				src, sum := evSrc(i)
-				r, err := actors.Ask(h.Ctx, h.System, h.PID, &messages.TierWrite{Key: benchKey(i), Src: src, Checksum: sum})
-				if err != nil || r.(*messages.TierWriteResult).Err != nil {
+				r, err := actors.Ask(h.Ctx, h.System, h.PID, &tiermsg.Write{Key: benchKey(i), Src: src, Checksum: sum})
+				if err != nil || r.(*tiermsg.WriteResult).Err != nil {
 					t.Errorf("write %d: %v %v", i, err, r)
 					return
 				}
@@ -343,9 +345,9 @@ func TestFSConcurrentReadsDuringEviction(t *testing.T) {
 					i := wrote[(n*7+r)%len(wrote)]
 					mu.Unlock()
 					dest := make([]byte, evBlock)
-					a, err := actors.Ask(h.Ctx, h.System, h.PID, &messages.TierRead{Key: benchKey(i), Dest: dest})
+					a, err := actors.Ask(h.Ctx, h.System, h.PID, &tiermsg.Read{Key: benchKey(i), Dest: dest})
 					if err == nil {
-						err = a.(*messages.TierReadResult).Err
+						err = a.(*tiermsg.ReadResult).Err
 					}
 					want, _ := evSrc(i)
 					results <- outcome{i: i, ok: err == nil && bytes.Equal(dest, want), err: err}
@@ -577,7 +579,7 @@ func TestSegmentsReadThroughBlockFiles(t *testing.T) {
 		assert.False(t, ok, "its file removed before the write")
 	}
 	// A bad copy deleted: its file goes.
-	h.System.Root.Send(h.PID, &messages.TierDelete{Key: benchKey(3)})
+	h.System.Root.Send(h.PID, &tiermsg.Delete{Key: benchKey(3)})
 	e = h.Next()
 	require.Equal(t, messages.BlockRemoved, e.Kind)
 	h.quiesce()
@@ -778,7 +780,7 @@ func TestFSSlotNotMatchingItsChecksumNeverStored(t *testing.T) {
 		t.Run("crash", func(t *testing.T) {
 			h := openTierWith(t, cfg, harnessOpts{crash: true})
 			src, sum := evSrc(0)
-			err := h.Ask(&messages.TierWrite{Key: benchKey(0), Src: src, Checksum: sum + 1}).(*messages.TierWriteResult).Err
+			err := h.Ask(&tiermsg.Write{Key: benchKey(0), Src: src, Checksum: sum + 1}).(*tiermsg.WriteResult).Err
 			require.ErrorIs(t, err, messages.ErrChecksum)
 			h.write(1, nil)
 			_, err = h.readBytes(0)

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -326,7 +328,7 @@ type Actor struct {
 
 type (
 	readDone struct {
-		req    *messages.TierRead
+		req    *tiermsg.Read
 		sender *actor.PID
 		at     *record // the copy read (segments layout)
 		sum    uint32
@@ -334,7 +336,7 @@ type (
 		err    error
 	}
 	writeDone struct {
-		req    *messages.TierWrite
+		req    *tiermsg.Write
 		sender *actor.PID
 		op     *writeOp
 		err    error
@@ -352,17 +354,17 @@ type (
 // Receive handles one message.
 func (a *Actor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *messages.TierLookup:
+	case *tiermsg.Lookup:
 		a.lookup(ctx, m)
-	case *messages.TierRead:
+	case *tiermsg.Read:
 		a.read(ctx, m)
 	case *readDone:
 		a.readDone(ctx, m)
-	case *messages.TierWrite:
+	case *tiermsg.Write:
 		a.write(ctx, m)
 	case *writeDone:
 		a.writeDone(ctx, m)
-	case *messages.TierDelete:
+	case *tiermsg.Delete:
 		if ok, c := a.t.l.drop(m.Key, nil); ok {
 			a.t.stats.Deleted++
 			a.gone(ctx, []messages.Key{m.Key})
@@ -390,8 +392,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.log.Warn().Err(m.err).Msg("fs tier: " + m.c.what + " failed")
 		}
 		m.c.done(m.err)
-	case *messages.TierStatsQuery:
-		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
+	case *tiermsg.StatsQuery:
+		ctx.Respond(&tiermsg.StatsReply{Corr: m.Corr, Stats: a.snapshot()})
 	case *actor.Started:
 		a.started(ctx)
 	case *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
@@ -402,7 +404,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	a.housekeep(ctx)
 }
 
-func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
+func (a *Actor) lookup(ctx actor.Context, m *tiermsg.Lookup) {
 	found := make([]bool, len(m.Keys))
 	for i, k := range m.Keys {
 		found[i] = a.t.l.Has(k)
@@ -411,7 +413,7 @@ func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
 		}
 	}
 	a.t.stats.Lookups += uint64(len(m.Keys))
-	ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: found})
+	ctx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: found})
 }
 
 // submit hands f to the workers, counting it in flight until its done
@@ -424,10 +426,10 @@ func (a *Actor) submit(f func()) bool {
 	return true
 }
 
-func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
+func (a *Actor) read(ctx actor.Context, m *tiermsg.Read) {
 	if !a.t.l.Has(m.Key) {
 		a.t.stats.ReadFailures++
-		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %v", messages.ErrNotFound, m.Key)})
+		ctx.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %v", messages.ErrNotFound, m.Key)})
 		return
 	}
 	a.t.l.Touch(m.Key)
@@ -438,7 +440,7 @@ func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
 		root.Send(self, &readDone{req: m, sender: sender, at: at, sum: sum, prov: prov, err: err})
 	}) {
 		a.t.stats.ReadFailures++
-		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s", messages.ErrTierBusy, a.t.cfg.Name)})
+		ctx.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: %s", messages.ErrTierBusy, a.t.cfg.Name)})
 	}
 }
 
@@ -468,12 +470,12 @@ func (a *Actor) readDone(ctx actor.Context, m *readDone) {
 
 func (a *Actor) answerRead(ctx actor.Context, m *readDone) {
 	if m.sender != nil {
-		ctx.Send(m.sender, &messages.TierReadResult{Corr: m.req.Corr, Key: m.req.Key, Checksum: m.sum, Prov: m.prov, Err: m.err})
+		ctx.Send(m.sender, &tiermsg.ReadResult{Corr: m.req.Corr, Key: m.req.Key, Checksum: m.sum, Prov: m.prov, Err: m.err})
 	}
 }
 
-func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
-	respond := func(err error) { ctx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: err}) }
+func (a *Actor) write(ctx actor.Context, m *tiermsg.Write) {
+	respond := func(err error) { ctx.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: err}) }
 	if err := storable(m.Key); err != nil {
 		a.t.stats.WriteFailures++
 		respond(err)
@@ -542,7 +544,7 @@ func (a *Actor) writeDone(ctx actor.Context, m *writeDone) {
 			Uint64("writes_full", a.t.stats.WritesFull).Msg("fs tier: write failed")
 	}
 	if m.sender != nil {
-		ctx.Send(m.sender, &messages.TierWriteResult{Corr: m.req.Corr, Key: m.req.Key, Err: m.err})
+		ctx.Send(m.sender, &tiermsg.WriteResult{Corr: m.req.Corr, Key: m.req.Key, Err: m.err})
 	}
 }
 

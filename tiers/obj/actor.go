@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -83,7 +85,7 @@ type op struct {
 	idx      int
 }
 
-// lookupJob is one TierLookup whose keys are being HEADed.
+// lookupJob is one tiermsg.Lookup whose keys are being HEADed.
 type lookupJob struct {
 	corr   uint64
 	sender *actor.PID
@@ -115,13 +117,13 @@ func newActor(t *Tier) *Actor {
 // Receive handles one message.
 func (a *Actor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *messages.TierLookup:
+	case *tiermsg.Lookup:
 		a.lookup(ctx, m)
-	case *messages.TierRead:
+	case *tiermsg.Read:
 		a.read(ctx, m)
-	case *messages.TierWrite:
+	case *tiermsg.Write:
 		a.write(ctx, m)
-	case *messages.TierDelete:
+	case *tiermsg.Delete:
 		a.known.remove(m.Key)
 		a.disown(ctx, m.Key)
 		a.stats.Deleted++
@@ -151,8 +153,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		} else {
 			a.waiters = append(a.waiters, *m)
 		}
-	case *messages.TierStatsQuery:
-		ctx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: a.snapshot()})
+	case *tiermsg.StatsQuery:
+		ctx.Respond(&tiermsg.StatsReply{Corr: m.Corr, Stats: a.snapshot()})
 	case *actor.Started:
 		// NB: one probe at start, so a wrong endpoint, bucket or key shows
 		// in the log and in tier_healthy before the first block needs it.
@@ -193,13 +195,13 @@ func (a *Actor) enqueue(o *op) {
 
 // --- requests --------------------------------------------------------------
 
-func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
+func (a *Actor) lookup(ctx actor.Context, m *tiermsg.Lookup) {
 	a.stats.Lookups += uint64(len(m.Keys))
 	job := &lookupJob{corr: m.Corr, sender: ctx.Sender(), found: make([]bool, len(m.Keys))}
 	if !a.healthy {
 		// NB: Err nil on purpose, see the package doc: "not here", so the
 		// engine's next step is a MISS instead of another RETRY.
-		ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: job.found})
+		ctx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: job.found})
 		return
 	}
 	for i, k := range m.Keys {
@@ -216,11 +218,11 @@ func (a *Actor) lookup(ctx actor.Context, m *messages.TierLookup) {
 		}
 	}
 	if job.left == 0 {
-		ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: job.found})
+		ctx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: job.found})
 	}
 }
 
-func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
+func (a *Actor) read(ctx actor.Context, m *tiermsg.Read) {
 	var err error
 	switch {
 	case !a.healthy:
@@ -230,7 +232,7 @@ func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
 	}
 	if err != nil {
 		a.stats.ReadFailures++
-		ctx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: err})
+		ctx.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: err})
 		return
 	}
 	o := a.newOp(opGet, m.Key)
@@ -238,8 +240,8 @@ func (a *Actor) read(ctx actor.Context, m *messages.TierRead) {
 	a.fast = append(a.fast, o)
 }
 
-func (a *Actor) write(ctx actor.Context, m *messages.TierWrite) {
-	respond := func(err error) { ctx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: err}) }
+func (a *Actor) write(ctx actor.Context, m *tiermsg.Write) {
+	respond := func(err error) { ctx.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: err}) }
 	if err := blockfmt.Storable(m.Key); err != nil {
 		a.stats.WriteFailures++
 		respond(err)
@@ -390,7 +392,7 @@ func (a *Actor) complete(ctx actor.Context, o *op, d opDone) {
 			a.failed("head", d.err)
 		}
 		if o.look.left--; o.look.left == 0 {
-			ctx.Send(o.look.sender, &messages.TierLookupResult{Corr: o.look.corr, Found: o.look.found})
+			ctx.Send(o.look.sender, &tiermsg.LookupResult{Corr: o.look.corr, Found: o.look.found})
 		}
 	case opGet:
 		switch classify(d.err) {
@@ -417,7 +419,7 @@ func (a *Actor) complete(ctx actor.Context, o *op, d opDone) {
 				a.failed("get", d.err)
 			}
 		}
-		ctx.Send(o.sender, &messages.TierReadResult{Corr: o.corr, Key: o.key, Checksum: d.sum, Prov: d.prov, Err: d.err})
+		ctx.Send(o.sender, &tiermsg.ReadResult{Corr: o.corr, Key: o.key, Checksum: d.sum, Prov: d.prov, Err: d.err})
 	case opPut:
 		a.puts--
 		delete(a.writing, o.key)
@@ -436,7 +438,7 @@ func (a *Actor) complete(ctx actor.Context, o *op, d opDone) {
 			// written again) has its copy announced: the write just ends.
 			a.announce(ctx, messages.BlockWriteAborted, o.key, nil)
 		}
-		ctx.Send(o.sender, &messages.TierWriteResult{Corr: o.corr, Key: o.key, Err: d.err})
+		ctx.Send(o.sender, &tiermsg.WriteResult{Corr: o.corr, Key: o.key, Err: d.err})
 	case opDelete:
 		delete(a.deleting, o.key)
 	}

@@ -30,7 +30,7 @@
 // (ProbeMin doubling to ProbeMax) brings it back when the endpoint answers.
 // No timer runs while the tier is healthy or idle.
 //
-// NB: while unhealthy a TierLookup is answered Found all false with Err nil:
+// NB: while unhealthy a tiermsg.Lookup is answered Found all false with Err nil:
 // a definite "not here" that turns into a MISS on the engine's next step,
 // within the lookup deadline. (The tiering actor now also counts an Err
 // answer as absent for its negative-cache TTL, so either answer is safe;

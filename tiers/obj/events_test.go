@@ -9,6 +9,8 @@ package obj_test
 import (
 	"testing"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +28,7 @@ func provOf(i int) *messages.Provenance {
 func (h *tierHarness) writeProv(i int) {
 	h.T.Helper()
 	src, sum := block(i)
-	r := h.Ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum, Prov: provOf(i)}).(*messages.TierWriteResult)
+	r := h.Ask(&tiermsg.Write{Corr: 1, Key: key(i), Src: src, Checksum: sum, Prov: provOf(i)}).(*tiermsg.WriteResult)
 	require.NoError(h.T, r.Err)
 }
 
@@ -48,7 +50,7 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	assert.Equal(t, []*messages.Provenance{provOf(1)}, e.Prov)
 
 	dst := make([]byte, blockBytes)
-	r := h.Ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
+	r := h.Ask(&tiermsg.Read{Corr: 2, Key: key(1), Dest: dst}).(*tiermsg.ReadResult)
 	require.NoError(t, r.Err)
 	assert.Equal(t, provOf(1), r.Prov, "the header's provenance comes back on read")
 	want, _ := block(1)
@@ -68,7 +70,7 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	assert.ElementsMatch(t, []messages.Key{key(2), key(3)}, h.Inventory())
 
 	// Read back, block 1 is vouched for again, with its stored provenance.
-	r = h.Ask(&messages.TierRead{Corr: 2, Key: key(1), Dest: dst}).(*messages.TierReadResult)
+	r = h.Ask(&tiermsg.Read{Corr: 2, Key: key(1), Dest: dst}).(*tiermsg.ReadResult)
 	require.NoError(t, r.Err)
 	e = h.next()
 	assert.Equal(t, messages.BlockStored, e.Kind)
@@ -83,14 +85,14 @@ func TestObjAnnouncesWithProvenance(t *testing.T) {
 	objtest.Corrupt(t, h.Ctx, raw, bucket, name, func(data []byte) {
 		data[blockfmt.HeaderSize+5] ^= 0xff // inside the provenance section
 	})
-	r = h.Ask(&messages.TierRead{Corr: 2, Key: key(3), Dest: dst}).(*messages.TierReadResult)
+	r = h.Ask(&tiermsg.Read{Corr: 2, Key: key(3), Dest: dst}).(*tiermsg.ReadResult)
 	require.ErrorIs(t, r.Err, messages.ErrInvalidBlock)
 	e = h.next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Equal(t, []messages.Key{key(3)}, e.Keys)
 	assert.Equal(t, []messages.Key{key(1)}, h.Inventory())
 
-	h.System.Root.Send(h.PID, &messages.TierDelete{Key: key(1)})
+	h.System.Root.Send(h.PID, &tiermsg.Delete{Key: key(1)})
 	e = h.next()
 	assert.Equal(t, messages.BlockRemoved, e.Kind)
 	assert.Empty(t, h.Inventory())

@@ -23,7 +23,7 @@ type Config struct {
 	BlockBytes int      // the node's block size: objects of any other size are invalid
 	Workers    int      // concurrent S3 calls (default 16)
 	Queue      int      // writes queued or running before more are shed (default 256)
-	// MaxLookupKeys bounds the keys one TierLookup HEADs (default 256);
+	// MaxLookupKeys bounds the keys one tiermsg.Lookup HEADs (default 256);
 	// keys past it are answered absent.
 	MaxLookupKeys int
 

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/minio/minio-go/v7"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -75,12 +77,12 @@ func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHar
 
 func (h *tierHarness) write(i int) error {
 	src, sum := block(i)
-	return h.Ask(&messages.TierWrite{Corr: 1, Key: key(i), Src: src, Checksum: sum}).(*messages.TierWriteResult).Err
+	return h.Ask(&tiermsg.Write{Corr: 1, Key: key(i), Src: src, Checksum: sum}).(*tiermsg.WriteResult).Err
 }
 
 func (h *tierHarness) read(i int) ([]byte, error) {
 	dst := make([]byte, blockBytes)
-	r := h.Ask(&messages.TierRead{Corr: 2, Key: key(i), Dest: dst}).(*messages.TierReadResult)
+	r := h.Ask(&tiermsg.Read{Corr: 2, Key: key(i), Dest: dst}).(*tiermsg.ReadResult)
 	return dst, r.Err
 }
 
@@ -89,13 +91,13 @@ func (h *tierHarness) lookup(ids ...int) []bool {
 	for i, id := range ids {
 		ks[i] = key(id)
 	}
-	r := h.Ask(&messages.TierLookup{Corr: 3, Keys: ks}).(*messages.TierLookupResult)
+	r := h.Ask(&tiermsg.Lookup{Corr: 3, Keys: ks}).(*tiermsg.LookupResult)
 	require.NoError(h.T, r.Err)
 	return r.Found
 }
 
 func (h *tierHarness) stats() messages.SecondaryStats {
-	return h.Ask(&messages.TierStatsQuery{}).(*messages.TierStatsReply).Stats
+	return h.Ask(&tiermsg.StatsQuery{}).(*tiermsg.StatsReply).Stats
 }
 
 func (h *tierHarness) awaitHealth(healthy bool) {

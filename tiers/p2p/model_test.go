@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -27,7 +30,7 @@ import (
 // nothing is left.
 //
 // The promises checked:
-//   - every TierLookup, TierReadBatch and ProbePeer is answered exactly
+//   - every tiermsg.Lookup, tiermsg.ReadBatch and peermsg.Probe is answered exactly
 //     once; a read only once no fetch of it is unanswered (nothing writes
 //     its slots any more), with an error for every key it did not fetch;
 //   - a peer is asked only while its session is up;
@@ -78,7 +81,7 @@ type sessionCall struct {
 type tierCall struct {
 	keys    []messages.Key
 	read    bool
-	fetches map[uint64]bool // a read's PeerFetch corrs still unanswered
+	fetches map[uint64]bool // a read's peermsg.Fetch corrs still unanswered
 }
 
 type world struct {
@@ -117,9 +120,9 @@ func newWorld(t *testing.T, seed uint64) *world {
 func (w *world) Request(to *actor.PID, msg any) {
 	node := w.nodeOf(to)
 	switch m := msg.(type) {
-	case *messages.PeerLookup:
+	case *peermsg.Lookup:
 		require.NotEmpty(w.t, node, "a lookup to %v, which is not up", to)
-	case *messages.PeerFetch:
+	case *peermsg.Fetch:
 		rid := producerRound{pid: to, round: m.Round}
 		hits, open := w.rounds[rid]
 		require.True(w.t, open, "a fetch of round %v, which is not open", rid)
@@ -137,9 +140,9 @@ func (w *world) Request(to *actor.PID, msg any) {
 
 func (w *world) Send(to *actor.PID, msg any) {
 	switch m := msg.(type) {
-	case *messages.PeerRelease:
+	case *peermsg.Release:
 		w.close(producerRound{pid: to, round: m.Round})
-	case *messages.TierLookupResult, *messages.TierReadBatchResult:
+	case *tiermsg.LookupResult, *tiermsg.ReadBatchResult:
 		require.Equal(w.t, w.asker, to)
 		w.answer(msg)
 	default:
@@ -149,9 +152,9 @@ func (w *world) Send(to *actor.PID, msg any) {
 
 func (w *world) Respond(msg any) {
 	switch msg.(type) {
-	case *messages.TierLookupResult, *messages.TierReadBatchResult:
+	case *tiermsg.LookupResult, *tiermsg.ReadBatchResult:
 		w.answer(msg)
-	case *messages.TierReadResult, *messages.TierWriteResult, *messages.TierStatsReply:
+	case *tiermsg.ReadResult, *tiermsg.WriteResult, *tiermsg.StatsReply:
 	default:
 		w.t.Fatalf("unexpected answer %T", msg)
 	}
@@ -189,7 +192,7 @@ func (w *world) close(rid producerRound) {
 func (w *world) answer(msg any) {
 	var corr uint64
 	switch m := msg.(type) {
-	case *messages.TierLookupResult:
+	case *tiermsg.LookupResult:
 		corr = m.Corr
 		c := w.asked[corr]
 		require.NotNil(w.t, c, "an answer to no lookup")
@@ -200,7 +203,7 @@ func (w *world) answer(msg any) {
 				w.found = append(w.found, c.keys[i])
 			}
 		}
-	case *messages.TierReadBatchResult:
+	case *tiermsg.ReadBatchResult:
 		corr = m.Corr
 		c := w.asked[corr]
 		require.NotNil(w.t, c, "an answer to no read")
@@ -237,7 +240,7 @@ func (w *world) step() {
 		w.probe()
 	default:
 		reply := messages.NewReply[struct{}]()
-		w.handle(nil, &messages.AwaitPeers{Nodes: []string{modelNodes[w.rng.IntN(3)]}, Reply: reply})
+		w.handle(nil, &peermsg.AwaitPeers{Nodes: []string{modelNodes[w.rng.IntN(3)]}, Reply: reply})
 	}
 }
 
@@ -276,7 +279,7 @@ func (w *world) lookup() {
 		req = &messages.ReqContext{PeerSources: []string{modelNodes[w.rng.IntN(3)]}}
 	}
 	w.asked[w.corr] = &tierCall{keys: keys}
-	w.handle(w.asker, &messages.TierLookup{Corr: w.corr, Keys: keys, Req: req})
+	w.handle(w.asker, &tiermsg.Lookup{Corr: w.corr, Keys: keys, Req: req})
 }
 
 // read asks for keys lookups found (and now and then one they did not), as
@@ -307,7 +310,7 @@ func (w *world) read() {
 		slots[i] = i
 	}
 	w.handling = c
-	w.handle(w.asker, &messages.TierReadBatch{Corr: w.corr, Keys: keys, Slots: slots, Dests: make([][]byte, len(keys))})
+	w.handle(w.asker, &tiermsg.ReadBatch{Corr: w.corr, Keys: keys, Slots: slots, Dests: make([][]byte, len(keys))})
 	w.handling = nil
 }
 
@@ -326,7 +329,7 @@ func distinct(keys []messages.Key) []messages.Key {
 func (w *world) probe() {
 	reply := messages.NewReply[[]bool]()
 	w.probes = append(w.probes, reply)
-	w.handle(nil, &messages.ProbePeer{Node: modelNodes[w.rng.IntN(3)], Keys: []messages.Key{key(w.rng.IntN(12))}, Reply: reply})
+	w.handle(nil, &peermsg.Probe{Node: modelNodes[w.rng.IntN(3)], Keys: []messages.Key{key(w.rng.IntN(12))}, Reply: reply})
 }
 
 var errLink = errors.New("model: link failed")
@@ -341,9 +344,9 @@ func (w *world) answerSession(i int) {
 	w.calls = append(w.calls[:i], w.calls[i+1:]...)
 	alive := w.up[c.node] == c.pid
 	switch m := c.msg.(type) {
-	case *messages.PeerLookup:
+	case *peermsg.Lookup:
 		w.nextRnd++
-		r := &messages.PeerLookupResult{Corr: m.Corr, Node: c.node, Round: w.nextRnd,
+		r := &peermsg.LookupResult{Corr: m.Corr, Node: c.node, Round: w.nextRnd,
 			Hits: make([]bool, len(m.Keys)), Checksums: make([]uint32, len(m.Keys))}
 		if !alive || w.rng.IntN(10) == 0 {
 			r.Err = messages.ErrPeerUnavailable
@@ -359,11 +362,11 @@ func (w *world) answerSession(i int) {
 			}
 		}
 		w.handle(c.pid, r)
-	case *messages.PeerFetch:
+	case *peermsg.Fetch:
 		for _, call := range w.asked {
 			delete(call.fetches, m.Corr)
 		}
-		r := &messages.PeerFetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys))}
+		r := &peermsg.FetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys))}
 		switch {
 		case !alive || w.rng.IntN(8) == 0:
 			r.Err = errLink

@@ -2,7 +2,7 @@
 // actor's secondary-tier contract (tiers/contract.go) by asking the peer
 // sessions (peer/) concurrently, taking the first peer that holds each key,
 // and fetching a whole promotion from each peer in one round
-// (messages.TierReadBatch).
+// (tiermsg.ReadBatch).
 //
 // It owns which peer a key is fetched from and how long an unused lookup
 // lease is held. It never touches sockets, the data plane or slot memory
@@ -18,6 +18,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -47,7 +51,7 @@ type Config struct {
 	// hold one of its keys (directory.go), instead of every ready peer.
 	// The peers' event addresses come from the plane (peer.EventsAt).
 	Directory bool
-	// Tiering is the tiering actor, told (TierRefreshed) when a peer comes
+	// Tiering is the tiering actor, told (tieringmsg.TierRefreshed) when a peer comes
 	// up, so keys it cached as absent from the peers are asked again; nil:
 	// not told.
 	Tiering *actor.PID
@@ -84,7 +88,7 @@ func (c Config) WithDefaults() Config {
 // the actor, is a shell around it; tests drive it directly.
 //
 // Invariants:
-//   - every TierLookup and TierReadBatch is answered exactly once; a read
+//   - every tiermsg.Lookup and tiermsg.ReadBatch is answered exactly once; a read
 //     batch only after every session answered its fetch (so nothing
 //     writes the slots any more);
 //   - a key is held (leased at one producer, for one round) at most once;
@@ -100,13 +104,13 @@ type State struct {
 	cfg     Config
 	peers   []peerRef // ready sessions, in the order they came up
 	corr    uint64
-	lookups map[uint64]asked  // PeerLookup corr → its TierLookup and the session asked
-	fetches map[uint64]*fetch // PeerFetch corr → its part of a read batch
+	lookups map[uint64]asked  // peermsg.Lookup corr → its tiermsg.Lookup and the session asked
+	fetches map[uint64]*fetch // peermsg.Fetch corr → its part of a read batch
 	held    map[messages.Key]*hit
 	rounds  map[roundID]*heldRound
 	seq     uint64 // hold timer generations
-	waiters []*messages.AwaitPeers
-	probes  map[uint64]probeReq // PeerLookup corr → probe
+	waiters []*peermsg.AwaitPeers
+	probes  map[uint64]probeReq // peermsg.Lookup corr → probe
 	dir     *directory          // nil without Config.Directory
 	watch   *watchers
 	stats   messages.SecondaryStats
@@ -117,7 +121,7 @@ type peerRef struct {
 	pid  *actor.PID
 }
 
-// asked is one PeerLookup in flight.
+// asked is one peermsg.Lookup in flight.
 type asked struct {
 	l   *lookup
 	pid *actor.PID
@@ -128,7 +132,7 @@ type roundID struct {
 	round uint64
 }
 
-// lookup is one TierLookup waiting for its peers.
+// lookup is one tiermsg.Lookup waiting for its peers.
 type lookup struct {
 	corr    uint64 // the tiering actor's
 	asker   *actor.PID
@@ -155,11 +159,11 @@ type heldRound struct {
 	timer supervision.Timer
 }
 
-// read is one TierReadBatch, fetched in one round per producer.
+// read is one tiermsg.ReadBatch, fetched in one round per producer.
 type read struct {
 	corr    uint64
 	asker   *actor.PID
-	res     *messages.TierReadBatchResult
+	res     *tiermsg.ReadBatchResult
 	waiting int
 }
 
@@ -246,10 +250,10 @@ func (t *State) Handle(fx Effects, msg any) {
 		t.up(m)
 		t.startWatch(fx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
 		if t.cfg.Tiering != nil {
-			fx.Send(t.cfg.Tiering, &messages.TierRefreshed{Tier: t.cfg.Name})
+			fx.Send(t.cfg.Tiering, &tieringmsg.TierRefreshed{Tier: t.cfg.Name})
 		}
 		t.wake()
-	case *messages.AwaitPeers:
+	case *peermsg.AwaitPeers:
 		t.waiters = append(t.waiters, m)
 		t.wake()
 	case *peer.Down:
@@ -264,15 +268,15 @@ func (t *State) Handle(fx Effects, msg any) {
 		t.onWatchEnded(fx, m)
 	case *rewatch:
 		t.onRewatch(fx, m)
-	case *messages.TierLookup:
+	case *tiermsg.Lookup:
 		t.lookup(fx, m)
-	case *messages.PeerLookupResult:
+	case *peermsg.LookupResult:
 		if p, ok := t.probes[m.Corr]; ok {
 			t.onProbe(fx, m, p)
 			return
 		}
 		t.onLookup(fx, m)
-	case *messages.ProbePeer:
+	case *peermsg.Probe:
 		t.probe(fx, m)
 	case *lookupDeadline:
 		if l := t.pendingLookup(m.corr); l != nil {
@@ -282,26 +286,26 @@ func (t *State) Handle(fx Effects, msg any) {
 		if h := t.rounds[m.round]; h != nil && h.seq == m.seq {
 			t.releaseRound(fx, m.round)
 		}
-	case *messages.TierReadBatch:
+	case *tiermsg.ReadBatch:
 		t.read(fx, m)
-	case *messages.PeerFetchResult:
+	case *peermsg.FetchResult:
 		t.onFetch(fx, m)
-	case *messages.TierRead:
+	case *tiermsg.Read:
 		// Only batched reads are served: a promotion from peers is a round.
-		fx.Respond(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
-	case *messages.TierWrite:
+		fx.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
+	case *tiermsg.Write:
 		// Peers are never a cascade target: they hold their own engines' blocks.
-		fx.Respond(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
-	case *messages.TierDelete:
+		fx.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
+	case *tiermsg.Delete:
 		// A bad copy came from a peer's pool; nothing of ours to delete.
-	case *messages.TierStatsQuery:
+	case *tiermsg.StatsQuery:
 		st := t.stats
 		st.Healthy = len(t.peers) > 0
 		st.InFlight = len(t.lookups) + len(t.fetches)
 		if t.dir != nil {
 			st.DirectoryKeys, st.DirectoryBytes = t.dir.size()
 		}
-		fx.Respond(&messages.TierStatsReply{Corr: m.Corr, Stats: st})
+		fx.Respond(&tiermsg.StatsReply{Corr: m.Corr, Stats: st})
 	}
 }
 
@@ -315,7 +319,7 @@ func (t *State) up(m *peer.Up) {
 	t.peers = append(t.peers, peerRef{node: m.Node, pid: m.Session})
 }
 
-// wake answers the AwaitPeers whose nodes are all ready.
+// wake answers the peermsg.AwaitPeers whose nodes are all ready.
 func (t *State) wake() {
 	kept := t.waiters[:0]
 	for _, w := range t.waiters {
@@ -365,7 +369,7 @@ func (t *State) down(m *peer.Down) {
 // lookup asks the peers that may hold the keys (every ready one, or those
 // the directory names) at once; a key is found at the first peer whose
 // answer has it.
-func (t *State) lookup(fx Effects, m *messages.TierLookup) {
+func (t *State) lookup(fx Effects, m *tiermsg.Lookup) {
 	t.stats.Lookups += uint64(len(m.Keys))
 	t.stats.LookupCalls++
 	l := &lookup{corr: m.Corr, asker: fx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
@@ -375,14 +379,14 @@ func (t *State) lookup(fx Effects, m *messages.TierLookup) {
 	}
 	t.stats.PeerAsks += uint64(len(peers))
 	if len(peers) == 0 || len(m.Keys) == 0 {
-		fx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: l.found})
+		fx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: l.found})
 		return
 	}
 	l.waiting = len(peers)
 	for _, p := range peers {
 		t.corr++
 		t.lookups[t.corr] = asked{l: l, pid: p.pid}
-		fx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+		fx.Request(p.pid, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
 	}
 	l.timer = fx.After(t.cfg.LookupTimeout, &lookupDeadline{corr: t.corr})
 }
@@ -411,7 +415,7 @@ func (t *State) pendingLookup(corr uint64) *lookup {
 	return a.l
 }
 
-func (t *State) onLookup(fx Effects, m *messages.PeerLookupResult) {
+func (t *State) onLookup(fx Effects, m *peermsg.LookupResult) {
 	a, ok := t.lookups[m.Corr]
 	if !ok {
 		return
@@ -441,7 +445,7 @@ func (t *State) onLookup(fx Effects, m *messages.PeerLookupResult) {
 		t.rounds[rid] = h
 	} else if m.Err == nil && anyHit(m.Hits) {
 		// Hits nobody wants (another peer was first, or too late): free them now.
-		fx.Send(a.pid, &messages.PeerRelease{Round: m.Round})
+		fx.Send(a.pid, &peermsg.Release{Round: m.Round})
 	}
 	if l.done {
 		return
@@ -464,7 +468,7 @@ func (t *State) answerLookup(fx Effects, l *lookup) {
 		}
 	}
 	t.stats.Found += uint64(n)
-	t.send(fx, l.asker, &messages.TierLookupResult{Corr: l.corr, Found: l.found})
+	t.send(fx, l.asker, &tiermsg.LookupResult{Corr: l.corr, Found: l.found})
 	// NB: entries of peers yet to answer stay until their answer (every
 	// session answers every round, within its round deadline); onLookup
 	// then releases their hits.
@@ -483,7 +487,7 @@ func (t *State) releaseRound(fx Effects, rid roundID) {
 		return
 	}
 	t.forget(rid, h)
-	fx.Send(h.pid, &messages.PeerRelease{Round: rid.round})
+	fx.Send(h.pid, &peermsg.Release{Round: rid.round})
 }
 
 // forget drops a held round and its keys: O(the round's keys).
@@ -499,10 +503,10 @@ func (t *State) forget(rid roundID, h *heldRound) {
 
 // --- read ---------------------------------------------------------------------
 
-// read fetches a promotion: one PeerFetch per producer round.
-func (t *State) read(fx Effects, m *messages.TierReadBatch) {
+// read fetches a promotion: one peermsg.Fetch per producer round.
+func (t *State) read(fx Effects, m *tiermsg.ReadBatch) {
 	n := len(m.Keys)
-	r := &read{corr: m.Corr, asker: fx.Sender(), res: &messages.TierReadBatchResult{Corr: m.Corr,
+	r := &read{corr: m.Corr, asker: fx.Sender(), res: &tiermsg.ReadBatchResult{Corr: m.Corr,
 		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n), Prov: make([]*messages.Provenance, n)}}
 	type part struct {
 		pid   *actor.PID
@@ -539,14 +543,14 @@ func (t *State) read(fx Effects, m *messages.TierReadBatch) {
 		t.corr++
 		t.fetches[t.corr] = p.f
 		r.waiting++
-		fx.Request(p.pid, &messages.PeerFetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
+		fx.Request(p.pid, &peermsg.Fetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
 	}
 	if r.waiting == 0 {
 		t.answerRead(fx, r)
 	}
 }
 
-func (t *State) onFetch(fx Effects, m *messages.PeerFetchResult) {
+func (t *State) onFetch(fx Effects, m *peermsg.FetchResult) {
 	f := t.fetches[m.Corr]
 	if f == nil {
 		return
@@ -598,29 +602,29 @@ func allTrue(bs []bool) bool {
 	return true
 }
 
-// probe asks one peer directly (ProbePeer).
-func (t *State) probe(fx Effects, m *messages.ProbePeer) {
+// probe asks one peer directly (peermsg.Probe).
+func (t *State) probe(fx Effects, m *peermsg.Probe) {
 	for _, p := range t.peers {
 		if p.node == m.Node {
 			t.corr++
 			t.probes[t.corr] = probeReq{m: m, pid: p.pid}
-			fx.Request(p.pid, &messages.PeerLookup{Corr: t.corr, Keys: m.Keys})
+			fx.Request(p.pid, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
 			return
 		}
 	}
 	m.Reply.Answer(nil, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, m.Node))
 }
 
-// probeReq is a ProbePeer in flight and the session it asked.
+// probeReq is a peermsg.Probe in flight and the session it asked.
 type probeReq struct {
-	m   *messages.ProbePeer
+	m   *peermsg.Probe
 	pid *actor.PID
 }
 
-func (t *State) onProbe(fx Effects, m *messages.PeerLookupResult, p probeReq) {
+func (t *State) onProbe(fx Effects, m *peermsg.LookupResult, p probeReq) {
 	delete(t.probes, m.Corr)
 	if m.Err == nil && anyHit(m.Hits) {
-		fx.Send(p.pid, &messages.PeerRelease{Round: m.Round})
+		fx.Send(p.pid, &peermsg.Release{Round: m.Round})
 	}
 	p.m.Reply.Answer(m.Hits, m.Err)
 }

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -128,27 +131,27 @@ func NewState(cfg Config) *State {
 // Handle handles one message.
 func (s *State) Handle(fx Effects, msg any) {
 	switch m := msg.(type) {
-	case *messages.AsyncLookup:
+	case *tieringmsg.AsyncLookup:
 		s.asyncLookup(fx, m)
-	case *messages.TierRefreshed:
+	case *tieringmsg.TierRefreshed:
 		s.refreshed(m.Tier)
-	case *messages.Cascade:
+	case *tieringmsg.Cascade:
 		s.cascade(fx, m)
-	case *messages.TierLookupResult:
+	case *tiermsg.LookupResult:
 		answer(s, fx, m.Corr, replyLookup, m, s.onTierLookup)
 	case *cpumsg.ReserveResult:
 		answer(s, fx, m.Corr, replyReserve, m, s.onReserve)
-	case *messages.TierReadResult:
+	case *tiermsg.ReadResult:
 		answer(s, fx, m.Corr, replyRead, m, s.onRead)
-	case *messages.TierReadBatchResult:
+	case *tiermsg.ReadBatchResult:
 		answer(s, fx, m.Corr, replyReadBatch, m, s.onReadBatch)
 	case *cpumsg.PinResult:
 		answer(s, fx, m.Corr, replyPin, m, s.onPin)
-	case *messages.TierWriteResult:
+	case *tiermsg.WriteResult:
 		answer(s, fx, m.Corr, replyWrite, m, s.onWrite)
 	case *messages.Ack:
 		answer(s, fx, m.Corr, replyCommit, m, s.onCommitAck) // corr 0 (a release's ack) is never pending
-	case *messages.TierStatsReply:
+	case *tiermsg.StatsReply:
 		answer(s, fx, m.Corr, replyStats, m, s.onTierStats)
 	case *lookupDeadline:
 		if b := s.batches[m.batch]; b != nil {
@@ -161,9 +164,9 @@ func (s *State) Handle(fx Effects, msg any) {
 		s.reapPromotion(fx, m.job)
 	case *cascadeDeadline:
 		s.reapCascade(fx, m.job)
-	case *messages.TieringIdle:
+	case *tieringmsg.Idle:
 		s.waiters = append(s.waiters, m.Reply)
-	case *messages.GetTieringStats:
+	case *tieringmsg.GetStats:
 		s.gatherStats(fx, m)
 	default:
 		s.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("tiering: unknown message dropped")

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -31,14 +34,14 @@ type stalledTier struct {
 
 type heldRead struct {
 	sender *actor.PID
-	m      *messages.TierRead
+	m      *tiermsg.Read
 }
 
 func (s *stalledTier) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *messages.TierLookup:
+	case *tiermsg.Lookup:
 		if s.unavailable {
-			ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: make([]bool, len(m.Keys)), Err: messages.ErrTierUnavailable})
+			ctx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: make([]bool, len(m.Keys)), Err: messages.ErrTierUnavailable})
 			return
 		}
 		if s.lookups {
@@ -46,9 +49,9 @@ func (s *stalledTier) Receive(ctx actor.Context) {
 			for i := range found {
 				found[i] = true
 			}
-			ctx.Respond(&messages.TierLookupResult{Corr: m.Corr, Found: found})
+			ctx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: found})
 		}
-	case *messages.TierRead:
+	case *tiermsg.Read:
 		s.reads <- heldRead{sender: ctx.Sender(), m: m}
 	}
 }
@@ -109,7 +112,7 @@ func (r *rig) ask(pid *actor.PID, msg any) any {
 
 func (r *rig) lookup(keys ...messages.Key) []messages.LookupStatus {
 	r.t.Helper()
-	return r.ask(r.tiering, &messages.AsyncLookup{Corr: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys}).(*messages.AsyncLookupResult).Status
+	return r.ask(r.tiering, &tieringmsg.AsyncLookup{Corr: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys}).(*tieringmsg.AsyncLookupResult).Status
 }
 
 func (r *rig) cpuStats() messages.Stats {
@@ -120,7 +123,7 @@ func (r *rig) cpuStats() messages.Stats {
 func (r *rig) idle() {
 	r.t.Helper()
 	reply := messages.NewReply[struct{}]()
-	r.system.Root.Send(r.tiering, &messages.TieringIdle{Reply: reply})
+	r.system.Root.Send(r.tiering, &tieringmsg.Idle{Reply: reply})
 	select {
 	case <-reply:
 	case <-r.ctx.Done():
@@ -167,7 +170,7 @@ func TestStalledPromotionIsReapedAndItsSlotFreedWhenTheReadReturns(t *testing.T)
 	r.clock.Advance(5 * time.Second)
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, r.lookup(k(2)), "reaped: a miss for the engine")
 	require.Equal(t, 1, r.cpuStats().WritePending, "the read may still land in the slot: it stays reserved")
-	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key, Checksum: 0})
+	r.system.Root.Send(held.sender, &tiermsg.ReadResult{Corr: held.m.Corr, Key: held.m.Key, Checksum: 0})
 	r.idle()
 	st := r.cpuStats()
 	require.Zero(t, st.WritePending, "released once the read returned")
@@ -181,12 +184,12 @@ func TestBusyTierReadIsAskedAgainNotCachedAbsent(t *testing.T) {
 	r := newRig(t, true)
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(3)))
 	held := <-r.reads
-	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key, Err: messages.ErrTierBusy})
+	r.system.Root.Send(held.sender, &tiermsg.ReadResult{Corr: held.m.Corr, Key: held.m.Key, Err: messages.ErrTierBusy})
 	r.idle()
 	require.Zero(t, r.cpuStats().WritePending, "the refused read's slot is freed")
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, r.lookup(k(3)), "asked again, not a MISS")
 	held = <-r.reads
-	r.system.Root.Send(held.sender, &messages.TierReadResult{Corr: held.m.Corr, Key: held.m.Key,
+	r.system.Root.Send(held.sender, &tiermsg.ReadResult{Corr: held.m.Corr, Key: held.m.Key,
 		Checksum: crc32.Checksum(make([]byte, 64), crc32.MakeTable(crc32.Castagnoli))})
 	r.idle()
 	require.Equal(t, 1, r.cpuStats().Ready, "promoted on the second ask")

@@ -3,6 +3,9 @@ package tiering
 import (
 	"errors"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -21,7 +24,7 @@ type cascade struct {
 // cascade queues the newly committed keys for every tier, within each
 // tier's queue bound (the rest are shed and counted), and starts what the
 // in-flight bound allows.
-func (s *State) cascade(fx Effects, m *messages.Cascade) {
+func (s *State) cascade(fx Effects, m *tieringmsg.Cascade) {
 	if len(m.Keys) == 0 || len(m.Checksums) != len(m.Keys) {
 		return
 	}
@@ -106,7 +109,7 @@ func (s *State) onPin(fx Effects, p pendingReply, m *cpumsg.PinResult) {
 	s.maybeEndCascade(fx, c)
 }
 
-// write sends the tier one TierWrite per pinned key, with the provenance
+// write sends the tier one tiermsg.Write per pinned key, with the provenance
 // the CPU tier retained for it (prov: per key, or nil), stored in the
 // block's header so a promotion announces it in full.
 func (s *State) write(fx Effects, c *cascade, keys []messages.Key, slots []int, prov []*messages.Provenance) {
@@ -119,12 +122,12 @@ func (s *State) write(fx Effects, c *cascade, keys []messages.Key, slots []int, 
 			p = prov[i]
 		}
 		s.request(fx, tier.PID, pendingReply{kind: replyWrite, cas: c, key: k}, func(corr uint64) any {
-			return &messages.TierWrite{Corr: corr, Key: k, Src: src, Checksum: sum, Prov: p}
+			return &tiermsg.Write{Corr: corr, Key: k, Src: src, Checksum: sum, Prov: p}
 		})
 	}
 }
 
-func (s *State) onWrite(fx Effects, p pendingReply, m *messages.TierWriteResult) {
+func (s *State) onWrite(fx Effects, p pendingReply, m *tiermsg.WriteResult) {
 	c := p.cas
 	c.outstanding--
 	s.queued[c.tier]--

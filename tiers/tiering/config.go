@@ -15,8 +15,8 @@ type Tier struct {
 	Name string     // in stats, metrics and TierFilter
 	Kind string     // tiers.KindFS, tiers.KindObj or p2p.Kind
 	PID  *actor.PID // its actor
-	// Batched tiers get a promotion as one TierReadBatch (the P2P tier: one
-	// fetch round per peer); the others one TierRead per key.
+	// Batched tiers get a promotion as one tiermsg.ReadBatch (the P2P tier: one
+	// fetch round per peer); the others one tiermsg.Read per key.
 	Batched bool
 	// NoCascade: never a cascade target (peers hold their own blocks).
 	NoCascade bool

@@ -4,6 +4,9 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 )
@@ -13,7 +16,7 @@ type negEntry struct {
 	until  time.Time
 }
 
-// batch is one lookup started by an AsyncLookup: keys looked up in every
+// batch is one lookup started by an tieringmsg.AsyncLookup: keys looked up in every
 // tier of mask, each tier answering once for the whole batch.
 type batch struct {
 	id      uint64
@@ -23,7 +26,7 @@ type batch struct {
 	mask    uint64 // tiers asked
 	waiting uint64 // tiers yet to answer
 	found   []uint64
-	corrs   map[int]uint64 // tier → corr of its TierLookup, until it answers
+	corrs   map[int]uint64 // tier → corr of its tiermsg.Lookup, until it answers
 	timer   supervision.Timer
 }
 
@@ -31,7 +34,7 @@ type batch struct {
 // known about yet. With Prefix the keys are the tail of a prefix scan: the
 // scan stops at the first key known absent, and only the first key's
 // status matters to the engine (the rest answer MISS).
-func (s *State) asyncLookup(fx Effects, m *messages.AsyncLookup) {
+func (s *State) asyncLookup(fx Effects, m *tieringmsg.AsyncLookup) {
 	status := make([]messages.LookupStatus, len(m.Keys))
 	allowed := s.allowed(m.Req)
 	now := s.cfg.Clock.Now()
@@ -58,7 +61,7 @@ func (s *State) asyncLookup(fx Effects, m *messages.AsyncLookup) {
 			s.stats.Retries++
 		}
 	}
-	fx.Respond(&messages.AsyncLookupResult{Corr: m.Corr, Status: status})
+	fx.Respond(&tieringmsg.AsyncLookupResult{Corr: m.Corr, Status: status})
 }
 
 // keyStatus is k's answer for a request allowed to load from allowed, and
@@ -104,12 +107,12 @@ func (s *State) startBatch(fx Effects, req *messages.ReqContext, keys []messages
 		}
 		s.request(fx, t.PID, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
 			b.corrs[i] = corr
-			return &messages.TierLookup{Corr: corr, Keys: keys, Req: req}
+			return &tiermsg.Lookup{Corr: corr, Keys: keys, Req: req}
 		})
 	}
 }
 
-func (s *State) onTierLookup(fx Effects, p pendingReply, m *messages.TierLookupResult) {
+func (s *State) onTierLookup(fx Effects, p pendingReply, m *tiermsg.LookupResult) {
 	b := p.batch
 	if s.batches[b.id] != b || b.waiting&(1<<p.tier) == 0 {
 		return // resolved at its deadline already

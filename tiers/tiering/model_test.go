@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -26,7 +29,7 @@ import (
 // left held or in flight.
 //
 // The promises checked:
-//   - every AsyncLookup is answered at once, exactly once, one status per key;
+//   - every tieringmsg.AsyncLookup is answered at once, exactly once, one status per key;
 //   - a job is released at most once, and never while a tier read or write
 //     into or out of one of its slots is unanswered (a worker still touches
 //     it); no tier I/O is sent for a slot its job no longer holds;
@@ -139,15 +142,15 @@ func (w *world) Request(to *actor.PID, msg any) {
 	tier := w.tierIndex(to)
 	io := tierIO{tier: tier, msg: msg}
 	switch m := msg.(type) {
-	case *messages.TierRead:
+	case *tiermsg.Read:
 		io.slots = []int{w.heldSlot(m.Dest, "a read")}
-	case *messages.TierReadBatch:
+	case *tiermsg.ReadBatch:
 		for _, d := range m.Dests {
 			io.slots = append(io.slots, w.heldSlot(d, "a batched read"))
 		}
-	case *messages.TierWrite:
+	case *tiermsg.Write:
 		io.slots = []int{w.heldSlot(m.Src, "a cascade write")}
-	case *messages.TierLookup, *messages.TierStatsQuery:
+	case *tiermsg.Lookup, *tiermsg.StatsQuery:
 	default:
 		w.t.Fatalf("unexpected request %T to a tier", msg)
 	}
@@ -158,7 +161,7 @@ func (w *world) Request(to *actor.PID, msg any) {
 }
 
 func (w *world) Send(to *actor.PID, msg any) {
-	if _, ok := msg.(*messages.TierDelete); !ok || to == w.cpu {
+	if _, ok := msg.(*tiermsg.Delete); !ok || to == w.cpu {
 		w.t.Fatalf("unexpected send %T", msg)
 	}
 }
@@ -227,9 +230,9 @@ func containsKey(keys []messages.Key, k messages.Key) bool {
 func (w *world) handle(msg any) {
 	w.responses = w.responses[:0]
 	w.core.Handle(w, msg)
-	if m, ok := msg.(*messages.AsyncLookup); ok {
+	if m, ok := msg.(*tieringmsg.AsyncLookup); ok {
 		require.Len(w.t, w.responses, 1, "an AsyncLookup is answered at once, once")
-		r, ok := w.responses[0].(*messages.AsyncLookupResult)
+		r, ok := w.responses[0].(*tieringmsg.AsyncLookupResult)
 		require.True(w.t, ok, "answered with %T", w.responses[0])
 		require.Equal(w.t, m.Corr, r.Corr)
 		require.Len(w.t, r.Status, len(m.Keys))
@@ -269,15 +272,15 @@ func (w *world) step() {
 	case r < 90:
 		w.fireTimer(false)
 	case r < 93:
-		w.handle(&messages.TierRefreshed{Tier: w.core.cfg.Tiers[w.rng.IntN(2)].Name})
+		w.handle(&tieringmsg.TierRefreshed{Tier: w.core.cfg.Tiers[w.rng.IntN(2)].Name})
 	case r < 95:
 		reply := messages.NewReply[messages.TieringStats]()
 		w.stats = append(w.stats, reply)
-		w.handle(&messages.GetTieringStats{Reply: reply})
+		w.handle(&tieringmsg.GetStats{Reply: reply})
 	case r < 96:
 		reply := messages.NewReply[struct{}]()
 		w.idle = append(w.idle, reply)
-		w.handle(&messages.TieringIdle{Reply: reply})
+		w.handle(&tieringmsg.Idle{Reply: reply})
 	default:
 		w.clock.Advance(time.Duration(w.rng.IntN(4)) * time.Second)
 	}
@@ -306,7 +309,7 @@ func (w *world) lookup() {
 	for i := range n {
 		keys = append(keys, k(byte(1+(first+i)%modelUniverse)))
 	}
-	w.handle(&messages.AsyncLookup{Corr: w.lookupCorr, Req: req, Keys: keys, Prefix: w.rng.IntN(2) == 0})
+	w.handle(&tieringmsg.AsyncLookup{Corr: w.lookupCorr, Req: req, Keys: keys, Prefix: w.rng.IntN(2) == 0})
 }
 
 func (w *world) cascade() {
@@ -315,7 +318,7 @@ func (w *world) cascade() {
 	if w.rng.IntN(20) == 0 {
 		sums = sums[1:] // malformed: ignored
 	}
-	w.handle(&messages.Cascade{Keys: keys, Checksums: sums})
+	w.handle(&tieringmsg.Cascade{Keys: keys, Checksums: sums})
 }
 
 // answerCPU processes the CPU tier's oldest request and hands its answer
@@ -430,8 +433,8 @@ func (w *world) answerTier(i int) {
 		w.touching[s]--
 	}
 	switch m := io.msg.(type) {
-	case *messages.TierLookup:
-		r := &messages.TierLookupResult{Corr: m.Corr, Found: make([]bool, len(m.Keys))}
+	case *tiermsg.Lookup:
+		r := &tiermsg.LookupResult{Corr: m.Corr, Found: make([]bool, len(m.Keys))}
 		if w.rng.IntN(10) == 0 {
 			r.Err = messages.ErrTierUnavailable
 		} else {
@@ -440,10 +443,10 @@ func (w *world) answerTier(i int) {
 			}
 		}
 		w.handle(r)
-	case *messages.TierRead:
-		w.handle(&messages.TierReadResult{Corr: m.Corr, Key: m.Key, Checksum: 7, Err: w.readErr()})
-	case *messages.TierReadBatch:
-		r := &messages.TierReadBatchResult{Corr: m.Corr}
+	case *tiermsg.Read:
+		w.handle(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Checksum: 7, Err: w.readErr()})
+	case *tiermsg.ReadBatch:
+		r := &tiermsg.ReadBatchResult{Corr: m.Corr}
 		n := len(m.Keys)
 		if w.rng.IntN(10) == 0 {
 			n = w.rng.IntN(n + 1) // a short answer: the missing keys fail
@@ -452,11 +455,11 @@ func (w *world) answerTier(i int) {
 			r.Checksums, r.Errs = append(r.Checksums, 7), append(r.Errs, w.readErr())
 		}
 		w.handle(r)
-	case *messages.TierWrite:
+	case *tiermsg.Write:
 		errs := []error{nil, nil, nil, messages.ErrTierFull, messages.ErrTierUnavailable, errDisk}
-		w.handle(&messages.TierWriteResult{Corr: m.Corr, Key: m.Key, Err: errs[w.rng.IntN(len(errs))]})
-	case *messages.TierStatsQuery:
-		w.handle(&messages.TierStatsReply{Corr: m.Corr, Stats: messages.SecondaryStats{Healthy: true}})
+		w.handle(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: errs[w.rng.IntN(len(errs))]})
+	case *tiermsg.StatsQuery:
+		w.handle(&tiermsg.StatsReply{Corr: m.Corr, Stats: messages.SecondaryStats{Healthy: true}})
 	}
 }
 

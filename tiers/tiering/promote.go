@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvtier/kvtier/tiers/tiermsg"
+
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -100,7 +102,7 @@ func (s *State) pumpReads(fx Effects, t int) {
 		prom.issued++
 		k, dest := prom.keys[task.idx], s.cfg.Slot(prom.slots[task.idx])
 		s.request(fx, s.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
-			return &messages.TierRead{Corr: corr, Key: k, Dest: dest}
+			return &tiermsg.Read{Corr: corr, Key: k, Dest: dest}
 		})
 	}
 	if len(s.readQueue[t]) == 0 {
@@ -126,15 +128,15 @@ func (s *State) readBatch(fx Effects, prom *promotion) {
 	prom.outstanding = len(prom.keys)
 	keys, slots := prom.keys, prom.slots
 	s.request(fx, s.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
-		return &messages.TierReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
+		return &tiermsg.ReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
 	})
 }
 
 // onReadBatch applies a batched tier's answer key by key, as onRead does.
-func (s *State) onReadBatch(fx Effects, p pendingReply, m *messages.TierReadBatchResult) {
+func (s *State) onReadBatch(fx Effects, p pendingReply, m *tiermsg.ReadBatchResult) {
 	prom := p.prom
 	for i, k := range prom.keys {
-		res := &messages.TierReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
+		res := &tiermsg.ReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
 		if i < len(m.Errs) && i < len(m.Checksums) {
 			res.Err, res.Checksum = m.Errs[i], m.Checksums[i]
 		}
@@ -145,7 +147,7 @@ func (s *State) onReadBatch(fx Effects, p pendingReply, m *messages.TierReadBatc
 	}
 }
 
-func (s *State) onRead(fx Effects, p pendingReply, m *messages.TierReadResult) {
+func (s *State) onRead(fx Effects, p pendingReply, m *tiermsg.ReadResult) {
 	prom := p.prom
 	prom.issued--
 	if !prom.reaped { // a reaped promotion gave its budget back when reaped
@@ -156,7 +158,7 @@ func (s *State) onRead(fx Effects, p pendingReply, m *messages.TierReadResult) {
 }
 
 // readDone records one key's read of a promotion; the last one commits it.
-func (s *State) readDone(fx Effects, prom *promotion, idx int, m *messages.TierReadResult) {
+func (s *State) readDone(fx Effects, prom *promotion, idx int, m *tiermsg.ReadResult) {
 	prom.outstanding--
 	tier := s.cfg.Tiers[prom.tier]
 	if m.Err == nil {
@@ -177,7 +179,7 @@ func (s *State) readDone(fx Effects, prom *promotion, idx int, m *messages.TierR
 		s.stats.PromotionsFailed[tier.Name]++
 		s.markAbsent(m.Key, 1<<prom.tier, s.cfg.Clock.Now().Add(s.cfg.NegativeTTL))
 		if errors.Is(m.Err, messages.ErrInvalidBlock) || errors.Is(m.Err, messages.ErrChecksum) {
-			fx.Send(tier.PID, &messages.TierDelete{Key: m.Key})
+			fx.Send(tier.PID, &tiermsg.Delete{Key: m.Key})
 		}
 		s.log.Warn().Err(m.Err).Str("tier", tier.Name).Msg("tiering: promotion read failed; key is a miss for this tier")
 	}

@@ -2,6 +2,8 @@ package tiering
 
 import (
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 type statsGather struct {
@@ -10,7 +12,7 @@ type statsGather struct {
 	waiting int
 }
 
-func (s *State) gatherStats(fx Effects, m *messages.GetTieringStats) {
+func (s *State) gatherStats(fx Effects, m *tieringmsg.GetStats) {
 	out := s.stats
 	out.Promoted, out.PromotionsFailed = cloneMap(s.stats.Promoted), cloneMap(s.stats.PromotionsFailed)
 	out.CascadeWritten, out.CascadeDropped, out.CascadeFailed = cloneMap(s.stats.CascadeWritten), cloneMap(s.stats.CascadeDropped), cloneMap(s.stats.CascadeFailed)
@@ -28,12 +30,12 @@ func (s *State) gatherStats(fx Effects, m *messages.GetTieringStats) {
 	for i, t := range s.cfg.Tiers {
 		g.out.Tiers[i] = messages.SecondaryStats{Name: t.Name, Kind: t.Kind}
 		s.request(fx, t.PID, pendingReply{kind: replyStats, stats: g, tier: i}, func(corr uint64) any {
-			return &messages.TierStatsQuery{Corr: corr}
+			return &tiermsg.StatsQuery{Corr: corr}
 		})
 	}
 }
 
-func (s *State) onTierStats(_ Effects, p pendingReply, m *messages.TierStatsReply) {
+func (s *State) onTierStats(_ Effects, p pendingReply, m *tiermsg.StatsReply) {
 	p.stats.out.Tiers[p.tier] = m.Stats
 	if p.stats.waiting--; p.stats.waiting == 0 {
 		p.stats.reply.Answer(p.stats.out, nil)
