@@ -19,13 +19,18 @@ import (
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
-// Bridge is the engine-facing actor: it serves the manager API, owns the
-// request and job registry, arms one deadline timer per job and reaps jobs
-// whose deadline passes.
+// Bridge is the core of the engine-facing actor: it serves the manager
+// API, owns the request and job registry, arms one deadline timer per job
+// and reaps jobs whose deadline passes. It is driven one message at a time
+// through Handle, with what it does outside itself (requests to the CPU
+// tier and the tiering actor, timers, checksums off the mailbox) handed to
+// an Effects; the actor is a shell around it (bridgeActor), and
+// bridge_model_test.go drives it through a seeded world instead.
 //
 // Invariants:
-//   - state is touched only inside Receive; CPU-tier answers come back as
-//     messages matched by correlation id, never awaited.
+//   - state is touched only inside Handle; CPU-tier answers come back as
+//     messages matched by correlation id, never awaited. What a call waits
+//     for is a typed record (pendingCall), not a closure.
 //   - every engine call is answered exactly once (its Reply is buffered).
 //   - every job leaves the registry exactly once — completed, claimed key by
 //     key, or reaped — and releases what it holds at the CPU tier exactly once.
@@ -44,6 +49,12 @@ type Bridge struct {
 	restart  bool
 	resetGen uint64
 	commits  int // CommitSlots sent or being checksummed, not yet acknowledged
+	// opening holds the store jobs whose id was issued but whose slots the
+	// CPU tier has yet to grant (PrepareStore, StoreCredited): a drain
+	// waits for them as for registered jobs, and one whose drain deadline
+	// passed meanwhile is reaped as it opens (reapedUpTo).
+	opening    map[messages.JobID]struct{}
+	reapedUpTo messages.JobID
 	// Checksummed commits go to the CPU tier in the order they began
 	// (their checksums finish in any order): a commit lands after the ones
 	// completed before it, so blocks are ranked in completion order.
@@ -82,16 +93,109 @@ type Counters struct {
 	JobsCompleted, ReapedLoad, ReapedStore, LateReports uint64
 }
 
+// waitKind is what a pending call waits for, and so how its answer is
+// carried on.
+type waitKind uint8
+
+const (
+	waitLease   waitKind = iota + 1 // a Lookup's LookupAndLease
+	waitTiering                     // a Lookup's AsyncLookup of its MISS keys
+	waitPin                         // a PrepareLoad's LeaseToPin
+	waitReserve                     // a PrepareStore's ReserveSlots
+	waitCommit                      // a commit's CommitSlots
+	waitEvents                      // a TakeEvents' drain of the CPU tier's events
+	waitClear                       // a ClearTier, for a Pause that clears or a ResetCache
+	waitStats                       // a GetStats' CPU-tier figures
+	waitGrant                       // a Grant's credit
+	waitBind                        // a StoreCredited's binding
+)
+
+// pendingCall is a call waiting for a CPU-tier or tiering answer: what it
+// waits for, and what carrying it on needs. Only the fields of its kind
+// are set.
 type pendingCall struct {
-	onReply func(any)   // continue with the CPU tier's answer
-	fail    func(error) // answer the engine call with an error
+	kind    waitKind
+	lookup  *messages.Lookup         // waitLease, waitTiering
+	tiering *tieringAsk              // waitTiering
+	load    *messages.PrepareLoad    // waitPin
+	job     *job                     // waitPin: the load job, registered ahead of the answer
+	id      messages.JobID           // waitReserve, waitBind: the store job's id
+	store   *messages.PrepareStore   // waitReserve
+	commit  *commitCall              // waitCommit
+	events  *messages.TakeEvents     // waitEvents
+	reply   messages.Reply[struct{}] // waitClear
+	stats   *statsCall               // waitStats
+	grant   *messages.Grant          // waitGrant
+	bind    *messages.StoreCredited  // waitBind
 }
 
+// tieringAsk is a Lookup's statuses while the tiering actor is asked about
+// its MISS keys, at positions idx.
+type tieringAsk struct {
+	st  []messages.LookupStatus
+	idx []int
+}
+
+// commitCall is a CommitSlots in flight and who waits for it to land.
+type commitCall struct {
+	ref  messages.JobRef
+	req  *messages.ReqContext
+	keys []messages.Key
+	ok   bool
+	sums []uint32
+	then commitWaiter
+}
+
+// commitWaiter is who waits for a commit to land: a CompleteStore (for
+// every job whose keys it ended), a JobDone's last report, or no one (a
+// reaped job: a refusal is logged).
+type commitWaiter struct {
+	store *storeCompletion
+	done  *messages.JobDone
+}
+
+// storeCompletion is a CompleteStore waiting for its jobs' commits.
+type storeCompletion struct {
+	m         *messages.CompleteStore
+	remaining int
+	firstErr  error
+}
+
+// landed answers whoever waited, once the CPU tier applied the commit (err:
+// its refusal). It reports whether anyone did.
+func (w commitWaiter) landed(err error) bool {
+	switch {
+	case w.store != nil:
+		if err != nil && w.store.firstErr == nil {
+			w.store.firstErr = err
+		}
+		if w.store.remaining--; w.store.remaining == 0 {
+			w.store.m.Reply.Answer(struct{}{}, w.store.firstErr)
+		}
+	case w.done != nil:
+		w.done.Reply.Answer(struct{}{}, err)
+	default:
+		return false
+	}
+	return true
+}
+
+// statsCall is a GetStats with the bridge's figures as of the call.
+type statsCall struct {
+	m              *messages.GetStats
+	counters       Counters
+	jobs, requests int
+	paused         bool
+}
+
+// drainWaiter is a Pause, ResetCache or Shutdown waiting for the jobs
+// issued before it to end.
 type drainWaiter struct {
-	upTo messages.JobID // wait for jobs with id ≤ upTo
-	gen  uint64         // reset generation that may reap them (0 = none)
-	done func()
-	fail func(error) // answer the waiting call when the bridge restarts
+	upTo  messages.JobID // wait for jobs with id ≤ upTo
+	gen   uint64         // reset generation that may reap them (0 = none)
+	reply messages.Reply[struct{}]
+	clear bool              // once drained, clear the CPU tier, then answer
+	timer supervision.Timer // the reset's deadline (nil: none)
 }
 
 // Messages the bridge sends itself.
@@ -105,7 +209,7 @@ type (
 		keys []messages.Key
 		pos  []messages.Placement // per key: its place in the job's call
 		sums []uint32
-		then func(error)
+		then commitWaiter
 		seq  uint64 // the commit's place in begin order
 	}
 )
@@ -123,47 +227,99 @@ func Props(cfg Config) *actor.Props {
 		// NB: each incarnation numbers its CPU-tier calls in a range of its
 		// own, so an answer to a call of the one before (still in the
 		// mailbox) never resumes a new call of another kind.
-		return &Bridge{cfg: cfg, reg: newRegistry(), pending: map[uint64]pendingCall{},
-			restart: n > 1, corr: (n - 1) << 40, carry: carry}
+		return &bridgeActor{b: newBridge(cfg, n, carry)}
 	}, actor.WithReceiverMiddleware(supervision.Faults))
 }
 
-// Receive handles one message.
-func (b *Bridge) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+// newBridge is the core of the bridge's incarnation-th incarnation; carry
+// is shared by all of them.
+func newBridge(cfg Config, incarnation uint64, carry *[]messages.Event) *Bridge {
+	return &Bridge{cfg: cfg, reg: newRegistry(), pending: map[uint64]pendingCall{}, opening: map[messages.JobID]struct{}{},
+		restart: incarnation > 1, corr: (incarnation - 1) << 40, carry: carry}
+}
+
+// Effects is what the bridge's core does outside itself. Request's answer
+// comes back as a message to Handle; After sends the actor msg once d has
+// passed on its clock; Offload runs work off the mailbox (tracked, for the
+// pool's unmapping) and hands its result back to Handle as a message.
+type Effects interface {
+	Request(to *actor.PID, msg any)
+	Send(to *actor.PID, msg any)
+	After(d time.Duration, msg any) supervision.Timer
+	Offload(work func() any)
+}
+
+// bridgeActor is the bridge: a shell that hands each message to its core
+// with the actor's context as the effects.
+type bridgeActor struct{ b *Bridge }
+
+// Receive maps the lifecycle to the core and hands it everything else.
+func (a *bridgeActor) Receive(ctx actor.Context) {
+	fx := contextEffects{ctx: ctx, cfg: &a.b.cfg}
+	switch ctx.Message().(type) {
 	case *actor.Started:
-		b.started(ctx)
+		a.b.started(fx)
 	case *actor.Restarting:
-		b.failInFlight()
+		a.b.failInFlight()
+	case *actor.Stopping:
+		a.b.failHeld(messages.ErrClosed)
+	case *actor.Stopped, *actor.Restart:
+	default:
+		a.b.Handle(fx, ctx.Message())
+	}
+}
+
+// contextEffects carries out the core's effects through an actor context.
+type contextEffects struct {
+	ctx actor.Context
+	cfg *Config
+}
+
+func (e contextEffects) Request(to *actor.PID, msg any) { e.ctx.Request(to, msg) }
+func (e contextEffects) Send(to *actor.PID, msg any)    { e.ctx.Send(to, msg) }
+
+func (e contextEffects) After(d time.Duration, msg any) supervision.Timer {
+	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
+	return e.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
+}
+
+func (e contextEffects) Offload(work func() any) {
+	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
+	e.cfg.Offload.Go(func() { root.Send(self, work()) })
+}
+
+// Handle handles one message.
+func (b *Bridge) Handle(fx Effects, msg any) {
+	switch m := msg.(type) {
 	case *messages.Lookup, *messages.PrepareLoad, *messages.Touch, *messages.CompleteLoad,
 		*messages.PrepareStore, *messages.CompleteStore, *messages.JobDone, *messages.RequestFinished,
 		*messages.TakeEvents, *messages.HasPendingWork, *messages.Pause, *messages.Resume,
 		*messages.ResetCache, *messages.ReleaseSession, *messages.Grant, *messages.StoreCredited:
 		if b.order.admit(m) {
-			b.serve(ctx, m)
+			b.serve(fx, m)
 		}
 	case *messages.GetStats:
-		b.stats(ctx, m)
+		b.stats(fx, m)
 	case *messages.Shutdown:
-		b.shutdown(ctx, m)
+		b.shutdown(fx, m)
 	case *cpumsg.CreditGranted:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *cpumsg.CreditBound:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *jobDeadline:
-		b.deadline(ctx, m)
+		b.deadline(fx, m)
 	case *reapAt:
-		b.reapUpTo(ctx, m.gen)
+		b.reapUpTo(fx, m.gen)
 	case *checksummed:
-		b.commitChecksummed(ctx, m)
+		b.commitChecksummed(fx, m)
 	case *cpumsg.LookupResult:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *cpumsg.PinResult:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *cpumsg.ReserveResult:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *messages.Ack:
-		b.resumeAck(m)
+		b.resumeAck(fx, m)
 	case *cpumsg.TierEvents:
 		if _, asked := b.pending[m.Corr]; !asked {
 			// Drained for a TakeEvents the last restart failed: kept for the
@@ -171,70 +327,67 @@ func (b *Bridge) Receive(ctx actor.Context) {
 			*b.carry = append(*b.carry, m.Events...)
 			return
 		}
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *cpumsg.TierStatsResult:
-		b.resume(m.Corr, m)
+		b.resume(fx, m.Corr, m)
 	case *tieringmsg.AsyncLookupResult:
-		b.resume(m.Corr, m)
-	case *actor.Stopping:
-		b.failHeld(messages.ErrClosed)
-	case *actor.Stopped, *actor.Restart:
+		b.resume(fx, m.Corr, m)
 	default:
 		b.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("bridge: unknown message dropped")
 	}
 }
 
 // serve handles an engine call admitted in its order (order.go).
-func (b *Bridge) serve(ctx actor.Context, m any) {
+func (b *Bridge) serve(fx Effects, m any) {
 	switch m := m.(type) {
 	case *messages.Lookup:
-		b.lookup(ctx, m)
+		b.lookup(fx, m)
 	case *messages.PrepareLoad:
-		b.prepareLoad(ctx, m)
+		b.prepareLoad(fx, m)
 	case *messages.Touch:
-		b.touch(ctx, m)
+		b.touch(fx, m)
 	case *messages.CompleteLoad:
-		b.completeLoad(ctx, m)
+		b.completeLoad(fx, m)
 	case *messages.PrepareStore:
-		b.prepareStore(ctx, m)
+		b.prepareStore(fx, m)
 	case *messages.CompleteStore:
-		b.completeStore(ctx, m)
+		b.completeStore(fx, m)
 	case *messages.JobDone:
-		b.jobDone(ctx, m)
+		b.jobDone(fx, m)
 	case *messages.RequestFinished:
-		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
+		fx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
 		m.Reply.Answer(struct{}{}, nil)
 	case *messages.TakeEvents:
-		b.takeEvents(ctx, m)
+		b.takeEvents(fx, m)
 	case *messages.HasPendingWork:
 		// Only engine jobs need an engine step; peers, promotions, cascades
 		// and commits progress on their own (the contract: manager.go).
 		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
 	case *messages.Pause:
-		b.pause(ctx, m)
+		b.pause(fx, m)
 	case *messages.Resume:
 		b.paused = b.closed
 		m.Reply.Answer(struct{}{}, b.closedErr())
 	case *messages.ResetCache:
-		b.resetCache(ctx, m)
+		b.resetCache(fx, m)
 	case *messages.ReleaseSession:
-		b.releaseSession(ctx, m)
+		b.releaseSession(fx, m)
 	case *messages.Grant:
-		b.grant(ctx, m)
+		b.grant(fx, m)
 	case *messages.StoreCredited:
-		b.storeCredited(ctx, m)
+		b.storeCredited(fx, m)
 	}
 }
 
 // serveHeld re-admits the held calls in arrival order, once a commit was
 // sent to the CPU tier.
-func (b *Bridge) serveHeld(ctx actor.Context) {
+func (b *Bridge) serveHeld(fx Effects) {
 	if b.order.waiting() == 0 {
 		return
 	}
 	for _, m := range b.order.release() {
 		if b.order.admit(m) {
-			b.serve(ctx, m)
+			b.serve(fx, m)
 		}
 	}
 }
@@ -247,70 +400,148 @@ func (b *Bridge) failHeld(err error) {
 	}
 }
 
-func (b *Bridge) started(ctx actor.Context) {
+func (b *Bridge) started(fx Effects) {
 	if b.restart {
 		b.cfg.Log.Warn().Msg("bridge: restarted; releasing every engine lease, pin and write")
 		// NB: the engine may still be copying for jobs this incarnation never
 		// heard of: their slots stay unusable until no copy can be running.
-		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseOrigin{Origin: messages.OriginEngine,
+		fx.Send(b.cfg.CPU, &cpumsg.ReleaseOrigin{Origin: messages.OriginEngine,
 			Quarantine: max(b.cfg.LoadTimeout, b.cfg.StoreTimeout)})
 	}
 }
 
-// failInFlight answers every engine call waiting on the CPU tier and stops
-// the job timers: the incarnation that owned them is going away.
+// failInFlight answers every call waiting on the CPU tier, every drain
+// and every held call with ErrRestarted, and stops the job timers: the
+// incarnation that owned them is going away (its answers would come to
+// the next one, which knows none of them).
 func (b *Bridge) failInFlight() {
 	for _, p := range b.pending {
-		if p.fail != nil {
-			p.fail(ErrRestarted)
-		}
+		b.fail(p, ErrRestarted)
 	}
+	b.pending = map[uint64]pendingCall{}
 	for _, j := range b.reg.jobs {
 		if j.timer != nil {
 			j.timer.Stop()
 		}
 	}
 	for _, w := range b.waiters {
-		w.fail(ErrRestarted)
+		w.reply.Answer(struct{}{}, ErrRestarted)
 	}
+	b.waiters = nil
 	b.failHeld(ErrRestarted)
 }
 
-// askCPU sends a CPU-tier request built with a fresh correlation id and
-// continues with onReply when its answer, of type R, comes back. An answer
-// of any other type is a bug in the tier's protocol, not the caller's: the
-// call fails with ErrInternal rather than panicking the bridge.
-func askCPU[R any](b *Bridge, ctx actor.Context, build func(corr uint64) any, onReply func(R), fail func(error)) {
+// ask sends a request built with a fresh correlation id to pid and parks p
+// until its answer comes back (resume).
+func (b *Bridge) ask(fx Effects, pid *actor.PID, p pendingCall, build func(corr uint64) any) {
 	b.corr++
-	b.pending[b.corr] = pendingCall{fail: fail, onReply: func(r any) {
-		reply, ok := r.(R)
-		if !ok {
-			b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", r)).Msg("bridge: cpu tier answered with the wrong type")
-			fail(fmt.Errorf("%w: the cpu tier answered %T", messages.ErrInternal, r))
-			return
-		}
-		onReply(reply)
-	}}
-	ctx.Request(b.cfg.CPU, build(b.corr))
+	b.pending[b.corr] = p
+	fx.Request(pid, build(b.corr))
 }
 
-func (b *Bridge) resume(corr uint64, reply any) {
+// resume carries on the call waiting for corr with its answer. An answer
+// of a type its call does not wait for is a bug in the other side's
+// protocol: the call fails with ErrInternal rather than panicking the
+// bridge.
+func (b *Bridge) resume(fx Effects, corr uint64, reply any) {
 	p, ok := b.pending[corr]
 	if !ok {
 		return
 	}
 	delete(b.pending, corr)
-	p.onReply(reply)
+	switch r := reply.(type) {
+	case *cpumsg.LookupResult:
+		if p.kind == waitLease {
+			b.onLease(fx, p.lookup, r)
+			return
+		}
+	case *tieringmsg.AsyncLookupResult:
+		if p.kind == waitTiering {
+			b.onTiering(p.lookup, p.tiering, r)
+			return
+		}
+	case *cpumsg.PinResult:
+		if p.kind == waitPin {
+			b.onPin(p, r)
+			return
+		}
+	case *cpumsg.ReserveResult:
+		if p.kind == waitReserve {
+			b.onReserve(fx, p, r)
+			return
+		}
+	case *messages.Ack:
+		switch p.kind {
+		case waitCommit:
+			b.commitLanded(fx, p.commit, r.Err)
+			return
+		case waitClear:
+			p.reply.Answer(struct{}{}, r.Err)
+			return
+		}
+	case *cpumsg.TierEvents:
+		if p.kind == waitEvents {
+			b.onEvents(p.events, r)
+			return
+		}
+	case *cpumsg.TierStatsResult:
+		if p.kind == waitStats {
+			b.onStats(p.stats, r)
+			return
+		}
+	case *cpumsg.CreditGranted:
+		if p.kind == waitGrant {
+			p.grant.Reply.Answer(messages.CreditGrant{Slots: r.Slots, Evicted: r.Evicted}, nil)
+			return
+		}
+	case *cpumsg.CreditBound:
+		if p.kind == waitBind {
+			b.onBound(fx, p, r)
+			return
+		}
+	}
+	b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", reply)).Msg("bridge: answered with the wrong type")
+	b.fail(p, fmt.Errorf("%w: answered %T", messages.ErrInternal, reply))
+	if p.kind == waitCommit {
+		b.drained(fx)
+	}
 }
 
-func (b *Bridge) resumeAck(m *messages.Ack) {
+// fail answers the call p carries on with err.
+func (b *Bridge) fail(p pendingCall, err error) {
+	switch p.kind {
+	case waitLease, waitTiering:
+		p.lookup.Reply.Answer(nil, err)
+	case waitPin:
+		b.refuseLoad(p, err)
+	case waitReserve:
+		delete(b.opening, p.id)
+		p.store.Reply.Answer(messages.StorePlan{}, err)
+	case waitCommit:
+		b.commits--
+		b.commitAnswered(p.commit, err)
+	case waitEvents:
+		p.events.Reply.Answer(nil, err)
+	case waitClear:
+		p.reply.Answer(struct{}{}, err)
+	case waitStats:
+		p.stats.m.Reply.Answer(messages.Stats{}, err)
+	case waitGrant:
+		p.grant.Reply.Answer(messages.CreditGrant{}, err)
+	case waitBind:
+		delete(b.opening, p.id)
+		p.bind.Reply.Answer(messages.StoreBound{}, err)
+	}
+}
+
+func (b *Bridge) resumeAck(fx Effects, m *messages.Ack) {
 	if m.Corr == 0 {
 		if m.Err != nil {
 			b.cfg.Log.Error().Err(m.Err).Msg("bridge: cpu tier refused a release")
 		}
 		return
 	}
-	b.resume(m.Corr, m)
+	b.resume(fx, m.Corr, m)
 }
 
 func (b *Bridge) closedErr() error {
@@ -336,7 +567,7 @@ func (b *Bridge) workers(req *messages.ReqContext) int {
 	return b.cfg.Workers
 }
 
-func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
+func (b *Bridge) lookup(fx Effects, m *messages.Lookup) {
 	if err := b.closedErr(); err != nil {
 		m.Reply.Answer(nil, err)
 		return
@@ -349,14 +580,16 @@ func (b *Bridge) lookup(ctx actor.Context, m *messages.Lookup) {
 		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
 		return
 	}
-	askCPU(b, ctx, func(corr uint64) any {
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitLease, lookup: m}, func(corr uint64) any {
 		return &cpumsg.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL, WantSlots: m.WantSlots}
-	}, func(r *cpumsg.LookupResult) {
-		if m.WantSlots {
-			m.Slots = r.Slots
-		}
-		b.answerLookup(ctx, m, r.Status)
-	}, func(err error) { m.Reply.Answer(nil, err) })
+	})
+}
+
+func (b *Bridge) onLease(fx Effects, m *messages.Lookup, r *cpumsg.LookupResult) {
+	if m.WantSlots {
+		m.Slots = r.Slots
+	}
+	b.answerLookup(fx, m, r.Status)
 }
 
 // admit checks an engine call that starts a job (the node open and not
@@ -392,21 +625,19 @@ func (b *Bridge) newJob(id messages.JobID, kind messages.JobKind, req *messages.
 	return j
 }
 
-func (b *Bridge) arm(ctx actor.Context, j *job) {
+func (b *Bridge) arm(fx Effects, j *job) {
 	timeout := b.cfg.LoadTimeout
 	if j.kind == messages.JobStore {
 		timeout = b.cfg.StoreTimeout
 	}
-	self, root, id := ctx.Self(), ctx.ActorSystem().Root, j.id
-	j.timer = b.cfg.Clock.AfterFunc(timeout, func() { root.Send(self, &jobDeadline{id: id}) })
+	j.timer = fx.After(timeout, &jobDeadline{id: j.id})
 	b.reg.add(j)
 }
 
-func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
-	fail := func(err error) { m.Reply.Answer(messages.LoadJob{}, err) }
+func (b *Bridge) prepareLoad(fx Effects, m *messages.PrepareLoad) {
 	id, err := b.admit(m.Keys)
 	if err != nil {
-		fail(err)
+		m.Reply.Answer(messages.LoadJob{}, err)
 		return
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
@@ -415,37 +646,42 @@ func (b *Bridge) prepareLoad(ctx actor.Context, m *messages.PrepareLoad) {
 	// and it must find the job (its unpin reaches the CPU tier after the
 	// pin: that mailbox is FIFO from us). Its slots are known at the answer.
 	j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, make([]int, len(m.Keys)))
-	b.arm(ctx, j)
-	refused := func(err error) {
-		if b.reg.jobs[id] == j {
-			b.reg.remove(j)
-		}
-		fail(err)
-	}
-	askCPU(b, ctx, func(corr uint64) any {
+	b.arm(fx, j)
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitPin, load: m, job: j}, func(corr uint64) any {
 		return &cpumsg.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
-	}, func(res *cpumsg.PinResult) {
-		if res.Err != nil {
-			refused(res.Err)
-			return
-		}
-		for i, k := range m.Keys {
-			j.slots[k] = res.Slots[i]
-		}
-		m.Reply.Answer(messages.LoadJob{ID: id, Slots: res.Slots, Workers: len(j.reported)}, nil)
-	}, refused)
+	})
 }
 
-func (b *Bridge) touch(ctx actor.Context, m *messages.Touch) {
+func (b *Bridge) onPin(p pendingCall, res *cpumsg.PinResult) {
+	if res.Err != nil {
+		b.refuseLoad(p, res.Err)
+		return
+	}
+	for i, k := range p.load.Keys {
+		p.job.slots[k] = res.Slots[i]
+	}
+	p.load.Reply.Answer(messages.LoadJob{ID: p.job.id, Slots: res.Slots, Workers: len(p.job.reported)}, nil)
+}
+
+// refuseLoad ends a load the CPU tier could not pin: its job goes (unless
+// a completion or its deadline took it already) and the call fails.
+func (b *Bridge) refuseLoad(p pendingCall, err error) {
+	if b.reg.jobs[p.job.id] == p.job {
+		b.reg.remove(p.job)
+	}
+	p.load.Reply.Answer(messages.LoadJob{}, err)
+}
+
+func (b *Bridge) touch(fx Effects, m *messages.Touch) {
 	if err := validKeys(m.Keys); err != nil {
 		m.Reply.Answer(struct{}{}, err)
 		return
 	}
-	ctx.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
+	fx.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
 	m.Reply.Answer(struct{}{}, nil)
 }
 
-func (b *Bridge) completeLoad(ctx actor.Context, m *messages.CompleteLoad) {
+func (b *Bridge) completeLoad(fx Effects, m *messages.CompleteLoad) {
 	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobLoad, m.Keys)
 	if !ok {
 		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
@@ -454,49 +690,60 @@ func (b *Bridge) completeLoad(ctx actor.Context, m *messages.CompleteLoad) {
 	for j, keys := range byJob {
 		// NB: the CPU tier's mailbox is FIFO from us, so any later call we
 		// forward sees these pins released; no need to await the ack.
-		ctx.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
-		b.closeIfEmpty(ctx, j)
+		fx.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
+		b.closeIfEmpty(fx, j)
 	}
 	m.Reply.Answer(struct{}{}, nil)
 }
 
-func (b *Bridge) prepareStore(ctx actor.Context, m *messages.PrepareStore) {
-	fail := func(err error) { m.Reply.Answer(messages.StorePlan{}, err) }
+func (b *Bridge) prepareStore(fx Effects, m *messages.PrepareStore) {
 	id, err := b.admit(m.Keys)
 	if err != nil {
-		fail(err)
+		m.Reply.Answer(messages.StorePlan{}, err)
 		return
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
-	askCPU(b, ctx, func(corr uint64) any {
+	b.opening[id] = struct{}{}
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitReserve, store: m, id: id}, func(corr uint64) any {
 		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
-	}, func(res *cpumsg.ReserveResult) {
-		if res.Err != nil {
-			fail(res.Err)
-			return
-		}
-		plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
-		if len(res.ToStore) > 0 {
-			j := b.openStore(ctx, id, m.Req, m.Keys, res.ToStore, res.Slots)
-			plan.Job, plan.Workers = id, len(j.reported)
-		}
-		m.Reply.Answer(plan, nil)
-	}, fail)
+	})
+}
+
+func (b *Bridge) onReserve(fx Effects, p pendingCall, res *cpumsg.ReserveResult) {
+	m := p.store
+	delete(b.opening, p.id)
+	defer b.drained(fx)
+	if res.Err != nil {
+		m.Reply.Answer(messages.StorePlan{}, res.Err)
+		return
+	}
+	plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
+	if len(res.ToStore) > 0 {
+		j := b.openStore(fx, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
+		plan.Job, plan.Workers = p.id, len(j.reported)
+	}
+	m.Reply.Answer(plan, nil)
 }
 
 // openStore registers store job id writing keys (of the call's callKeys)
 // into slots, placed in the call's chain order for its stored event.
-func (b *Bridge) openStore(ctx actor.Context, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) *job {
+func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) *job {
 	j := b.newJob(id, messages.JobStore, req, keys, slots)
 	j.place = make(placeMap, len(keys))
 	for i, p := range messages.Place(callKeys, keys, req.ParentBlockHash) {
 		j.place[keys[i]] = p
 	}
-	b.arm(ctx, j)
+	b.arm(fx, j)
+	if id <= b.reapedUpTo {
+		// NB: opened after its drain's deadline reaped the jobs issued
+		// before it: reaped too (its writes are never readable; the engine's
+		// completion finds no job).
+		b.reap(fx, j, "drain deadline")
+	}
 	return j
 }
 
-func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
+func (b *Bridge) completeStore(fx Effects, m *messages.CompleteStore) {
 	if len(m.Keys) == 0 {
 		m.Reply.Answer(struct{}{}, nil)
 		return
@@ -506,18 +753,10 @@ func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
 		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotPending, missing))
 		return
 	}
-	remaining := len(byJob)
-	var firstErr error
+	done := &storeCompletion{m: m, remaining: len(byJob)}
 	for j, keys := range byJob {
-		b.commit(ctx, j, keys, m.OK, func(err error) {
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			if remaining--; remaining == 0 {
-				m.Reply.Answer(struct{}{}, firstErr)
-			}
-		})
-		b.closeIfEmpty(ctx, j)
+		b.commit(fx, j, keys, m.OK, commitWaiter{store: done})
+		b.closeIfEmpty(fx, j)
 	}
 }
 
@@ -525,10 +764,10 @@ func (b *Bridge) completeStore(ctx actor.Context, m *messages.CompleteStore) {
 // off the mailbox first; then takes the CPU tier's answer.
 // Committed keys go in chain order with their placements, so a stored
 // event names parents before children.
-func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool, then func(error)) {
+func (b *Bridge) commit(fx Effects, j *job, keys []messages.Key, ok bool, then commitWaiter) {
 	b.commits++
 	if !ok {
-		b.sendCommit(ctx, j.ref(), j.req, keys, nil, false, nil, then)
+		b.sendCommit(fx, &commitCall{ref: j.ref(), req: j.req, keys: keys, then: then}, nil)
 		return
 	}
 	keys, place := j.placed(keys)
@@ -539,8 +778,8 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 	for i, k := range keys {
 		slots[i] = j.slots[k]
 	}
-	self, root, ref, req, slot := ctx.Self(), ctx.ActorSystem().Root, j.ref(), j.req, b.cfg.Slot
-	b.cfg.Offload.Go(func() {
+	ref, req, slot := j.ref(), j.req, b.cfg.Slot
+	fx.Offload(func() any {
 		// NB: 2 MiB at memory speed is ~200 µs of one core at a step
 		// boundary; the budget lets a peer's lookup queued behind it run.
 		var budget cede.Budget
@@ -550,22 +789,20 @@ func (b *Bridge) commit(ctx actor.Context, j *job, keys []messages.Key, ok bool,
 			sums[i] = crc32.Checksum(blk, castagnoli)
 			budget.Spent(len(blk))
 		}
-		root.Send(self, &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then, seq: seq})
+		return &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then, seq: seq}
 	})
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
+func (b *Bridge) commitChecksummed(fx Effects, m *checksummed) {
 	if m.by != b {
 		// A previous incarnation's commit: this one never counted it, and
 		// the job's slots are quarantined by the CPU tier (ReleaseOrigin).
 		// The engine call that waited on it is answered now, not at its
 		// deadline.
 		b.cfg.Log.Warn().Uint64("job", uint64(m.job.ID)).Msg("bridge: commit of a previous incarnation dropped")
-		if m.then != nil {
-			m.then(ErrRestarted)
-		}
+		m.then.landed(ErrRestarted)
 		return
 	}
 	if m.seq != b.commitNext+1 {
@@ -577,46 +814,53 @@ func (b *Bridge) commitChecksummed(ctx actor.Context, m *checksummed) {
 	}
 	for m != nil {
 		b.commitNext = m.seq
-		b.sendCommit(ctx, m.job, m.req, m.keys, m.pos, true, m.sums, m.then)
+		b.sendCommit(fx, &commitCall{ref: m.job, req: m.req, keys: m.keys, ok: true, sums: m.sums, then: m.then}, m.pos)
 		b.order.landed(m.keys)
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
 	}
-	b.serveHeld(ctx)
+	b.serveHeld(fx)
 }
 
-// sendCommit asks the CPU tier to commit; the answer ends one in-flight
-// commit (drains wait for them: a cleared tier must not see a commit land
-// after it) and goes to then when someone waits for it.
-func (b *Bridge) sendCommit(ctx actor.Context, ref messages.JobRef, req *messages.ReqContext, keys []messages.Key, place []messages.Placement, ok bool, sums []uint32, then func(error)) {
-	landed := func(err error) {
-		b.commits--
-		if ok && err == nil {
-			b.cascade(ctx, keys, sums, req) // before the answer: whoever it wakes sees the cascade queued
-		}
-		if then != nil {
-			then(err)
-		} else if err != nil {
-			b.cfg.Log.Error().Err(err).Uint64("job", uint64(ref.ID)).Msg("bridge: commit refused")
-		}
-		b.drained(ctx)
+// sendCommit asks the CPU tier to commit c (place: its keys' placements);
+// the answer ends one in-flight commit (commitLanded).
+func (b *Bridge) sendCommit(fx Effects, c *commitCall, place []messages.Placement) {
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitCommit, commit: c}, func(corr uint64) any {
+		return &cpumsg.CommitSlots{Corr: corr, Job: c.ref, Keys: c.keys, OK: c.ok, Checksums: c.sums, Ctx: c.req, Place: place}
+	})
+}
+
+// commitLanded ends one in-flight commit (drains wait for them: a cleared
+// tier must not see a commit land after it): a readable one is cascaded
+// before the answer, so whoever it wakes sees the cascade queued.
+func (b *Bridge) commitLanded(fx Effects, c *commitCall, err error) {
+	b.commits--
+	if c.ok && err == nil {
+		b.cascade(fx, c.keys, c.sums, c.req)
 	}
-	askCPU(b, ctx, func(corr uint64) any {
-		return &cpumsg.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: ok, Checksums: sums, Ctx: req, Place: place}
-	}, func(r *messages.Ack) { landed(r.Err) }, landed)
+	b.commitAnswered(c, err)
+	b.drained(fx)
+}
+
+// commitAnswered tells whoever waits for c how it went; a refusal nobody
+// waits for is logged.
+func (b *Bridge) commitAnswered(c *commitCall, err error) {
+	if !c.then.landed(err) && err != nil {
+		b.cfg.Log.Error().Err(err).Uint64("job", uint64(c.ref.ID)).Msg("bridge: commit refused")
+	}
 }
 
 // closeIfEmpty removes a job all of whose keys were claimed.
-func (b *Bridge) closeIfEmpty(ctx actor.Context, j *job) {
+func (b *Bridge) closeIfEmpty(fx Effects, j *job) {
 	if len(j.open) > 0 || b.reg.jobs[j.id] != j {
 		return
 	}
 	b.reg.remove(j)
 	b.cfg.Counters.JobsCompleted++
-	b.drained(ctx)
+	b.drained(fx)
 }
 
-func (b *Bridge) jobDone(ctx actor.Context, m *messages.JobDone) {
+func (b *Bridge) jobDone(fx Effects, m *messages.JobDone) {
 	j, ok := b.reg.jobs[m.Job]
 	if !ok {
 		b.cfg.Counters.LateReports++
@@ -642,13 +886,13 @@ func (b *Bridge) jobDone(ctx actor.Context, m *messages.JobDone) {
 	// freed): an engine that stores then looks up sees a HIT, not a race
 	// with the checksum goroutine.
 	b.cfg.Counters.JobsCompleted++
-	b.finish(ctx, j, j.allOK, func(err error) { m.Reply.Answer(struct{}{}, err) })
+	b.finish(fx, j, j.allOK, commitWaiter{done: m})
 }
 
 // finish releases what the job still holds: a load unpins, a store commits
-// (readable only if ok) — and removes it from the registry.
-// then, if set, gets the outcome once the CPU tier has applied it.
-func (b *Bridge) finish(ctx actor.Context, j *job, ok bool, then func(error)) {
+// (readable only if ok) — and removes it from the registry. then, if
+// anyone, gets the outcome once the CPU tier has applied it.
+func (b *Bridge) finish(fx Effects, j *job, ok bool, then commitWaiter) {
 	b.reg.remove(j)
 	keys := j.openKeys()
 	j.open = nil
@@ -656,32 +900,30 @@ func (b *Bridge) finish(ctx actor.Context, j *job, ok bool, then func(error)) {
 	case j.kind == messages.JobLoad:
 		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
 		// pins released, so the answer need not wait for the ack.
-		ctx.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
-		if then != nil {
-			then(nil)
-		}
+		fx.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
+		then.landed(nil)
 	case len(keys) > 0:
-		b.commit(ctx, j, keys, ok, then)
-	case then != nil:
-		then(nil)
+		b.commit(fx, j, keys, ok, then)
+	default:
+		then.landed(nil)
 	}
-	b.drained(ctx)
+	b.drained(fx)
 }
 
-func (b *Bridge) deadline(ctx actor.Context, m *jobDeadline) {
+func (b *Bridge) deadline(fx Effects, m *jobDeadline) {
 	j, ok := b.reg.jobs[m.id]
 	if !ok {
 		return // completed before its deadline; the timer lost the race to Stop
 	}
-	b.reap(ctx, j, "deadline")
+	b.reap(fx, j, "deadline")
 }
 
-func (b *Bridge) reap(ctx actor.Context, j *job, why string) {
+func (b *Bridge) reap(fx Effects, j *job, why string) {
 	b.countReaped(j)
 	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
 		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
 		Str("why", why).Msg("bridge: stalled job reaped")
-	b.finish(ctx, j, false, nil)
+	b.finish(fx, j, false, commitWaiter{})
 }
 
 func (b *Bridge) countReaped(j *job) {
@@ -692,50 +934,62 @@ func (b *Bridge) countReaped(j *job) {
 	}
 }
 
-func (b *Bridge) takeEvents(ctx actor.Context, m *messages.TakeEvents) {
-	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.TakeTierEvents{Corr: corr} },
-		func(r *cpumsg.TierEvents) {
-			events := r.Events
-			if len(*b.carry) > 0 {
-				events = append(*b.carry, events...)
-				*b.carry = nil
-			}
-			m.Reply.Answer(events, nil)
-		},
-		func(err error) { m.Reply.Answer(nil, err) })
+func (b *Bridge) takeEvents(fx Effects, m *messages.TakeEvents) {
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitEvents, events: m}, func(corr uint64) any {
+		return &cpumsg.TakeTierEvents{Corr: corr}
+	})
 }
 
-// onDrained runs done once no job with id ≤ the current highest remains.
-// With a reset generation, a reapAt for that generation reaps the
-// stragglers.
-func (b *Bridge) onDrained(ctx actor.Context, gen uint64, reply messages.Reply[struct{}], done func()) {
-	fail := func(err error) { reply.Answer(struct{}{}, err) }
-	b.waiters = append(b.waiters, drainWaiter{upTo: messages.JobID(b.cfg.JobSeq.Load()), gen: gen, done: done, fail: fail})
-	b.drained(ctx)
+func (b *Bridge) onEvents(m *messages.TakeEvents, r *cpumsg.TierEvents) {
+	events := r.Events
+	if len(*b.carry) > 0 {
+		events = append(*b.carry, events...)
+		*b.carry = nil
+	}
+	m.Reply.Answer(events, nil)
 }
 
-func (b *Bridge) drained(actor.Context) {
+// onDrained parks w until no job with id ≤ the current highest remains
+// (at once if none does). With a reset generation, a reapAt for that
+// generation reaps the stragglers.
+func (b *Bridge) onDrained(fx Effects, w drainWaiter) {
+	w.upTo = messages.JobID(b.cfg.JobSeq.Load())
+	b.waiters = append(b.waiters, w)
+	b.drained(fx)
+}
+
+// drained carries on the drain waiters whose jobs all ended, once no commit
+// is in flight: a clearing one clears the CPU tier, the others are
+// answered.
+func (b *Bridge) drained(fx Effects) {
 	if len(b.waiters) == 0 || b.commits > 0 {
 		return
 	}
 	oldest := b.oldestJob()
 	kept := b.waiters[:0]
-	var ready []func()
+	var ready []drainWaiter
 	for _, w := range b.waiters {
 		if oldest == 0 || oldest > w.upTo {
-			ready = append(ready, w.done)
+			ready = append(ready, w)
 		} else {
 			kept = append(kept, w)
 		}
 	}
 	b.waiters = kept
-	for _, done := range ready {
-		done()
+	for _, w := range ready {
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		if w.clear {
+			b.clearTier(fx, w.reply)
+			continue
+		}
+		w.reply.Answer(struct{}{}, nil)
 	}
 }
 
-// oldestJob is the smallest in-flight job id (0 when none). O(jobs), only
-// while someone waits for a drain.
+// oldestJob is the smallest in-flight job id, opening ones included (0
+// when none). O(jobs), only while someone waits for a drain.
 func (b *Bridge) oldestJob() messages.JobID {
 	var oldest messages.JobID
 	for id := range b.reg.jobs {
@@ -743,58 +997,55 @@ func (b *Bridge) oldestJob() messages.JobID {
 			oldest = id
 		}
 	}
+	for id := range b.opening {
+		if oldest == 0 || id < oldest {
+			oldest = id
+		}
+	}
 	return oldest
 }
 
-func (b *Bridge) reapUpTo(ctx actor.Context, gen uint64) {
+func (b *Bridge) reapUpTo(fx Effects, gen uint64) {
 	var upTo messages.JobID
 	for _, w := range b.waiters {
 		if w.gen == gen && w.upTo > upTo {
 			upTo = w.upTo
 		}
 	}
+	b.reapedUpTo = max(b.reapedUpTo, upTo)
 	for id, j := range b.reg.jobs {
 		if id <= upTo {
-			b.reap(ctx, j, "drain deadline")
+			b.reap(fx, j, "drain deadline")
 		}
 	}
 }
 
-func (b *Bridge) drainBy(ctx actor.Context, deadline time.Time, reply messages.Reply[struct{}], done func()) {
+// drainBy parks a drain whose stragglers are reaped at deadline.
+func (b *Bridge) drainBy(fx Effects, deadline time.Time, reply messages.Reply[struct{}], clear bool) {
 	b.resetGen++
 	gen := b.resetGen
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	timer := b.cfg.Clock.AfterFunc(deadline.Sub(b.cfg.Clock.Now()), func() { root.Send(self, &reapAt{gen: gen}) })
-	b.onDrained(ctx, gen, reply, func() {
-		timer.Stop()
-		done()
+	timer := fx.After(deadline.Sub(b.cfg.Clock.Now()), &reapAt{gen: gen})
+	b.onDrained(fx, drainWaiter{gen: gen, reply: reply, clear: clear, timer: timer})
+}
+
+func (b *Bridge) clearTier(fx Effects, reply messages.Reply[struct{}]) {
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitClear, reply: reply}, func(corr uint64) any {
+		return &cpumsg.ClearTier{Corr: corr}
 	})
 }
 
-func (b *Bridge) clearTier(ctx actor.Context, reply messages.Reply[struct{}]) {
-	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.ClearTier{Corr: corr} },
-		func(r *messages.Ack) { reply.Answer(struct{}{}, r.Err) },
-		func(err error) { reply.Answer(struct{}{}, err) })
-}
-
-func (b *Bridge) pause(ctx actor.Context, m *messages.Pause) {
+func (b *Bridge) pause(fx Effects, m *messages.Pause) {
 	b.paused = true
-	b.onDrained(ctx, 0, m.Reply, func() {
-		if m.ClearCache {
-			b.clearTier(ctx, m.Reply)
-			return
-		}
-		m.Reply.Answer(struct{}{}, nil)
-	})
+	b.onDrained(fx, drainWaiter{reply: m.Reply, clear: m.ClearCache})
 }
 
-func (b *Bridge) resetCache(ctx actor.Context, m *messages.ResetCache) {
-	b.drainBy(ctx, m.Deadline, m.Reply, func() { b.clearTier(ctx, m.Reply) })
+func (b *Bridge) resetCache(fx Effects, m *messages.ResetCache) {
+	b.drainBy(fx, m.Deadline, m.Reply, true)
 }
 
-func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
+func (b *Bridge) shutdown(fx Effects, m *messages.Shutdown) {
 	b.closed, b.paused = true, true
-	b.drainBy(ctx, m.Deadline, m.Reply, func() { m.Reply.Answer(struct{}{}, nil) })
+	b.drainBy(fx, m.Deadline, m.Reply, false)
 }
 
 // stats answers with the bridge's figures as of the call, merged with the
@@ -802,19 +1053,22 @@ func (b *Bridge) shutdown(ctx actor.Context, m *messages.Shutdown) {
 // the bridge sent before the call, so a job the bridge no longer counts
 // shows no pins it gave back; only a finished store whose commit is still
 // being checksummed can show write-pending slots for a moment.
-func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
-	c := *b.cfg.Counters
-	jobs, requests, paused := len(b.reg.jobs), len(b.reg.byReq), b.paused
-	askCPU(b, ctx, func(corr uint64) any { return &cpumsg.TierStats{Corr: corr} }, func(r *cpumsg.TierStatsResult) {
-		s := r.Stats
-		s.JobsInFlight, s.Requests, s.Paused = jobs, requests, paused
-		s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
-			c.JobsCompleted, c.ReapedLoad, c.ReapedStore, c.LateReports
-		if b.cfg.Restarts != nil {
-			s.ActorRestarts = b.cfg.Restarts.Load()
-		}
-		m.Reply.Answer(s, nil)
-	}, func(err error) { m.Reply.Answer(messages.Stats{}, err) })
+func (b *Bridge) stats(fx Effects, m *messages.GetStats) {
+	c := &statsCall{m: m, counters: *b.cfg.Counters, jobs: len(b.reg.jobs), requests: len(b.reg.byReq), paused: b.paused}
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitStats, stats: c}, func(corr uint64) any {
+		return &cpumsg.TierStats{Corr: corr}
+	})
+}
+
+func (b *Bridge) onStats(c *statsCall, r *cpumsg.TierStatsResult) {
+	s := r.Stats
+	s.JobsInFlight, s.Requests, s.Paused = c.jobs, c.requests, c.paused
+	s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
+		c.counters.JobsCompleted, c.counters.ReapedLoad, c.counters.ReapedStore, c.counters.LateReports
+	if b.cfg.Restarts != nil {
+		s.ActorRestarts = b.cfg.Restarts.Load()
+	}
+	c.m.Reply.Answer(s, nil)
 }
 
 // releaseSession ends what a lost engine connection held (standalone mode,
@@ -824,16 +1078,16 @@ func (b *Bridge) stats(ctx actor.Context, m *messages.GetStats) {
 // load unpins). Every CPU-tier release is sent before the answer, so a call
 // made after the answer sees them applied (the CPU mailbox is FIFO from us).
 // Cost: O(requests with jobs at the bridge), once per lost connection.
-func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
+func (b *Bridge) releaseSession(fx Effects, m *messages.ReleaseSession) {
 	if m.Prefix == "" {
 		m.Reply.Answer(messages.SessionReleased{}, fmt.Errorf("%w: release of a session without a prefix", messages.ErrInternal))
 		return
 	}
 	for _, id := range m.Open {
-		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
+		fx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
 	}
 	if m.Session != 0 {
-		ctx.Send(b.cfg.CPU, &cpumsg.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
+		fx.Send(b.cfg.CPU, &cpumsg.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
 	}
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {
@@ -856,8 +1110,9 @@ func (b *Bridge) releaseSession(ctx actor.Context, m *messages.ReleaseSession) {
 	if len(refs) > 0 {
 		b.cfg.Log.Warn().Int("jobs", len(refs)).Str("session", m.Prefix).Dur("quarantine", m.Quarantine).
 			Msg("bridge: jobs of an ended engine session orphaned; their slots are freed after the quarantine")
-		ctx.Send(b.cfg.CPU, &cpumsg.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
+		fx.Send(b.cfg.CPU, &cpumsg.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
 	}
-	b.drained(ctx)
+	b.drained(fx)
+
 	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
 }

@@ -1,8 +1,6 @@
 package scheduler
 
 import (
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -16,49 +14,51 @@ func creditOwner(session uint64) messages.JobRef {
 	return messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(session)}
 }
 
-func (b *Bridge) grant(ctx actor.Context, m *messages.Grant) {
-	fail := func(err error) { m.Reply.Answer(messages.CreditGrant{}, err) }
+func (b *Bridge) grant(fx Effects, m *messages.Grant) {
 	if err := b.intakeErr(); err != nil {
-		fail(err)
+		m.Reply.Answer(messages.CreditGrant{}, err)
 		return
 	}
-	askCPU(b, ctx, func(corr uint64) any {
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitGrant, grant: m}, func(corr uint64) any {
 		return &cpumsg.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N}
-	}, func(r *cpumsg.CreditGranted) {
-		m.Reply.Answer(messages.CreditGrant{Slots: r.Slots, Evicted: r.Evicted}, nil)
-	}, fail)
+	})
 }
 
 // storeCredited binds the credited slots to the keys the node does not hold
 // yet and opens one store job for those; its completion is the usual
 // CompleteStore (or JobDone).
-func (b *Bridge) storeCredited(ctx actor.Context, m *messages.StoreCredited) {
-	fail := func(err error) { m.Reply.Answer(messages.StoreBound{}, err) }
+func (b *Bridge) storeCredited(fx Effects, m *messages.StoreCredited) {
 	id, err := b.admit(m.Keys)
 	if err != nil {
-		fail(err)
+		m.Reply.Answer(messages.StoreBound{}, err)
 		return
 	}
 	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
-	askCPU(b, ctx, func(corr uint64) any {
+	b.opening[id] = struct{}{}
+	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitBind, bind: m, id: id}, func(corr uint64) any {
 		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: ref, Keys: m.Keys, Slots: m.Slots}
-	}, func(r *cpumsg.CreditBound) {
-		if r.Err != nil {
-			fail(r.Err)
-			return
+	})
+}
+
+func (b *Bridge) onBound(fx Effects, p pendingCall, r *cpumsg.CreditBound) {
+	m := p.bind
+	delete(b.opening, p.id)
+	defer b.drained(fx)
+	if r.Err != nil {
+		m.Reply.Answer(messages.StoreBound{}, r.Err)
+		return
+	}
+	var keys []messages.Key
+	var slots []int
+	for i, ok := range r.Bound {
+		if ok {
+			keys, slots = append(keys, m.Keys[i]), append(slots, m.Slots[i])
 		}
-		var keys []messages.Key
-		var slots []int
-		for i, ok := range r.Bound {
-			if ok {
-				keys, slots = append(keys, m.Keys[i]), append(slots, m.Slots[i])
-			}
-		}
-		res := messages.StoreBound{Bound: r.Bound}
-		if len(keys) > 0 {
-			j := b.openStore(ctx, id, m.Req, m.Keys, keys, slots)
-			res.Job, res.Workers = id, len(j.reported)
-		}
-		m.Reply.Answer(res, nil)
-	}, fail)
+	}
+	res := messages.StoreBound{Bound: r.Bound}
+	if len(keys) > 0 {
+		j := b.openStore(fx, p.id, m.Req, m.Keys, keys, slots)
+		res.Job, res.Workers = p.id, len(j.reported)
+	}
+	m.Reply.Answer(res, nil)
 }

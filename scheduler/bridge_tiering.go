@@ -1,8 +1,6 @@
 package scheduler
 
 import (
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 
 	"github.com/kvtier/kvtier/messages"
@@ -18,7 +16,7 @@ import (
 // prefix scan keeps its semantics: the CPU stopped at its first non-HIT; if
 // that is a MISS, the tiering actor gets the tail and its answer for the
 // first key (RETRY or MISS) is the scan's stop, the rest stay MISS.
-func (b *Bridge) answerLookup(ctx actor.Context, m *messages.Lookup, st []messages.LookupStatus) {
+func (b *Bridge) answerLookup(fx Effects, m *messages.Lookup, st []messages.LookupStatus) {
 	if b.cfg.Tiering == nil {
 		m.Reply.Answer(st, nil)
 		return
@@ -49,24 +47,27 @@ func (b *Bridge) answerLookup(ctx actor.Context, m *messages.Lookup, st []messag
 	for j, i := range idx {
 		keys[j] = m.Keys[i]
 	}
-	b.corr++
-	b.pending[b.corr] = pendingCall{onReply: func(r any) {
-		res := r.(*tieringmsg.AsyncLookupResult)
-		for j, i := range idx {
-			if j < len(res.Status) {
-				st[i] = res.Status[j]
-			}
+	b.ask(fx, b.cfg.Tiering, pendingCall{kind: waitTiering, lookup: m, tiering: &tieringAsk{st: st, idx: idx}}, func(corr uint64) any {
+		return &tieringmsg.AsyncLookup{Corr: corr, Req: m.Req, Keys: keys, Prefix: m.Prefix}
+	})
+}
+
+// onTiering answers the Lookup with the tiering actor's statuses in place
+// of its MISS keys'.
+func (b *Bridge) onTiering(m *messages.Lookup, t *tieringAsk, res *tieringmsg.AsyncLookupResult) {
+	for j, i := range t.idx {
+		if j < len(res.Status) {
+			t.st[i] = res.Status[j]
 		}
-		m.Reply.Answer(st, nil)
-	}, fail: func(err error) { m.Reply.Answer(nil, err) }}
-	ctx.Request(b.cfg.Tiering, &tieringmsg.AsyncLookup{Corr: b.corr, Req: m.Req, Keys: keys, Prefix: m.Prefix})
+	}
+	m.Reply.Answer(t.st, nil)
 }
 
 // cascade tells the tiering actor that keys became readable (fire and
 // forget).
-func (b *Bridge) cascade(ctx actor.Context, keys []messages.Key, sums []uint32, req *messages.ReqContext) {
+func (b *Bridge) cascade(fx Effects, keys []messages.Key, sums []uint32, req *messages.ReqContext) {
 	if b.cfg.Tiering == nil || len(keys) == 0 || len(sums) != len(keys) {
 		return
 	}
-	ctx.Send(b.cfg.Tiering, &tieringmsg.Cascade{Keys: keys, Checksums: sums, Ctx: req})
+	fx.Send(b.cfg.Tiering, &tieringmsg.Cascade{Keys: keys, Checksums: sums, Ctx: req})
 }
