@@ -3,8 +3,9 @@ package kvtier
 import (
 	"context"
 	"fmt"
-	"github.com/asynkron/protoactor-go/actor"
 	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu"

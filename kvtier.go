@@ -15,13 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"

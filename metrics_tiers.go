@@ -8,8 +8,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvtier/kvtier/tiers/p2p"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtier/kvtier/tiers/p2p"
 )
 
 type tierCollector struct {

@@ -19,13 +19,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/discovery"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/rdma/nixl"
 	"github.com/kvtier/kvtier/rdma/tcp"

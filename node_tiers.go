@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
@@ -19,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/p2p"
 	"github.com/kvtier/kvtier/tiers/tiering"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 )
 
 // openedTier is a secondary tier ready to be spawned.

@@ -12,8 +12,6 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 	"github.com/stretchr/testify/require"
@@ -24,6 +22,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/obj"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
 	"github.com/kvtier/kvtier/tiers/tiering"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 const objBucket = "kvtier-test"

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/testleak"
-	"github.com/kvtier/kvtier/messages"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/messages"
 )
 
 // Open fails late (a secondary tier whose root is a file), after the pool,

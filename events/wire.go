@@ -9,8 +9,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvtier/kvtier/internal/msgp"
 )
 
 // Event types, vLLM's tag values.

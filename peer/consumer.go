@@ -4,11 +4,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/supervision"

@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
 )

@@ -9,13 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/supervision"
 )

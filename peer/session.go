@@ -9,12 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/supervision"

@@ -1,9 +1,8 @@
 package scheduler
 
 import (
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 )
 
 // The bridge's side of the secondary tiers: a CPU MISS is put to the

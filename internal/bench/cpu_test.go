@@ -4,8 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvtier/kvtier/internal/testleak"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/internal/testleak"
 )
 
 func TestMain(m *testing.M) { testleak.VerifyTestMain(m) }

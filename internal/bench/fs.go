@@ -11,13 +11,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // FSOptions sizes the fs-tier scenario.

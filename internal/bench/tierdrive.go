@@ -8,13 +8,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // tierDrive is one secondary tier under test: how to spawn its actor and

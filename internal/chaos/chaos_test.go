@@ -16,20 +16,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // The fixed-seed chaos suite and the harness's self-tests. Every run here

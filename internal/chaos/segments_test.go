@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 

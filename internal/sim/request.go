@@ -1,11 +1,10 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
-
-	"context"
 
 	"github.com/kvtier/kvtier/messages"
 )

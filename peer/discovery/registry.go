@@ -13,10 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kvtier/kvtier/internal/defaults"
 )
 
 // ErrDuplicateNode: another live node holds this node's id in etcd. Start

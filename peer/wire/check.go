@@ -1,11 +1,11 @@
 package wire
 
 import (
-	"github.com/kvtier/kvtier/internal/msgp"
 	"math"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/kvtier/kvtier/messages"
 )
 

@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+
 	"github.com/kvtier/kvtier/internal/msgp"
 )
 

@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/freeport"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/internal/freeport"
 )
 
 // freeAddr is a loopback TCP address nobody listens on right now.

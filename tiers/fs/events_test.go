@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 

@@ -6,12 +6,11 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // stats asks the tier its counters.

@@ -19,13 +19,12 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // crashAfterWriting writes blocks 0..n-1 (with provenance) through a tier

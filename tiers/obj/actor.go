@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // Actor serves the tier contract (tiers/contract.go) for one obj tier.

@@ -9,8 +9,6 @@ package obj_test
 import (
 	"testing"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 func provOf(i int) *messages.Provenance {

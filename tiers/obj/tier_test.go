@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/minio/minio-go/v7"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -25,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -17,7 +14,9 @@ import (
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // The P2P tier's core driven through a seeded world: three peers whose

@@ -19,10 +19,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtier/kvtier/peer/peermsg"
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
@@ -30,7 +26,10 @@ import (
 	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
+	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 // Kind names the peer tier in the config and in TierFilter.

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -20,6 +17,8 @@ import (
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

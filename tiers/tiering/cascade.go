@@ -3,11 +3,10 @@ package tiering
 import (
 	"errors"
 
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 type cascadeItem struct {

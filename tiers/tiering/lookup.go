@@ -4,11 +4,10 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 type negEntry struct {

@@ -4,10 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvtier/kvtier/tiers/tiermsg"
-
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
+	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
 type promotion struct {
