@@ -74,6 +74,16 @@ if ! bash scripts/nixl.sh; then
 	exit 1
 fi
 
+section "Python lint and types (ruff check, mypy on the runtime modules: clients/python/pyproject.toml)"
+if ! "$PY" -c 'import ruff, mypy' >/dev/null 2>&1; then
+	"$PY" -m pip install --quiet ruff==0.8.0 mypy==2.4.1 ||
+		"$PY" -m pip install --quiet --break-system-packages ruff==0.8.0 mypy==2.4.1
+fi
+if ! { (cd clients/python && "$PY" -m ruff check . && "$PY" -m mypy); }; then
+	echo "FAILED: ruff or mypy on clients/python" >&2
+	exit 1
+fi
+
 section "python3 -m pytest clients/python/tests -q"
 if ! "$PY" -m pytest clients/python/tests -q; then
 	echo "FAILED: python client tests" >&2

@@ -12,10 +12,10 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
 import zmq
@@ -208,7 +208,7 @@ class _ZmqTransport:
     """ipc:// and tcp://: one ZeroMQ DEALER."""
 
     def __init__(self, addr: str, timeout: float):
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock: Any = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         # A routing id of its own: kvtierd learns a connection's end by the
         # identity in its handshake and releases that session at once (a

@@ -183,7 +183,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         self.opts = settings(storage_config.extra_config)
         self.address = self.opts["kvtier_address"]
-        self.mem_pool_host = None
+        self.mem_pool_host: Any = None  # SGLang's HostKVCache, once registered
         self.ns: Optional[str] = None
         self._nsfp = 0
         self._page_bytes = 0
@@ -248,7 +248,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         c = Client(self.address, name=f"sglang-{self._tag}", timeout=self.opts["kvtier_timeout_s"],
                    poll_us=self.opts["kvtier_poll_us"])
         try:
-            if self.mem_pool_host is not None:
+            if self.mem_pool_host is not None and self.ns is not None:
                 self._check_geometry(c, self._page_bytes, self.ns)
             pool = _PoolMap(c.hello.pool_path, c.hello.block_bytes, c.hello.slots)
         except Exception:
@@ -269,7 +269,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def _link(self) -> Optional[Tuple[Client, _PoolMap, Optional[Residency], int]]:
         with self._lock:
-            if self._client is None:
+            if self._client is None or self._pool is None:
                 return None
             return self._client, self._pool, self._index, self._epoch
 
@@ -288,7 +288,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             c.close(bye=False)
         except Exception:
             pass
-        pool.close()
+        if pool is not None:
+            pool.close()
         if index is not None:
             index.close()
         self._start_reconnect()
@@ -333,6 +334,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def _keys(self, keys: Sequence[str]) -> List[Tuple[str, bytes, int]]:
         ns = self.ns
+        if ns is None:
+            raise KvtierConfigError("no host pool registered yet: no namespace to key pages in")
         return [(ns, page_hash(k), 0) for k in keys]
 
     def _rid(self, what: str) -> str:
@@ -500,6 +503,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             if n == 0:
                 return
             load = self._keys(keys[:n])
+            assert rid is not None  # NB: a leased prefix (n > 0) came with its request id
             req = Request(rid)
             self.stats_counters["get_round_trips"] += 1
             job = c.prepare_load(req, load)

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def possible_none_hash_digests() -> Optional[List[str]]:
         return None
     cfg = get_current_vllm_config_or_none()
     algo = getattr(getattr(cfg, "cache_config", None), "prefix_caching_hash_algo", None)
-    random_seeded = getattr(kcu, "_NON_CRYPTO_HASH_FUNCTIONS", frozenset())
+    random_seeded: FrozenSet[str] = getattr(kcu, "_NON_CRYPTO_HASH_FUNCTIONS", frozenset())
     seeded = os.environ.get("PYTHONHASHSEED") is not None
     out = []
     for name in ([algo] if algo else HASH_ALGOS):
@@ -197,5 +197,5 @@ class PoolRef:
         return cls(path, st.st_dev, st.st_ino, block_bytes * slots, block_bytes)
 
 
-def optional_int(v: Optional[object]) -> Optional[int]:
+def optional_int(v: Optional[Any]) -> Optional[int]:
     return None if v is None else int(v)

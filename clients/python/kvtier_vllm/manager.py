@@ -623,15 +623,16 @@ class KvtierManager(OffloadingManager):
         self._flush_before_schedule()
         keys = list(keys)
         r = self._req(req_context)
-        slots = []
+        slots: List[int] = []
+        leased = True  # every key answered HIT by this session's lookup
         for k in keys:
             ans = r.answers.pop(k, None)
             if ans is None or ans[0] != HIT or ans[4] != self._link.epoch:
-                slots = None
+                leased = False
                 break
             slots.append(ans[1])
         self._saw(r, keys)
-        if slots is not None and self._link_up():
+        if leased and self._link_up():
             # The lease becomes a pin: sent ahead of the completion, on the
             # same ordered connection; the workers copy meanwhile.
             self._queue("prepare_load", ("load",), quiet=True, req=r.wire, **self._keys(keys))

@@ -25,7 +25,7 @@ import mmap
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -117,8 +117,8 @@ class KvtierWorker(OffloadingWorker):
         self._maps: Dict[PoolRef, PoolMapping] = {}
         self._finished: List[TransferResult] = []
         self.dropped_stores = 0  # stores planned on a pool kvtierd replaced (nothing copied)
-        self._inflight: Deque[Tuple[int, object, int]] = deque()  # CUDA: (job, event, bytes)
-        self._events: Dict[int, object] = {}
+        self._inflight: Deque[Tuple[int, Any, int]] = deque()  # CUDA: (job, event, bytes)
+        self._events: Dict[int, Any] = {}  # job → its CUDA event
         self._stream = torch.cuda.Stream() if self._cuda else None
         log.info("kvtier worker: %d KV tensor(s), %s copy path, shard at %d",
                  len(self._engine), "CUDA" if self._cuda else "CPU", self._shard_base)
@@ -211,7 +211,9 @@ class KvtierWorker(OffloadingWorker):
     def _copy_cuda(self, plan, pool: PoolMapping, to_pool: bool) -> int:
         from vllm import _custom_ops as ops
 
-        src_ptrs, dst_ptrs, sizes = [], [], []
+        src_ptrs: List[np.ndarray] = []
+        dst_ptrs: List[np.ndarray] = []
+        sizes: List[np.ndarray] = []
         for gc in plan:
             for c in self._group_copies[gc.group]:
                 engine = self._engine[c.tensor]

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from kvtier_client import HIT, MISS, Client, KvtierError, Request
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
-from kvtier_client import HIT, MISS, Client, KvtierError, Request  # noqa: E402
 
 BLOCK = 64 << 10
 NS = "0123456789abcdef"

@@ -7,20 +7,19 @@ import os
 import select
 import struct
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-
-from kvtier_client.residency import (  # noqa: E402
+from kvtier_client.residency import (
     Residency,
     fingerprint,
     fingerprint_key,
     ns_fingerprint,
 )
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
 
 MASK64 = (1 << 64) - 1
 NS = "vllm-test"  # the writer's documented key set: see internal/writer/main.go

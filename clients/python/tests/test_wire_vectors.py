@@ -11,16 +11,14 @@ against the protocol's table, so nothing copied by hand can drift."""
 import json
 import os
 import re
-import sys
 
 import msgpack
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import kvtier_client.client as kc
+from kvtier_client import Client, KvtierError, Request
 
-import kvtier_client.client as kc  # noqa: E402
-from kvtier_client import Client, KvtierError, Request  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 with open(os.path.join(HERE, "wire_vectors.json")) as f:
     VECTORS = json.load(f)

@@ -590,9 +590,9 @@ def test_the_share_bench_reports_both_caches_per_engine_count_and_routing(kvtier
     trace = [shared + [5000 + i] for i in range(64)]
     out = share_case(kvtierd_bin, trace, capacity=80, engines=4, routing="round_robin",
                      restart=False, transport="unix", per_step=1)
-    for field in ("native_hit_rate", "kvtier_hit_rate", "native_recomputed_tokens",
-                  "kvtier_recomputed_tokens"):
-        assert field in out, field
+    for figure in ("native_hit_rate", "kvtier_hit_rate", "native_recomputed_tokens",
+                   "kvtier_recomputed_tokens"):
+        assert figure in out, figure
     # NB: native's C/4 can never hold the prefix (0 hits); kvtier's first
     # requests on each engine miss while the prefix is being stored, and
     # under load a few more (a commit not in yet): well above, not exact.

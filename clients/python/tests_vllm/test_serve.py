@@ -20,7 +20,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
 
 from conftest import REPO, needs_vllm
 
