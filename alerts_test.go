@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 )
 
 // The alert rules operators load (deploy/prometheus/kvtier.rules.yml) name

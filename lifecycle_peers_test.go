@@ -27,9 +27,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/internal/testleak"
-	"github.com/kvtier/kvtier/internal/testloop"
-	"github.com/kvtier/kvtier/internal/testnet"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testloop"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"

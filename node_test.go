@@ -11,7 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/supervision"

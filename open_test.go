@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
 

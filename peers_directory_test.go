@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/p2p"
 )

@@ -8,13 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvtier/kvtier/internal/testetcd"
-	"github.com/kvtier/kvtier/internal/testloop"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/discovery"
 )
 
-// Nodes that find each other through a real etcd (internal/testetcd:
+// Nodes that find each other through a real etcd (internal/testutil/testetcd:
 // Debian's etcd 3.4, which the v3.7 client speaks to).
 
 // discoveryTTL is etcd's shortest lease.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testcerts"
+	"github.com/kvtier/kvtier/internal/testutil/testcerts"
 	"github.com/kvtier/kvtier/messages"
 )
 

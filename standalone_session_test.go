@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/testloop"
+	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/supervision"

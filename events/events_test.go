@@ -13,7 +13,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvtier/kvtier/actors"
-	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testnet"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 )
 
 // silentListener accepts TCP connections and never speaks: a peer that is

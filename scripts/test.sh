@@ -45,7 +45,7 @@ promtool check rules deploy/prometheus/kvtier.rules.yml
 section "etcd (Debian's etcd-server: the peer discovery tests run a real one)"
 if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
 	# NB: the package's service is not started (no init in CI containers);
-	# the tests start their own etcd on loopback (internal/testetcd).
+	# the tests start their own etcd on loopback (internal/testutil/testetcd).
 	SUDO=""
 	[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 	export DEBIAN_FRONTEND=noninteractive

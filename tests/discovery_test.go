@@ -2,7 +2,7 @@ package tests
 
 // Peers found through etcd, across real processes: kvtierd daemons whose
 // only peer configuration is peers.discovery find each other in a real
-// etcd (Debian's etcd 3.4; internal/testetcd), fetch blocks across nodes
+// etcd (Debian's etcd 3.4; internal/testutil/testetcd), fetch blocks across nodes
 // with every byte verified, and follow the fleet as it changes — a node
 // joining late, one SIGKILLed (gone from the others within its lease TTL
 // and a heartbeat, nothing it held left leased or pinned), one stopped
@@ -24,7 +24,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	fleetstatus "github.com/kvtier/kvtier/internal/fleet"
-	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testloop"
+	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/messages"
 )
 

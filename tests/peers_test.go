@@ -26,7 +26,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 )

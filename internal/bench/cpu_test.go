@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
 )
 
 func TestMain(m *testing.M) { testleak.VerifyTestMain(m) }

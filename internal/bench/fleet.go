@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
 )
 

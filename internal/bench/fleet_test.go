@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 )
 
 // A small fleet runs the whole scenario: both runs converge, the ask-all

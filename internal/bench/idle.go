@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 )

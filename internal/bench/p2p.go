@@ -21,7 +21,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/testcerts"
+	"github.com/kvtier/kvtier/internal/testutil/testcerts"
 	"github.com/kvtier/kvtier/messages"
 )
 

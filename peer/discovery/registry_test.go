@@ -13,8 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
-	"github.com/kvtier/kvtier/internal/testetcd"
-	"github.com/kvtier/kvtier/internal/testloop"
+	"github.com/kvtier/kvtier/internal/testutil/testetcd"
+	"github.com/kvtier/kvtier/internal/testutil/testloop"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

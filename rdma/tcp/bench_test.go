@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/testcerts"
-	"github.com/kvtier/kvtier/internal/testnet"
+	"github.com/kvtier/kvtier/internal/testutil/testcerts"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/rdma"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier/internal/testnet"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/rdma"
 )
 

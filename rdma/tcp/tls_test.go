@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/testcerts"
+	"github.com/kvtier/kvtier/internal/testutil/testcerts"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/rdma/rdmatest"
 )

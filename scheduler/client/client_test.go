@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier/internal/testnet"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 )

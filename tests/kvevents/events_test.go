@@ -27,7 +27,7 @@ import (
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/sim"
-	"github.com/kvtier/kvtier/internal/testleak"
+	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
 

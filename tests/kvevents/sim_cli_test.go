@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 )
 
 // freeAddr is a loopback TCP address nobody listens on right now.

@@ -21,7 +21,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
-	"github.com/kvtier/kvtier/internal/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/tiers/obj"
 )

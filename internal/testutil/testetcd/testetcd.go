@@ -27,7 +27,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kvtier/kvtier/internal/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
 )
 
