@@ -27,8 +27,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 )
 
 // TB is the part of testing.TB these helpers use: a test passes its

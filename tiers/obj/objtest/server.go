@@ -21,8 +21,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
-	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/internal/proc"
+	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
