@@ -16,9 +16,10 @@ import (
 // same-run baseline. Each scenario's bench_*.go holds its description, its
 // flags and how its result reads as text; benchScenario does the rest.
 func newBenchCmd() *cobra.Command {
-	return withCommands(&cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, fs, obj, idle, p2p-matrix, p2p-throughput, fleet)"},
+	return withCommands(&cobra.Command{Use: "bench", Short: "run a benchmark scenario (cpu, endpoint, engine-poll, fs, obj, idle, p2p-matrix, p2p-throughput, fleet)"},
 		benchScenario(&cobra.Command{Use: "cpu", Short: cpuShort}, bench.DefaultCPUOptions, bench.RunCPU, cpuFlags, printCPU),
 		benchScenario(&cobra.Command{Use: "endpoint", Short: endpointShort}, bench.DefaultEndpointOptions, bench.RunEndpoint, endpointFlags, printEndpoint),
+		benchScenario(&cobra.Command{Use: "engine-poll", Short: enginePollShort}, bench.DefaultEnginePollOptions, bench.RunEnginePoll, enginePollFlags, printEnginePoll),
 		benchScenario(&cobra.Command{Use: "fs", Short: fsShort}, bench.DefaultFSOptions, bench.RunFS, fsFlags, printFS),
 		benchScenario(&cobra.Command{Use: "obj", Short: objShort, Long: objLong}, bench.DefaultObjOptions, bench.RunObj, objFlags, printObj),
 		withCommands(benchScenario(&cobra.Command{Use: "idle", Short: idleShort}, bench.DefaultIdleOptions, bench.RunIdle, idleFlags, printIdle),

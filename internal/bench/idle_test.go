@@ -55,3 +55,28 @@ func TestRunIdleRejectsBadOptions(t *testing.T) {
 	_, err := RunIdle(context.Background(), o)
 	require.Error(t, err)
 }
+
+// A short run of the engine-poll scenario: both settings produce every
+// figure from real processes (an engine over unix://, a peer), and the
+// verdict follows from the ratios. Latencies are not asserted.
+func TestRunEnginePollSmall(t *testing.T) {
+	o := DefaultEnginePollOptions()
+	o.Rounds, o.Probes, o.ProbeGap, o.BurstCalls, o.StepGap = 1, 5, time.Millisecond, 2, time.Millisecond
+	o.BlockBytes, o.Slots, o.Timeout, o.Child = 4096, 32, 2*time.Minute, testChild
+	r, err := RunEnginePoll(context.Background(), o)
+	require.NoError(t, err)
+	for _, s := range []EnginePollSide{r.Off, r.On} {
+		require.Positive(t, s.EngineLookupP50us)
+		require.Positive(t, s.PeerLookupP50us)
+		require.Positive(t, s.IdlePeerLookupP50us)
+		require.Equal(t, o.Probes, s.PeerLookups)
+		require.Positive(t, s.EngineLookups)
+	}
+	require.Zero(t, r.Off.PollUs)
+	require.Equal(t, float64(o.Poll.Microseconds()), r.On.PollUs)
+	want := "off"
+	if r.EngineSpeedup >= 1.2 && r.PeerP99Ratio <= 1.1 {
+		want = "on"
+	}
+	require.Equal(t, want, r.Verdict)
+}

@@ -27,9 +27,10 @@ import (
 	"github.com/kvtier/kvtier/scheduler/client"
 )
 
-// idleRequest is a request to a child of the idle scenario: the measured
-// node answers settle, probe, pause, status, resume and close; a peer
-// settle, wait, fetch and mark; the engine settle.
+// idleRequest is a request to a child of the idle scenario (and of the
+// engine-poll scenario, enginepoll.go): the measured node answers settle,
+// probe, pause, status, resume and close; a peer settle, wait, fetch, mark
+// and probe; the engine settle and burst.
 type (
 	idleRequest  = requestOf[idleProtocol]
 	idleReq      = request[idleProtocol] // embedded in each
@@ -63,10 +64,20 @@ type (
 	idleFetch struct{ idleReq }
 	// idleMark: a peer's fetch counters now.
 	idleMark struct{ idleReq }
+	// idleBurst: the engine calls Lookup in bursts for Duration: Calls
+	// back-to-back Lookups of Keys keys (one request), then Gap idle (the
+	// model's step), and times every Lookup.
+	idleBurst struct {
+		idleReq
+		Duration time.Duration `json:"duration"`
+		Calls    int           `json:"calls"`
+		Keys     int           `json:"keys"`
+		Gap      time.Duration `json:"gap"`
+	}
 )
 
 var idleRequests = newRequestTypes[idleRequest](idleSettle{}, idleProbe{}, idlePause{}, idleStatus{}, idleResume{},
-	idleClose{}, idleWait{}, idleFetch{}, idleMark{})
+	idleClose{}, idleWait{}, idleFetch{}, idleMark{}, idleBurst{})
 
 // idleChild is a running child of the idle scenario.
 type idleChild = childProc[idleRequest, idleReply]
@@ -133,6 +144,7 @@ type idleFlags struct {
 	heartbeat                 time.Duration
 	echo                      string // the echo process's address (measured node only)
 	engineListen, poolPath    string // the engine endpoint (measured node only; "": embedded only)
+	enginePoll                time.Duration
 }
 
 func parseIdleFlags(role string, args []string) (idleFlags, error) {
@@ -156,6 +168,7 @@ func parseIdleFlags(role string, args []string) (idleFlags, error) {
 	fs.StringVar(&f.echo, "echo", "", "host:port of a TCP echo process, for the raw round-trip baseline")
 	fs.StringVar(&f.engineListen, "engine-listen", "", "engine endpoint address (standalone mode)")
 	fs.StringVar(&f.poolPath, "pool-path", "", "pool file (standalone mode)")
+	fs.DurationVar(&f.enginePoll, "engine-poll", 0, "engine_poll of the endpoint (unix:// only; 0: off)")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -167,7 +180,7 @@ func parseIdleFlags(role string, args []string) (idleFlags, error) {
 
 func (f idleFlags) open(ctx context.Context) (*kvtier.Node, error) {
 	return kvtier.Open(ctx, kvtier.Config{PoolBytes: int64(f.slots) * int64(f.blockBytes), BlockBytes: f.blockBytes,
-		PoolPath: f.poolPath, EngineListen: f.engineListen,
+		PoolPath: f.poolPath, EngineListen: f.engineListen, EnginePoll: f.enginePoll,
 		Peers: kvtier.PeersConfig{NodeID: f.id, Listen: f.listen, Secret: f.secret, Static: f.peers,
 			HeartbeatInterval: f.heartbeat}})
 }
@@ -241,7 +254,13 @@ func (n *idleNode) handle(ctx context.Context, q idleRequest) (idleReply, error)
 	case idleSettle:
 		settleRuntime()
 	case idleProbe:
-		return n.probe(ctx, q.N, q.Gap)
+		r, err := probePeers(ctx, n.node, q.N, q.Gap)
+		if err != nil || n.f.echo == "" {
+			return r, err
+		}
+		raw, err := echoRoundTrips(n.f.echo, q.N, q.Gap)
+		r.RawP50us, r.RawP99us = percentileUs(raw, 0.50), percentileUs(raw, 0.99)
+		return r, err
 	case idlePause:
 		start := time.Now()
 		err := n.m.Pause(ctx, false)
@@ -263,46 +282,45 @@ func (n *idleNode) handle(ctx context.Context, q idleRequest) (idleReply, error)
 	return r, nil
 }
 
-// probe times engine lookups of keys no node holds, each after an idle
-// gap: the node asks every peer, and the lookup settles (MISS) once all
-// have answered — a whole peer round trip from an idle node to idle peers.
-func (n *idleNode) probe(ctx context.Context, count int, gap time.Duration) (idleReply, error) {
+// probePeers times engine lookups of keys no node holds, each after an
+// idle gap: the node asks every peer, and the lookup settles (MISS) once
+// all have answered — a whole peer round trip, from node to its peers.
+func probePeers(ctx context.Context, node *kvtier.Node, count int, gap time.Duration) (idleReply, error) {
+	m := node.Manager()
 	lat := make([]time.Duration, 0, count)
-	for i := range count {
+	for range count {
 		time.Sleep(gap) // NB: the node and its peers go idle again
+		i := int(probeSeq.Add(1)) // NB: a key never asked before: none is cached as absent
 		req := &messages.ReqContext{RequestID: fmt.Sprintf("probe-%d", i)}
 		k := keyRange(1<<30+i, 1)
 		start := time.Now()
-		st, err := n.m.Lookup(ctx, req, k, true)
+		st, err := m.Lookup(ctx, req, k, true)
 		if err != nil {
 			return idleReply{}, err
 		}
 		if st[0] != messages.Retry {
 			return idleReply{}, fmt.Errorf("probe lookup answered %v, want RETRY (peers asked)", st[0])
 		}
-		if err := n.node.TieringIdle(ctx); err != nil {
+		if err := node.TieringIdle(ctx); err != nil {
 			return idleReply{}, err
 		}
 		d := time.Since(start)
-		if st, err = n.m.Lookup(ctx, req, k, true); err != nil {
+		if st, err = m.Lookup(ctx, req, k, true); err != nil {
 			return idleReply{}, err
 		}
 		if st[0] != messages.Miss {
 			return idleReply{}, fmt.Errorf("settled probe is %v, want MISS", st[0])
 		}
-		if err := n.m.RequestFinished(ctx, req); err != nil {
+		if err := m.RequestFinished(ctx, req); err != nil {
 			return idleReply{}, err
 		}
 		lat = append(lat, d)
 	}
-	r := idleReply{P50us: percentileUs(lat, 0.50), P99us: percentileUs(lat, 0.99), Rounds: int64(len(lat))}
-	if n.f.echo == "" {
-		return r, nil
-	}
-	raw, err := echoRoundTrips(n.f.echo, count, gap)
-	r.RawP50us, r.RawP99us = percentileUs(raw, 0.50), percentileUs(raw, 0.99)
-	return r, err
+	return idleReply{P50us: percentileUs(lat, 0.50), P99us: percentileUs(lat, 0.99), Rounds: int64(len(lat))}, nil
 }
+
+// probeSeq numbers a process's probe keys.
+var probeSeq atomic.Int64
 
 // echoRoundTrips times count 64-byte TCP round trips to an echo process,
 // each after gap: the floor under a peer round trip from an idle process.
@@ -416,12 +434,39 @@ func runIdleEngine(args []string, stdin io.Reader, stdout io.Writer) error {
 	cancel() // NB: no context timer stays armed while the engine idles
 	ready := idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine()}
 	return serveChild(stdin, stdout, idleRequests, ready, func(q idleRequest) (idleReply, error) {
-		if _, ok := q.(idleSettle); !ok {
-			return idleReply{}, fmt.Errorf("the engine does not answer %T", q)
+		switch q := q.(type) {
+		case idleSettle:
+			settleRuntime()
+			return idleReply{Pid: os.Getpid()}, nil
+		case idleBurst:
+			return engineBursts(c, q)
 		}
-		settleRuntime()
-		return idleReply{Pid: os.Getpid()}, nil
+		return idleReply{}, fmt.Errorf("the engine does not answer %T", q)
 	})
+}
+
+// engineBursts calls Lookup as a scheduler's step does (engineBurst), for
+// q.Duration, and reports the Lookups' latency.
+func engineBursts(c *client.Client, q idleBurst) (idleReply, error) {
+	ctx := context.Background()
+	keys := keyRange(0, q.Keys) // NB: blocks the node holds: HITs, as a prefix cache answers a scheduler
+	var lat []time.Duration
+	end := time.Now().Add(q.Duration)
+	for n := 0; time.Now().Before(end); n++ {
+		req := &messages.ReqContext{RequestID: fmt.Sprintf("burst-%d", n)}
+		for range q.Calls {
+			start := time.Now()
+			if _, err := c.Lookup(ctx, req, keys, true); err != nil {
+				return idleReply{}, err
+			}
+			lat = append(lat, time.Since(start))
+		}
+		if err := c.RequestFinished(ctx, req); err != nil {
+			return idleReply{}, err
+		}
+		time.Sleep(q.Gap) // NB: the model's step, between the scheduler's bursts
+	}
+	return idleReply{Pid: os.Getpid(), P50us: percentileUs(lat, 0.50), P99us: percentileUs(lat, 0.99), Rounds: int64(len(lat))}, nil
 }
 
 // --- a peer -------------------------------------------------------------------
@@ -445,7 +490,7 @@ func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
 	defer p.close()
 	ready := idleReply{Pid: os.Getpid(), Goroutines: runtime.NumGoroutine(), PeerAddr: node.PeerAddr()}
 	return serveChild(stdin, stdout, idleRequests, ready, func(q idleRequest) (idleReply, error) {
-		switch q.(type) {
+		switch q := q.(type) {
 		case idleWait:
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
@@ -459,6 +504,8 @@ func runIdlePeer(args []string, stdin io.Reader, stdout io.Writer) error {
 		case idleMark:
 		case idleSettle:
 			settleRuntime()
+		case idleProbe:
+			return probePeers(ctx, node, q.N, q.Gap)
 		default:
 			return idleReply{}, fmt.Errorf("a peer does not answer %T", q)
 		}
