@@ -289,7 +289,7 @@ func probePeers(ctx context.Context, node *kvtier.Node, count int, gap time.Dura
 	m := node.Manager()
 	lat := make([]time.Duration, 0, count)
 	for range count {
-		time.Sleep(gap) // NB: the node and its peers go idle again
+		time.Sleep(gap)           // NB: the node and its peers go idle again
 		i := int(probeSeq.Add(1)) // NB: a key never asked before: none is cached as absent
 		req := &messages.ReqContext{RequestID: fmt.Sprintf("probe-%d", i)}
 		k := keyRange(1<<30+i, 1)
