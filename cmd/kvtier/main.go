@@ -1,5 +1,8 @@
 // Command kvtier is the kvtier command-line tool: the engine simulator
-// (`kvtier sim`) and, as they land, bench, chaos, inspect and events tail.
+// (`kvtier sim`), the benchmark scenarios (`kvtier bench`), the chaos
+// harness (`kvtier chaos`), `kvtier events tail` and `kvtier fleet status`.
+// It links the test helpers (internal/testutil) the benchmarks start real
+// servers with; the daemon, cmd/kvtierd, links none of them.
 // It only parses flags and wires library packages together; the logic lives
 // in internal/ and the node in the root package.
 package main
