@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,13 +24,18 @@ import (
 // (clients/python/tests/test_wire_vectors.py) replays the session through
 // its client over a transport that serves these replies, so the same bytes
 // are decoded on both sides, and checks its constants against the table.
-// Regenerate after a deliberate codec change:
+// The Python client's protocol constants (kvtier_client/protocol.py) are
+// generated from the same table, not copied by hand. Regenerate both after
+// a deliberate codec change:
 //
-//	go test ./scheduler/wire -run TestWireVectors -update
+//	go test ./scheduler/wire -run 'TestWireVectors|TestPythonProtocol' -update
 
 var updateVectors = flag.Bool("update", false, "rewrite the shared wire vectors")
 
-const vectorsPath = "../../clients/python/tests/wire_vectors.json"
+const (
+	vectorsPath  = "../../clients/python/tests/wire_vectors.json"
+	protocolPath = "../../clients/python/kvtier_client/protocol.py"
+)
 
 type vectorFile struct {
 	Comment      string            `json:"comment"`
@@ -175,4 +183,56 @@ func TestWireVectors(t *testing.T) {
 		require.NoError(t, err, c.Note)
 		require.Equal(t, c.Op, q.Op.String())
 	}
+}
+
+// pythonProtocol is kvtier_client/protocol.py: the protocol's table as the
+// Python client reads it (version, ops, error codes, lookup statuses,
+// bounds), written from v so that nothing is copied by hand.
+func pythonProtocol(v vectorFile) string {
+	var b strings.Builder
+	b.WriteString(`"""The engine protocol's constants, generated from the Go codec's table
+(scheduler/wire: go test ./scheduler/wire -run TestPythonProtocol -update).
+Do not edit: a change here is a change to the codec."""
+
+`)
+	fmt.Fprintf(&b, "PROTOCOL_VERSION = %d\n\n", v.Protocol)
+	b.WriteString("# Lookup statuses.\n")
+	for _, name := range []string{"MISS", "HIT", "HIT_PENDING", "RETRY"} {
+		fmt.Fprintf(&b, "%s = %d\n", name, v.LookupStatus[name])
+	}
+	b.WriteString("\n# Operations, by wire name, and their numbers.\nOPS = {\n")
+	names := make([]string, 0, len(v.Ops))
+	for name := range v.Ops {
+		names = append(names, name)
+	}
+	slices.SortFunc(names, func(a, b string) int { return v.Ops[a] - v.Ops[b] })
+	for _, name := range names {
+		fmt.Fprintf(&b, "    %q: %d,\n", name, v.Ops[name])
+	}
+	b.WriteString("}\n\n# Error codes a reply may carry.\nCODES = frozenset({\n")
+	for _, c := range v.Codes {
+		fmt.Fprintf(&b, "    %q,\n", c)
+	}
+	b.WriteString("})\n\n# Bounds every decoder enforces.\n")
+	bounds := make([]string, 0, len(v.Bounds))
+	for name := range v.Bounds {
+		bounds = append(bounds, name)
+	}
+	slices.Sort(bounds)
+	for _, name := range bounds {
+		fmt.Fprintf(&b, "%s = %d\n", strings.ToUpper(name), v.Bounds[name])
+	}
+	fmt.Fprintf(&b, "MAX_BATCH_CALLS = %d\n", MaxBatchCalls)
+	return b.String()
+}
+
+// TestPythonProtocol pins kvtier_client/protocol.py to this codec's table.
+func TestPythonProtocol(t *testing.T) {
+	got := pythonProtocol(buildVectors(t))
+	if *updateVectors {
+		require.NoError(t, os.WriteFile(filepath.FromSlash(protocolPath), []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(filepath.FromSlash(protocolPath))
+	require.NoError(t, err)
+	require.Equal(t, string(want), got, "the protocol's table changed: go test ./scheduler/wire -run TestPythonProtocol -update")
 }

@@ -20,9 +20,18 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 import msgpack
 import zmq
 
-PROTOCOL_VERSION = 1
-
-MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
+# NB: the constants are re-exported here, where connectors and tests read them.
+from .protocol import (  # noqa: F401
+    HIT,
+    HIT_PENDING,
+    MAX_BATCH_CALLS,
+    MAX_FRAME_BYTES,
+    MAX_HASH_BYTES,
+    MISS,
+    OPS,
+    PROTOCOL_VERSION,
+    RETRY,
+)
 
 # A key is (namespace: str, block hash: bytes, group: int).
 Key = Tuple[str, bytes, int]
@@ -158,14 +167,17 @@ def _key_field(keys: Sequence[Key]) -> dict:
     return {"pkeys": pk}
 
 
+def _check_op(op: str) -> None:
+    if op not in OPS:  # NB: a typo, caught here rather than as the daemon's UNKNOWN_OP
+        raise ValueError(f"{op!r} is not an operation of protocol {PROTOCOL_VERSION}")
+
+
 def _unkeys(raw) -> List[Key]:
     return [(k[0], bytes(k[1]), int(k[2])) for k in raw or []]
 
 
-MAX_FRAME_BYTES = 32 << 20  # scheduler/wire.MaxFrameBytes
 _LEN = struct.Struct(">I")  # a unix:// frame's length prefix
-_BATCH_CALLS = 1024  # calls per batch frame (scheduler/wire.MaxBatchCalls is 4096)
-MAX_HASH_BYTES = 64  # messages.MaxHashBytes
+_BATCH_CALLS = min(1024, MAX_BATCH_CALLS)  # calls per batch frame
 
 # How long a unix:// call polls for its reply before blocking (µs): a
 # 16-key Lookup's reply comes within it on a quiet node.
@@ -461,6 +473,7 @@ class Client:
     # call is still awaited, so no caller ever loses an answer.
 
     def _frame(self, op: str, timeout: float, fields: dict) -> Tuple[int, bytes]:
+        _check_op(op)
         rid = next(self._ids)
         req = {"v": PROTOCOL_VERSION, "op": op, "id": rid,
                "timeout_ms": max(1, int(timeout * 1000))}
@@ -486,6 +499,7 @@ class Client:
         """A call for send_calls: (id, its map). Sent in a batch it has the
         daemon's default timeout. noreply=True: no reply; quiet=True: a
         reply only if it fails (read by take_replies)."""
+        _check_op(op)
         rid = next(self._ids)
         fields["v"], fields["op"], fields["id"] = PROTOCOL_VERSION, op, rid
         return rid, fields

@@ -144,3 +144,18 @@ def test_the_python_client_replays_the_go_codecs_session(session):
     client.ping()
     client.close()
     assert transport.at == len(VECTORS["calls"]), "every vector was replayed"
+
+
+def test_protocol_module_is_the_table():
+    """kvtier_client/protocol.py is generated from the Go codec's table."""
+    from kvtier_client import protocol
+
+    assert protocol.OPS == VECTORS["ops"]
+    assert protocol.CODES == frozenset(VECTORS["codes"])
+    assert protocol.MAX_KEYS == VECTORS["bounds"]["max_keys"]
+
+
+def test_an_op_not_in_the_table_is_refused_before_it_is_sent():
+    kc._check_op("lookup")
+    with pytest.raises(ValueError, match="not an operation"):
+        kc._check_op("lokup")
