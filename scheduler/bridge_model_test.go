@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/internal/testutil/modeltime"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -54,17 +55,6 @@ func TestBridgeModelSeeded(t *testing.T) {
 	}
 }
 
-type bridgeTimer struct {
-	msg            any
-	stopped, fired bool
-}
-
-func (m *bridgeTimer) Stop() bool {
-	was := !m.stopped && !m.fired
-	m.stopped = true
-	return was
-}
-
 // engineCall is an engine call and how often it was answered.
 type engineCall struct {
 	msg     any
@@ -96,7 +86,7 @@ type bridgeWorld struct {
 	cpuQueue []any
 	tierAsks []*tieringmsg.AsyncLookup
 	offload  []func() any
-	timers   []*bridgeTimer
+	timers   modeltime.Timers
 
 	calls    []*engineCall
 	current  *engineCall // the call being handed to the core, if any
@@ -155,11 +145,7 @@ func (w *bridgeWorld) Send(to *actor.PID, msg any) {
 	}
 }
 
-func (w *bridgeWorld) After(_ time.Duration, msg any) supervision.Timer {
-	m := &bridgeTimer{msg: msg}
-	w.timers = append(w.timers, m)
-	return m
-}
+func (w *bridgeWorld) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
 
 func (w *bridgeWorld) Offload(work func() any) { w.offload = append(w.offload, work) }
 
@@ -547,20 +533,12 @@ func (w *bridgeWorld) finishChecksum() {
 }
 
 func (w *bridgeWorld) fireTimer(settling bool) bool {
-	var live []*bridgeTimer
-	for _, m := range w.timers {
-		if !m.fired && (!m.stopped || settling || w.rng.IntN(10) == 0) {
-			live = append(live, m)
-		}
+	msg, ok := w.timers.Fire(w.rng, settling)
+	if ok {
+		w.clock.Advance(time.Second)
+		w.handle(msg)
 	}
-	if len(live) == 0 {
-		return false
-	}
-	m := live[w.rng.IntN(len(live))]
-	m.fired = true
-	w.clock.Advance(time.Second)
-	w.handle(m.msg)
-	return true
+	return ok
 }
 
 // settle delivers every answer and checksum and fires every deadline

@@ -86,12 +86,9 @@ func RunEnginePoll(ctx context.Context, o EnginePollOptions) (EnginePollResult, 
 		return res, fmt.Errorf("%w: bench engine-poll: rounds, probes, burst calls and keys ≥ 1, slots ≥ keys, poll > 0", messages.ErrBadConfig)
 	}
 	if o.Child == nil {
-		self, err := os.Executable()
-		if err != nil {
+		var err error
+		if o.Child, err = idleChildCommand(); err != nil {
 			return res, err
-		}
-		o.Child = func(args ...string) *exec.Cmd {
-			return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)

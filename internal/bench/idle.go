@@ -105,12 +105,9 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 		return res, fmt.Errorf("%w: bench idle: peers, blocks, probes ≥ 1 and slots ≥ blocks", messages.ErrBadConfig)
 	}
 	if o.Child == nil {
-		self, err := os.Executable()
-		if err != nil {
+		var err error
+		if o.Child, err = idleChildCommand(); err != nil {
 			return res, err
-		}
-		o.Child = func(args ...string) *exec.Cmd {
-			return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -128,6 +125,19 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// idleChildCommand runs a child of the idle scenario's roles (and the
+// engine-poll scenario's) as this executable: `kvtier bench idle child
+// ARGS...`.
+func idleChildCommand() (func(args ...string) *exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return func(args ...string) *exec.Cmd {
+		return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
+	}, nil
 }
 
 // idleSetup is the scenario's processes: the measured node, its peers and

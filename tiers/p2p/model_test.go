@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/internal/testutil/modeltime"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/peermsg"
@@ -52,17 +53,6 @@ func TestModelSeeded(t *testing.T) {
 
 var modelNodes = []string{"a", "b", "c"}
 
-type modelTimer struct {
-	msg            any
-	stopped, fired bool
-}
-
-func (m *modelTimer) Stop() bool {
-	was := !m.stopped && !m.fired
-	m.stopped = true
-	return was
-}
-
 // producerRound is a round a session opened at its producer.
 type producerRound struct {
 	pid   *actor.PID
@@ -102,7 +92,7 @@ type world struct {
 	answered map[uint64]int
 	found    []messages.Key // keys some lookup found, for reads to ask
 	handling *tierCall      // the read being handled, whose fetches go out now
-	timers   []*modelTimer
+	timers   modeltime.Timers
 	probes   []messages.Reply[[]bool]
 }
 
@@ -161,11 +151,7 @@ func (w *world) Respond(msg any) {
 
 func (w *world) Sender() *actor.PID { return w.sender }
 
-func (w *world) After(_ time.Duration, msg any) supervision.Timer {
-	m := &modelTimer{msg: msg}
-	w.timers = append(w.timers, m)
-	return m
-}
+func (w *world) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
 
 func (w *world) Watch(string, uint64, events.SubscriberConfig) func() {
 	w.t.Fatal("a watcher without a directory")
@@ -382,19 +368,11 @@ func (w *world) answerSession(i int) {
 }
 
 func (w *world) fireTimer(settling bool) bool {
-	var live []*modelTimer
-	for _, m := range w.timers {
-		if !m.fired && (!m.stopped || settling || w.rng.IntN(10) == 0) {
-			live = append(live, m)
-		}
+	msg, ok := w.timers.Fire(w.rng, settling)
+	if ok {
+		w.handle(nil, msg)
 	}
-	if len(live) == 0 {
-		return false
-	}
-	m := live[w.rng.IntN(len(live))]
-	m.fired = true
-	w.handle(nil, m.msg)
-	return true
+	return ok
 }
 
 // settle answers every call and fires every deadline until nothing is in

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/internal/testutil/modeltime"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -55,17 +56,6 @@ const (
 	modelUniverse = 14 // distinct keys the engine asks about
 )
 
-type modelTimer struct {
-	msg            any
-	stopped, fired bool
-}
-
-func (m *modelTimer) Stop() bool {
-	was := !m.stopped && !m.fired
-	m.stopped = true
-	return was
-}
-
 // heldSlot is a slot a job holds for a key (a cascade can pin one key
 // twice: it was committed twice).
 type heldSlot struct {
@@ -98,7 +88,7 @@ type world struct {
 
 	cpuQueue []any // CPU-tier requests, processed in order
 	tierIO   []tierIO
-	timers   []*modelTimer
+	timers   modeltime.Timers
 
 	responses  []any
 	lookupCorr uint64
@@ -167,11 +157,7 @@ func (w *world) Send(to *actor.PID, msg any) {
 
 func (w *world) Respond(msg any) { w.responses = append(w.responses, msg) }
 
-func (w *world) After(_ time.Duration, msg any) supervision.Timer {
-	m := &modelTimer{msg: msg}
-	w.timers = append(w.timers, m)
-	return m
-}
+func (w *world) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
 
 func (w *world) tierIndex(pid *actor.PID) int {
 	for i, p := range w.tiers {
@@ -467,23 +453,15 @@ func (w *world) readErr() error {
 	return errs[w.rng.IntN(len(errs))]
 }
 
-// fireTimer delivers a random deadline that has not fired; a stopped one
-// only now and then (or always, when settling, to prove it harmless).
+// fireTimer delivers a random deadline that has not fired (modeltime),
+// some time later.
 func (w *world) fireTimer(settling bool) bool {
-	var live []*modelTimer
-	for _, m := range w.timers {
-		if !m.fired && (!m.stopped || settling || w.rng.IntN(10) == 0) {
-			live = append(live, m)
-		}
+	msg, ok := w.timers.Fire(w.rng, settling)
+	if ok {
+		w.clock.Advance(time.Duration(w.rng.IntN(3)) * time.Second)
+		w.handle(msg)
 	}
-	if len(live) == 0 {
-		return false
-	}
-	m := live[w.rng.IntN(len(live))]
-	m.fired = true
-	w.clock.Advance(time.Duration(w.rng.IntN(3)) * time.Second)
-	w.handle(m.msg)
-	return true
+	return ok
 }
 
 // settle delivers every answer and every deadline until nothing is in

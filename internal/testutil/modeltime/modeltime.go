@@ -1,0 +1,52 @@
+// Package modeltime is the deadlines of a seeded model test: the timers an
+// actor's core arms through its Effects, kept as data and fired when the
+// test says, in a random order — stopped ones too, now and then, as a real
+// timer can fire just as it is stopped. It owns no clock: a test that
+// needs time to pass advances its own.
+package modeltime
+
+import (
+	"math/rand/v2"
+
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Timers are the timers armed so far.
+type Timers struct{ armed []*timer }
+
+type timer struct {
+	msg            any
+	stopped, fired bool
+}
+
+// Stop disarms the timer; it reports whether it did before it fired.
+func (t *timer) Stop() bool {
+	was := !t.stopped && !t.fired
+	t.stopped = true
+	return was
+}
+
+// After arms a timer that, fired, hands back msg.
+func (ts *Timers) After(msg any) supervision.Timer {
+	t := &timer{msg: msg}
+	ts.armed = append(ts.armed, t)
+	return t
+}
+
+// Fire picks a timer that has not fired yet and returns its message: an
+// armed one, or a stopped one one time in ten (every stopped one when
+// settling, to prove late firings harmless). False when there is none.
+func (ts *Timers) Fire(rng *rand.Rand, settling bool) (any, bool) {
+	var live []*timer
+	for _, t := range ts.armed {
+		if !t.fired && (!t.stopped || settling || rng.IntN(10) == 0) {
+			live = append(live, t)
+		}
+	}
+	if len(live) == 0 {
+		return nil, false
+	}
+	t := live[rng.IntN(len(live))]
+	t.fired = true
+	return t.msg, true
+}
