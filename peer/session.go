@@ -589,30 +589,14 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 }
 
 func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
-	refuse := func(reason, msg string) {
-		s.ctr.refuse(reason)
-		s.log.Warn().Str("reason", reason).Str("detail", msg).Msg("peer: refused a handshake")
-		s.sendInbound(&wire.Refuse{Epoch: h.Epoch, Reason: reason, Msg: msg})
-	}
-	switch {
-	case s.drain != nil && decodeErr == nil:
-		refuse(wire.RefuseShutdown, "the node is stopping")
+	switch v := admitHello(s.cfg, s.node, s.drain != nil, h, decodeErr); {
+	case v.drop != "":
+		s.ctr.drop(v.drop)
 		return
-	case errors.Is(decodeErr, wire.ErrVersion):
-		refuse(wire.RefuseVersion, fmt.Sprintf("version %d; this node speaks %d", h.Version, wire.Version))
-		return
-	case decodeErr != nil:
-		s.ctr.drop(wire.Reason(decodeErr))
-		return
-	case h.Node != s.node:
-		refuse(wire.RefuseAuth, "node id differs from the connection's identity")
-		return
-	case !s.cfg.allowed(h.Node):
-		refuse(wire.RefuseNotAllow, "not on the allow-list")
-		return
-	}
-	if reason, msg := compatible(s.cfg, h.Namespaces, h.BlockBytes, h.Transport); reason != "" {
-		refuse(reason, msg)
+	case v.refuse != "":
+		s.ctr.refuse(v.refuse)
+		s.log.Warn().Str("reason", v.refuse).Str("detail", v.msg).Msg("peer: refused a handshake")
+		s.sendInbound(&wire.Refuse{Epoch: h.Epoch, Reason: v.refuse, Msg: v.msg})
 		return
 	}
 	w := &wire.Welcome{Version: wire.Version, Node: s.cfg.Node, Epoch: h.Epoch, Nonce: wire.NewNonce(),
@@ -824,6 +808,33 @@ func (s *Session) cleanup(ctx actor.Context) {
 }
 
 // compatible checks the other side's half of a handshake against ours.
+// helloVerdict is what an inbound Hello gets: dropped (a frame that did
+// not decode: counted, not answered), refused (a Refuse with reason and
+// msg), or, both empty, a Welcome.
+type helloVerdict struct {
+	drop        string
+	refuse, msg string
+}
+
+// admitHello decides an inbound Hello from node (the connection's
+// identity), decoded with decodeErr, while the session drains or not.
+func admitHello(cfg *Config, node string, draining bool, h *wire.Hello, decodeErr error) helloVerdict {
+	switch {
+	case draining && decodeErr == nil:
+		return helloVerdict{refuse: wire.RefuseShutdown, msg: "the node is stopping"}
+	case errors.Is(decodeErr, wire.ErrVersion):
+		return helloVerdict{refuse: wire.RefuseVersion, msg: fmt.Sprintf("version %d; this node speaks %d", h.Version, wire.Version)}
+	case decodeErr != nil:
+		return helloVerdict{drop: wire.Reason(decodeErr)}
+	case h.Node != node:
+		return helloVerdict{refuse: wire.RefuseAuth, msg: "node id differs from the connection's identity"}
+	case !cfg.allowed(h.Node):
+		return helloVerdict{refuse: wire.RefuseNotAllow, msg: "not on the allow-list"}
+	}
+	reason, msg := compatible(cfg, h.Namespaces, h.BlockBytes, h.Transport)
+	return helloVerdict{refuse: reason, msg: msg}
+}
+
 func compatible(cfg *Config, namespaces []string, blockBytes int, transport string) (reason, msg string) {
 	switch {
 	case blockBytes != cfg.BlockBytes:
