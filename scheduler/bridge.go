@@ -427,6 +427,12 @@ func (b *Bridge) failInFlight() {
 		w.reply.Answer(struct{}{}, ErrRestarted)
 	}
 	b.waiters = nil
+	// NB: parked commits were checksummed for this incarnation and wait for
+	// an earlier one: nothing else would ever answer their callers.
+	for _, m := range b.parked {
+		m.then.landed(ErrRestarted)
+	}
+	b.parked = nil
 	b.failHeld(ErrRestarted)
 }
 

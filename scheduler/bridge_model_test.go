@@ -570,3 +570,46 @@ func (w *bridgeWorld) settle() {
 	require.Zero(w.t, b.order.waiting(), "calls held")
 	require.Empty(w.t, w.holds, "the CPU tier still holds keys for jobs")
 }
+
+// A restart answers every call the dying incarnation owed, a commit parked
+// behind an earlier one's checksum included: two stores' completions, the
+// second's checksum first (parked), then the restart — the parked one's
+// completion is answered at once, the first's when its checksum reaches
+// the next incarnation; none waits for a deadline.
+func TestBridgeRestartAnswersParkedCommits(t *testing.T) {
+	w := newBridgeWorld(t, 1)
+	req := w.reqs[0]
+	var stores []*engineCall
+	for i := range 2 {
+		keys := []messages.Key{k(i)}
+		var job messages.JobID
+		call(w, func(reply messages.Reply[messages.StorePlan]) any {
+			return &messages.PrepareStore{Req: req, Keys: keys, Reply: reply}
+		}, func(p messages.StorePlan, err error) { job = p.Job })
+		m := w.cpuQueue[0].(*cpumsg.ReserveSlots)
+		w.cpuQueue = w.cpuQueue[1:]
+		w.hold(m.Job.ID, keys)
+		w.handle(&cpumsg.ReserveResult{Corr: m.Corr, ToStore: keys, Slots: []int{i}})
+		require.NotZero(t, job)
+		call(w, func(reply messages.Reply[struct{}]) any {
+			return &messages.CompleteStore{Req: req, Keys: keys, OK: true, Reply: reply}
+		}, nil)
+		stores = append(stores, w.calls[len(w.calls)-1])
+	}
+	require.Len(t, w.offload, 2, "both commits are being checksummed")
+	second := w.offload[1]()
+	w.offload = w.offload[:1]
+	w.handle(second)
+	require.Len(t, w.b.parked, 1, "the second commit waits for the first")
+	w.b.failInFlight()
+	w.collect()
+	require.Equal(t, 1, stores[1].answers, "the parked commit's completion is answered by the restart")
+	require.Zero(t, stores[0].answers, "the first is still being checksummed")
+	// The next incarnation gets the first checksum: a commit it never
+	// counted, answered at once.
+	w.b = newBridge(w.b.cfg, 2, w.b.carry)
+	sent := len(w.cpuQueue)
+	w.handle(w.offload[0]())
+	require.Equal(t, 1, stores[0].answers, "the first commit's completion is answered by the next incarnation")
+	require.Len(t, w.cpuQueue, sent, "no commit of the old incarnation reaches the CPU tier")
+}
