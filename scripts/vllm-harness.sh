@@ -143,6 +143,6 @@ go build -o "$WORK/kvtierd" ./cmd/kvtierd
 log "vLLM $VLLM_VERSION's $HARNESS against kvtier's spec"
 HF_HOME="$TREE/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=cpu \
 	KVTIER_HARNESS_KVTIERD="$WORK/kvtierd" \
-	PYTHONPATH="$TREE:$ROOT/clients/python/tests_vllm${PYTHONPATH:+:$PYTHONPATH}" \
+	PYTHONPATH="$TREE:$ROOT/clients/python:$ROOT/clients/python/tests_vllm${PYTHONPATH:+:$PYTHONPATH}" \
 	"$PY" -m pytest -p test_vllm_harness -p no:cacheprovider --rootdir=/ -q -rpfEsx \
 	"$TREE/$HARNESS" "$ROOT/clients/python/tests_vllm/test_vllm_harness.py" "$@"

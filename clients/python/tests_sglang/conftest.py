@@ -7,15 +7,13 @@ clients/python/tests_sglang``. Without SGLang every test skips, saying so."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import threading
 import time
 from typing import List, Optional, Sequence
 
 import pytest
+
+from testsupport.kvtierd import Daemon, build_kvtierd, stop_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -44,91 +42,25 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def kvtierd_bin(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("bin") / "kvtierd")
-    subprocess.run(["go", "build", "-o", out, "./cmd/kvtierd"], cwd=REPO, check=True)
-    return out
-
-
-class Daemon:
-    """A kvtierd process on a unix:// engine socket (a killed daemon's
-    connection ends at once: the backend sees CLOSED, no timeout)."""
-
-    def __init__(self, binary: str, workdir: str, block_bytes: int, slots: int,
-                 config: Optional[str] = None, extra_args: Sequence[str] = ()):
-        self.binary, self.block_bytes, self.slots = binary, block_bytes, slots
-        self.config, self.extra_args = config, list(extra_args)
-        self.sock = os.path.join(workdir, f"engine-{time.monotonic_ns()}.sock")
-        self.address = "unix://" + self.sock
-        self.pool = f"/dev/shm/kvtier-sgltest-{os.getpid()}-{time.monotonic_ns()}.pool"
-        self.metrics_port = 0
-        self.proc: Optional[subprocess.Popen] = None
-
-    def start(self) -> "Daemon":
-        args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
-                "--pool-bytes", str(self.block_bytes * self.slots), "--block-bytes",
-                str(self.block_bytes), "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
-                "--log-format", "json"]
-        if self.config:
-            args += ["--config", self.config]
-        args += self.extra_args
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        for line in self.proc.stderr:  # readiness: the daemon's own log line
-            rec = json.loads(line)
-            if rec.get("message") == "kvtierd listening":
-                self.metrics_port = int(rec["metrics_addr"].rsplit(":", 1)[1])
-                break
-            assert time.monotonic() < deadline, "kvtierd did not start"
-        else:
-            raise AssertionError("kvtierd exited before listening")
-        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
-        return self
-
-    def metrics(self) -> dict:
-        import urllib.request
-
-        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                      timeout=5).read().decode()
-        out = {}
-        for line in body.splitlines():
-            if line.startswith("kvtier_") and " " in line:
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def wait_metric(self, name: str, at_least: float, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.metrics().get(name, 0.0) < at_least:
-            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
-            time.sleep(0.02)  # NB: polling a process's metrics; no message to wait on
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            assert self.proc.wait(timeout=30) == 0
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
+    return build_kvtierd(str(tmp_path_factory.mktemp("bin") / "kvtierd"))
 
 
 @pytest.fixture
 def daemon_factory(kvtierd_bin, tmp_path):
+    """kvtierd on a unix:// engine socket (a killed daemon's connection
+    ends at once: the backend sees CLOSED, no timeout), slots of
+    block_bytes; start=False: made, not started."""
     made: List[Daemon] = []
 
     def make(block_bytes: int, slots: int, config: Optional[str] = None,
              extra_args: Sequence[str] = (), start: bool = True) -> Daemon:
-        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, slots, config, extra_args)
+        d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, block_bytes * slots, config, extra_args,
+                   transport="unix", sock_name=f"engine-{time.monotonic_ns()}.sock", tag="sgltest")
         made.append(d)
         return d.start() if start else d
 
     yield make
-    for d in made:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        for p in (d.pool,):
-            if os.path.exists(p):
-                os.remove(p)
+    stop_all(made)
 
 
 # -- SGLang's host pools on CPU tensors ---------------------------------------

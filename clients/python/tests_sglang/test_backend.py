@@ -324,8 +324,8 @@ def test_refusals_at_attach(daemon_factory):
 # -- two processes, and the fs tier across a restart ---------------------------
 
 CHILD = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, sys.argv[1])
+    import os, sys
+    sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # NB: a fresh process: the suite's dir and this tree
     from test_backend import backend, chain, store
     from conftest import mha_pool
     pool = mha_pool()

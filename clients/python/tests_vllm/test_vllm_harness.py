@@ -314,10 +314,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def _daemon_class():
-    """tests_vllm/conftest.py's Daemon, loaded under a private name (vLLM's
-    tree has conftest modules of its own)."""
-    spec = importlib.util.spec_from_file_location("kvtier_tests_vllm_conftest",
-                                                  os.path.join(HERE, "conftest.py"))
+    """The suites' Daemon (testsupport/kvtierd.py), loaded from its file
+    under a private name: run inside vLLM's tree, this tree is not on
+    sys.path (and vLLM has conftest modules of its own)."""
+    spec = importlib.util.spec_from_file_location("kvtier_testsupport_kvtierd",
+                                                  os.path.join(HERE, "..", "testsupport", "kvtierd.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.Daemon

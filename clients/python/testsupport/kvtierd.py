@@ -1,0 +1,121 @@
+"""A real kvtierd for the suites: built once from this repository, started
+per test on its own engine socket and pool file, read through its
+/metrics, stopped (SIGTERM, exit 0 asserted) or killed (SIGKILL, as a
+crash) at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+
+
+def build_kvtierd(out: str) -> str:
+    """go build ./cmd/kvtierd into out; returns out."""
+    subprocess.run(["go", "build", "-o", out, "./cmd/kvtierd"], cwd=REPO, check=True)
+    return out
+
+
+class Daemon:
+    """A kvtierd process: engine socket, pool file, metrics port."""
+
+    def __init__(self, binary: str, workdir: str, block_bytes: int, pool_bytes: int,
+                 config: Optional[str] = None, extra_args: Sequence[str] = (),
+                 transport: str = "ipc", pool: Optional[str] = None,
+                 sock_name: str = "engine.sock", tag: str = "test"):
+        self.binary, self.workdir = binary, workdir
+        self.block_bytes, self.pool_bytes, self.config = block_bytes, pool_bytes, config
+        self.extra_args = list(extra_args)
+        self.sock = os.path.join(workdir, sock_name)
+        self.address = f"{transport}://" + self.sock  # ipc (ZeroMQ) or unix (stream)
+        self.pool = pool or f"/dev/shm/kvtier-{tag}-{os.getpid()}-{time.monotonic_ns()}.pool"
+        self.metrics_port = 0
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Daemon":
+        args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
+                "--pool-bytes", str(self.pool_bytes), "--block-bytes", str(self.block_bytes),
+                "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
+                "--log-format", "json"]
+        if self.config:
+            args += ["--config", self.config]
+        args += self.extra_args
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in self.proc.stderr:  # readiness: the daemon's own log lines
+            rec = json.loads(line)
+            if rec.get("message") == "kvtierd listening":
+                self.metrics_port = int(rec["metrics_addr"].rsplit(":", 1)[1])
+                break
+            assert time.monotonic() < deadline, "kvtierd did not start"
+        else:
+            raise AssertionError("kvtierd exited before listening")
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+        return self
+
+    def metrics(self) -> Dict[str, float]:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                      timeout=5).read().decode()
+        out = {}
+        for line in body.splitlines():
+            if line.startswith("kvtier_") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def wait_metric(self, name: str, at_least: float, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metrics().get(name, 0.0) < at_least:
+            assert time.monotonic() < deadline, f"{name} never reached {at_least}"
+            time.sleep(0.02)  # NB: polling a process's metrics; no message to wait on
+
+    def wait_quiet(self, timeout: float = 30.0, what: str = "", credit: bool = False) -> Dict[str, float]:
+        """Polls /metrics until nothing is held: no job in flight (an
+        engine reports its jobs done asynchronously), no slot pinned,
+        write-pending or leased — with credit, no slot credited either (a
+        live engine keeps its credit; a dead one's is freed after the
+        quarantine, --engine-grace). Returns those metrics; fails after
+        timeout with what is still held."""
+        deadline = time.monotonic() + timeout
+        names = ["kvtier_jobs_in_flight", "kvtier_pool_slots_pinned",
+                 "kvtier_pool_slots_write_pending", "kvtier_pool_slots_leased"]
+        if credit:
+            names.append("kvtier_pool_slots_credit")
+        while True:
+            m = self.metrics()
+            held = {k: m.get(k, 0.0) for k in names}
+            if not any(held.values()):
+                return m
+            assert time.monotonic() < deadline, f"still held {what}: {held}"
+            time.sleep(0.05)  # NB: polling a process's metrics; no message to wait on
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(timeout=30) == 0
+
+    def kill(self) -> None:
+        """SIGKILL: the pool file and the socket stay behind, as after a
+        crash (a daemon restarted on the same paths replaces both)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def stop_all(made: List[Daemon]) -> None:
+    """A factory fixture's end: every daemon still running stopped, every
+    pool file left behind (a killed daemon's) removed."""
+    for d in made:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+    for d in made:
+        if os.path.exists(d.pool):
+            os.unlink(d.pool)
