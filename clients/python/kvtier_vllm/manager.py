@@ -236,7 +236,9 @@ class KvtierManager(OffloadingManager):
         # Keys whose store this manager completed in the last steps: their
         # commit may not be in the index yet (it lands a little after the
         # completion is sent), so a lookup asks kvtierd instead of MISS.
-        self._committing: Dict[OffloadKey, int] = {}
+        # Keys whose commit was sent, until the residency index holds them
+        # (monotonic time sent): asked about, never a MISS from the index.
+        self._committing: Dict[OffloadKey, float] = {}
         self._calls: Dict[int, tuple] = {}  # id → what its reply settles
         self._out: List[bytes] = []         # frames queued, sent at the next flush
         self._keep: List[int] = []          # ids among them whose replies are read
@@ -790,8 +792,9 @@ class KvtierManager(OffloadingManager):
         for ks, ok in b.deferred:
             commit = [k for k in ks if b.bound[pos[k]]]
             if ok:
+                now = time.monotonic()
                 for k in commit:
-                    self._committing[k] = self._step
+                    self._committing[k] = now
             if commit and self._link_up():
                 # NB: its reply says the blocks are readable (or why not):
                 # read later, never waited for, it counts refused commits.
@@ -828,13 +831,26 @@ class KvtierManager(OffloadingManager):
         # NB: credit is refilled after a step's stores (at its first
         # completion): the next step's stores find it there, so the peak of
         # recent steps, with a margin, is enough.
-        if self._committing:  # two steps are plenty for a commit to land
-            self._committing = {k: s for k, s in self._committing.items() if s >= self._step - 2}
+        if self._committing:
+            self._prune_committing()
         self._ask_queued()
         self._refill()
         self._flush()
         self._flush_at_completion, self._flush_at_schedule = True, False
         self._read_this_step = False
+
+    def _prune_committing(self) -> None:
+        """A commit has landed once the residency index holds its key (a
+        lookup then asks the daemon, as for any held key); until then the
+        key is asked about too. NB: not a count of steps: under load a
+        commit (checksummed off the daemon's mailbox) can take longer than a
+        few steps, and a MISS from the index meanwhile recomputes a prefix
+        the engine just stored. One that has not landed within the link's
+        timeout failed, or its link did."""
+        index, fp = self._link.index, self._nsfp
+        oldest = time.monotonic() - self._link.timeout
+        self._committing = {k: t for k, t in self._committing.items()
+                            if t >= oldest and not (index is not None and index.held(fp, k))}
 
     def _predict(self) -> None:
         """At on_schedule_end: this step's stores were predicted a step ago;

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List
@@ -340,6 +341,44 @@ def test_named_difference_a_held_key_answers_retry_then_hit(small_daemon):
         spec = kv.prepare_load(keys, r.ctx["kvtier"])
         assert len(spec.block_ids) == 3 and kv.blocking_calls == blocking, \
             "the load spec comes from the leased slots, without a round trip"
+    finally:
+        kv.shutdown()
+
+
+def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factory):
+    """The engine completed a store and the daemon is slow to land its
+    commit (SIGSTOPped here; a loaded box did it to CI): however many steps
+    pass, a lookup of that key asks the daemon (RETRY) and never answers
+    MISS from the residency index, which does not hold the key yet (a MISS
+    would recompute a prefix the engine just stored); once the daemon runs
+    again, the key is a HIT."""
+    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
+    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
+    managers = {"kvtier": kv}
+    try:
+        keys = chained_keys([1, 2, 3])
+        w = new_request("w", keys, managers)
+        assert kv.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
+        kv.settle()  # the keys are bound to credited slots
+        kv.on_request_finished(w.ctx["kvtier"])
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            kv.complete_store(keys, w.ctx["kvtier"])  # the commit is queued, sent at the next flush
+            r = new_request("r", keys, managers)
+            for step in range(6):
+                res = kv.lookup(keys[0], r.ctx["kvtier"])
+                assert res is LookupResult.RETRY, f"step {step}: {res}"
+                kv.on_schedule_end(None)
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while (res := kv.lookup(keys[0], r.ctx["kvtier"])) is not LookupResult.HIT:
+            assert res is not LookupResult.MISS and time.monotonic() < deadline, res
+            kv.on_schedule_end(None)
+            time.sleep(0.001)  # the step's forward pass
     finally:
         kv.shutdown()
 
