@@ -723,16 +723,18 @@ func (b *Bridge) onReserve(fx Effects, p pendingCall, res *cpumsg.ReserveResult)
 		return
 	}
 	plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
-	if len(res.ToStore) > 0 {
-		j := b.openStore(fx, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
-		plan.Job, plan.Workers = p.id, len(j.reported)
-	}
+	plan.Job, plan.Workers = b.openStore(fx, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
 	m.Reply.Answer(plan, nil)
 }
 
 // openStore registers store job id writing keys (of the call's callKeys)
-// into slots, placed in the call's chain order for its stored event.
-func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) *job {
+// into slots, placed in the call's chain order for its stored event, and
+// returns the job's id and workers for the answer (0, 0 when there is no
+// key to write: no job).
+func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) (messages.JobID, int) {
+	if len(keys) == 0 {
+		return 0, 0
+	}
 	j := b.newJob(id, messages.JobStore, req, keys, slots)
 	j.place = make(placeMap, len(keys))
 	for i, p := range messages.Place(callKeys, keys, req.ParentBlockHash) {
@@ -745,7 +747,7 @@ func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqConte
 		// completion finds no job).
 		b.reap(fx, j, "drain deadline")
 	}
-	return j
+	return id, len(j.reported)
 }
 
 func (b *Bridge) completeStore(fx Effects, m *messages.CompleteStore) {

@@ -56,9 +56,6 @@ func (b *Bridge) onBound(fx Effects, p pendingCall, r *cpumsg.CreditBound) {
 		}
 	}
 	res := messages.StoreBound{Bound: r.Bound}
-	if len(keys) > 0 {
-		j := b.openStore(fx, p.id, m.Req, m.Keys, keys, slots)
-		res.Job, res.Workers = p.id, len(j.reported)
-	}
+	res.Job, res.Workers = b.openStore(fx, p.id, m.Req, m.Keys, keys, slots)
 	m.Reply.Answer(res, nil)
 }

@@ -104,11 +104,9 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 	if o.Peers < 1 || o.Blocks < 1 || o.Slots < o.Blocks || o.Probes < 1 {
 		return res, fmt.Errorf("%w: bench idle: peers, blocks, probes ≥ 1 and slots ≥ blocks", messages.ErrBadConfig)
 	}
-	if o.Child == nil {
-		var err error
-		if o.Child, err = idleChildCommand(); err != nil {
-			return res, err
-		}
+	var err error
+	if o.Child, err = idleChildCommand(o.Child); err != nil {
+		return res, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -127,10 +125,13 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 	return res, nil
 }
 
-// idleChildCommand runs a child of the idle scenario's roles (and the
-// engine-poll scenario's) as this executable: `kvtier bench idle child
-// ARGS...`.
-func idleChildCommand() (func(args ...string) *exec.Cmd, error) {
+// idleChildCommand is child, or, when nil, one that runs a child of the
+// idle scenario's roles (and the engine-poll scenario's) as this
+// executable: `kvtier bench idle child ARGS...`.
+func idleChildCommand(child func(args ...string) *exec.Cmd) (func(args ...string) *exec.Cmd, error) {
+	if child != nil {
+		return child, nil
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
