@@ -20,14 +20,7 @@ var upstreamPaths = map[string]string{
 // docs/ quote (`like/this.go`, under one of the repository's top-level
 // directories) exists, so a newcomer following them finds what they name.
 func TestDocsNameOnlyPathsThatExist(t *testing.T) {
-	entries, err := os.ReadDir(".")
-	require.NoError(t, err)
-	tops := map[string]bool{}
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			tops[e.Name()] = true
-		}
-	}
+	tops := topDirs(t)
 	docs, err := filepath.Glob("docs/*.md")
 	require.NoError(t, err)
 	quoted := regexp.MustCompile("`([^`\\s]+)`")
@@ -50,6 +43,71 @@ func TestDocsNameOnlyPathsThatExist(t *testing.T) {
 		}
 	}
 	require.Greater(t, checked, 50, "the docs' paths were found")
+}
+
+// TestCommentsNameOnlyPathsThatExist: every repository path a Go comment
+// names (tiers/cpu/state.go, internal/zmqx, a package's testdata/...)
+// exists, from the repository's root or from the commenting file's folder;
+// a path.Symbol names a package's identifier and needs its folder.
+func TestCommentsNameOnlyPathsThatExist(t *testing.T) {
+	tops := topDirs(t)
+	var alt []string
+	for top := range tops {
+		alt = append(alt, regexp.QuoteMeta(top))
+	}
+	named := regexp.MustCompile(`(?:^|[^\w./-])((?:` + strings.Join(alt, "|") + `)/[A-Za-z0-9_./-]*[A-Za-z0-9_/])`)
+	out, err := exec.Command("git", "ls-files", "*.go").Output()
+	if err != nil {
+		t.Skipf("no git work tree here: %v", err)
+	}
+	checked := 0
+	for _, file := range strings.Fields(string(out)) {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(src), "\n") {
+			_, comment, ok := strings.Cut(line, "//")
+			if !ok {
+				continue
+			}
+			for _, m := range named.FindAllStringSubmatch(comment, -1) {
+				path := strings.TrimRight(m[1], ".")
+				if strings.ContainsAny(path, "*<>{}$") {
+					continue
+				}
+				checked++
+				require.True(t, pathExists(filepath.Dir(file), path), "%s names %s, which the repository lacks", file, path)
+			}
+		}
+	}
+	require.Greater(t, checked, 100, "the comments' paths were found")
+}
+
+// pathExists: path from the root or from dir, or path.Symbol with its
+// folder there.
+func pathExists(dir, path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	candidates := []string{path, filepath.Join(dir, path)}
+	if i := strings.LastIndex(path, "."); i > strings.LastIndex(path, "/") {
+		candidates = append(candidates, path[:i], filepath.Join(dir, path[:i]))
+	}
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func topDirs(t *testing.T) map[string]bool {
+	entries, err := os.ReadDir(".")
+	require.NoError(t, err)
+	tops := map[string]bool{}
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			tops[e.Name()] = true
+		}
+	}
+	return tops
 }
 
 // TestRepositoryStandsAlone: nothing tracked reads the workspace's shared

@@ -46,7 +46,7 @@ const (
 // Holder owns leases: an engine request, a peer round.
 type Holder struct {
 	Origin Origin // who took the lease
-	ID     string // request id, or peer/round id
+	ID     string // request id, or a peer round's id
 }
 
 // JobID numbers transfer jobs; never reused within a node's life.

@@ -1,0 +1,31 @@
+package node
+
+import (
+	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/tiers/obj"
+)
+
+// openObjTier opens an S3-compatible object tier (tiers/obj). It does no
+// network I/O: the tier's actor probes the endpoint when it starts, and an
+// endpoint that is down only makes the tier start unhealthy.
+func openObjTier(tc TierConfig, name string, cfg Config, log zerolog.Logger) (openedTier, error) {
+	access, secret := tc.Credentials()
+	t, err := obj.Open(obj.Config{
+		Name: name,
+		Endpoint: obj.Endpoint{Endpoint: tc.Endpoint, Bucket: tc.Bucket, Region: tc.Region, Secure: tc.Secure,
+			AccessKey: access, SecretKey: secret},
+		Prefix:        tc.Prefix,
+		BlockBytes:    cfg.BlockBytes,
+		Workers:       tc.Workers,
+		LookupTimeout: cfg.SecondaryLookupDeadline,
+		Clock:         cfg.Clock,
+		Client:        tc.ObjClient,
+		Locality:      tc.Locality,
+		Log:           log,
+	})
+	if err != nil {
+		return openedTier{}, err
+	}
+	return openedTier{name: name, kind: tc.Kind, props: t.Props, close: t.Close}, nil
+}
