@@ -71,7 +71,7 @@ type Config struct {
 	// for nodes with cores to spare. 0: off, the default by measurement
 	// (`kvtier bench engine-poll`: on a 2-core box polling buys the engine
 	// 9–14 % at p50 and costs the peers 20–42 % at p99). At most 10ms
-	// (scheduler.SuggestedEnginePoll is 100µs).
+	// (endpoint.SuggestedEnginePoll is 100µs).
 	EnginePoll time.Duration `yaml:"engine_poll"`
 	// Namespace, if set, is the only layout namespace the engine endpoint
 	// accepts keys in; Hello tells engines.

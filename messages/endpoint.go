@@ -2,7 +2,7 @@ package messages
 
 import "time"
 
-// Standalone mode: the engine endpoint (scheduler/endpoint.go) serves the
+// Standalone mode: the engine endpoint (scheduler/endpoint) serves the
 // manager API to out-of-process engines. These are the errors only the wire
 // can produce, and the one bridge message the endpoint needs beyond the
 // manager calls.

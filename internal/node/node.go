@@ -22,6 +22,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/scheduler"
+	"github.com/kvtier/kvtier/scheduler/endpoint"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
 	"github.com/kvtier/kvtier/tiers/cpu/residency"
@@ -40,7 +41,7 @@ type Node struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Node
 	manager  *embedded
-	endpoint *scheduler.Endpoint // standalone mode only (standalone.go)
+	endpoint *endpoint.Endpoint // standalone mode only (standalone.go)
 	cpu      *actor.PID
 	state    *cpu.State     // the CPU tier's, its actor's to touch once spawned
 	plan     []planned      // the actors, in spawn order (topology.go)

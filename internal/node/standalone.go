@@ -16,7 +16,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
-	"github.com/kvtier/kvtier/scheduler"
+	"github.com/kvtier/kvtier/scheduler/endpoint"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers"
@@ -130,8 +130,8 @@ func (n *Node) openEndpoint() error {
 	if clock == nil {
 		clock = supervision.RealClock{}
 	}
-	ep, err := scheduler.NewEndpoint(scheduler.EndpointConfig{
-		Listen:      scheduler.ListenOptions{Addr: c.EngineListen, AllowRemote: c.EngineAllowRemote, Mode: mode, GID: gid, Poll: c.EnginePoll},
+	ep, err := endpoint.New(endpoint.Config{
+		Listen:      endpoint.ListenOptions{Addr: c.EngineListen, AllowRemote: c.EngineAllowRemote, Mode: mode, GID: gid, Poll: c.EnginePoll},
 		Clock:       clock,
 		NodeClock:   c.Clock,
 		Grace:       c.EngineGrace,

@@ -1,4 +1,4 @@
-package scheduler
+package endpoint
 
 import (
 	"context"
@@ -10,12 +10,15 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/wire"
 	"github.com/kvtier/kvtier/supervision"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // stallingBridge is a bridge that hands every Lookup to the test instead
 // of answering it (a stalled bridge cannot be produced for real on demand),
@@ -74,7 +77,7 @@ func stalled(t *testing.T) (*rawSession, <-chan *messages.Lookup, *supervision.M
 	lookups := make(chan *messages.Lookup, 1)
 	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return stallingBridge{lookups: lookups} }))
 	clock := supervision.NewManualClock(time.Unix(1, 0))
-	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(t.TempDir(), "e.sock")},
+	e, err := New(Config{Listen: ListenOptions{Addr: "unix://" + filepath.Join(t.TempDir(), "e.sock")},
 		Clock: clock, Grace: time.Hour, CallTimeout: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
@@ -161,7 +164,7 @@ func benchRoundTrip(b *testing.B, poll time.Duration, opts ...actor.PropsOption)
 	system := actor.NewActorSystem()
 	defer system.Shutdown()
 	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return answeringBridge{} }, opts...))
-	e, err := NewEndpoint(EndpointConfig{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock"), Poll: poll},
+	e, err := New(Config{Listen: ListenOptions{Addr: "unix://" + filepath.Join(b.TempDir(), "e.sock"), Poll: poll},
 		Grace: time.Hour, CallTimeout: time.Hour})
 	require.NoError(b, err)
 	defer e.Close()

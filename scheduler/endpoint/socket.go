@@ -1,4 +1,4 @@
-package scheduler
+package endpoint
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type ListenOptions struct {
 }
 
 // listener is a bound engine socket: a ZeroMQ ROUTER (ipc://, tcp://) or
-// a Unix stream listener (unix://, endpoint_unix.go).
+// a Unix stream listener (unix://, unix.go).
 type listener struct {
 	sock engineSocket
 	addr string // the bound address (a tcp port of 0 resolved)

@@ -1,4 +1,4 @@
-package scheduler
+package endpoint
 
 import (
 	"context"
@@ -37,7 +37,7 @@ import (
 // a buffered channel; the goroutine ends on the answer, the call's deadline
 // or Close), so the actor never waits.
 type Endpoint struct {
-	cfg     EndpointConfig
+	cfg     Config
 	ln      *listener
 	table   *sessionTable
 	out     chan outbound
@@ -54,8 +54,8 @@ type Endpoint struct {
 	early   []string
 }
 
-// EndpointConfig is what the endpoint needs from the node.
-type EndpointConfig struct {
+// Config is what the endpoint needs from the node.
+type Config struct {
 	Listen      ListenOptions
 	Bridge      *actor.PID        // the bridge, where calls go
 	Clock       supervision.Clock // session liveness timers and call deadlines
@@ -86,10 +86,10 @@ const (
 	badFrameLimit = 64
 )
 
-// NewEndpoint binds the socket; Start begins serving once the actor from
+// New binds the socket; Start begins serving once the actor from
 // Props is spawned. A bind error is returned here, before any actor runs.
-func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
-	defaults.FillNonPositive(&cfg, EndpointConfig{
+func New(cfg Config) (*Endpoint, error) {
+	defaults.FillNonPositive(&cfg, Config{
 		MaxInFlight: DefaultMaxInFlight,
 		MaxOpen:     DefaultMaxOpen,
 		Clock:       supervision.RealClock{},
