@@ -172,7 +172,7 @@ func (a *endpointActor) admit(s *session, q *wire.Request) error {
 	if s.inflight >= a.ep.cfg.MaxInFlight {
 		return fmt.Errorf("%w: %d calls in flight", messages.ErrBusy, s.inflight)
 	}
-	if q.Req != nil && opensRequest(q.Op) && len(s.open) >= a.ep.cfg.MaxOpen {
+	if q.Req != nil && q.Op.OpensRequest() && len(s.open) >= a.ep.cfg.MaxOpen {
 		if _, known := s.open[s.prefix+q.Req.RequestID]; !known {
 			return fmt.Errorf("%w: %d requests without request_finished", messages.ErrBusy, len(s.open))
 		}
@@ -344,7 +344,7 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 		switch {
 		case q.Op == wire.OpRequestFinished:
 			delete(s.open, req.RequestID)
-		case opensRequest(q.Op):
+		case q.Op.OpensRequest():
 			s.open[req.RequestID] = struct{}{}
 		}
 		a.openChanged(ctx, s)
@@ -353,131 +353,10 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	if q.Timeout > 0 {
 		timeout = q.Timeout
 	}
-	bridge := a.ep.cfg.Bridge
-	send := func(msg any) { ctx.Send(bridge, msg) }
-	e := a.ep
-	switch q.Op {
-	case wire.OpLookup:
-		r := messages.NewReply[[]messages.LookupStatus]()
-		lk := &messages.Lookup{Req: req, Keys: q.Keys, Prefix: q.Prefix, Reply: r, WantSlots: q.WantSlots}
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.LookupStatus) {
-			rp.Status = v
-			if lk.WantSlots {
-				rp.Slots = lk.Slots // NB: written before the answer was sent
-				if rp.Slots == nil {
-					rp.Slots = []int{}
-				}
-			}
-		}) {
-			send(lk)
-		}
-	case wire.OpGrant:
-		r := messages.NewReply[messages.CreditGrant]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.CreditGrant) {
-			rp.Slots, rp.Evicted = v.Slots, v.Evicted
-		}) {
-			send(&messages.Grant{Session: s.id, N: q.N, Reply: r})
-		}
-	case wire.OpStoreCredited:
-		r := messages.NewReply[messages.StoreBound]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StoreBound) {
-			rp.Job, rp.Bound, rp.Workers = v.Job, v.Bound, v.Workers
-		}) {
-			send(&messages.StoreCredited{Req: req, Session: s.id, Keys: q.Keys, Slots: q.Slots, Reply: r})
-		}
-	case wire.OpPrepareLoad:
-		r := messages.NewReply[messages.LoadJob]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.LoadJob) {
-			rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers
-		}) {
-			send(&messages.PrepareLoad{Req: req, Keys: q.Keys, Reply: r})
-		}
-	case wire.OpTouch:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.Touch{Req: req, Keys: q.Keys, Reply: r})
-		}
-	case wire.OpCompleteLoad:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.CompleteLoad{Req: req, Keys: q.Keys, Reply: r})
-		}
-	case wire.OpPrepareStore:
-		r := messages.NewReply[messages.StorePlan]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.StorePlan) {
-			rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
-		}) {
-			send(&messages.PrepareStore{Req: req, Keys: q.Keys, Reply: r})
-		}
-	case wire.OpCompleteStore:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.CompleteStore{Req: req, Keys: q.Keys, OK: q.OK, Reply: r})
-		}
-	case wire.OpJobDone:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.JobDone{Job: q.Job, Worker: q.Worker, OK: q.OK, Reply: r})
-		}
-	case wire.OpRequestFinished:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.RequestFinished{Req: req, Reply: r})
-		}
-	case wire.OpTakeEvents:
-		r := messages.NewReply[[]messages.Event]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v []messages.Event) { rp.Events = v }) {
-			send(&messages.TakeEvents{Reply: r})
-		}
-	case wire.OpHasPendingWork:
-		r := messages.NewReply[bool]()
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v bool) { rp.Pending = v }) {
-			send(&messages.HasPendingWork{Reply: r})
-		}
-	case wire.OpPause:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.Pause{ClearCache: q.Clear, Reply: r})
-		}
-	case wire.OpResume:
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.Resume{Reply: r})
-		}
-	case wire.OpResetCache:
-		// As the embedded manager does: the drain ends (and reaps) before
-		// the caller's deadline, on the node's clock.
-		deadline := e.cfg.NodeClock.Now().Add(timeout * 9 / 10)
-		r := messages.NewReply[struct{}]()
-		if await(e, peer, s, q, timeout, r, noFill) {
-			send(&messages.ResetCache{Deadline: deadline, Reply: r})
-		}
-	case wire.OpStats:
-		r := messages.NewReply[messages.Stats]()
-		open := len(s.open) // NB: read here, in the actor: the session's table is its state
-		calls := s.inflight // NB: before this call counts itself
-		if await(e, peer, s, q, timeout, r, func(rp *wire.Reply, v messages.Stats) {
-			rp.Stats = v
-			rp.Stats.SessionOpen, rp.Stats.SessionCalls = open, calls
-		}) {
-			send(&messages.GetStats{Reply: r})
-		}
-	default:
+	r, ok := routes[q.Op]
+	if !ok {
 		a.refuse(peer, q.ID, wire.CodeUnknownOp, fmt.Errorf("%w: %s", messages.ErrUnknownOp, q.Op))
+		return
 	}
-}
-
-func noFill(*wire.Reply, struct{}) {}
-
-// opensRequest: the ops that can leave something held for a request (a
-// lease, a job) until its request_finished. Completions and touches do not:
-// vLLM completes a request's jobs after it said the request finished, and
-// such a late completion must not re-open it (an open request is state the
-// session keeps until request_finished, which never comes again).
-func opensRequest(op wire.Op) bool {
-	switch op {
-	case wire.OpLookup, wire.OpPrepareLoad, wire.OpPrepareStore, wire.OpStoreCredited:
-		return true
-	}
-	return false
+	r(&call{a: a, ctx: ctx, peer: peer, s: s, q: q, req: req, timeout: timeout})
 }

@@ -212,3 +212,17 @@ func TestEndpointServesABatchCallByCall(t *testing.T) {
 	require.Nil(t, s.call(&wire.Request{Op: wire.OpPing}).Err)
 	require.Nil(t, s.call(&wire.Request{Op: wire.OpBye}).Err)
 }
+
+// TestEveryEngineOpHasARoute: each op of the wire's table but the
+// session's own reaches the bridge through a route, and no route serves an
+// op the table lacks.
+func TestEveryEngineOpHasARoute(t *testing.T) {
+	session := map[wire.Op]bool{wire.OpHello: true, wire.OpPing: true, wire.OpBye: true, wire.OpBatch: true}
+	n := 0
+	for o := wire.Op(1); !strings.HasPrefix(o.String(), "op("); o++ {
+		n++
+		_, routed := routes[o]
+		require.Equal(t, !session[o], routed, "op %s", o)
+	}
+	require.Equal(t, n, len(routes)+len(session), "routes for ops the table lacks")
+}

@@ -5,7 +5,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/msgp"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -87,103 +86,26 @@ func EncodeCallError(id uint64, op Op, err error) []byte {
 	return w.B
 }
 
-// EncodeReply encodes a successful reply to op. strip is removed from the
-// front of request ids in events (the endpoint's session prefix).
+// EncodeReply encodes a successful reply to op (its row of ops says
+// which fields). strip is removed from the front of request ids in events
+// (the endpoint's session prefix).
 func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 	w := writer{B: make([]byte, 0, 64+16*len(rp.Status)+8*len(rp.Slots))}
-	body := func(n int) {
-		w.MapLen(2 + n)
-		w.Str("v")
-		w.Uint(Version)
-		w.Str("id")
-		w.Uint(rp.ID)
+	var shape replyShape
+	if op > 0 && op < opEnd {
+		shape = ops[op].reply
 	}
-	switch op {
-	case OpHello:
-		h := rp.Hello
-		body(16)
-		kvUint(&w, "protocol", uint64(h.Protocol))
-		kvUint(&w, "session", h.Session)
-		w.Str("pool_path")
-		w.Str(h.PoolPath)
-		kvUint(&w, "block_bytes", uint64(h.BlockBytes))
-		kvUint(&w, "slots", uint64(h.Slots))
-		w.Str("namespace")
-		w.Str(string(h.Namespace))
-		kvUint(&w, "heartbeat_ms", uint64(h.Heartbeat/time.Millisecond))
-		kvUint(&w, "grace_ms", uint64(h.Grace/time.Millisecond))
-		kvUint(&w, "max_keys", uint64(h.MaxKeys))
-		kvUint(&w, "max_frame_bytes", uint64(h.MaxFrameBytes))
-		kvUint(&w, "job_workers", uint64(h.JobWorkers))
-		w.Str("packed_keys")
-		w.Bool(h.PackedKeys)
-		w.Str("index_path")
-		w.Str(h.IndexPath)
-		w.Str("index_complete")
-		w.Bool(h.IndexComplete)
-		w.Str("credit")
-		w.Bool(h.Credit)
-		w.Str("batch")
-		w.Bool(h.Batch)
-	case OpLookup:
-		body(1 + msgp.Count(rp.Slots != nil))
-		w.Str("status")
-		w.BinHeader(len(rp.Status))
-		for _, s := range rp.Status {
-			w.B = append(w.B, byte(s))
-		}
-		if rp.Slots != nil {
-			writeSlots(&w, rp.Slots)
-		}
-	case OpGrant:
-		body(2)
-		writeSlots(&w, rp.Slots)
-		w.Str("evicted")
-		encodeKeys(&w, rp.Evicted)
-	case OpStoreCredited:
-		body(3)
-		kvUint(&w, "job", uint64(rp.Job))
-		kvUint(&w, "workers", uint64(rp.Workers))
-		w.Str("bound")
-		w.BinHeader(len(rp.Bound))
-		for _, b := range rp.Bound {
-			w.B = append(w.B, boolByte(b))
-		}
-	case OpPrepareLoad:
-		body(3)
-		kvUint(&w, "job", uint64(rp.Job))
-		writeSlots(&w, rp.Slots)
-		kvUint(&w, "workers", uint64(rp.Workers))
-	case OpPrepareStore:
-		body(5)
-		kvUint(&w, "job", uint64(rp.Job))
-		writeSlots(&w, rp.Slots)
-		kvUint(&w, "workers", uint64(rp.Workers))
-		w.Str("to_store")
-		encodeKeys(&w, rp.ToStore)
-		w.Str("evicted")
-		encodeKeys(&w, rp.Evicted)
-	case OpTakeEvents:
-		body(1)
-		w.Str("events")
-		w.ArrayLen(len(rp.Events))
-		for i := range rp.Events {
-			encodeEvent(&w, &rp.Events[i], strip)
-		}
-	case OpHasPendingWork:
-		body(1)
-		w.Str("pending")
-		w.Bool(rp.Pending)
-	case OpStats:
-		body(1)
-		w.Str("stats")
-		encodeStats(&w, &rp.Stats)
-	case OpBye:
-		body(2)
-		kvUint(&w, "requests", uint64(rp.Released.Requests))
-		kvUint(&w, "jobs", uint64(rp.Released.Jobs))
-	default:
-		body(0)
+	n := 0
+	if shape.fields != nil {
+		n = shape.fields(rp)
+	}
+	w.MapLen(2 + n)
+	w.Str("v")
+	w.Uint(Version)
+	w.Str("id")
+	w.Uint(rp.ID)
+	if shape.encode != nil {
+		shape.encode(&w, rp, strip)
 	}
 	return w.B
 }

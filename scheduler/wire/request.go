@@ -31,61 +31,6 @@ const (
 	maxFields         = 32
 )
 
-// Op is a protocol operation.
-type Op uint8
-
-// The operations, one per manager call plus the session's own.
-const (
-	OpHello Op = iota + 1
-	OpPing
-	OpBye
-	OpLookup
-	OpPrepareLoad
-	OpTouch
-	OpCompleteLoad
-	OpPrepareStore
-	OpCompleteStore
-	OpJobDone
-	OpRequestFinished
-	OpTakeEvents
-	OpHasPendingWork
-	OpPause
-	OpResume
-	OpResetCache
-	OpStats
-	OpGrant
-	OpStoreCredited
-	OpBatch
-	opEnd
-)
-
-var opNames = [...]string{
-	OpHello: "hello", OpPing: "ping", OpBye: "bye", OpLookup: "lookup",
-	OpPrepareLoad: "prepare_load", OpTouch: "touch", OpCompleteLoad: "complete_load",
-	OpPrepareStore: "prepare_store", OpCompleteStore: "complete_store", OpJobDone: "job_done",
-	OpRequestFinished: "request_finished", OpTakeEvents: "take_events",
-	OpHasPendingWork: "has_pending_work", OpPause: "pause", OpResume: "resume",
-	OpResetCache: "reset_cache", OpStats: "stats", OpGrant: "grant", OpStoreCredited: "store",
-	OpBatch: "batch",
-}
-
-func (o Op) String() string {
-	if o > 0 && o < opEnd {
-		return opNames[o]
-	}
-	return fmt.Sprintf("op(%d)", uint8(o))
-}
-
-// OpByName finds an op by its wire name.
-func OpByName(name string) (Op, bool) {
-	for o := OpHello; o < opEnd; o++ {
-		if opNames[o] == name {
-			return o, true
-		}
-	}
-	return 0, false
-}
-
 // field is a request field beyond v, op, id.
 type field uint32
 
@@ -116,37 +61,8 @@ var fieldNames = map[string]field{
 	"quiet": fQuiet, "calls": fCalls,
 }
 
-// schema: the fields each op allows, and those it requires.
-var schema = map[Op]struct{ allowed, required field }{
-	OpHello:           {fTimeout | fClient, 0},
-	OpPing:            {fTimeout, 0},
-	OpBye:             {fTimeout, 0},
-	OpLookup:          {fTimeout | fReq | fKeys | fPrefix | fWantSlots, fReq | fKeys},
-	OpPrepareLoad:     {fTimeout | fReq | fKeys, fReq | fKeys},
-	OpTouch:           {fTimeout | fReq | fKeys, fReq | fKeys},
-	OpCompleteLoad:    {fTimeout | fReq | fKeys, fReq | fKeys},
-	OpPrepareStore:    {fTimeout | fReq | fKeys, fReq | fKeys},
-	OpCompleteStore:   {fTimeout | fReq | fKeys | fOK, fReq | fKeys | fOK},
-	OpJobDone:         {fTimeout | fJob | fWorker | fOK, fJob | fWorker | fOK},
-	OpRequestFinished: {fTimeout | fReq, fReq},
-	OpTakeEvents:      {fTimeout, 0},
-	OpHasPendingWork:  {fTimeout, 0},
-	OpPause:           {fTimeout | fClear, 0},
-	OpResume:          {fTimeout, 0},
-	OpResetCache:      {fTimeout, 0},
-	OpStats:           {fTimeout, 0},
-	OpGrant:           {fTimeout | fN, fN},
-	OpStoreCredited:   {fTimeout | fReq | fKeys | fSlots, fReq | fKeys | fSlots},
-	OpBatch:           {fCalls, fCalls},
-}
-
 // MaxBatchCalls bounds the calls of one batch.
 const MaxBatchCalls = 4096
-
-// replyOptional: the ops that may say noreply or quiet (every op but
-// hello, whose reply opens the session, and batch, which has none of its
-// own).
-func replyOptional(op Op) bool { return op != OpHello && op != OpBatch }
 
 // Request is one decoded engine call.
 type Request struct {
@@ -297,7 +213,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 		return nil, d.fail(CodeUnknownOp, "unknown operation %q", d.opName)
 	}
 	d.req.Op = op
-	s := schema[op]
+	s := ops[op].fields()
 	if seen&fPKeys != 0 {
 		// pkeys stands in for keys: allowed and required where keys is.
 		if seen&fKeys != 0 {
@@ -309,9 +225,6 @@ func (d *requestDecoder) decode() (*Request, error) {
 		seen = seen&^fPKeys | fKeys
 		d.offsets[fKeys], d.req.PackedKeys = d.offsets[fPKeys], true
 		delete(d.offsets, fPKeys)
-	}
-	if replyOptional(op) {
-		s.allowed |= fNoReply | fQuiet
 	}
 	if extra := seen &^ s.allowed; extra != 0 {
 		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
@@ -614,11 +527,8 @@ func decodeStrings(r *reader, maxN, maxLen int) ([]string, error) {
 // EncodeRequest encodes q as a request frame of protocol Version.
 func EncodeRequest(q *Request) []byte {
 	w := writer{B: make([]byte, 0, 64+len(q.Keys)*48)}
-	s := schema[q.Op]
+	s := ops[q.Op].fields()
 	nf := 3
-	if replyOptional(q.Op) {
-		s.allowed |= fNoReply | fQuiet
-	}
 	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
 	fields := []struct {
 		f  field

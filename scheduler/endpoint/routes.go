@@ -1,0 +1,131 @@
+package endpoint
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/wire"
+)
+
+// routes: for each engine op, the bridge message a decoded call becomes
+// and how the bridge's answer fills the wire reply (whose fields the op's
+// row in scheduler/wire's op table encodes). hello, ping, bye and batch
+// are the session's own (actor.go), not routed. One row per op: adding an
+// engine op adds one here.
+var routes = map[wire.Op]func(c *call){
+	wire.OpLookup: func(c *call) {
+		var lk *messages.Lookup
+		via(c, func(r messages.Reply[[]messages.LookupStatus]) any {
+			lk = &messages.Lookup{Req: c.req, Keys: c.q.Keys, Prefix: c.q.Prefix, Reply: r, WantSlots: c.q.WantSlots}
+			return lk
+		}, func(rp *wire.Reply, v []messages.LookupStatus) {
+			rp.Status = v
+			if lk.WantSlots {
+				rp.Slots = lk.Slots // NB: written before the answer was sent
+				if rp.Slots == nil {
+					rp.Slots = []int{}
+				}
+			}
+		})
+	},
+	wire.OpGrant: func(c *call) {
+		via(c, func(r messages.Reply[messages.CreditGrant]) any {
+			return &messages.Grant{Session: c.s.id, N: c.q.N, Reply: r}
+		}, func(rp *wire.Reply, v messages.CreditGrant) { rp.Slots, rp.Evicted = v.Slots, v.Evicted })
+	},
+	wire.OpStoreCredited: func(c *call) {
+		via(c, func(r messages.Reply[messages.StoreBound]) any {
+			return &messages.StoreCredited{Req: c.req, Session: c.s.id, Keys: c.q.Keys, Slots: c.q.Slots, Reply: r}
+		}, func(rp *wire.Reply, v messages.StoreBound) { rp.Job, rp.Bound, rp.Workers = v.Job, v.Bound, v.Workers })
+	},
+	wire.OpPrepareLoad: func(c *call) {
+		via(c, func(r messages.Reply[messages.LoadJob]) any {
+			return &messages.PrepareLoad{Req: c.req, Keys: c.q.Keys, Reply: r}
+		}, func(rp *wire.Reply, v messages.LoadJob) { rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers })
+	},
+	wire.OpTouch: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any { return &messages.Touch{Req: c.req, Keys: c.q.Keys, Reply: r} }, noFill)
+	},
+	wire.OpCompleteLoad: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any {
+			return &messages.CompleteLoad{Req: c.req, Keys: c.q.Keys, Reply: r}
+		}, noFill)
+	},
+	wire.OpPrepareStore: func(c *call) {
+		via(c, func(r messages.Reply[messages.StorePlan]) any {
+			return &messages.PrepareStore{Req: c.req, Keys: c.q.Keys, Reply: r}
+		}, func(rp *wire.Reply, v messages.StorePlan) {
+			rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
+		})
+	},
+	wire.OpCompleteStore: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any {
+			return &messages.CompleteStore{Req: c.req, Keys: c.q.Keys, OK: c.q.OK, Reply: r}
+		}, noFill)
+	},
+	wire.OpJobDone: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any {
+			return &messages.JobDone{Job: c.q.Job, Worker: c.q.Worker, OK: c.q.OK, Reply: r}
+		}, noFill)
+	},
+	wire.OpRequestFinished: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any { return &messages.RequestFinished{Req: c.req, Reply: r} }, noFill)
+	},
+	wire.OpTakeEvents: func(c *call) {
+		via(c, func(r messages.Reply[[]messages.Event]) any { return &messages.TakeEvents{Reply: r} },
+			func(rp *wire.Reply, v []messages.Event) { rp.Events = v })
+	},
+	wire.OpHasPendingWork: func(c *call) {
+		via(c, func(r messages.Reply[bool]) any { return &messages.HasPendingWork{Reply: r} },
+			func(rp *wire.Reply, v bool) { rp.Pending = v })
+	},
+	wire.OpPause: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any { return &messages.Pause{ClearCache: c.q.Clear, Reply: r} }, noFill)
+	},
+	wire.OpResume: func(c *call) {
+		via(c, func(r messages.Reply[struct{}]) any { return &messages.Resume{Reply: r} }, noFill)
+	},
+	wire.OpResetCache: func(c *call) {
+		// As the embedded manager does: the drain ends (and reaps) before
+		// the caller's deadline, on the node's clock.
+		deadline := c.a.ep.cfg.NodeClock.Now().Add(c.timeout * 9 / 10)
+		via(c, func(r messages.Reply[struct{}]) any { return &messages.ResetCache{Deadline: deadline, Reply: r} }, noFill)
+	},
+	wire.OpStats: func(c *call) {
+		open := len(c.s.open) // NB: read here, in the actor: the session's table is its state
+		calls := c.s.inflight // NB: before this call counts itself
+		via(c, func(r messages.Reply[messages.Stats]) any { return &messages.GetStats{Reply: r} },
+			func(rp *wire.Reply, v messages.Stats) {
+				rp.Stats = v
+				rp.Stats.SessionOpen, rp.Stats.SessionCalls = open, calls
+			})
+	},
+}
+
+// call is one decoded engine call on its way to the bridge: what a route
+// reads. It lives for the route's run, inside the endpoint actor.
+type call struct {
+	a       *endpointActor
+	ctx     actor.Context
+	peer    string
+	s       *session
+	q       *wire.Request
+	req     *messages.ReqContext // q.Req with the session's prefix, or nil
+	timeout time.Duration
+}
+
+// via builds the call's bridge message around a fresh reply, arms its
+// await off the mailbox (first: the call's deadline runs from before the
+// bridge can have it) and sends it, unless nobody can await it (the
+// endpoint closing).
+func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Reply, T)) {
+	r := messages.NewReply[T]()
+	msg := build(r)
+	if await(c.a.ep, c.peer, c.s, c.q, c.timeout, r, fill) {
+		c.ctx.Send(c.a.ep.cfg.Bridge, msg)
+	}
+}
+
+func noFill(*wire.Reply, struct{}) {}
