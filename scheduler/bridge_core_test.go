@@ -10,7 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testutil/modeltime"
+	"github.com/kvtier/kvtier/internal/testutil/fxlog"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -22,33 +22,20 @@ import (
 // it answers the engine (bridge_model_test.go checks the invariants over
 // random interleavings; these pin the decisions).
 
-type sent struct {
-	to  *actor.PID
-	msg any
-}
-
 // rig is a Bridge with a recording world around it.
 type rig struct {
-	t       *testing.T
-	b       *Bridge
-	cpu     *actor.PID
-	tier    *actor.PID
-	clock   *supervision.ManualClock
-	cnt     Counters
-	seq     atomic.Uint64
-	out     []sent
+	t     *testing.T
+	b     *Bridge
+	cpu   *actor.PID
+	tier  *actor.PID
+	clock *supervision.ManualClock
+	cnt   Counters
+	seq   atomic.Uint64
+	fxlog.Log
 	offload []func() any
-	timers  modeltime.Timers
-	armed   []any
 }
 
-func (r *rig) Request(to *actor.PID, msg any) { r.out = append(r.out, sent{to, msg}) }
-func (r *rig) Send(to *actor.PID, msg any)    { r.out = append(r.out, sent{to, msg}) }
-func (r *rig) Offload(work func() any)        { r.offload = append(r.offload, work) }
-func (r *rig) After(_ time.Duration, msg any) supervision.Timer {
-	r.armed = append(r.armed, msg)
-	return r.timers.After(msg)
-}
+func (r *rig) Offload(work func() any) { r.offload = append(r.offload, work) }
 
 // newRig: a bridge with a tiering actor (tiered) or without, two workers
 // per job by default.
@@ -64,35 +51,22 @@ func newRig(t *testing.T, tiered bool) *rig {
 	return r
 }
 
-func (r *rig) handle(msg any) []sent {
-	r.out = nil
+func (r *rig) handle(msg any) []fxlog.Sent {
+	r.Reset()
 	r.b.Handle(r, msg)
-	return r.out
+	return r.Out
 }
 
 // runOffloaded runs the checksums handed off so far and hands their
 // results back, in the order given.
-func (r *rig) runOffloaded(order ...int) []sent {
+func (r *rig) runOffloaded(order ...int) []fxlog.Sent {
 	work := r.offload
 	r.offload = nil
-	var out []sent
+	var out []fxlog.Sent
 	for _, i := range order {
 		out = append(out, r.handle(work[i]())...)
 	}
 	return out
-}
-
-func one[M any](t *testing.T, out []sent, to *actor.PID) M {
-	t.Helper()
-	var got []M
-	for _, s := range out {
-		if m, ok := s.msg.(M); ok {
-			require.Equal(t, to, s.to, "%T to the wrong actor", m)
-			got = append(got, m)
-		}
-	}
-	require.Len(t, got, 1, "want one %T in %v", *new(M), out)
-	return got[0]
 }
 
 func answer[T any](t *testing.T, r messages.Reply[T]) (T, error) {
@@ -117,9 +91,9 @@ var req1 = &messages.ReqContext{RequestID: "r1"}
 func TestLookupPutsOnlyTheCPUMissesToTheTiers(t *testing.T) {
 	r := newRig(t, true)
 	reply := messages.NewReply[[]messages.LookupStatus]()
-	lease := one[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1), k(2), k(3)}, Reply: reply}), r.cpu)
+	lease := fxlog.One[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1), k(2), k(3)}, Reply: reply}), r.cpu)
 	require.Equal(t, time.Minute, lease.TTL)
-	ask := one[*tieringmsg.AsyncLookup](t, r.handle(&cpumsg.LookupResult{Corr: lease.Corr,
+	ask := fxlog.One[*tieringmsg.AsyncLookup](t, r.handle(&cpumsg.LookupResult{Corr: lease.Corr,
 		Status: []messages.LookupStatus{messages.Hit, messages.Miss, messages.HitPending}}), r.tier)
 	require.Equal(t, []messages.Key{k(2)}, ask.Keys)
 	unanswered(t, reply)
@@ -140,7 +114,7 @@ func TestPrefixLookupAsksTheTiersOnlyWhenTheScanStoppedAtAMiss(t *testing.T) {
 	} {
 		r := newRig(t, true)
 		reply := messages.NewReply[[]messages.LookupStatus]()
-		lease := one[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1), k(2), k(3)}, Prefix: true, Reply: reply}), r.cpu)
+		lease := fxlog.One[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1), k(2), k(3)}, Prefix: true, Reply: reply}), r.cpu)
 		require.True(t, lease.Prefix)
 		out := r.handle(&cpumsg.LookupResult{Corr: lease.Corr, Status: tc.cpu})
 		if tc.asks == nil {
@@ -149,7 +123,7 @@ func TestPrefixLookupAsksTheTiersOnlyWhenTheScanStoppedAtAMiss(t *testing.T) {
 			require.Equal(t, tc.cpu, st)
 			continue
 		}
-		ask := one[*tieringmsg.AsyncLookup](t, out, r.tier)
+		ask := fxlog.One[*tieringmsg.AsyncLookup](t, out, r.tier)
 		require.Equal(t, tc.asks, ask.Keys)
 		require.True(t, ask.Prefix)
 	}
@@ -158,7 +132,7 @@ func TestPrefixLookupAsksTheTiersOnlyWhenTheScanStoppedAtAMiss(t *testing.T) {
 func TestWithoutTiersAMissIsAnsweredAsTheCPUTierSaid(t *testing.T) {
 	r := newRig(t, false)
 	reply := messages.NewReply[[]messages.LookupStatus]()
-	lease := one[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1)}, Reply: reply}), r.cpu)
+	lease := fxlog.One[*cpumsg.LookupAndLease](t, r.handle(&messages.Lookup{Req: req1, Keys: []messages.Key{k(1)}, Reply: reply}), r.cpu)
 	require.Empty(t, r.handle(&cpumsg.LookupResult{Corr: lease.Corr, Status: []messages.LookupStatus{messages.Miss}}))
 	st, err := answer(t, reply)
 	require.NoError(t, err)
@@ -168,14 +142,14 @@ func TestWithoutTiersAMissIsAnsweredAsTheCPUTierSaid(t *testing.T) {
 func TestALoadIsPinnedReleasedAfterEveryWorkerAndLateReportsAreRefused(t *testing.T) {
 	r := newRig(t, false)
 	reply := messages.NewReply[messages.LoadJob]()
-	pin := one[*cpumsg.LeaseToPin](t, r.handle(&messages.PrepareLoad{Req: req1, Keys: []messages.Key{k(1), k(2)}, Reply: reply}), r.cpu)
+	pin := fxlog.One[*cpumsg.LeaseToPin](t, r.handle(&messages.PrepareLoad{Req: req1, Keys: []messages.Key{k(1), k(2)}, Reply: reply}), r.cpu)
 	require.True(t, pin.KeepRank)
 	r.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Slots: []int{3, 1}})
 	job, err := answer(t, reply)
 	require.NoError(t, err)
 	require.Equal(t, messages.LoadJob{ID: pin.Job.ID, Slots: []int{3, 1}, Workers: 2}, job)
 
-	done := func(worker int) ([]sent, error) {
+	done := func(worker int) ([]fxlog.Sent, error) {
 		d := messages.NewReply[struct{}]()
 		out := r.handle(&messages.JobDone{Job: job.ID, Worker: worker, OK: true, Reply: d})
 		_, err := answer(t, d)
@@ -190,7 +164,7 @@ func TestALoadIsPinnedReleasedAfterEveryWorkerAndLateReportsAreRefused(t *testin
 	require.ErrorIs(t, err, messages.ErrBadWorker, "no third worker")
 	out, err = done(0)
 	require.NoError(t, err)
-	require.Equal(t, pin.Job, one[*cpumsg.ReleaseJob](t, out, r.cpu).Job)
+	require.Equal(t, pin.Job, fxlog.One[*cpumsg.ReleaseJob](t, out, r.cpu).Job)
 	_, err = done(0)
 	require.ErrorIs(t, err, messages.ErrUnknownJob)
 	require.Equal(t, Counters{JobsCompleted: 1, LateReports: 2}, r.cnt)
@@ -199,7 +173,7 @@ func TestALoadIsPinnedReleasedAfterEveryWorkerAndLateReportsAreRefused(t *testin
 func TestARefusedPinFailsTheLoadAndLeavesNoJob(t *testing.T) {
 	r := newRig(t, false)
 	reply := messages.NewReply[messages.LoadJob]()
-	pin := one[*cpumsg.LeaseToPin](t, r.handle(&messages.PrepareLoad{Req: req1, Keys: []messages.Key{k(1)}, Reply: reply}), r.cpu)
+	pin := fxlog.One[*cpumsg.LeaseToPin](t, r.handle(&messages.PrepareLoad{Req: req1, Keys: []messages.Key{k(1)}, Reply: reply}), r.cpu)
 	r.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Err: messages.ErrUnknownKey})
 	_, err := answer(t, reply)
 	require.ErrorIs(t, err, messages.ErrUnknownKey)
@@ -210,7 +184,7 @@ func TestARefusedPinFailsTheLoadAndLeavesNoJob(t *testing.T) {
 func (r *rig) store(keys ...messages.Key) messages.StorePlan {
 	r.t.Helper()
 	reply := messages.NewReply[messages.StorePlan]()
-	res := one[*cpumsg.ReserveSlots](r.t, r.handle(&messages.PrepareStore{Req: req1, Keys: keys, Reply: reply}), r.cpu)
+	res := fxlog.One[*cpumsg.ReserveSlots](r.t, r.handle(&messages.PrepareStore{Req: req1, Keys: keys, Reply: reply}), r.cpu)
 	slots := make([]int, len(keys))
 	for i := range slots {
 		slots[i] = i
@@ -229,14 +203,14 @@ func TestAStoreCommitsWithTheSlotsChecksumsThenCascades(t *testing.T) {
 	require.Empty(t, r.handle(&messages.CompleteStore{Req: req1, Keys: []messages.Key{k(1), k(2)}, OK: true, Reply: done}),
 		"checksummed off the mailbox first")
 	require.Len(t, r.offload, 1)
-	commit := one[*cpumsg.CommitSlots](t, r.runOffloaded(0), r.cpu)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, r.runOffloaded(0), r.cpu)
 	require.True(t, commit.OK)
 	require.Equal(t, []messages.Key{k(1), k(2)}, commit.Keys)
 	require.Equal(t, []uint32{castagnoliSum("slot zero"), castagnoliSum("slot one")}, commit.Checksums)
 	unanswered(t, done)
 
 	out := r.handle(&messages.Ack{Corr: commit.Corr})
-	cascade := one[*tieringmsg.Cascade](t, out, r.tier)
+	cascade := fxlog.One[*tieringmsg.Cascade](t, out, r.tier)
 	require.Equal(t, commit.Checksums, cascade.Checksums, "cascaded before the engine hears")
 	_, err := answer(t, done)
 	require.NoError(t, err)
@@ -246,11 +220,11 @@ func TestAStoreCommitsWithTheSlotsChecksumsThenCascades(t *testing.T) {
 func TestAFailedStoreIsCommittedUnreadableWithoutChecksumsOrCascade(t *testing.T) {
 	r := newRig(t, true)
 	plan := r.store(k(1))
-	reports := func(ok bool, w int) []sent {
+	reports := func(ok bool, w int) []fxlog.Sent {
 		return r.handle(&messages.JobDone{Job: plan.Job, Worker: w, OK: ok, Reply: messages.NewReply[struct{}]()})
 	}
 	require.Empty(t, reports(true, 0))
-	commit := one[*cpumsg.CommitSlots](t, reports(false, 1), r.cpu)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, reports(false, 1), r.cpu)
 	require.False(t, commit.OK, "one worker failed: never readable")
 	require.Empty(t, r.offload, "nothing to checksum")
 	require.Empty(t, r.handle(&messages.Ack{Corr: commit.Corr}), "nothing cascaded")
@@ -265,7 +239,7 @@ func TestCommitsReachTheCPUTierInTheOrderTheyBegan(t *testing.T) {
 	out := r.runOffloaded(1, 0) // the later checksum finishes first
 	var order []messages.Key
 	for _, c := range out {
-		order = append(order, c.msg.(*cpumsg.CommitSlots).Keys...)
+		order = append(order, c.Msg.(*cpumsg.CommitSlots).Keys...)
 	}
 	require.Equal(t, []messages.Key{k(1), k(2)}, order, "blocks ranked in completion order")
 }
@@ -273,7 +247,7 @@ func TestCommitsReachTheCPUTierInTheOrderTheyBegan(t *testing.T) {
 func TestAStalledStoreIsReapedAtItsDeadlineAndItsReportIsLate(t *testing.T) {
 	r := newRig(t, false)
 	plan := r.store(k(1))
-	commit := one[*cpumsg.CommitSlots](t, r.handle(r.armed[0]), r.cpu)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, r.handle(r.Armed[0]), r.cpu)
 	require.False(t, commit.OK, "a reaped store is never readable")
 	require.Equal(t, uint64(1), r.cnt.ReapedStore)
 	d := messages.NewReply[struct{}]()
@@ -302,7 +276,7 @@ func TestPauseWaitsForJobsAndRefusesIntakeUntilResume(t *testing.T) {
 	for w := range 2 {
 		r.handle(&messages.JobDone{Job: plan.Job, Worker: w, OK: false, Reply: messages.NewReply[struct{}]()})
 	}
-	commit := one[*cpumsg.CommitSlots](t, r.out, r.cpu)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, r.Out, r.cpu)
 	unanswered(t, paused)
 	r.handle(&messages.Ack{Corr: commit.Corr})
 	_, err = answer(t, paused)
@@ -320,16 +294,11 @@ func TestResetCacheReapsStragglersAtItsDeadlineThenClears(t *testing.T) {
 	r.store(k(1))
 	reset := messages.NewReply[struct{}]()
 	r.handle(&messages.ResetCache{Deadline: r.clock.Now().Add(time.Second), Reply: reset})
-	var at *reapAt
-	for _, m := range r.armed {
-		if a, ok := m.(*reapAt); ok {
-			at = a
-		}
-	}
-	require.NotNil(t, at)
-	commit := one[*cpumsg.CommitSlots](t, r.handle(at), r.cpu)
+	at, armed := fxlog.Armed[*reapAt](&r.Log)
+	require.True(t, armed)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, r.handle(at), r.cpu)
 	require.False(t, commit.OK)
-	clear := one[*cpumsg.ClearTier](t, r.handle(&messages.Ack{Corr: commit.Corr}), r.cpu)
+	clear := fxlog.One[*cpumsg.ClearTier](t, r.handle(&messages.Ack{Corr: commit.Corr}), r.cpu)
 	unanswered(t, reset)
 	r.handle(&messages.Ack{Corr: clear.Corr})
 	_, err := answer(t, reset)
@@ -385,7 +354,7 @@ func TestCompletingKeysNoJobHoldsIsRefused(t *testing.T) {
 func TestAnEndedSessionOrphansItsJobsAndReleasesItsHolders(t *testing.T) {
 	r := newRig(t, false)
 	sess := &messages.ReqContext{RequestID: "\x1es7\x1freq"}
-	res := one[*cpumsg.ReserveSlots](t, r.handle(&messages.PrepareStore{Req: sess, Keys: []messages.Key{k(1)}, Reply: messages.NewReply[messages.StorePlan]()}), r.cpu)
+	res := fxlog.One[*cpumsg.ReserveSlots](t, r.handle(&messages.PrepareStore{Req: sess, Keys: []messages.Key{k(1)}, Reply: messages.NewReply[messages.StorePlan]()}), r.cpu)
 	r.handle(&cpumsg.ReserveResult{Corr: res.Corr, ToStore: []messages.Key{k(1)}, Slots: []int{0}})
 	r.store(k(2)) // another session's job stays
 
@@ -394,11 +363,11 @@ func TestAnEndedSessionOrphansItsJobsAndReleasesItsHolders(t *testing.T) {
 	got, err := answer(t, reply)
 	require.NoError(t, err)
 	require.Equal(t, messages.SessionReleased{Requests: 1, Jobs: 1}, got)
-	orphans := one[*cpumsg.OrphanJobs](t, out, r.cpu)
+	orphans := fxlog.One[*cpumsg.OrphanJobs](t, out, r.cpu)
 	require.Equal(t, []messages.JobRef{res.Job}, orphans.Jobs)
 	require.Equal(t, time.Second, orphans.Quarantine, "not freed at once: the engine may still copy")
-	one[*cpumsg.ReleaseHolder](t, out, r.cpu)
-	one[*cpumsg.ReleaseCredit](t, out, r.cpu)
+	fxlog.One[*cpumsg.ReleaseHolder](t, out, r.cpu)
+	fxlog.One[*cpumsg.ReleaseCredit](t, out, r.cpu)
 	require.Len(t, r.b.reg.jobs, 1)
 	require.Equal(t, uint64(1), r.cnt.ReapedStore)
 }

@@ -3,18 +3,16 @@ package p2p
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/testutil/modeltime"
+	"github.com/kvtier/kvtier/internal/testutil/fxlog"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/peermsg"
-	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
@@ -23,31 +21,17 @@ import (
 // expectations of what it sends (model_test.go checks the invariants over
 // random interleavings).
 
-type sent struct {
-	to  *actor.PID
-	msg any
-}
-
 // core is a State with a recording world around it; the tiering actor
 // asks it everything.
 type core struct {
 	t       *testing.T
 	s       *State
 	tiering *actor.PID
-	out     []sent
-	resp    []any
-	timers  modeltime.Timers
-	armed   []any
+	fxlog.Log
 }
 
-func (c *core) Request(to *actor.PID, msg any) { c.out = append(c.out, sent{to, msg}) }
-func (c *core) Send(to *actor.PID, msg any)    { c.out = append(c.out, sent{to, msg}) }
-func (c *core) Respond(msg any)                { c.resp = append(c.resp, msg) }
-func (c *core) Sender() *actor.PID             { return c.tiering }
-func (c *core) After(_ time.Duration, msg any) supervision.Timer {
-	c.armed = append(c.armed, msg)
-	return c.timers.After(msg)
-}
+func (c *core) Sender() *actor.PID { return c.tiering }
+
 func (c *core) Watch(string, uint64, events.SubscriberConfig) func() {
 	c.t.Fatal("a watcher without a directory")
 	return nil
@@ -59,10 +43,10 @@ func newCore(t *testing.T) *core {
 	return c
 }
 
-func (c *core) handle(msg any) []sent {
-	c.out, c.resp = nil, nil
+func (c *core) handle(msg any) []fxlog.Sent {
+	c.Reset()
 	c.s.Handle(c, msg)
-	return c.out
+	return c.Out
 }
 
 // up brings peer node's session up and returns its PID.
@@ -70,28 +54,28 @@ func (c *core) up(node string) *actor.PID {
 	pid := actor.NewPID("core", "session-"+node)
 	out := c.handle(&peer.Up{Node: node, Session: pid})
 	require.Len(c.t, out, 1)
-	require.Equal(c.t, &tieringmsg.TierRefreshed{Tier: DefaultName}, out[0].msg, "absences cached for the peers are dropped")
+	require.Equal(c.t, &tieringmsg.TierRefreshed{Tier: DefaultName}, out[0].Msg, "absences cached for the peers are dropped")
 	return pid
 }
 
 // asks maps each session asked in out to its peermsg.Lookup.
-func asks(out []sent) map[*actor.PID]*peermsg.Lookup {
+func asks(out []fxlog.Sent) map[*actor.PID]*peermsg.Lookup {
 	got := map[*actor.PID]*peermsg.Lookup{}
 	for _, s := range out {
-		if m, ok := s.msg.(*peermsg.Lookup); ok {
-			got[s.to] = m
+		if m, ok := s.Msg.(*peermsg.Lookup); ok {
+			got[s.To] = m
 		}
 	}
 	return got
 }
 
 // answered returns the tier's answer to the tiering actor in out.
-func answered[M any](t *testing.T, c *core, out []sent) M {
+func answered[M any](t *testing.T, c *core, out []fxlog.Sent) M {
 	t.Helper()
 	var got []M
 	for _, s := range out {
-		if m, ok := s.msg.(M); ok {
-			require.Equal(t, c.tiering, s.to)
+		if m, ok := s.Msg.(M); ok {
+			require.Equal(t, c.tiering, s.To)
 			got = append(got, m)
 		}
 	}
@@ -99,11 +83,11 @@ func answered[M any](t *testing.T, c *core, out []sent) M {
 	return got[0]
 }
 
-func releases(out []sent) map[*actor.PID][]uint64 {
+func releases(out []fxlog.Sent) map[*actor.PID][]uint64 {
 	got := map[*actor.PID][]uint64{}
 	for _, s := range out {
-		if m, ok := s.msg.(*peermsg.Release); ok {
-			got[s.to] = append(got[s.to], m.Round)
+		if m, ok := s.Msg.(*peermsg.Release); ok {
+			got[s.To] = append(got[s.To], m.Round)
 		}
 	}
 	return got
@@ -120,13 +104,13 @@ func hits(l *peermsg.Lookup, node string, round uint64, h ...bool) *peermsg.Look
 func TestWithoutPeersALookupIsAnsweredAtOnceAndReadsAndWritesAreRefused(t *testing.T) {
 	c := newCore(t)
 	c.handle(&tiermsg.Lookup{Corr: 1, Keys: []messages.Key{key(1)}})
-	require.Equal(t, []any{&tiermsg.LookupResult{Corr: 1, Found: []bool{false}}}, c.resp)
+	require.Equal(t, []any{&tiermsg.LookupResult{Corr: 1, Found: []bool{false}}}, c.Resp)
 	c.handle(&tiermsg.Read{Corr: 2, Key: key(1)})
-	require.ErrorIs(t, c.resp[0].(*tiermsg.ReadResult).Err, messages.ErrTierUnavailable, "only batched reads")
+	require.ErrorIs(t, c.Resp[0].(*tiermsg.ReadResult).Err, messages.ErrTierUnavailable, "only batched reads")
 	c.handle(&tiermsg.Write{Corr: 3, Key: key(1)})
-	require.ErrorIs(t, c.resp[0].(*tiermsg.WriteResult).Err, messages.ErrTierUnavailable, "never a cascade target")
+	require.ErrorIs(t, c.Resp[0].(*tiermsg.WriteResult).Err, messages.ErrTierUnavailable, "never a cascade target")
 	c.handle(&tiermsg.StatsQuery{Corr: 4})
-	require.False(t, c.resp[0].(*tiermsg.StatsReply).Stats.Healthy, "no peer: unhealthy")
+	require.False(t, c.Resp[0].(*tiermsg.StatsReply).Stats.Healthy, "no peer: unhealthy")
 }
 
 func TestAKeyIsTakenFromTheFirstPeerThatHasItAndOtherHitsAreReleased(t *testing.T) {
@@ -160,7 +144,7 @@ func TestPeerSourcesNameThePeersARequestMayFetchFrom(t *testing.T) {
 	require.Len(t, asked, 1)
 	require.NotNil(t, asked[b])
 	c.handle(&tiermsg.Lookup{Corr: 2, Keys: []messages.Key{key(1)}, Req: &messages.ReqContext{PeerSources: []string{"gone"}}})
-	require.Equal(t, []any{&tiermsg.LookupResult{Corr: 2, Found: []bool{false}}}, c.resp, "no eligible peer: answered at once")
+	require.Equal(t, []any{&tiermsg.LookupResult{Corr: 2, Found: []bool{false}}}, c.Resp, "no eligible peer: answered at once")
 }
 
 func TestAHeldRoundIsReleasedWhenItsHoldExpiresNotBefore(t *testing.T) {
@@ -168,13 +152,8 @@ func TestAHeldRoundIsReleasedWhenItsHoldExpiresNotBefore(t *testing.T) {
 	a := c.up("a")
 	asked := asks(c.handle(&tiermsg.Lookup{Corr: 1, Keys: []messages.Key{key(1)}}))
 	c.handle(hits(asked[a], "a", 5, true))
-	var hold *holdExpired
-	for _, m := range c.armed {
-		if h, ok := m.(*holdExpired); ok {
-			hold = h
-		}
-	}
-	require.NotNil(t, hold)
+	hold, armed := fxlog.Armed[*holdExpired](&c.Log)
+	require.True(t, armed)
 	require.Empty(t, c.handle(&holdExpired{round: hold.round, seq: hold.seq + 1}), "another generation's timer")
 	out := c.handle(hold)
 	require.Equal(t, map[*actor.PID][]uint64{a: {5}}, releases(out))
@@ -192,8 +171,8 @@ func TestAReadFetchesOneRoundPerProducerAndAnswersAfterAll(t *testing.T) {
 	out := c.handle(&tiermsg.ReadBatch{Corr: 2, Keys: []messages.Key{key(1), key(2), key(3), key(4)}, Slots: []int{0, 1, 2, 3}})
 	fetches := map[*actor.PID]*peermsg.Fetch{}
 	for _, s := range out {
-		if f, ok := s.msg.(*peermsg.Fetch); ok {
-			fetches[s.to] = f
+		if f, ok := s.Msg.(*peermsg.Fetch); ok {
+			fetches[s.To] = f
 		}
 	}
 	require.Len(t, fetches, 2, "one fetch per producer round")
@@ -222,12 +201,7 @@ func TestALookupDeadlineAnswersWhatIsFoundAndALateHitIsReleased(t *testing.T) {
 	a, b := c.up("a"), c.up("b")
 	asked := asks(c.handle(&tiermsg.Lookup{Corr: 1, Keys: []messages.Key{key(1), key(2)}}))
 	c.handle(hits(asked[a], "a", 10, true, false))
-	var deadline *lookupDeadline
-	for _, m := range c.armed {
-		if d, ok := m.(*lookupDeadline); ok {
-			deadline = d
-		}
-	}
+	deadline, _ := fxlog.Armed[*lookupDeadline](&c.Log)
 	res := answered[*tiermsg.LookupResult](t, c, c.handle(deadline))
 	require.Equal(t, []bool{true, false}, res.Found)
 	out := c.handle(hits(asked[b], "b", 20, false, true))

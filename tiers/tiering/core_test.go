@@ -8,7 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/internal/testutil/modeltime"
+	"github.com/kvtier/kvtier/internal/testutil/fxlog"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -20,31 +20,14 @@ import (
 // expectations of what it sends (model_test.go checks the invariants over
 // random interleavings; these pin the choices themselves).
 
-// sent is one message the core sent, and to whom.
-type sent struct {
-	to  *actor.PID
-	msg any
-}
-
 // core is a State with a recording world around it.
 type core struct {
-	t      *testing.T
-	s      *State
-	clock  *supervision.ManualClock
-	cpu    *actor.PID
-	tiers  []*actor.PID
-	out    []sent // Request and Send, in order
-	resp   []any
-	timers modeltime.Timers
-	armed  []any // the deadline messages armed, in order
-}
-
-func (c *core) Request(to *actor.PID, msg any) { c.out = append(c.out, sent{to, msg}) }
-func (c *core) Send(to *actor.PID, msg any)    { c.out = append(c.out, sent{to, msg}) }
-func (c *core) Respond(msg any)                { c.resp = append(c.resp, msg) }
-func (c *core) After(_ time.Duration, msg any) supervision.Timer {
-	c.armed = append(c.armed, msg)
-	return c.timers.After(msg)
+	t     *testing.T
+	s     *State
+	clock *supervision.ManualClock
+	cpu   *actor.PID
+	tiers []*actor.PID
+	fxlog.Log
 }
 
 // newCore: tiers fs (per key) and peers (batched, never cascaded to).
@@ -63,53 +46,29 @@ func newCore(t *testing.T, tweak ...func(*Config)) *core {
 }
 
 // handle hands the core msg and returns what it sent doing so.
-func (c *core) handle(msg any) []sent {
-	c.out, c.resp = nil, nil
+func (c *core) handle(msg any) []fxlog.Sent {
+	c.Reset()
 	c.s.Handle(c, msg)
-	return c.out
+	return c.Out
 }
 
 // lookup asks about keys and returns the statuses answered at once.
 func (c *core) lookup(req *messages.ReqContext, prefix bool, keys ...messages.Key) []messages.LookupStatus {
 	c.t.Helper()
 	c.handle(&tieringmsg.AsyncLookup{Corr: 9, Req: req, Keys: keys, Prefix: prefix})
-	require.Len(c.t, c.resp, 1)
-	r := c.resp[0].(*tieringmsg.AsyncLookupResult)
+	require.Len(c.t, c.Resp, 1)
+	r := c.Resp[0].(*tieringmsg.AsyncLookupResult)
 	require.Equal(c.t, uint64(9), r.Corr)
 	return r.Status
 }
 
-// only returns the single message of type M in out, sent to to.
-func only[M any](t *testing.T, out []sent, to *actor.PID) M {
-	t.Helper()
-	var found []M
-	for _, s := range out {
-		if m, ok := s.msg.(M); ok {
-			require.Equal(t, to, s.to, "%T sent to the wrong actor", m)
-			found = append(found, m)
-		}
-	}
-	require.Len(t, found, 1, "want one %T in %v", *new(M), out)
-	return found[0]
-}
-
-func all[M any](out []sent) []M {
-	var found []M
-	for _, s := range out {
-		if m, ok := s.msg.(M); ok {
-			found = append(found, m)
-		}
-	}
-	return found
-}
-
 // lookups returns the tier Lookups out holds, by tier index (nil: not asked).
-func (c *core) lookups(out []sent) []*tiermsg.Lookup {
+func (c *core) lookups(out []fxlog.Sent) []*tiermsg.Lookup {
 	got := make([]*tiermsg.Lookup, len(c.tiers))
 	for _, s := range out {
-		if m, ok := s.msg.(*tiermsg.Lookup); ok {
+		if m, ok := s.Msg.(*tiermsg.Lookup); ok {
 			for i, p := range c.tiers {
-				if p == s.to {
+				if p == s.To {
 					got[i] = m
 				}
 			}
@@ -125,57 +84,57 @@ func found(m *tiermsg.Lookup, f ...bool) *tiermsg.LookupResult {
 func TestLookupPromotesEachKeyFromTheFirstTierThatHoldsIt(t *testing.T) {
 	c := newCore(t)
 	require.Equal(t, []messages.LookupStatus{messages.Retry, messages.Retry}, c.lookup(nil, false, k(1), k(2)))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	require.NotNil(t, asked[0])
 	require.NotNil(t, asked[1])
 	require.Empty(t, c.handle(found(asked[0], false, true)), "nothing promoted before every tier answered")
 	out := c.handle(found(asked[1], true, true))
 
-	reserves := all[*cpumsg.ReserveSlots](out)
+	reserves := fxlog.All[*cpumsg.ReserveSlots](out)
 	require.Len(t, reserves, 2, "one promotion per source tier")
 	require.Equal(t, []messages.Key{k(2)}, reserves[0].Keys, "k2 from fs, the first tier holding it")
 	require.Equal(t, []messages.Key{k(1)}, reserves[1].Keys, "k1 only the peers hold")
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)), "promoting: RETRY, no new lookup")
-	require.Empty(t, all[*tiermsg.Lookup](c.out))
+	require.Empty(t, fxlog.All[*tiermsg.Lookup](c.Out))
 }
 
 func TestPrefixLookupPromotesOnlyUpToTheFirstGap(t *testing.T) {
 	c := newCore(t)
 	st := c.lookup(nil, true, k(1), k(2), k(3))
 	require.Equal(t, []messages.LookupStatus{messages.Retry, messages.Miss, messages.Miss}, st, "a prefix answers for its first key only")
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], true, false, true))
 	out := c.handle(found(asked[1], false, false, false))
-	r := only[*cpumsg.ReserveSlots](t, out, c.cpu)
+	r := fxlog.One[*cpumsg.ReserveSlots](t, out, c.cpu)
 	require.Equal(t, []messages.Key{k(1)}, r.Keys, "k3 lies beyond k2's gap: not worth a slot")
 
 	// k2 is now known absent: a prefix scan stops there without asking.
 	st = c.lookup(nil, true, k(2), k(3))
 	require.Equal(t, messages.Miss, st[0])
-	require.Empty(t, c.out)
+	require.Empty(t, c.Out)
 }
 
 func TestAbsenceIsCachedForNegativeTTLPerTier(t *testing.T) {
 	c := newCore(t, func(cfg *Config) { cfg.NegativeTTL = 10 * time.Second })
 	c.lookup(nil, false, k(1))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], false))
 	c.handle(found(asked[1], false))
 
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(nil, false, k(1)))
-	require.Empty(t, c.out, "a cached absence asks no tier")
+	require.Empty(t, c.Out, "a cached absence asks no tier")
 	require.Equal(t, uint64(1), c.s.stats.NegativeHits)
 
 	c.handle(&tieringmsg.TierRefreshed{Tier: "peers"})
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
-	asked = c.lookups(c.out)
+	asked = c.lookups(c.Out)
 	require.Nil(t, asked[0], "fs's absence still holds")
 	require.NotNil(t, asked[1], "a refreshed tier is asked again")
 	c.handle(found(asked[1], false))
 
 	c.clock.Advance(11 * time.Second)
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
-	asked = c.lookups(c.out)
+	asked = c.lookups(c.Out)
 	require.NotNil(t, asked[0], "an expired absence asks again")
 	require.NotNil(t, asked[1])
 }
@@ -194,7 +153,7 @@ func TestTierFilterNamesTheTiersARequestMayLoadFrom(t *testing.T) {
 	} {
 		c := newCore(t)
 		require.Equal(t, []messages.LookupStatus{tc.want}, c.lookup(&messages.ReqContext{TierFilter: tc.filter}, false, k(1)), "filter %v", tc.filter)
-		asked := c.lookups(c.out)
+		asked := c.lookups(c.Out)
 		for i, want := range tc.asked {
 			require.Equal(t, want, asked[i] != nil, "filter %v: tier %d asked", tc.filter, i)
 		}
@@ -204,10 +163,10 @@ func TestTierFilterNamesTheTiersARequestMayLoadFrom(t *testing.T) {
 func TestLookupDeadlineResolvesWithTheAnswersInAndDropsLateOnes(t *testing.T) {
 	c := newCore(t)
 	c.lookup(nil, false, k(1), k(2))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[1], true, false))
-	out := c.handle(c.armed[0]) // the batch's deadline: fs never answered
-	r := only[*cpumsg.ReserveSlots](t, out, c.cpu)
+	out := c.handle(c.Armed[0]) // the batch's deadline: fs never answered
+	r := fxlog.One[*cpumsg.ReserveSlots](t, out, c.cpu)
 	require.Equal(t, []messages.Key{k(1)}, r.Keys, "what the peers found is promoted")
 	require.Equal(t, uint64(2), c.s.stats.LookupsTimedOut)
 	require.Empty(t, c.handle(found(asked[0], true, true)), "fs's late answer is dropped")
@@ -219,15 +178,15 @@ func TestLookupDeadlineResolvesWithTheAnswersInAndDropsLateOnes(t *testing.T) {
 func (c *core) promoteFromFS(keys ...messages.Key) (*cpumsg.ReserveSlots, []*tiermsg.Read) {
 	c.t.Helper()
 	c.lookup(nil, false, keys...)
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(&tiermsg.LookupResult{Corr: asked[0].Corr, Found: trues(len(keys))})
-	r := only[*cpumsg.ReserveSlots](c.t, c.handle(&tiermsg.LookupResult{Corr: asked[1].Corr, Found: make([]bool, len(keys))}), c.cpu)
+	r := fxlog.One[*cpumsg.ReserveSlots](c.t, c.handle(&tiermsg.LookupResult{Corr: asked[1].Corr, Found: make([]bool, len(keys))}), c.cpu)
 	slots := make([]int, len(keys))
 	for i := range slots {
 		slots[i] = i
 	}
 	out := c.handle(&cpumsg.ReserveResult{Corr: r.Corr, ToStore: keys, Slots: slots})
-	return r, all[*tiermsg.Read](out)
+	return r, fxlog.All[*tiermsg.Read](out)
 }
 
 func trues(n int) []bool {
@@ -244,16 +203,16 @@ func TestPromotionCommitsTheVerifiedKeysThenReleasesTheRest(t *testing.T) {
 	require.Len(t, reads, 3)
 	require.Empty(t, c.handle(&tiermsg.ReadResult{Corr: reads[0].Corr, Key: k(1), Checksum: 11}))
 	out := c.handle(&tiermsg.ReadResult{Corr: reads[1].Corr, Key: k(2), Err: messages.ErrChecksum})
-	del := only[*tiermsg.Delete](t, out, c.tiers[0])
+	del := fxlog.One[*tiermsg.Delete](t, out, c.tiers[0])
 	require.Equal(t, k(2), del.Key, "a corrupt copy is deleted from its tier")
 	out = c.handle(&tiermsg.ReadResult{Corr: reads[2].Corr, Key: k(3), Err: messages.ErrTierBusy})
 
 	require.Len(t, out, 2)
-	commit := out[0].msg.(*cpumsg.CommitSlots)
+	commit := out[0].Msg.(*cpumsg.CommitSlots)
 	require.Equal(t, []messages.Key{k(1)}, commit.Keys)
 	require.Equal(t, []uint32{11}, commit.Checksums)
 	require.Equal(t, res.Job, commit.Job)
-	release := out[1].msg.(*cpumsg.ReleaseJob)
+	release := out[1].Msg.(*cpumsg.ReleaseJob)
 	require.Equal(t, res.Job, release.Job, "released after the commit: frees only the failed keys")
 
 	require.Equal(t, uint64(1), c.s.stats.Promoted["fs"])
@@ -274,22 +233,22 @@ func TestPromotionReadsWaitForTheirTiersBudgetInOrder(t *testing.T) {
 	_, reads := c.promoteFromFS(keys...)
 	require.Len(t, reads, maxReadsPerTier, "reads beyond the budget wait")
 	out := c.handle(&tiermsg.ReadResult{Corr: reads[5].Corr, Key: reads[5].Key})
-	next := only[*tiermsg.Read](t, out, c.tiers[0])
+	next := fxlog.One[*tiermsg.Read](t, out, c.tiers[0])
 	require.Equal(t, keys[maxReadsPerTier], next.Key, "the oldest waiting read goes next")
 }
 
 func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
 	c := newCore(t)
 	c.lookup(nil, false, k(1))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], true))
-	r := only[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], false)), c.cpu)
+	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], false)), c.cpu)
 	require.Empty(t, c.handle(&cpumsg.ReserveResult{Corr: r.Corr, Err: messages.ErrFull}), "nothing reserved, nothing to release")
 	require.Equal(t, uint64(1), c.s.stats.PromotionsFull)
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)),
 		"no livelock on a full pool")
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
-	asked = c.lookups(c.out)
+	asked = c.lookups(c.Out)
 	require.Nil(t, asked[0], "fs's copy waits for the absence to expire")
 	require.NotNil(t, asked[1], "the other tier is still asked")
 }
@@ -297,36 +256,32 @@ func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
 func TestAReapedPromotionReleasesOnlyOnceItsReadsReturn(t *testing.T) {
 	c := newCore(t)
 	res, reads := c.promoteFromFS(k(1), k(2))
-	var deadline any
-	for _, m := range c.armed {
-		if d, ok := m.(*promotionDeadline); ok && d.job == res.Job.ID {
-			deadline = d
-		}
-	}
-	require.NotNil(t, deadline)
+	deadline, armed := fxlog.Armed[*promotionDeadline](&c.Log)
+	require.True(t, armed)
+	require.Equal(t, res.Job.ID, deadline.job)
 	require.Empty(t, c.handle(deadline), "reads still write into the slots: no release")
 	require.Equal(t, uint64(1), c.s.stats.PromotionsReaped)
 	require.Zero(t, c.s.reading[0], "the reaped reads gave their budget back")
 	require.Empty(t, c.handle(&tiermsg.ReadResult{Corr: reads[0].Corr, Key: k(1)}))
 	out := c.handle(&tiermsg.ReadResult{Corr: reads[1].Corr, Key: k(2)})
-	release := only[*cpumsg.ReleaseJob](t, out, c.cpu)
+	release := fxlog.One[*cpumsg.ReleaseJob](t, out, c.cpu)
 	require.Equal(t, res.Job, release.Job)
-	require.Empty(t, all[*cpumsg.CommitSlots](out), "a reaped promotion commits nothing")
+	require.Empty(t, fxlog.All[*cpumsg.CommitSlots](out), "a reaped promotion commits nothing")
 	require.Zero(t, c.s.reading[0])
 }
 
 func TestABatchedTierGetsOneReadAndAShortAnswerFailsTheRest(t *testing.T) {
 	c := newCore(t)
 	c.lookup(nil, false, k(1), k(2))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], false, false))
-	r := only[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], true, true)), c.cpu)
-	rb := only[*tiermsg.ReadBatch](t, c.handle(&cpumsg.ReserveResult{Corr: r.Corr, ToStore: r.Keys, Slots: []int{3, 4}}), c.tiers[1])
+	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], true, true)), c.cpu)
+	rb := fxlog.One[*tiermsg.ReadBatch](t, c.handle(&cpumsg.ReserveResult{Corr: r.Corr, ToStore: r.Keys, Slots: []int{3, 4}}), c.tiers[1])
 	require.Equal(t, []int{3, 4}, rb.Slots)
 	out := c.handle(&tiermsg.ReadBatchResult{Corr: rb.Corr, Checksums: []uint32{5}, Errs: []error{nil}})
-	commit := only[*cpumsg.CommitSlots](t, out, c.cpu)
+	commit := fxlog.One[*cpumsg.CommitSlots](t, out, c.cpu)
 	require.Equal(t, []messages.Key{k(1)}, commit.Keys)
-	only[*cpumsg.ReleaseJob](t, out, c.cpu)
+	fxlog.One[*cpumsg.ReleaseJob](t, out, c.cpu)
 	require.Equal(t, uint64(1), c.s.stats.PromotionsFailed["peers"], "the key the answer left out failed")
 }
 
@@ -334,33 +289,33 @@ func TestCascadeShedsBeyondItsQueueAndPinsWithinItsBound(t *testing.T) {
 	c := newCore(t, func(cfg *Config) { cfg.CascadeQueue, cfg.CascadeInFlight = 4, 2 })
 	keys := []messages.Key{k(1), k(2), k(3), k(4), k(5), k(6)}
 	out := c.handle(&tieringmsg.Cascade{Keys: keys, Checksums: []uint32{1, 2, 3, 4, 5, 6}})
-	pin := only[*cpumsg.LeaseToPin](t, out, c.cpu)
+	pin := fxlog.One[*cpumsg.LeaseToPin](t, out, c.cpu)
 	require.Equal(t, keys[:2], pin.Keys, "one pin for what the in-flight bound allows")
 	require.Equal(t, uint64(2), c.s.stats.CascadeDropped["fs"], "beyond the queue: shed")
 	require.Zero(t, c.s.stats.CascadeDropped["peers"], "a NoCascade tier is never a target")
 
 	out = c.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Slots: []int{7, 8}})
-	writes := all[*tiermsg.Write](out)
+	writes := fxlog.All[*tiermsg.Write](out)
 	require.Len(t, writes, 2)
 	require.Equal(t, uint32(1), writes[0].Checksum)
 	require.Empty(t, c.handle(&tiermsg.WriteResult{Corr: writes[0].Corr, Key: k(1)}))
 	out = c.handle(&tiermsg.WriteResult{Corr: writes[1].Corr, Key: k(2), Err: messages.ErrTierFull})
 	require.Len(t, out, 2)
-	require.Equal(t, pin.Job, out[0].msg.(*cpumsg.ReleaseJob).Job, "the pins go back once every write returned")
-	require.Equal(t, keys[2:4], out[1].msg.(*cpumsg.LeaseToPin).Keys, "then the next blocks waiting")
+	require.Equal(t, pin.Job, out[0].Msg.(*cpumsg.ReleaseJob).Job, "the pins go back once every write returned")
+	require.Equal(t, keys[2:4], out[1].Msg.(*cpumsg.LeaseToPin).Keys, "then the next blocks waiting")
 	require.Equal(t, uint64(1), c.s.stats.CascadeWritten["fs"])
 	require.Equal(t, uint64(3), c.s.stats.CascadeDropped["fs"], "a full tier drops, it does not fail")
 }
 
 func TestCascadePinsKeyByKeyWhenOneWasEvicted(t *testing.T) {
 	c := newCore(t)
-	pin := only[*cpumsg.LeaseToPin](t, c.handle(&tieringmsg.Cascade{Keys: []messages.Key{k(1), k(2)}, Checksums: []uint32{1, 2}}), c.cpu)
+	pin := fxlog.One[*cpumsg.LeaseToPin](t, c.handle(&tieringmsg.Cascade{Keys: []messages.Key{k(1), k(2)}, Checksums: []uint32{1, 2}}), c.cpu)
 	out := c.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Err: messages.ErrUnknownKey})
-	singles := all[*cpumsg.LeaseToPin](out)
+	singles := fxlog.All[*cpumsg.LeaseToPin](out)
 	require.Len(t, singles, 2, "an all-or-nothing pin failed: each key alone")
 	require.Empty(t, c.handle(&cpumsg.PinResult{Corr: singles[0].Corr, Job: pin.Job, Err: messages.ErrUnknownKey}))
 	out = c.handle(&cpumsg.PinResult{Corr: singles[1].Corr, Job: pin.Job, Slots: []int{2}})
-	w := only[*tiermsg.Write](t, out, c.tiers[0])
+	w := fxlog.One[*tiermsg.Write](t, out, c.tiers[0])
 	require.Equal(t, k(2), w.Key)
 	require.Equal(t, uint32(2), w.Checksum)
 	require.Equal(t, uint64(1), c.s.stats.CascadeDropped["fs"])
@@ -369,11 +324,11 @@ func TestCascadePinsKeyByKeyWhenOneWasEvicted(t *testing.T) {
 func TestACascadeWriteClearsTheKeysAbsenceForItsTier(t *testing.T) {
 	c := newCore(t)
 	c.lookup(nil, false, k(1))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], false))
 	c.handle(found(asked[1], false))
-	pin := only[*cpumsg.LeaseToPin](t, c.handle(&tieringmsg.Cascade{Keys: []messages.Key{k(1)}, Checksums: []uint32{1}}), c.cpu)
-	w := only[*tiermsg.Write](t, c.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Slots: []int{0}}), c.tiers[0])
+	pin := fxlog.One[*cpumsg.LeaseToPin](t, c.handle(&tieringmsg.Cascade{Keys: []messages.Key{k(1)}, Checksums: []uint32{1}}), c.cpu)
+	w := fxlog.One[*tiermsg.Write](t, c.handle(&cpumsg.PinResult{Corr: pin.Corr, Job: pin.Job, Slots: []int{0}}), c.tiers[0])
 	c.handle(&tiermsg.WriteResult{Corr: w.Corr, Key: k(1)})
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)),
 		"fs holds it now: asked again before the absence expires")
@@ -391,7 +346,7 @@ func TestMalformedCascadeAndUnknownMessagesChangeNothing(t *testing.T) {
 func TestIdleIsAnsweredOnlyOnceNothingIsInFlight(t *testing.T) {
 	c := newCore(t)
 	c.lookup(nil, false, k(1))
-	asked := c.lookups(c.out)
+	asked := c.lookups(c.Out)
 	idle := messages.NewReply[struct{}]()
 	c.handle(&tieringmsg.Idle{Reply: idle})
 	require.Empty(t, idle, "a lookup is in flight")
@@ -405,7 +360,7 @@ func TestStatsGatherEveryTiersOwn(t *testing.T) {
 	c := newCore(t)
 	reply := messages.NewReply[messages.TieringStats]()
 	out := c.handle(&tieringmsg.GetStats{Reply: reply})
-	queries := all[*tiermsg.StatsQuery](out)
+	queries := fxlog.All[*tiermsg.StatsQuery](out)
 	require.Len(t, queries, 2)
 	c.handle(&tiermsg.StatsReply{Corr: queries[1].Corr, Stats: messages.SecondaryStats{Name: "peers", Blocks: 3}})
 	require.Empty(t, reply)

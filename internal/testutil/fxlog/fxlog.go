@@ -1,0 +1,81 @@
+// Package fxlog records what an actor's core does through its Effects —
+// requests and sends in order, in-place answers, the deadlines it arms —
+// for scenario tests that hand the core one message and check exactly
+// what it did. It owns no clock and drives nothing: the test does.
+package fxlog
+
+import (
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/internal/testutil/modeltime"
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Sent is one message the core sent (Request or Send), and to whom.
+type Sent struct {
+	To  *actor.PID
+	Msg any
+}
+
+// Log is the record. Embed it in a test's world to give the core
+// Request, Send, Respond and After.
+type Log struct {
+	Out    []Sent // requests and sends since the last Reset, in order
+	Resp   []any  // in-place answers since the last Reset
+	Armed  []any  // every deadline message armed, in order (never reset)
+	timers modeltime.Timers
+}
+
+func (l *Log) Request(to *actor.PID, msg any) { l.Out = append(l.Out, Sent{to, msg}) }
+func (l *Log) Send(to *actor.PID, msg any)    { l.Out = append(l.Out, Sent{to, msg}) }
+func (l *Log) Respond(msg any)                { l.Resp = append(l.Resp, msg) }
+
+// After records the deadline msg; the test hands it back when it wants it
+// to fire.
+func (l *Log) After(_ time.Duration, msg any) supervision.Timer {
+	l.Armed = append(l.Armed, msg)
+	return l.timers.After(msg)
+}
+
+// Reset forgets what was sent and answered (before the next message).
+func (l *Log) Reset() { l.Out, l.Resp = nil, nil }
+
+// One is the single message of type M in out, which must have gone to to.
+func One[M any](t testing.TB, out []Sent, to *actor.PID) M {
+	t.Helper()
+	got := All[M](out)
+	if len(got) != 1 {
+		t.Fatalf("want one %T in %v, got %d", *new(M), out, len(got))
+	}
+	for _, s := range out {
+		if _, ok := s.Msg.(M); ok && s.To != to {
+			t.Fatalf("%T sent to %v, want %v", s.Msg, s.To, to)
+		}
+	}
+	return got[0]
+}
+
+// All are the messages of type M in out, in order.
+func All[M any](out []Sent) []M {
+	var got []M
+	for _, s := range out {
+		if m, ok := s.Msg.(M); ok {
+			got = append(got, m)
+		}
+	}
+	return got
+}
+
+// Armed is the last deadline of type M armed, if any.
+func Armed[M any](l *Log) (M, bool) {
+	for i := len(l.Armed) - 1; i >= 0; i-- {
+		if m, ok := l.Armed[i].(M); ok {
+			return m, true
+		}
+	}
+	var zero M
+	return zero, false
+}
