@@ -111,7 +111,7 @@ func startVersity(ctx context.Context, o *ObjOptions) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := objtest.Launch(ctx, bin, dir)
+	s, err := objtest.LaunchDirect(ctx, bin, dir)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err

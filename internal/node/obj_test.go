@@ -2,8 +2,8 @@ package node
 
 // The S3 object tier through a whole node, against a real versitygw on
 // loopback (tiers/obj/objtest): cascade then promotion with every byte
-// verified, the server killed mid-run and restarted on the same port and
-// directory, a corrupt object, metrics. The node runs on a manual clock:
+// verified, the server killed mid-run and restarted behind the same
+// endpoint over the same directory, a corrupt object, metrics. The node runs on a manual clock:
 // the lookup deadline, the negative cache and the tier's health probe move
 // only when a test advances it, so "never waits past the deadline" is shown
 // by answers that change from RETRY to MISS with the clock standing still.
@@ -60,8 +60,8 @@ func TestObjCascadeThenPromotion(t *testing.T) {
 
 // The server is killed mid-run: cascades are shed (counted), lookups turn
 // from RETRY to MISS within one step with the clock standing still (no
-// deadline had to pass), nothing stays pinned; the server comes back on the
-// same port and directory, the probe (a timer on the node's clock) finds
+// deadline had to pass), nothing stays pinned; the server comes back behind
+// the same endpoint over the same directory, the probe (a timer on the node's clock) finds
 // it, and every block stored before the kill is a HIT again, every byte
 // verified.
 func TestObjServerKilledAndRestarted(t *testing.T) {

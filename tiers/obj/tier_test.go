@@ -209,7 +209,7 @@ func TestTransientErrorsRetriedThenUnhealthy(t *testing.T) {
 
 // The server dies: the tier goes unhealthy on the refused connection, sheds
 // writes, answers lookups at once, and recovers when the server is back on
-// the same port and directory, serving what it held before.
+// the same endpoint over the same directory, serving what it held before.
 func TestEndpointDownAndBack(t *testing.T) {
 	s := objtest.Start(t, bucket)
 	h := openTier(t, s, nil)

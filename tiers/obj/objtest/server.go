@@ -2,8 +2,13 @@
 // benchmarks: versitygw (Apache-2.0) with its posix backend in a directory,
 // listening on 127.0.0.1 only. It owns the server process: Launch starts it
 // and returns once it answers a real S3 request, Kill and Restart stop and
-// start it on the same port and directory (an endpoint that dies and comes
-// back), Stop ends it.
+// start it over the same directory behind the same endpoint (one that dies
+// and comes back), Stop ends it.
+//
+// The endpoint Launch gives is a front this process holds (front.go): the
+// server behind it listens on a port of its own, a new one at each restart,
+// so a restart never races another process for the port it just freed.
+// LaunchDirect serves benchmarks without the front (and cannot restart).
 package objtest
 
 import (
@@ -60,40 +65,66 @@ func Binary() (string, error) {
 
 // Server is a running (or killed) versitygw.
 type Server struct {
-	Endpoint string // 127.0.0.1:port
+	Endpoint string // 127.0.0.1:port: the front's, or the server's own (LaunchDirect)
 	Dir      string // the posix backend's root: one directory per bucket
 
-	bin  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	out  *bytes.Buffer
+	bin   string
+	front *front // nil: direct
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
+	out   *lockedBuffer
 }
 
-// Launch starts versitygw over dir on a free loopback port and waits until
-// it answers.
+// Launch starts versitygw over dir behind a front on a free loopback port
+// and waits until it answers.
 func Launch(ctx context.Context, bin, dir string) (*Server, error) {
+	f, err := newFront()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Endpoint: f.addr(), Dir: dir, bin: bin, front: f}
+	if err := s.startOnFreePort(ctx); err != nil {
+		f.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// LaunchDirect starts versitygw over dir on a free loopback port, with no
+// front (a benchmark measures the server, not a relay); it cannot Restart.
+func LaunchDirect(ctx context.Context, bin, dir string) (*Server, error) {
+	s := &Server{Dir: dir, bin: bin}
+	if err := s.startOnFreePort(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startOnFreePort starts the server on a port picked free, trying again on
+// another if it could not have it.
+func (s *Server) startOnFreePort(ctx context.Context) error {
 	var last error
 	for range 3 { // NB: the port is free when picked; another process may take it first
 		port, err := freeport.Port()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		s := &Server{Endpoint: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, bin: bin}
-		if last = s.start(ctx); last == nil {
-			return s, nil
+		if last = s.start(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); last == nil {
+			return nil
 		}
 	}
-	return nil, last
+	return last
 }
 
-// start runs the process and waits for readiness.
-func (s *Server) start(ctx context.Context) error {
-	cmd := exec.Command(s.bin, "--port", s.Endpoint, "--access", AccessKey, "--secret", SecretKey,
+// start runs the process on addr and waits for readiness through the
+// endpoint.
+func (s *Server) start(ctx context.Context, addr string) error {
+	cmd := exec.Command(s.bin, "--port", addr, "--access", AccessKey, "--secret", SecretKey,
 		"--quiet", "posix", s.Dir)
-	out := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = &lockedWriter{w: out}, &lockedWriter{w: out}
-	proc.DieWithParent(cmd) // a harness that dies leaves no S3 server behind
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out // NB: one writer: exec copies both streams on one goroutine
+	proc.DieWithParent(cmd)           // a harness that dies leaves no S3 server behind
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("objtest: start %s: %w", s.bin, err)
 	}
@@ -101,7 +132,16 @@ func (s *Server) start(ctx context.Context) error {
 	go func() { _ = cmd.Wait(); close(done) }()
 	s.mu.Lock()
 	s.cmd, s.done, s.out = cmd, done, out
+	if s.front == nil {
+		s.Endpoint = addr
+	}
 	s.mu.Unlock()
+	if s.front != nil {
+		if err := s.front.serve(addr); err != nil {
+			s.Kill()
+			return err
+		}
+	}
 	if err := s.waitReady(ctx, done); err != nil {
 		s.Kill()
 		return fmt.Errorf("%w; server output: %s", err, out.String())
@@ -147,11 +187,16 @@ func (s *Server) MakeBucket(ctx context.Context, name string) error {
 	return nil
 }
 
-// Kill ends the process at once (SIGKILL) and waits for it.
+// Kill ends the process at once (SIGKILL) and waits for it; the front
+// then closes what it relayed and refuses new connections, as a dead
+// server's port would.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
 	s.mu.Unlock()
+	if s.front != nil {
+		s.front.down()
+	}
 	if cmd == nil {
 		return
 	}
@@ -159,32 +204,50 @@ func (s *Server) Kill() {
 	<-done
 }
 
-// Restart starts the server again on the same port and directory.
+// Restart starts the server again over the same directory, behind the same
+// endpoint.
 func (s *Server) Restart(ctx context.Context) error {
+	if s.front == nil {
+		return fmt.Errorf("objtest: a direct server cannot restart behind its endpoint")
+	}
 	s.Kill()
-	return s.start(ctx)
+	return s.startOnFreePort(ctx)
 }
 
-// Stop ends the process.
-func (s *Server) Stop() { s.Kill() }
+// Stop ends the process and the front.
+func (s *Server) Stop() {
+	s.Kill()
+	if s.front != nil {
+		s.front.close()
+	}
+}
 
-// Output is what the server printed.
+// Output is what the server printed (its current run).
 func (s *Server) Output() string {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.out == nil {
+	out := s.out
+	s.mu.Unlock()
+	if out == nil {
 		return ""
 	}
-	return s.out.String()
+	return out.String()
 }
 
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
+// lockedBuffer is the server's output, written by exec's copying goroutine
+// and read by Output.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
+func (l *lockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
