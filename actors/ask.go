@@ -44,7 +44,9 @@ func register(system *actor.ActorSystem) (*actor.PID, *channelProcess, func()) {
 }
 
 // Ask sends msg to target with a temporary sender and waits for the first
-// message that sender receives, or ctx's end.
+// message that sender receives, or ctx's end: a test standing in for an
+// actor that asks with a correlation id (messages' request/reply rule; the
+// node and the endpoint ask with a Reply instead).
 func Ask(ctx context.Context, system *actor.ActorSystem, target *actor.PID, msg any) (any, error) {
 	pid, p, done := register(system)
 	defer done()

@@ -116,11 +116,10 @@ type awaiting struct {
 
 // Messages the hub takes besides *messages.Event.
 type (
-	// Flush closes the open batch now; the hub answers *Flushed to the
-	// sender once the batch is with the sink.
-	Flush struct{}
-	// Flushed answers Flush.
-	Flushed struct{ Seq uint64 } // the next sequence number
+	// Flush closes the open batch now and answers, once the batch is with
+	// the sink, the sequence number the next batch will get. The node asks
+	// it from outside the actors, so it carries its reply.
+	Flush struct{ Reply messages.Reply[uint64] }
 	// flushBatch is the hub's note to itself to close the open batch.
 	flushBatch struct{}
 	// Learn is a batch of an engine's own KV events (vLLM's, as its
@@ -171,7 +170,7 @@ func (h *Hub) Receive(ctx actor.Context) {
 	case *Flush:
 		h.release(ctx, true)
 		h.flush()
-		ctx.Respond(&Flushed{Seq: h.st.seq})
+		m.Reply.Answer(h.st.seq, nil)
 	case *actor.Started:
 		// After a restart the note that would close the open batch (or end
 		// a wait) may have been the message that failed.

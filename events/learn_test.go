@@ -150,8 +150,7 @@ func TestHubHoldsAnEnginesStoreUntilTheEngineAnnouncesIt(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := actors.Ask(ctx, system, pid, &Flush{})
-	require.NoError(t, err)
+	flush(ctx, t, system, pid)
 	var got []Event
 	for len(sink) > 0 {
 		b, err := DecodeBatch((<-sink).Payload)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/metrics"
 	"github.com/kvtier/kvtier/messages"
@@ -137,15 +136,9 @@ func (n *Node) FlushEvents(ctx context.Context) (next uint64, err error) {
 	if n.events.hub == nil {
 		return 0, nil
 	}
-	r, err := actors.Ask(ctx, n.system, n.events.hub, &events.Flush{})
-	if err != nil {
-		return 0, fmt.Errorf("kvtier: flush events: %w", err)
-	}
-	f, ok := r.(*events.Flushed)
-	if !ok {
-		return 0, fmt.Errorf("kvtier: flush events: unexpected answer %T", r)
-	}
-	return f.Seq, nil
+	return callActor(ctx, n, n.events.hub, "kvtier: flush events", func(r messages.Reply[uint64]) any {
+		return &events.Flush{Reply: r}
+	})
 }
 
 // closeEvents sends what the publisher holds and closes its sockets.
@@ -202,13 +195,11 @@ func (n *Node) Inventory(ctx context.Context) (map[string][]messages.Key, error)
 	}
 	sets := map[string]map[messages.Key]struct{}{}
 	for _, pid := range pids {
-		r, err := actors.Ask(ctx, n.system, pid, &messages.TierInventory{Corr: 1})
+		res, err := callActor(ctx, n, pid, "kvtier: inventory of "+pid.Id, func(r messages.Reply[messages.InventoryResult]) any {
+			return &messages.TierInventory{Reply: r}
+		})
 		if err != nil {
-			return nil, fmt.Errorf("kvtier: inventory of %s: %w", pid.Id, err)
-		}
-		res, ok := r.(*messages.InventoryResult)
-		if !ok {
-			return nil, errors.New("kvtier: inventory: unexpected answer from " + pid.Id)
+			return nil, err
 		}
 		set := sets[res.Medium]
 		if set == nil {

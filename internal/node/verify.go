@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -16,18 +15,8 @@ import (
 // messages.ErrUnknownKey. The block is pinned while it is read, off the CPU
 // tier's mailbox.
 func (n *Node) VerifyBlock(ctx context.Context, key messages.Key) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, n.cfg.CallTimeout)
-		defer cancel()
-	}
-	r, err := actors.Ask(ctx, n.system, n.cpu, &cpumsg.VerifyBlock{Corr: 1, Key: key})
-	if err != nil {
-		return fmt.Errorf("kvtier: verify %v: %w", key, err)
-	}
-	ack, ok := r.(*messages.Ack)
-	if !ok {
-		return fmt.Errorf("kvtier: verify %v: unexpected answer %T", key, r)
-	}
-	return ack.Err
+	_, err := callActor(ctx, n, n.cpu, fmt.Sprintf("kvtier: verify %v", key), func(r messages.Reply[struct{}]) any {
+		return &cpumsg.VerifyBlock{Key: key, Reply: r}
+	})
+	return err
 }

@@ -81,12 +81,11 @@ func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger, o
 }
 
 type verifyDone struct {
-	corr   uint64
-	sender *actor.PID
-	key    messages.Key
-	job    messages.JobRef
-	want   uint32
-	got    uint32
+	reply messages.Reply[struct{}]
+	key   messages.Key
+	job   messages.JobRef
+	want  uint32
+	got   uint32
 }
 
 // Receive applies one message.
@@ -158,7 +157,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *cpumsg.TierStats:
 		ctx.Respond(&cpumsg.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
 	case *messages.TierInventory:
-		ctx.Respond(&messages.InventoryResult{Corr: m.Corr, Medium: messages.MediumCPU, Keys: a.state.ReadyKeys()})
+		m.Reply.Answer(messages.InventoryResult{Medium: messages.MediumCPU, Keys: a.state.ReadyKeys()}, nil)
 	case *actor.Stopping, *actor.Stopped, *actor.Restart:
 	default:
 		a.log.Warn().Str("type", typeName(m)).Msg("cpu tier: unknown message dropped")
@@ -279,21 +278,21 @@ func (a *Actor) clear(ctx actor.Context, m *cpumsg.ClearTier) {
 func (a *Actor) verify(ctx actor.Context, m *cpumsg.VerifyBlock) {
 	_, want, err := a.state.Checksum(m.Key)
 	if err != nil {
-		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+		m.Reply.Answer(struct{}{}, err)
 		return
 	}
 	a.verifyJob++
 	job := messages.JobRef{Origin: messages.OriginTier, ID: messages.VerifyJobBase + a.verifyJob}
 	slots, err := a.state.LeaseToPin(messages.Holder{}, job, []messages.Key{m.Key})
 	if err != nil {
-		ctx.Respond(&messages.Ack{Corr: m.Corr, Err: err})
+		m.Reply.Answer(struct{}{}, err)
 		return
 	}
-	self, sender, bytes := ctx.Self(), ctx.Sender(), a.pool.Slot(slots[0])
+	self, bytes := ctx.Self(), a.pool.Slot(slots[0])
 	system := ctx.ActorSystem()
 	a.offload.Go(func() {
 		got := crc32.Checksum(bytes, Castagnoli)
-		system.Root.Send(self, &verifyDone{corr: m.Corr, sender: sender, key: m.Key, job: job, want: want, got: got})
+		system.Root.Send(self, &verifyDone{reply: m.Reply, key: m.Key, job: job, want: want, got: got})
 	})
 }
 
@@ -308,9 +307,7 @@ func (a *Actor) verified(ctx actor.Context, m *verifyDone) {
 		}
 		a.log.Error().Stringer("key", m.key).Uint32("want", m.want).Uint32("got", m.got).Msg("cpu tier: block failed verification, dropped")
 	}
-	if m.sender != nil {
-		ctx.Send(m.sender, &messages.Ack{Corr: m.corr, Err: err})
-	}
+	m.reply.Answer(struct{}{}, err)
 }
 
 func (a *Actor) announce(ctx actor.Context, e messages.Event) {

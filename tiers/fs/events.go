@@ -151,7 +151,7 @@ func (a *Actor) introDone(ctx actor.Context, m *introDone) {
 		}
 		a.cleanup(ctx, cleanups, func() { a.announce(ctx, messages.BlockWriteAborted, dead, nil) })
 	}
-	a.answerInventories(ctx)
+	a.answerInventories()
 }
 
 // without returns keys less those in drop.
@@ -188,36 +188,34 @@ func (a *Actor) gone(ctx actor.Context, keys []messages.Key) {
 	a.announce(ctx, messages.BlockWriteAborted, unseen, nil)
 	a.announce(ctx, messages.BlockRemoved, removed, nil)
 	if len(unseen) > 0 {
-		a.answerInventories(ctx)
+		a.answerInventories()
 	}
 }
 
 // inventory answers what the tier holds readable, once the introduction
 // is over (so the answer is what the events announced).
-func (a *Actor) inventory(ctx actor.Context, m *messages.TierInventory) {
+func (a *Actor) inventory(m *messages.TierInventory) {
 	if a.hub != nil && len(a.t.intro.pending) > 0 {
-		a.invWait, a.invFrom = append(a.invWait, m), append(a.invFrom, ctx.Sender())
+		a.invWait = append(a.invWait, m)
 		return
 	}
-	ctx.Respond(a.inventoryResult(m.Corr))
+	m.Reply.Answer(a.inventoryResult(), nil)
 }
 
-func (a *Actor) inventoryResult(corr uint64) *messages.InventoryResult {
-	return &messages.InventoryResult{Corr: corr, Medium: messages.MediumStorage, Ownership: a.t.cfg.Name,
+func (a *Actor) inventoryResult() messages.InventoryResult {
+	return messages.InventoryResult{Medium: messages.MediumStorage, Ownership: a.t.cfg.Name,
 		Keys: a.t.l.ReadyKeys()}
 }
 
-func (a *Actor) answerInventories(ctx actor.Context) {
+func (a *Actor) answerInventories() {
 	if len(a.t.intro.pending) > 0 {
 		return
 	}
 	a.t.intro.order = nil // let the backing array go
-	for i, m := range a.invWait {
-		if a.invFrom[i] != nil {
-			ctx.Send(a.invFrom[i], a.inventoryResult(m.Corr))
-		}
+	for _, m := range a.invWait {
+		m.Reply.Answer(a.inventoryResult(), nil)
 	}
-	a.invWait, a.invFrom = nil, nil
+	a.invWait = nil
 }
 
 // announce sends the hub an event about keys (nothing without a hub or

@@ -322,7 +322,6 @@ type Actor struct {
 	inFlight int
 	hub      *actor.PID                // the node's event hub; nil: announce nothing
 	invWait  []*messages.TierInventory // inventories asked before the introduction ended
-	invFrom  []*actor.PID              // their senders
 }
 
 type (
@@ -372,7 +371,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *introDone:
 		a.introDone(ctx, m)
 	case *messages.TierInventory:
-		a.inventory(ctx, m)
+		a.inventory(m)
 	case *cleanupDone:
 		a.inFlight--
 		for _, c := range m.cs {

@@ -128,8 +128,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.stats.Deleted++
 		a.remove(m.Key)
 	case *messages.TierInventory:
-		ctx.Respond(&messages.InventoryResult{Corr: m.Corr, Medium: messages.MediumStorage,
-			Ownership: a.t.cfg.Name, Keys: a.owned.keys()})
+		m.Reply.Answer(messages.InventoryResult{Medium: messages.MediumStorage,
+			Ownership: a.t.cfg.Name, Keys: a.owned.keys()}, nil)
 	case *opDone:
 		a.running--
 		a.done(ctx, m)

@@ -121,7 +121,16 @@ func (h *Harness) Next() *messages.Event {
 // Inventory asks the tier its inventory, checked against the Options.
 func (h *Harness) Inventory() []messages.Key {
 	h.T.Helper()
-	r := h.Ask(&messages.TierInventory{Corr: 5}).(*messages.InventoryResult)
+	reply := messages.NewReply[messages.InventoryResult]()
+	h.System.Root.Send(h.PID, &messages.TierInventory{Reply: reply})
+	var r messages.InventoryResult
+	select {
+	case got := <-reply:
+		require.NoError(h.T, got.Err)
+		r = got.Value
+	case <-h.Ctx.Done():
+		h.T.Fatal("no inventory")
+	}
 	h.check("inventory medium", h.opts.Medium, r.Medium)
 	h.check("inventory ownership", h.opts.Ownership, r.Ownership)
 	return r.Keys

@@ -233,9 +233,10 @@ type ClearTier struct {
 }
 
 // VerifyBlock recomputes a block's checksum; a mismatch drops the block.
+// The node asks it from outside the actors, so it carries its reply.
 type VerifyBlock struct {
-	Corr uint64       // correlation id
-	Key  messages.Key // the block
+	Key   messages.Key             // the block
+	Reply messages.Reply[struct{}] // answer: nil, or why (ErrChecksum, ErrUnknownKey)
 }
 
 // TakeTierEvents drains the tier's event buffer.
