@@ -29,7 +29,7 @@
 #                 and no test run that would end later, so that the JSON
 #                 line is still printed (each configuration's result is
 #                 copied under $OUT as soon as it ends)
-#   KNOBS         passed to gpu_check.py (python3 clients/python/kvtier_vllm/
+#   KNOBS         passed to gpu_check.py (python3 clients/python/kvtier_bench/
 #                 gpu_check.py plan --help): --prefix-tokens 32000,
 #                 --repeats 3, --configs recompute,native,kvtier, ...
 # Env: KVTIER_GPU_CACHE   caches: Go, kvtierd, the model, run logs
@@ -51,7 +51,7 @@ set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-CHECK="$ROOT/clients/python/kvtier_vllm/gpu_check.py"
+CHECK="$ROOT/clients/python/kvtier_bench/gpu_check.py"
 CACHE="${KVTIER_GPU_CACHE:-$HOME/.cache/kvtier}"
 export KVTIER_GPU_CACHE="$CACHE"
 GO_VERSION=1.26.8 # go.mod's; gpu_check.py pins the proxy toolchain's hash

@@ -268,9 +268,9 @@ def _pid_listening_on(addr: str) -> int:
 
 @pytest.mark.parametrize("transport", ["unix", "ipc"])
 def test_bench_reports_every_figure(kvtierd_bin, transport, capsys):
-    """python -m kvtier_client.bench runs its interleaved rounds against a
+    """python -m kvtier_bench.client runs its interleaved rounds against a
     real kvtierd and its echo processes and reports each figure."""
-    from kvtier_client import bench
+    from kvtier_bench import client as bench
 
     assert bench.main(["--kvtierd", kvtierd_bin, "--transport", transport, "--rounds", "2", "--per-round", "5", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -1,5 +1,5 @@
 """The GPU check's CPU-side parts (scripts/gpu-check.sh and
-kvtier_vllm/gpu_check.py): the arithmetic, the arguments, the verdict, the
+kvtier_bench/gpu_check.py): the arithmetic, the arguments, the verdict, the
 Go toolchain's verification, the test selection and the script's dry run.
 No vLLM, torch or GPU: gpu_check.py is loaded by its path (the package's
 __init__ imports vLLM), and what needs them is not called."""
@@ -23,7 +23,7 @@ SCRIPT = os.path.join(REPO, "scripts", "gpu-check.sh")
 
 
 def _load():
-    path = os.path.join(REPO, "clients", "python", "kvtier_vllm", "gpu_check.py")
+    path = os.path.join(REPO, "clients", "python", "kvtier_bench", "gpu_check.py")
     spec = importlib.util.spec_from_file_location("kvtier_gpu_check_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -65,7 +65,7 @@ def daemon(daemon_factory, request):
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     """Two models of one architecture (same KV geometry) and other weights."""
-    from kvtier_vllm.harness import save_random_llama
+    from kvtier_bench.vllm_harness import save_random_llama
 
     base = tmp_path_factory.mktemp("models")
     return {"a": save_random_llama(str(base / "llama-a"), seed=0),

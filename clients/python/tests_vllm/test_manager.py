@@ -97,7 +97,7 @@ def drive(managers, seed: int, steps: int = 150):
     once, in vLLM's real order (on_schedule_end before the step's stores,
     on_request_finished before the request's store completes); returns, per
     call, each manager's answer."""
-    from kvtier_vllm.harness import chained_keys
+    from kvtier_bench.vllm_harness import chained_keys
 
     rng = random.Random(seed)
     shared = [[rng.randrange(10_000) for _ in range(rng.randrange(1, 10))] for _ in range(12)]
@@ -181,7 +181,7 @@ def provisional_request_ranks() -> bool:
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_same_answers_as_vllms_native_manager(small_daemon, seed):
-    from kvtier_vllm.harness import kvtier_manager, native_manager
+    from kvtier_bench.vllm_harness import kvtier_manager, native_manager
 
     if provisional_request_ranks():
         pytest.skip("vLLM 0.33's LRU ranks by request (provisional ranks): in vLLM's real call "
@@ -207,7 +207,7 @@ def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
     request that saw it, so a store for another request cannot evict it
     before it is loaded; vLLM's native manager evicts it, and a later
     prepare_load of it would fail."""
-    from kvtier_vllm.harness import chained_keys, kvtier_manager, native_manager
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager, native_manager
     from vllm.v1.kv_offload.base import LookupResult
 
     native = native_manager(CAPACITY, page_bytes=PAGE)
@@ -240,7 +240,7 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
     """Deliberate difference 2: a block kvtier holds only in a secondary
     tier answers RETRY (kvtier promotes it asynchronously) and HIT at a
     later step; vLLM's native CPU manager has no secondary tiers (MISS)."""
-    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
     from vllm.v1.kv_offload.base import LookupResult
 
     cfg = tmp_path / "fs.yaml"
@@ -303,7 +303,7 @@ def test_named_difference_a_held_key_answers_retry_then_hit(small_daemon):
     (its leasing lookup goes out without waiting, at on_schedule_end) and
     HIT at the next step, from memory; a key it does not hold answers MISS
     with no message at all."""
-    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
     from vllm.v1.kv_offload.base import LookupResult
 
     kv = kvtier_manager(small_daemon.address, page_bytes=PAGE, extra=NO_CREDIT)
@@ -352,7 +352,7 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
     MISS from the residency index, which does not hold the key yet (a MISS
     would recompute a prefix the engine just stored); once the daemon runs
     again, the key is a HIT."""
-    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
     from vllm.v1.kv_offload.base import LookupResult
 
     d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
@@ -389,7 +389,7 @@ def test_named_difference_credit_stores_without_waiting(daemon_factory):
     and tells kvtierd which key each holds without waiting. The credited
     slots are write-pending in kvtierd (not cached meanwhile)."""
     from kvtier_client import Client
-    from kvtier_vllm.harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
 
     d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
     kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
@@ -449,8 +449,8 @@ def test_production_length_run_in_vllms_order_keeps_state_bounded(daemon_factory
     is 65,536 requests without request_finished: a late completion that
     re-opened its request would reach it), the link is never lost, and the
     manager's and the session's per-request state stay bounded."""
-    from kvtier_vllm.bench import Replay
-    from kvtier_vllm.harness import kvtier_manager
+    from kvtier_bench.vllm import Replay
+    from kvtier_bench.vllm_harness import kvtier_manager
 
     d = daemon_factory(block_bytes=PAGE, pool_bytes=4096 * PAGE, transport=transport)
     kv = kvtier_manager(d.address, page_bytes=PAGE)
@@ -505,7 +505,7 @@ def test_a_daemon_serving_another_namespace_is_a_clear_error_at_the_first_key(da
     that silently never uses kvtier."""
     import hashlib
 
-    from kvtier_vllm.harness import chained_keys, kvtier_manager, offloading_config
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager, offloading_config
     from kvtier_vllm.layout import KvtierConfigError, layout_namespace
     from kvtier_vllm.spec import KvtierOffloadingSpec
     from vllm.utils.hashing import sha256_cbor
@@ -576,7 +576,7 @@ def test_a_daemon_serving_another_namespace_is_a_clear_error_at_the_engines_star
         daemon_factory, tmp_path, monkeypatch):
     """The mismatch fails the manager's construction — the engine's start —
     not its first key, with the engine's config in context or not."""
-    from kvtier_vllm.harness import kvtier_manager
+    from kvtier_bench.vllm_harness import kvtier_manager
     from kvtier_vllm.layout import KvtierConfigError
 
     cfg = tmp_path / "ns.yaml"
@@ -594,7 +594,7 @@ def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
     """vLLM seeds its root hash at random per process for non-cryptographic
     hash algorithms unless PYTHONHASHSEED is set: such keys must never be
     shared silently. The namespace carries a digest of the root hash."""
-    from kvtier_vllm.harness import offloading_config
+    from kvtier_bench.vllm_harness import offloading_config
     from kvtier_vllm.spec import KvtierOffloadingSpec
     from vllm.utils.hashing import sha256, xxhash
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -618,12 +618,12 @@ def test_a_process_seeded_root_hash_isolates_its_namespace(monkeypatch):
 
 
 def test_the_share_bench_reports_both_caches_per_engine_count_and_routing(kvtierd_bin):
-    """`python -m kvtier_vllm.bench share`: every case names both caches'
+    """`python -m kvtier_bench.vllm share`: every case names both caches'
     hit rate and recomputed tokens. On a trace where every engine's
     requests share one prefix that only fits the node once, the shared
     kvtierd must do better than the partitioned native caches (a bench that
     measured nothing, or measured both against one cache, cannot)."""
-    from kvtier_vllm.bench import share_case
+    from kvtier_bench.vllm import share_case
 
     shared = list(range(1000, 1060))  # 60 blocks: fits C=80 once, not C/4=20 per engine
     trace = [shared + [5000 + i] for i in range(64)]
@@ -647,7 +647,7 @@ def _reach_run(tmp_path, monkeypatch, kvtierd_bin, trace, cpu_blocks):
     import argparse
     import json
 
-    from kvtier_vllm.bench import bench_manager
+    from kvtier_bench.vllm import bench_manager
 
     monkeypatch.setenv("PATH", os.path.dirname(kvtierd_bin) + os.pathsep + os.environ["PATH"])
     path = tmp_path / "trace.jsonl"
@@ -660,7 +660,7 @@ def _reach_run(tmp_path, monkeypatch, kvtierd_bin, trace, cpu_blocks):
 
 def test_the_manager_bench_reports_the_capacity_no_prefix_lookup_can_reach(tmp_path, monkeypatch,
                                                                            kvtierd_bin):
-    """`python -m kvtier_vllm.bench manager`: both caches' share of held
+    """`python -m kvtier_bench.vllm manager`: both caches' share of held
     blocks whose chain to the root is broken (issue 29), sampled over the
     run. With room for the whole trace nothing is evicted: no chain is
     broken on either side. With a small capacity LRU evicts a chain's head
@@ -694,7 +694,7 @@ def test_the_reach_sample_counts_held_blocks_below_a_missing_ancestor():
     ancestor is not held, whatever the order the held set is walked in."""
     from types import SimpleNamespace
 
-    from kvtier_vllm.bench import Reach
+    from kvtier_bench.vllm import Reach
 
     a, b, c, d, e = (bytes([i]) * 36 for i in range(5))
     replay = SimpleNamespace(keys=[[a, b, c], [a, b, d], [e]], requests=3)

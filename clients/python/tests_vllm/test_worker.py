@@ -23,7 +23,7 @@ SLOTS = 8
 def worker():
     import torch
 
-    from kvtier_vllm.harness import offloading_config
+    from kvtier_bench.vllm_harness import offloading_config
     from kvtier_vllm.spec import KvtierOffloadingSpec
     from kvtier_vllm.worker import KvtierWorker
 

@@ -1,6 +1,6 @@
 """The engine round trip from Python, next to its floors (issue: engine RTT).
 
-    python -m kvtier_client.bench --kvtierd PATH [--transport unix|ipc] [--json]
+    python -m kvtier_bench.client --kvtierd PATH [--transport unix|ipc] [--json]
 
 starts a kvtierd (a fresh pool in a temporary directory), stores 2,000
 blocks through the client, then measures Lookups of 16, 64, 256 and 2,000
@@ -219,7 +219,7 @@ def configurations(args) -> List[tuple]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvtier_client.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvtier_bench.client", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvtierd", required=True, help="the kvtierd binary (go build -o kvtierd ./cmd/kvtierd)")
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds of floors and lookups")
     ap.add_argument("--per-round", type=int, default=200, help="calls per figure per round")
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
                 proc, daemons[daemon_poll] = start_daemon(args.kvtierd, tmp, args.transport, f"engine-{daemon_poll}",
                                                           daemon_poll)
                 stack.callback(lambda p=proc: (p.terminate(), p.wait(timeout=30)))
-            clients[sfx] = Client(daemons[daemon_poll], name="kvtier_client.bench", heartbeat=False,
+            clients[sfx] = Client(daemons[daemon_poll], name="kvtier_bench.client", heartbeat=False,
                                   poll_us=client_poll)
             stack.callback(clients[sfx].close)
         unix, zmq_echo = UnixEcho(tmp), ZmqEcho(tmp)

@@ -62,7 +62,7 @@ def native_manager(capacity: int, page_bytes: int = 4096, **kw):
 
 def kvtier_manager(address: str, page_bytes: int = 4096, extra: Optional[dict] = None, **kw):
     """kvtier's manager, speaking to the kvtierd at ``address``."""
-    from .spec import KvtierOffloadingSpec
+    from kvtier_vllm.spec import KvtierOffloadingSpec
 
     init_hashing()
     cfg = {"kvtier_address": address, **(extra or {})}

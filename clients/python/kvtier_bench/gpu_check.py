@@ -20,8 +20,8 @@ Everything that needs torch, transformers or vLLM is imported inside the
 function that needs it: the plan, the arithmetic, the verdict and the Go
 toolchain fetch run on a bare ``python3`` (the script's ``--dry-run`` and
 the CPU-side tests, which have neither). The script runs this file by its
-path, not as ``kvtier_vllm.gpu_check``: the package's ``__init__`` imports
-vLLM.
+path: it must run on a bare ``python3`` that has none of the packages
+installed.
 
 Subcommands (``python gpu_check.py CMD --help``): ``plan``, ``go-toolchain``,
 ``build-model``, ``bench``, ``engine`` (one configuration; the bench's child),
@@ -512,12 +512,12 @@ def run_engine(a) -> Dict:
 
 
 def _load_bench_module():
-    """kvtier_vllm/bench.py by its path: its kvtierd helpers need only the
-    standard library, and importing it as kvtier_vllm.bench would import the
-    package, hence vLLM and torch, into this orchestrating process."""
+    """kvtier_bench/vllm.py by its path: its kvtierd helpers need only the
+    standard library, and this orchestrating process may run where the
+    packages are not installed."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kvtier_gpu_check_bench", os.path.join(HERE, "bench.py"))
+    spec = importlib.util.spec_from_file_location("kvtier_gpu_check_bench", os.path.join(HERE, "vllm.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

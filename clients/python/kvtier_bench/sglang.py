@@ -1,6 +1,6 @@
 """kvtier's SGLang backend against SGLang's own file backend, on this machine.
 
-    python -m kvtier_sglang.bench --json [--kvtierd PATH] [--rounds N]
+    python -m kvtier_bench.sglang --json [--kvtierd PATH] [--rounds N]
 
 Starts a kvtierd (the binary given, else ``kvtierd`` on PATH) on a unix://
 socket, builds SGLang's MHATokenToKVPoolHost on CPU tensors (page_first,

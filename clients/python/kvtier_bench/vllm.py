@@ -1,7 +1,7 @@
 """Benchmarks of kvtier as vLLM's offloading tier, each against its
 baseline measured in the same run.
 
-``python -m kvtier_vllm.bench manager --trace TRACE --json``
+``python -m kvtier_bench.vllm manager --trace TRACE --json``
     Replays a prefix trace through the manager API the way vLLM's scheduler
     calls it (per-key prefix scan, prepare/complete load and store, touch,
     request finished, ``on_schedule_end`` once per step) against vLLM's
@@ -9,7 +9,7 @@ baseline measured in the same run.
     the same capacity in blocks; reports hit rates, per-step latency, and
     the share of held blocks no prefix lookup can reach (sampled).
 
-``python -m kvtier_vllm.bench share --json``
+``python -m kvtier_bench.vllm share --json``
     What one node cache shared by N engines is worth: the trace's requests
     spread over N schedulers (round-robin, and by session), replayed
     through N native managers of C/N blocks each and through N kvtier
@@ -17,7 +17,7 @@ baseline measured in the same run.
     recomputed tokens for N = 2, 4, 8, and with one engine restarted
     halfway.
 
-``python -m kvtier_vllm.bench ttft --json``
+``python -m kvtier_bench.vllm ttft --json``
     Time to first token of a shared prefix reloaded from kvtier vs
     recomputed, on a local random-weight model (vLLM's CPU backend).
 """
@@ -118,7 +118,7 @@ class Replay:
     def __init__(self, manager, trace: List[List[int]], per_step: int,
                  preempt_every: int = 0, abort_every: int = 0, keep_going=None,
                  model_ms: float = 0.0, reset_every: int = 0, each_step=None):
-        from .harness import chained_keys
+        from .vllm_harness import chained_keys
 
         self.m, self.per_step = manager, per_step
         # Every request's keys, built before the run (vLLM builds a
@@ -416,7 +416,7 @@ def cold_trace(trace: List[List[int]]) -> List[List[int]]:
 
 
 def bench_manager(args) -> Dict[str, object]:
-    from .harness import kvtier_manager, native_manager
+    from .vllm_harness import kvtier_manager, native_manager
 
     trace = read_trace(args.trace, args.limit)
     if args.cold:
@@ -564,7 +564,7 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
     manager finds the node's cache). store_credit is each kvtier manager's
     kvtier_store_credit (None: the connector's default): slots kvtierd
     keeps free for an engine's stores come out of the shared capacity."""
-    from .harness import kvtier_manager, native_manager
+    from .vllm_harness import kvtier_manager, native_manager
 
     extra = {} if store_credit is None else {"kvtier_store_credit": store_credit}
 
@@ -608,7 +608,7 @@ def bench_share(args) -> Dict[str, object]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvtier_vllm.bench")
+    ap = argparse.ArgumentParser(prog="python -m kvtier_bench.vllm")
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manager", help="scheduler side: kvtier vs vLLM's native manager")
     m.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
@@ -651,7 +651,7 @@ def main(argv=None) -> int:
     elif args.cmd == "share":
         out = bench_share(args)
     else:
-        from .bench_ttft import bench_ttft
+        from .vllm_ttft import bench_ttft
 
         out = bench_ttft(args)
     if args.json:
