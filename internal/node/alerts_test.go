@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 )
 
@@ -63,10 +64,10 @@ func TestDashboardNamesOnlyExportedMetrics(t *testing.T) {
 func fullNode(t *testing.T) *Node {
 	t.Helper()
 	dir := t.TempDir()
-	directory := func(pc *PeersConfig) { pc.Directory = true }
-	return open(t, 16, withFS(filepath.Join(dir, "fs")), withDiscovery("n1", testetcd.Start(t), directory), func(c *Config) {
+	directory := func(pc *config.PeersConfig) { pc.Directory = true }
+	return open(t, 16, withFS(filepath.Join(dir, "fs")), withDiscovery("n1", testetcd.Start(t), directory), func(c *config.Config) {
 		c.PoolPath, c.EngineListen = filepath.Join(dir, "pool"), "ipc://"+filepath.Join(dir, "engine.sock")
-		c.Events = EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}
+		c.Events = config.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}
 	}).node
 }
 

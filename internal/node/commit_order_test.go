@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestALoadSentRightBehindItsCommitFindsTheBlocks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := Open(ctx, Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock})
+	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
 	m, bridge := node.Manager(), node.pidOf("bridge")

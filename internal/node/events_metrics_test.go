@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -19,8 +20,8 @@ import (
 func TestEventsCountersAreScraped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	node, err := Open(ctx, Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
-		Events: EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}})
+	node, err := Open(ctx, config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
+		Events: config.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
 
@@ -65,8 +66,8 @@ func TestANodeLearnsTokenIDsFromAnEnginesOwnEvents(t *testing.T) {
 		Linger: -1, Log: zerolog.Nop()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, engine.Close(ctx)) }()
-	node, err := Open(ctx, Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
-		Events: EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m",
+	node, err := Open(ctx, config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
+		Events: config.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m",
 			LearnFrom: []string{engine.Endpoint()}, LearnWait: time.Hour}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, node.Close(ctx)) }()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 )
@@ -18,7 +19,7 @@ import (
 // openJumping opens a node of slots slots whose clock's Now can be stepped.
 func openJumping(t *testing.T, slots int) (*harness, *supervision.JumpClock) {
 	var jc *supervision.JumpClock
-	h := open(t, slots, func(c *Config) {
+	h := open(t, slots, func(c *config.Config) {
 		c.LeaseTTL = time.Second
 		jc = supervision.NewJumpClock(c.Clock)
 		c.Clock = jc

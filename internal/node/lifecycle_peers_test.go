@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/internal/testutil/testnet"
@@ -66,8 +67,8 @@ func newStallTransport(t *testing.T, node string) *stallTransport {
 }
 
 // prodTransport gives the node "prod" of openPair the data plane tr.
-func prodTransport(tr rdma.Transport) func(*Config) {
-	return func(c *Config) {
+func prodTransport(tr rdma.Transport) func(*config.Config) {
+	return func(c *config.Config) {
 		if c.Peers.NodeID == "prod" {
 			c.Peers.TransportImpl = tr
 		}
@@ -134,7 +135,7 @@ func (s *stallTransport) awaitHeld(t *testing.T, ctx context.Context, n int) {
 	}
 }
 
-func realClock(c *Config) { c.Clock = supervision.RealClock{} }
+func realClock(c *config.Config) { c.Clock = supervision.RealClock{} }
 
 func (h *harness) pending() bool {
 	h.t.Helper()
@@ -368,7 +369,7 @@ func TestLifecycleShutdownUnderPeerLoad(t *testing.T) {
 	sockets := socketFDs(t)
 	dir, fsRoot := t.TempDir(), t.TempDir()
 	pool := filepath.Join(dir, "prod.pool")
-	prod, cons := openPair(t, 64, realClock, func(c *Config) {
+	prod, cons := openPair(t, 64, realClock, func(c *config.Config) {
 		if c.Peers.NodeID == "prod" {
 			c.PoolPath = pool
 			withFS(fsRoot)(c)
@@ -470,8 +471,8 @@ func TestLifecycleShutdownWithStuckDisk(t *testing.T) {
 	// NB: not open(): its cleanup requires a clean Close.
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	cfg := Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock}
-	withFS(t.TempDir(), func(tc *TierConfig) { tc.FS = faulty })(&cfg)
+	cfg := config.Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock}
+	withFS(t.TempDir(), func(tc *config.TierConfig) { tc.FS = faulty })(&cfg)
 	node, err := Open(ctx, cfg)
 	require.NoError(t, err)
 	h := &harness{t: t, mode: embeddedMode, node: node, m: node.Manager(), ctx: ctx}
@@ -506,8 +507,8 @@ func TestLifecycleShutdownWhileDialingAFrozenPeer(t *testing.T) {
 	accepted := testnet.Accept(t, ln)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	cfg := Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock}
-	withPeers("cons", PeerAddr{NodeID: "frozen", Addr: "tcp://" + ln.Addr().String()})(&cfg)
+	cfg := config.Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock}
+	withPeers("cons", config.PeerAddr{NodeID: "frozen", Addr: "tcp://" + ln.Addr().String()})(&cfg)
 	node, err := Open(ctx, cfg)
 	require.NoError(t, err)
 	var conns []net.Conn
@@ -552,7 +553,7 @@ func TestLifecyclePeersConnectWhileAConnectionNeverGreets(t *testing.T) {
 	silent, err := net.Dial("tcp", strings.TrimPrefix(prod.node.PeerAddr(), "tcp://"))
 	require.NoError(t, err)
 	defer silent.Close()
-	cons := open(t, 8, withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}))
+	cons := open(t, 8, withPeers("cons", config.PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}))
 	ctx, cancel := context.WithTimeout(cons.ctx, 5*time.Second)
 	defer cancel()
 	require.NoError(t, cons.node.WaitPeers(ctx, "prod"), "a silent connection blocks no one")
@@ -569,7 +570,7 @@ func TestCloseKeepsThePoolMappedWhileASlotReaderRuns(t *testing.T) {
 	// NB: not open(): its cleanup requires a clean Close.
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	node, err := Open(ctx, Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock})
+	node, err := Open(ctx, config.Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock})
 	require.NoError(t, err)
 	slot := node.Manager().Pool().Slot(3)
 	unstick, read := make(chan struct{}), make(chan byte)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/metrics"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/peermsg"
@@ -30,7 +31,7 @@ import (
 
 // Node is a running kvtier node.
 type Node struct {
-	cfg      Config
+	cfg      config.Config
 	system   *actor.ActorSystem
 	dispatch *actors.WarmDispatcher // runs the actors' mailboxes
 	guardian *actor.PID
@@ -59,7 +60,7 @@ type Node struct {
 // Open validates cfg, maps the CPU pool and starts the node's actors. Its
 // components open in order (pool, engine endpoint, events, peers, tiers,
 // actors); if one fails, those already open close in reverse.
-func Open(ctx context.Context, cfg Config) (_ *Node, err error) {
+func Open(ctx context.Context, cfg config.Config) (_ *Node, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

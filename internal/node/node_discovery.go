@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/discovery"
 	"github.com/kvtier/kvtier/peer/wire"
@@ -27,7 +28,7 @@ var ErrDuplicateNode = discovery.ErrDuplicateNode
 // openDiscovery registers this node in etcd, bounded by the discovery
 // timeout. Only a duplicate id fails it: an unreachable etcd is retried in
 // the background while the node runs with its static peers.
-func (n *Node) openDiscovery(pc PeersConfig, control string, t rdma.Transport) (*discovery.Registry, error) {
+func (n *Node) openDiscovery(pc config.PeersConfig, control string, t rdma.Transport) (*discovery.Registry, error) {
 	dc := pc.Discovery
 	log := n.cfg.Logger.With().Str("component", "discovery").Logger()
 	if dc.Advertise != "" {
@@ -87,7 +88,7 @@ func advertised(bound, control string) string {
 
 // dataAddr is the tcp data plane's address when the config names it (the
 // record is informational: the handshake carries the real metadata).
-func dataAddr(pc PeersConfig) string {
+func dataAddr(pc config.PeersConfig) string {
 	if pc.Transport != "" && pc.Transport != "tcp" {
 		return ""
 	}

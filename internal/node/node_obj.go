@@ -3,13 +3,14 @@ package node
 import (
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
 // openObjTier opens an S3-compatible object tier (tiers/obj). It does no
 // network I/O: the tier's actor probes the endpoint when it starts, and an
 // endpoint that is down only makes the tier start unhealthy.
-func openObjTier(tc TierConfig, name string, cfg Config, log zerolog.Logger) (openedTier, error) {
+func openObjTier(tc config.TierConfig, name string, cfg config.Config, log zerolog.Logger) (openedTier, error) {
 	access, secret := tc.Credentials()
 	t, err := obj.Open(obj.Config{
 		Name: name,

@@ -21,6 +21,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/discovery"
@@ -101,7 +102,7 @@ func (n *Node) openPeers() error {
 	return nil
 }
 
-func (n *Node) newTransport(pc PeersConfig) (rdma.Transport, error) {
+func (n *Node) newTransport(pc config.PeersConfig) (rdma.Transport, error) {
 	if pc.TransportImpl != nil {
 		return pc.TransportImpl, nil
 	}
@@ -161,7 +162,7 @@ func (n *Node) peersProps(w wiring) *actor.Props {
 	return peer.Props(cfg, n.peers.listener, n.peers.counters)
 }
 
-func (p *peersState) tierName(pc PeersConfig) string {
+func (p *peersState) tierName(pc config.PeersConfig) string {
 	if pc.TierName != "" {
 		return pc.TierName
 	}

@@ -78,7 +78,7 @@ type harness struct {
 }
 
 // open starts an embedded node of `slots` slots on a manual clock.
-func open(t *testing.T, slots int, tweak ...func(*Config)) *harness {
+func open(t *testing.T, slots int, tweak ...func(*config.Config)) *harness {
 	t.Helper()
 	return openMode(t, embeddedMode, slots, tweak...)
 }
@@ -86,10 +86,10 @@ func open(t *testing.T, slots int, tweak ...func(*Config)) *harness {
 // openMode starts a node of `slots` slots on a manual clock; in standalone
 // mode the manager is a client connected through the node's engine endpoint
 // (an ipc socket) with the pool mapped from its shared-memory file.
-func openMode(t *testing.T, m mode, slots int, tweak ...func(*Config)) *harness {
+func openMode(t *testing.T, m mode, slots int, tweak ...func(*config.Config)) *harness {
 	t.Helper()
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	cfg := Config{PoolBytes: int64(slots * testBlock), BlockBytes: testBlock, Clock: clock}
+	cfg := config.Config{PoolBytes: int64(slots * testBlock), BlockBytes: testBlock, Clock: clock}
 	if m.remote() {
 		dir := t.TempDir()
 		cfg.PoolPath = filepath.Join(dir, "pool")
@@ -280,7 +280,7 @@ func TestLeaseExpiresOnTheInjectedClock(t *testing.T) {
 }
 
 func testLeaseExpiresOnTheInjectedClock(t *testing.T, m mode) {
-	h := openMode(t, m, 2, func(c *Config) { c.LeaseTTL = time.Second })
+	h := openMode(t, m, 2, func(c *config.Config) { c.LeaseTTL = time.Second })
 	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
 	reader := &messages.ReqContext{RequestID: "r"}
 	h.lookupUntilSettled(reader, keys(1, 2))
@@ -327,7 +327,7 @@ func testBadInputGetsTypedErrors(t *testing.T, m mode) {
 }
 
 func TestBadConfig(t *testing.T) {
-	for name, cfg := range map[string]Config{
+	for name, cfg := range map[string]config.Config{
 		"zero pool":      {PoolBytes: -1},
 		"negative block": {BlockBytes: -4096},
 		"pool < block":   {PoolBytes: 100, BlockBytes: 4096},
@@ -344,7 +344,7 @@ func TestBadConfig(t *testing.T) {
 func TestWorkerReportsCompleteAJob(t *testing.T) { eachMode(t, testWorkerReportsCompleteAJob) }
 
 func testWorkerReportsCompleteAJob(t *testing.T, m mode) {
-	h := openMode(t, m, 4, func(c *Config) { c.JobWorkers = 3 })
+	h := openMode(t, m, 4, func(c *config.Config) { c.JobWorkers = 3 })
 	req := &messages.ReqContext{RequestID: "w"}
 	plan, err := h.m.PrepareStore(h.ctx, req, keys(1))
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
@@ -27,9 +28,9 @@ import (
 
 const objBucket = "kvtier-test"
 
-func withObj(s *objtest.Server, tweak ...func(*TierConfig)) func(*Config) {
-	return func(c *Config) {
-		tc := TierConfig{Kind: "obj", Endpoint: s.Endpoint, Bucket: objBucket, Prefix: "node/",
+func withObj(s *objtest.Server, tweak ...func(*config.TierConfig)) func(*config.Config) {
+	return func(c *config.Config) {
+		tc := config.TierConfig{Kind: "obj", Endpoint: s.Endpoint, Bucket: objBucket, Prefix: "node/",
 			AccessKey: objtest.AccessKey, SecretKey: objtest.SecretKey}
 		for _, f := range tweak {
 			f(&tc)
@@ -111,7 +112,7 @@ func TestObjServerKilledAndRestarted(t *testing.T) {
 // and becomes a MISS: no livelock.
 func TestObjCorruptObjectIsDeletedNotServed(t *testing.T) {
 	s := objtest.Start(t, objBucket)
-	h := open(t, 4, withObj(s, func(tc *TierConfig) { tc.Workers = 1 }))
+	h := open(t, 4, withObj(s, func(tc *config.TierConfig) { tc.Workers = 1 }))
 	h.store(&messages.ReqContext{RequestID: "w"}, 7)
 	h.idle()
 	h.evictAll(4)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -25,10 +26,10 @@ func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
 	pool := filepath.Join(dir, "pool")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	node, err := Open(ctx, Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock, PoolPath: pool,
+	node, err := Open(ctx, config.Config{PoolBytes: 8 * testBlock, BlockBytes: testBlock, PoolPath: pool,
 		EngineListen:   "ipc://" + filepath.Join(dir, "engine.sock"),
-		Events:         EventsConfig{Endpoint: "tcp://127.0.0.1:0"},
-		SecondaryTiers: []TierConfig{{Kind: "fs", Root: notADir}}})
+		Events:         config.EventsConfig{Endpoint: "tcp://127.0.0.1:0"},
+		SecondaryTiers: []config.TierConfig{{Kind: "fs", Root: notADir}}})
 	require.Error(t, err)
 	require.Nil(t, node)
 	_, statErr := os.Stat(pool)
@@ -40,9 +41,9 @@ func TestOpenFailingLateClosesWhatItOpened(t *testing.T) {
 // is refused with the list.
 func TestPolicyNames(t *testing.T) {
 	for _, p := range []string{"lru", "arc", "prefix"} {
-		require.NoError(t, Config{Policy: p}.WithDefaults().Validate(), p)
+		require.NoError(t, config.Config{Policy: p}.WithDefaults().Validate(), p)
 	}
-	err := Config{Policy: "fifo"}.WithDefaults().Validate()
+	err := config.Config{Policy: "fifo"}.WithDefaults().Validate()
 	require.ErrorIs(t, err, messages.ErrBadConfig)
 	require.ErrorContains(t, err, "prefix")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 )
@@ -154,7 +155,7 @@ func requireRefused(t *testing.T, f wire.Frame, reason string) {
 }
 
 func TestPeersRefuseBadHandshakes(t *testing.T) {
-	prod, cons := openPair(t, 32, func(c *Config) {
+	prod, cons := openPair(t, 32, func(c *config.Config) {
 		c.Peers.Allow = []string{"cons", "mallory", "old", "ns", "cons-spoof", "tenant-b"}
 		c.Peers.Namespaces = []string{string(testNS)}
 	})
@@ -378,7 +379,7 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 		hung.Close()
 		<-done
 	})
-	cons := open(t, 16, withPeers("cons", PeerAddr{NodeID: "hung", Addr: "tcp://" + hung.Addr().String()}))
+	cons := open(t, 16, withPeers("cons", config.PeerAddr{NodeID: "hung", Addr: "tcp://" + hung.Addr().String()}))
 	require.NoError(t, cons.node.WaitPeers(cons.ctx, "hung"))
 	first := <-hellos
 

@@ -10,19 +10,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/p2p"
 )
 
 // withEvents turns on a node's KV events on loopback, with a replay socket.
-func withEvents(c *Config) {
-	c.Events = EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
+func withEvents(c *config.Config) {
+	c.Events = config.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0"}
 }
 
 // peerOf is h as a static peer, its event addresses included.
-func peerOf(id string, h *harness) PeerAddr {
-	return PeerAddr{NodeID: id, Addr: h.node.PeerAddr(), Events: h.node.EventsEndpoint(), EventsReplay: h.node.EventsReplayEndpoint()}
+func peerOf(id string, h *harness) config.PeerAddr {
+	return config.PeerAddr{NodeID: id, Addr: h.node.PeerAddr(), Events: h.node.EventsEndpoint(), EventsReplay: h.node.EventsReplayEndpoint()}
 }
 
 // p2pStats is h's P2P tier's figures.
@@ -56,7 +57,7 @@ func TestDirectoryAsksOnlyThePeerThatHoldsTheKeys(t *testing.T) {
 	b := open(t, 64, withPeers("b"), withEvents)
 	a.storeReady(ids(0, 8)...)
 	b.storeReady(ids(100, 8)...)
-	c := open(t, 64, withPeers("c", peerOf("a", a), peerOf("b", b)), func(cfg *Config) { cfg.Peers.Directory = true })
+	c := open(t, 64, withPeers("c", peerOf("a", a), peerOf("b", b)), func(cfg *config.Config) { cfg.Peers.Directory = true })
 	require.NoError(t, c.node.WaitPeers(c.ctx, "a", "b"))
 	awaitTrue(t, "the consumer's directory has read both streams", func() bool { return c.p2pStats().DirectoryKeys == 16 })
 
@@ -89,8 +90,8 @@ func TestDirectoryAsksAPeerWhoseEventsItCannotReadWhenNobodyIsNamed(t *testing.T
 	b := open(t, 64, withPeers("b")) // no events: the directory cannot vouch for it
 	a.storeReady(ids(0, 4)...)
 	b.storeReady(ids(100, 4)...)
-	c := open(t, 64, withPeers("c", peerOf("a", a), PeerAddr{NodeID: "b", Addr: b.node.PeerAddr()}),
-		func(cfg *Config) { cfg.Peers.Directory = true })
+	c := open(t, 64, withPeers("c", peerOf("a", a), config.PeerAddr{NodeID: "b", Addr: b.node.PeerAddr()}),
+		func(cfg *config.Config) { cfg.Peers.Directory = true })
 	require.NoError(t, c.node.WaitPeers(c.ctx, "a", "b"))
 	awaitTrue(t, "a's stream is read", func() bool { return c.p2pStats().DirectoryKeys == 4 })
 
@@ -106,7 +107,7 @@ func TestDirectoryAsksAPeerWhoseEventsItCannotReadWhenNobodyIsNamed(t *testing.T
 // events: the directory needs no static event addresses.
 func TestDirectoryFollowsTheEventsOfDiscoveredMembers(t *testing.T) {
 	s := testetcd.Start(t)
-	directory := func(pc *PeersConfig) { pc.Directory = true }
+	directory := func(pc *config.PeersConfig) { pc.Directory = true }
 	a := open(t, 64, withDiscovery("a", s), withEvents)
 	b := open(t, 64, withDiscovery("b", s), withEvents)
 	c := open(t, 64, withDiscovery("c", s, directory), withEvents)

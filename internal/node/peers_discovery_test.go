@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/messages"
@@ -21,10 +22,10 @@ import (
 const discoveryTTL = 2 * time.Second
 
 // withDiscovery makes a node whose peers come only from etcd.
-func withDiscovery(node string, s *testetcd.Server, tweak ...func(*PeersConfig)) func(*Config) {
-	return func(c *Config) {
-		c.Peers = PeersConfig{NodeID: node, Listen: "tcp://127.0.0.1:0", Secret: testSecret,
-			Discovery: DiscoveryConfig{Kind: "etcd", Endpoints: []string{s.Endpoint()}, TTL: discoveryTTL}}
+func withDiscovery(node string, s *testetcd.Server, tweak ...func(*config.PeersConfig)) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Peers = config.PeersConfig{NodeID: node, Listen: "tcp://127.0.0.1:0", Secret: testSecret,
+			Discovery: config.DiscoveryConfig{Kind: "etcd", Endpoints: []string{s.Endpoint()}, TTL: discoveryTTL}}
 		for _, f := range tweak {
 			f(&c.Peers)
 		}
@@ -77,9 +78,9 @@ func TestDiscoveryNodesFindEachOtherFetchAndLeave(t *testing.T) {
 // says where a node is, the handshake says who it is.
 func TestDiscoveredPeersStillPassTheHandshake(t *testing.T) {
 	s := testetcd.Start(t)
-	a := open(t, 64, withDiscovery("a", s, func(p *PeersConfig) { p.Allow = []string{"b", "c"} }))
+	a := open(t, 64, withDiscovery("a", s, func(p *config.PeersConfig) { p.Allow = []string{"b", "c"} }))
 	b := open(t, 64, withDiscovery("b", s))
-	open(t, 64, withDiscovery("c", s, func(p *PeersConfig) { p.Secret = "another-secret-0123456789" }))
+	open(t, 64, withDiscovery("c", s, func(p *config.PeersConfig) { p.Secret = "another-secret-0123456789" }))
 	open(t, 64, withDiscovery("d", s))
 	require.NoError(t, a.node.WaitPeers(a.ctx, "b"))
 	awaitTrue(t, "c refused (wrong secret), d refused (not allowed)", func() bool {
@@ -96,7 +97,7 @@ func TestDiscoveredPeersStillPassTheHandshake(t *testing.T) {
 func TestDiscoveryDuplicateNodeIDFailsOpen(t *testing.T) {
 	s := testetcd.Start(t)
 	open(t, 16, withDiscovery("a", s))
-	cfg := Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock}
+	cfg := config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock}
 	withDiscovery("a", s)(&cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
@@ -111,8 +112,8 @@ func TestDiscoveryDuplicateNodeIDFailsOpen(t *testing.T) {
 func TestDiscoveryEtcdDownAtOpen(t *testing.T) {
 	s := testetcd.New(t) // not started
 	static := open(t, 16, withPeers("static"))
-	a := open(t, 16, withDiscovery("a", s, func(p *PeersConfig) {
-		p.Static = []PeerAddr{{NodeID: "static", Addr: static.node.PeerAddr()}}
+	a := open(t, 16, withDiscovery("a", s, func(p *config.PeersConfig) {
+		p.Static = []config.PeerAddr{{NodeID: "static", Addr: static.node.PeerAddr()}}
 	}))
 	require.NoError(t, a.node.WaitPeers(a.ctx, "static"), "static peers work without etcd")
 	require.False(t, a.discoveryUp())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/rdma/faulty"
 	"github.com/kvtier/kvtier/rdma/tcp"
@@ -18,17 +19,17 @@ import (
 
 const testSecret = "0123456789abcdef-test-secret"
 
-func withPeers(node string, static ...PeerAddr) func(*Config) {
-	return func(c *Config) {
-		c.Peers = PeersConfig{NodeID: node, Listen: "tcp://127.0.0.1:0", Secret: testSecret, Static: static}
+func withPeers(node string, static ...config.PeerAddr) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Peers = config.PeersConfig{NodeID: node, Listen: "tcp://127.0.0.1:0", Secret: testSecret, Static: static}
 	}
 }
 
 // openPair opens a producer and a consumer that dials it.
-func openPair(t *testing.T, slots int, tweak ...func(*Config)) (prod, cons *harness) {
+func openPair(t *testing.T, slots int, tweak ...func(*config.Config)) (prod, cons *harness) {
 	t.Helper()
-	prod = open(t, slots, append([]func(*Config){withPeers("prod")}, tweak...)...)
-	cons = open(t, slots, append([]func(*Config){withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()})}, tweak...)...)
+	prod = open(t, slots, append([]func(*config.Config){withPeers("prod")}, tweak...)...)
+	cons = open(t, slots, append([]func(*config.Config){withPeers("cons", config.PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()})}, tweak...)...)
 	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
 	return prod, cons
 }
@@ -173,8 +174,8 @@ func TestPeersBitFlipOnTheDataPlaneIsNeverCommitted(t *testing.T) {
 		}
 		return faulty.None
 	})
-	cons := open(t, 32, withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}),
-		func(c *Config) { c.Peers.TransportImpl = flip })
+	cons := open(t, 32, withPeers("cons", config.PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}),
+		func(c *config.Config) { c.Peers.TransportImpl = flip })
 	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
 
 	prod.storeReady(ids(0, 8)...)

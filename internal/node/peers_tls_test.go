@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/internal/testutil/testcerts"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -15,12 +16,12 @@ import (
 // and verify; a half-given tls section is a config error.
 func TestPeersFetchOverTLS(t *testing.T) {
 	ca, dir := testcerts.NewCA(t), t.TempDir()
-	withTLS := func(node string) func(*Config) {
+	withTLS := func(node string) func(*config.Config) {
 		cert, key, caFile := ca.WriteFiles(t, dir, node)
-		return func(c *Config) { c.Peers.TLS = PeersTLSConfig{Cert: cert, Key: key, CA: caFile} }
+		return func(c *config.Config) { c.Peers.TLS = config.PeersTLSConfig{Cert: cert, Key: key, CA: caFile} }
 	}
 	prod := open(t, 64, withPeers("prod"), withTLS("prod"))
-	cons := open(t, 64, withPeers("cons", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}), withTLS("cons"))
+	cons := open(t, 64, withPeers("cons", config.PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}), withTLS("cons"))
 	require.NoError(t, cons.node.WaitPeers(cons.ctx, "prod"))
 	prod.storeReady(ids(0, 16)...)
 
@@ -36,8 +37,8 @@ func TestPeersFetchOverTLS(t *testing.T) {
 	// (it has the secret) but cannot write or be written to: nothing crosses.
 	other, otherDir := testcerts.NewCA(t), t.TempDir()
 	cert, key, caFile := other.WriteFiles(t, otherDir, "stranger")
-	stranger := open(t, 64, withPeers("stranger", PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}),
-		func(c *Config) { c.Peers.TLS = PeersTLSConfig{Cert: cert, Key: key, CA: caFile} })
+	stranger := open(t, 64, withPeers("stranger", config.PeerAddr{NodeID: "prod", Addr: prod.node.PeerAddr()}),
+		func(c *config.Config) { c.Peers.TLS = config.PeersTLSConfig{Cert: cert, Key: key, CA: caFile} })
 	require.NoError(t, stranger.node.WaitPeers(stranger.ctx, "prod"))
 	sreq := &messages.ReqContext{RequestID: "s"}
 	require.Equal(t, messages.Retry, stranger.lookup(sreq, ks, true)[0])
@@ -46,7 +47,7 @@ func TestPeersFetchOverTLS(t *testing.T) {
 	stranger.quiet()
 	prod.quiet()
 
-	_, err := Open(context.Background(), Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
-		Peers: PeersConfig{NodeID: "x", Listen: "tcp://127.0.0.1:0", Secret: testSecret, TLS: PeersTLSConfig{Cert: "a.crt"}}})
+	_, err := Open(context.Background(), config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
+		Peers: config.PeersConfig{NodeID: "x", Listen: "tcp://127.0.0.1:0", Secret: testSecret, TLS: config.PeersTLSConfig{Cert: "a.crt"}}})
 	require.True(t, errors.Is(err, messages.ErrBadConfig), "%v", err)
 }

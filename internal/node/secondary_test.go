@@ -19,13 +19,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/fs"
 )
 
-func withFS(root string, tweak ...func(*TierConfig)) func(*Config) {
-	return func(c *Config) {
-		tc := TierConfig{Kind: "fs", Root: root}
+func withFS(root string, tweak ...func(*config.TierConfig)) func(*config.Config) {
+	return func(c *config.Config) {
+		tc := config.TierConfig{Kind: "fs", Root: root}
 		for _, f := range tweak {
 			f(&tc)
 		}
@@ -113,14 +114,14 @@ func (h *harness) cascadeThenPromote(kind, promotedMsg string) ([]messages.Looku
 
 // fsLayouts runs a test against each fs tier layout (secondary_tiers'
 // layout:), through a whole node.
-func fsLayouts(t *testing.T, test func(t *testing.T, layout func(*TierConfig))) {
+func fsLayouts(t *testing.T, test func(t *testing.T, layout func(*config.TierConfig))) {
 	for _, name := range []string{"files", "segments"} {
-		t.Run(name, func(t *testing.T) { test(t, func(tc *TierConfig) { tc.Layout = name }) })
+		t.Run(name, func(t *testing.T) { test(t, func(tc *config.TierConfig) { tc.Layout = name }) })
 	}
 }
 
 func TestSecondaryCascadeThenPromotion(t *testing.T) {
-	fsLayouts(t, func(t *testing.T, layout func(*TierConfig)) {
+	fsLayouts(t, func(t *testing.T, layout func(*config.TierConfig)) {
 		h := open(t, 8, withFS(t.TempDir(), layout))
 		first, ts := h.cascadeThenPromote("fs", "promoted: the next lookup hits the whole prefix")
 		require.Equal(t, statuses(7, messages.Miss), first[1:], "prefix: the scan stops at the RETRY")
@@ -146,7 +147,7 @@ func TestSecondaryNonPrefixLookupAndAbsentKeys(t *testing.T) {
 // The node restarts on the same root: the blocks it cascaded before are
 // found, promoted and every byte verified.
 func TestSecondaryRestartPersistence(t *testing.T) {
-	fsLayouts(t, func(t *testing.T, layout func(*TierConfig)) {
+	fsLayouts(t, func(t *testing.T, layout func(*config.TierConfig)) {
 		root := t.TempDir()
 		all := ids(0, 24)
 		func() {
@@ -180,7 +181,7 @@ func TestSecondaryCorruptCopyIsDeletedNotServed(t *testing.T) {
 
 func testSecondaryCorruptCopy(t *testing.T, layout string) {
 	root := t.TempDir()
-	h := open(t, 4, withFS(root, func(tc *TierConfig) { tc.Layout = layout }))
+	h := open(t, 4, withFS(root, func(tc *config.TierConfig) { tc.Layout = layout }))
 	h.store(&messages.ReqContext{RequestID: "w"}, 7)
 	h.idle()
 	h.evictAll(4)
@@ -227,7 +228,7 @@ func testSecondaryCorruptCopy(t *testing.T, layout string) {
 // file kept (it may be fine; the negative entry expires).
 func TestSecondaryReadErrorIsAMiss(t *testing.T) {
 	faulty := fs.NewFaulty(fs.OS{})
-	h := open(t, 4, withFS(t.TempDir(), func(tc *TierConfig) { tc.FS = faulty }))
+	h := open(t, 4, withFS(t.TempDir(), func(tc *config.TierConfig) { tc.FS = faulty }))
 	h.store(&messages.ReqContext{RequestID: "w"}, 5)
 	h.idle()
 	h.evictAll(4)
@@ -265,7 +266,7 @@ func TestSecondaryTierFilter(t *testing.T) {
 func TestSecondaryCascadeShedsPastItsQueue(t *testing.T) {
 	faulty := fs.NewFaulty(fs.OS{})
 	gate := make(chan struct{})
-	h := open(t, 16, withFS(t.TempDir(), func(tc *TierConfig) { tc.FS = faulty }), func(c *Config) { c.CascadeQueue = 2 })
+	h := open(t, 16, withFS(t.TempDir(), func(tc *config.TierConfig) { tc.FS = faulty }), func(c *config.Config) { c.CascadeQueue = 2 })
 	remove := faulty.Inject(func(op fs.Op, _ string) error {
 		if op == fs.OpCreate {
 			<-gate // a stalled device
@@ -289,7 +290,7 @@ func TestSecondaryCascadeShedsPastItsQueue(t *testing.T) {
 func TestSecondaryDiskFullInjected(t *testing.T) {
 	faulty := fs.NewFaulty(fs.OS{})
 	root := t.TempDir()
-	h := open(t, 8, withFS(root, func(tc *TierConfig) { tc.FS = faulty }))
+	h := open(t, 8, withFS(root, func(tc *config.TierConfig) { tc.FS = faulty }))
 	h.store(&messages.ReqContext{RequestID: "before"}, ids(0, 4)...)
 	h.idle()
 	remove := faulty.Inject(func(op fs.Op, _ string) error {

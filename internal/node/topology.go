@@ -54,32 +54,32 @@ type component struct {
 	role     string
 	sends    []string // tierPattern stands for every secondary tier; absent targets are left out
 	notifies []string
-	enabled  func(Config) bool
+	enabled  func(config.Config) bool
 	build    func(n *Node, w wiring) *actor.Props
 }
 
 // table is the node's topology. Its order breaks ties in spawn order.
 var table = []component{
 	{name: "events", role: "KV-event hub: batches the tiers' events, publishes and replays them",
-		enabled: func(c Config) bool { return c.Events.Enabled() }, build: (*Node).hubProps},
+		enabled: func(c config.Config) bool { return c.Events.Enabled() }, build: (*Node).hubProps},
 	{name: "cpu", role: "CPU tier: slots, leases, pins, eviction",
 		sends: []string{"events"}, build: (*Node).cpuProps},
 	{name: tierPattern, role: "secondary tier (%s): its blocks and I/O workers",
-		sends: []string{"events"}, enabled: func(c Config) bool { return len(c.SecondaryTiers) > 0 }, build: (*Node).tierProps},
+		sends: []string{"events"}, enabled: func(c config.Config) bool { return len(c.SecondaryTiers) > 0 }, build: (*Node).tierProps},
 	{name: "p2p", role: "P2P tier: the peers' blocks as one secondary tier, asked through the sessions that register with it",
-		notifies: []string{"tiering"}, enabled: func(c Config) bool { return c.Peers.Enabled() }, build: (*Node).p2pProps},
+		notifies: []string{"tiering"}, enabled: func(c config.Config) bool { return c.Peers.Enabled() }, build: (*Node).p2pProps},
 	{name: "tiering", role: "secondary lookups, promotions into the CPU tier, cascades out of it",
 		sends: []string{"cpu", tierPattern, "p2p"}, enabled: hasSecondary, build: (*Node).tieringProps},
 	{name: "bridge", role: "manager API: request state, leases, transfer jobs",
 		sends: []string{"cpu", "tiering"}, build: (*Node).bridgeProps},
 	{name: "endpoint", role: "engine endpoint: out-of-process engines' calls",
-		sends: []string{"bridge"}, enabled: func(c Config) bool { return c.EngineListen != "" }, build: (*Node).endpointProps},
+		sends: []string{"bridge"}, enabled: func(c config.Config) bool { return c.EngineListen != "" }, build: (*Node).endpointProps},
 	{name: "peers", role: "peer control plane; one session actor per peer, its children",
-		sends: []string{"cpu", "p2p"}, enabled: func(c Config) bool { return c.Peers.Enabled() }, build: (*Node).peersProps},
+		sends: []string{"cpu", "p2p"}, enabled: func(c config.Config) bool { return c.Peers.Enabled() }, build: (*Node).peersProps},
 }
 
 // hasSecondary: the tiering actor runs when there is a tier to look in.
-func hasSecondary(c Config) bool { return len(c.SecondaryTiers) > 0 || c.Peers.Enabled() }
+func hasSecondary(c config.Config) bool { return len(c.SecondaryTiers) > 0 || c.Peers.Enabled() }
 
 // planned is a Component with its builder.
 type planned struct {
@@ -90,7 +90,7 @@ type planned struct {
 
 // PlanTopology is the actors a node opened with cfg runs, in spawn order.
 // It does no I/O; cfg is taken as Open takes it (defaults applied).
-func PlanTopology(cfg Config) (Topology, error) {
+func PlanTopology(cfg config.Config) (Topology, error) {
 	p, err := plan(cfg.WithDefaults(), table)
 	if err != nil {
 		return nil, err
@@ -103,7 +103,7 @@ func PlanTopology(cfg Config) (Topology, error) {
 }
 
 // plan expands and orders the table for cfg.
-func plan(cfg Config, rows []component) ([]planned, error) {
+func plan(cfg config.Config, rows []component) ([]planned, error) {
 	tierNames := config.TierNames(cfg.SecondaryTiers)
 	var out []planned
 	present := map[string]bool{}

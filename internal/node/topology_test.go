@@ -13,24 +13,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/config"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite testdata/topology/*.golden")
 
 // topologyConfigs are the shapes a node takes, by the parts it turns on.
-func topologyConfig(events, fsTier, objTier, peers, endpoint bool) Config {
-	var c Config
+func topologyConfig(events, fsTier, objTier, peers, endpoint bool) config.Config {
+	var c config.Config
 	if events {
-		c.Events = EventsConfig{Endpoint: "tcp://127.0.0.1:5558", Replay: "tcp://127.0.0.1:5559"}
+		c.Events = config.EventsConfig{Endpoint: "tcp://127.0.0.1:5558", Replay: "tcp://127.0.0.1:5559"}
 	}
 	if fsTier {
-		c.SecondaryTiers = append(c.SecondaryTiers, TierConfig{Kind: "fs", Root: "/var/lib/kvtier"})
+		c.SecondaryTiers = append(c.SecondaryTiers, config.TierConfig{Kind: "fs", Root: "/var/lib/kvtier"})
 	}
 	if objTier {
-		c.SecondaryTiers = append(c.SecondaryTiers, TierConfig{Kind: "obj", Name: "s3"})
+		c.SecondaryTiers = append(c.SecondaryTiers, config.TierConfig{Kind: "obj", Name: "s3"})
 	}
 	if peers {
-		c.Peers = PeersConfig{NodeID: "a", Listen: "tcp://127.0.0.1:7600"}
+		c.Peers = config.PeersConfig{NodeID: "a", Listen: "tcp://127.0.0.1:7600"}
 	}
 	if endpoint {
 		c.EngineListen = "unix:///run/kvtier/engine.sock"
@@ -42,7 +43,7 @@ func topologyConfig(events, fsTier, objTier, peers, endpoint bool) Config {
 // embedded node and for a node with every part on (kvtierd
 // --print-topology prints the same table).
 func TestTopologyGolden(t *testing.T) {
-	for name, cfg := range map[string]Config{
+	for name, cfg := range map[string]config.Config{
 		"embedded": topologyConfig(false, false, false, false, false),
 		"full":     topologyConfig(true, true, true, true, true),
 	} {
@@ -173,7 +174,7 @@ func TestTopologyWiringRefusesUndeclaredTargets(t *testing.T) {
 // stops them in the reverse of their spawn order.
 func TestTopologyOfARunningNode(t *testing.T) {
 	dir := t.TempDir()
-	withEndpoint := func(c *Config) {
+	withEndpoint := func(c *config.Config) {
 		c.PoolPath, c.EngineListen = filepath.Join(dir, "pool"), "unix://"+filepath.Join(dir, "engine.sock")
 	}
 	h := open(t, 16, withEvents, withFS(filepath.Join(dir, "fs")), withPeers("a"), withEndpoint)

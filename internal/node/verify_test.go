@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu"
 )
@@ -42,7 +43,7 @@ func TestOpenRejectsAPoolLargerThanShm(t *testing.T) {
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
 	path := fmt.Sprintf("/dev/shm/kvtier-test-%d.pool", os.Getpid())
-	_, err := Open(context.Background(), Config{PoolPath: path, PoolBytes: free + 1<<30, BlockBytes: 1 << 20})
+	_, err := Open(context.Background(), config.Config{PoolPath: path, PoolBytes: free + 1<<30, BlockBytes: 1 << 20})
 	require.ErrorIs(t, err, cpu.ErrPoolTooLarge)
 	_, statErr := os.Stat(path)
 	require.True(t, os.IsNotExist(statErr), "a failed Open leaves no pool file")
