@@ -5,9 +5,11 @@
 package proc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -49,4 +51,25 @@ func AwaitReady(ctx context.Context, what string, timeout time.Duration, exited 
 		}
 		wait = min(2*wait, 100*time.Millisecond)
 	}
+}
+
+// Output is a child process's stdout and stderr in one buffer, written by
+// exec's copying goroutine and read meanwhile: set it as both cmd.Stdout
+// and cmd.Stderr (one writer, so exec copies both on one goroutine).
+type Output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+// String is what the process printed so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
 }

@@ -160,7 +160,7 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	out  *lockedBuffer
+	out  *proc.Output
 }
 
 // Endpoint is the client URL, http://127.0.0.1:port.
@@ -178,7 +178,7 @@ func (s *Server) Start(ctx context.Context) error {
 		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
 		"--initial-cluster", "test="+s.peerURL, "--initial-cluster-state", "new",
 		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn")
-	out := &lockedBuffer{}
+	out := &proc.Output{}
 	cmd.Stdout, cmd.Stderr = out, out
 	proc.DieWithParent(cmd) // a test binary that dies leaves no etcd behind
 	cmd.SysProcAttr.Setpgid = true
@@ -268,25 +268,6 @@ func (s *Server) Output() string {
 		return ""
 	}
 	return out.String()
-}
-
-// lockedBuffer is the process's output, written by exec's copying
-// goroutine and read by the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // Client is a plain client of the server, closed when the test ends: to

@@ -12,7 +12,6 @@
 package objtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -73,7 +72,7 @@ type Server struct {
 	mu    sync.Mutex
 	cmd   *exec.Cmd
 	done  chan struct{}
-	out   *lockedBuffer
+	out   *proc.Output
 }
 
 // Launch starts versitygw over dir behind a front on a free loopback port
@@ -122,7 +121,7 @@ func (s *Server) startOnFreePort(ctx context.Context) error {
 func (s *Server) start(ctx context.Context, addr string) error {
 	cmd := exec.Command(s.bin, "--port", addr, "--access", AccessKey, "--secret", SecretKey,
 		"--quiet", "posix", s.Dir)
-	out := &lockedBuffer{}
+	out := &proc.Output{}
 	cmd.Stdout, cmd.Stderr = out, out // NB: one writer: exec copies both streams on one goroutine
 	proc.DieWithParent(cmd)           // a harness that dies leaves no S3 server behind
 	if err := cmd.Start(); err != nil {
@@ -231,23 +230,4 @@ func (s *Server) Output() string {
 		return ""
 	}
 	return out.String()
-}
-
-// lockedBuffer is the server's output, written by exec's copying goroutine
-// and read by Output.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
