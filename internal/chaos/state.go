@@ -21,7 +21,7 @@ const (
 	invDeadline    = "calls-answered"       // every call answered within its deadline (bar those whose message a fault dropped)
 	invEvents      = "events-consistent"    // what TakeEvents returned replays to the CPU tier's final residency
 	invPublished   = "published-events"     // what the node published replays to it too, no batch lost
-	invGoroutines  = "goroutines-baseline"  // the goroutine count comes back to its baseline after close
+	invGoroutines  = "goroutines-baseline"  // no goroutine started during the run outlives its close
 	invMemory      = "memory-bound"         // the heap comes back within MemBound of its baseline
 	invAnswers     = "well-formed-answers"  // answers have the shape the API promises
 	invClose       = "clean-close"          // the node closes without error

@@ -72,7 +72,7 @@ type Server struct {
 	mu    sync.Mutex
 	cmd   *exec.Cmd
 	done  chan struct{}
-	out   *proc.Output
+	log   *os.File // what the server printed, every run (a file: exec then starts no copying goroutine)
 }
 
 // Launch starts versitygw over dir behind a front on a free loopback port
@@ -121,16 +121,22 @@ func (s *Server) startOnFreePort(ctx context.Context) error {
 func (s *Server) start(ctx context.Context, addr string) error {
 	cmd := exec.Command(s.bin, "--port", addr, "--access", AccessKey, "--secret", SecretKey,
 		"--quiet", "posix", s.Dir)
-	out := &proc.Output{}
-	cmd.Stdout, cmd.Stderr = out, out // NB: one writer: exec copies both streams on one goroutine
-	proc.DieWithParent(cmd)           // a harness that dies leaves no S3 server behind
+	if s.log == nil {
+		f, err := os.CreateTemp("", "kvtier-versitygw-*.log")
+		if err != nil {
+			return fmt.Errorf("objtest: server log: %w", err)
+		}
+		s.log = f
+	}
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	proc.DieWithParent(cmd) // a harness that dies leaves no S3 server behind
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("objtest: start %s: %w", s.bin, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	s.mu.Lock()
-	s.cmd, s.done, s.out = cmd, done, out
+	s.cmd, s.done = cmd, done
 	if s.front == nil {
 		s.Endpoint = addr
 	}
@@ -143,7 +149,7 @@ func (s *Server) start(ctx context.Context, addr string) error {
 	}
 	if err := s.waitReady(ctx, done); err != nil {
 		s.Kill()
-		return fmt.Errorf("%w; server output: %s", err, out.String())
+		return fmt.Errorf("%w; server output: %s", err, s.Output())
 	}
 	return nil
 }
@@ -219,15 +225,17 @@ func (s *Server) Stop() {
 	if s.front != nil {
 		s.front.close()
 	}
+	if s.log != nil {
+		_ = s.log.Close()
+		_ = os.Remove(s.log.Name())
+	}
 }
 
-// Output is what the server printed (its current run).
+// Output is what the server printed, every run.
 func (s *Server) Output() string {
-	s.mu.Lock()
-	out := s.out
-	s.mu.Unlock()
-	if out == nil {
+	if s.log == nil {
 		return ""
 	}
-	return out.String()
+	b, _ := os.ReadFile(s.log.Name())
+	return string(b)
 }
