@@ -8,7 +8,6 @@ import (
 
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/defaults"
-	"github.com/kvtier/kvtier/messages"
 )
 
 // EventsConfig turns on KV events in vLLM's wire format (docs/PROTOCOL.md,
@@ -92,9 +91,7 @@ func (c EventsConfig) withDefaults() EventsConfig {
 }
 
 func (c EventsConfig) validate() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: events: "+format, append([]any{messages.ErrBadConfig}, a...)...)
-	}
+	bad := func(format string, a ...any) error { return badConfig("events: "+format, a...) }
 	switch {
 	case c.Replay != "" && c.Endpoint == "":
 		return bad("replay %q needs an endpoint", c.Replay)

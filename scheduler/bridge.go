@@ -645,7 +645,6 @@ func (b *Bridge) prepareLoad(fx Effects, m *messages.PrepareLoad) {
 		m.Reply.Answer(messages.LoadJob{}, err)
 		return
 	}
-	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
 	// NB: the job is registered before the CPU tier answers: an engine that
 	// does not wait for this answer sends its complete_load right behind,
 	// and it must find the job (its unpin reaches the CPU tier after the
@@ -653,7 +652,7 @@ func (b *Bridge) prepareLoad(fx Effects, m *messages.PrepareLoad) {
 	j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, make([]int, len(m.Keys)))
 	b.arm(fx, j)
 	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitPin, load: m, job: j}, func(corr uint64) any {
-		return &cpumsg.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: ref, Keys: m.Keys, KeepRank: true}
+		return &cpumsg.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: j.ref(), Keys: m.Keys, KeepRank: true}
 	})
 }
 
@@ -702,16 +701,29 @@ func (b *Bridge) completeLoad(fx Effects, m *messages.CompleteLoad) {
 }
 
 func (b *Bridge) prepareStore(fx Effects, m *messages.PrepareStore) {
-	id, err := b.admit(m.Keys)
+	err := b.askStoreSlots(fx, m.Keys, pendingCall{kind: waitReserve, store: m}, func(corr uint64, job messages.JobRef) any {
+		return &cpumsg.ReserveSlots{Corr: corr, Job: job, Keys: m.Keys}
+	})
 	if err != nil {
 		m.Reply.Answer(messages.StorePlan{}, err)
-		return
 	}
-	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
+}
+
+// askStoreSlots admits a store job over keys and asks the CPU tier for its
+// slots (build makes the request, for the job's ref); the job is opening
+// until the answer, which p (given the job's id) carries on. An error is
+// the admission's: nothing was asked.
+func (b *Bridge) askStoreSlots(fx Effects, keys []messages.Key, p pendingCall, build func(corr uint64, job messages.JobRef) any) error {
+	id, err := b.admit(keys)
+	if err != nil {
+		return err
+	}
 	b.opening[id] = struct{}{}
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitReserve, store: m, id: id}, func(corr uint64) any {
-		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: m.Keys}
+	p.id = id
+	b.ask(fx, b.cfg.CPU, p, func(corr uint64) any {
+		return build(corr, messages.JobRef{Origin: messages.OriginEngine, ID: id})
 	})
+	return nil
 }
 
 func (b *Bridge) onReserve(fx Effects, p pendingCall, res *cpumsg.ReserveResult) {

@@ -28,16 +28,12 @@ func (b *Bridge) grant(fx Effects, m *messages.Grant) {
 // yet and opens one store job for those; its completion is the usual
 // CompleteStore (or JobDone).
 func (b *Bridge) storeCredited(fx Effects, m *messages.StoreCredited) {
-	id, err := b.admit(m.Keys)
+	err := b.askStoreSlots(fx, m.Keys, pendingCall{kind: waitBind, bind: m}, func(corr uint64, job messages.JobRef) any {
+		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: job, Keys: m.Keys, Slots: m.Slots}
+	})
 	if err != nil {
 		m.Reply.Answer(messages.StoreBound{}, err)
-		return
 	}
-	ref := messages.JobRef{Origin: messages.OriginEngine, ID: id}
-	b.opening[id] = struct{}{}
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitBind, bind: m, id: id}, func(corr uint64) any {
-		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: ref, Keys: m.Keys, Slots: m.Slots}
-	})
 }
 
 func (b *Bridge) onBound(fx Effects, p pendingCall, r *cpumsg.CreditBound) {

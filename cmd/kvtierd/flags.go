@@ -115,36 +115,15 @@ func buildConfig(o options) (kvtier.Config, error) {
 		}
 		cfg.BlockBytes = int(o.blockBytes)
 	}
-	if o.set["policy"] {
-		cfg.Policy = o.policy
+	overlay(o.set, "policy", &cfg.Policy, o.policy)
+	overlay(o.set, "engine-listen", &cfg.EngineListen, o.engineListen)
+	if o.set["engine-grace"] && o.engineGrace <= 0 {
+		return cfg, fmt.Errorf("%w: engine_grace (--engine-grace) %v must be positive", messages.ErrBadConfig, o.engineGrace)
 	}
-	if o.set["engine-listen"] {
-		cfg.EngineListen = o.engineListen
-	}
-	if o.set["engine-grace"] {
-		if o.engineGrace <= 0 {
-			return cfg, fmt.Errorf("%w: engine_grace (--engine-grace) %v must be positive", messages.ErrBadConfig, o.engineGrace)
-		}
-		cfg.EngineGrace = o.engineGrace
-	}
-	if o.set["engine-poll"] {
-		cfg.EnginePoll = o.enginePoll
-	}
-	if o.set["engine-group"] {
-		cfg.EngineGroup = o.engineGroup
-	}
-	if o.set["events-endpoint"] {
-		cfg.Events.Endpoint = o.eventsEndpoint
-	}
-	if o.set["events-replay"] {
-		cfg.Events.Replay = o.eventsReplay
-	}
-	if o.set["events-topic"] {
-		cfg.Events.Topic = o.eventsTopic
-	}
-	if o.set["events-learn-from"] {
-		cfg.Events.LearnFrom = splitList(o.eventsLearn)
-	}
+	overlay(o.set, "engine-grace", &cfg.EngineGrace, o.engineGrace)
+	overlay(o.set, "engine-poll", &cfg.EnginePoll, o.enginePoll)
+	overlay(o.set, "engine-group", &cfg.EngineGroup, o.engineGroup)
+	overlayEvents(&cfg.Events, o)
 	overlayPeers(&cfg.Peers, o)
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		return cfg, err
@@ -152,23 +131,34 @@ func buildConfig(o options) (kvtier.Config, error) {
 	return cfg, nil
 }
 
+// overlay sets *field to v when the flag name was given: a flag left out
+// keeps the file's value (or the default).
+func overlay[T any](given map[string]bool, name string, field *T, v T) {
+	if given[name] {
+		*field = v
+	}
+}
+
+// overlayEvents applies the KV events flags given.
+func overlayEvents(e *kvtier.EventsConfig, o options) {
+	overlay(o.set, "events-endpoint", &e.Endpoint, o.eventsEndpoint)
+	overlay(o.set, "events-replay", &e.Replay, o.eventsReplay)
+	overlay(o.set, "events-topic", &e.Topic, o.eventsTopic)
+	if o.set["events-learn-from"] {
+		e.LearnFrom = splitList(o.eventsLearn)
+	}
+}
+
 // overlayPeers applies the peer flags given.
 func overlayPeers(p *kvtier.PeersConfig, o options) {
-	if o.set["node-id"] {
-		p.NodeID = o.nodeID
-	}
-	if o.set["peer-listen"] {
-		p.Listen = o.peerListen
-	}
-	if o.set["peer-data-listen"] {
-		p.DataListen = o.peerDataListen
-	}
+	overlay(o.set, "node-id", &p.NodeID, o.nodeID)
+	overlay(o.set, "peer-listen", &p.Listen, o.peerListen)
+	overlay(o.set, "peer-data-listen", &p.DataListen, o.peerDataListen)
 	if o.set["peer-secret-file"] {
+		// The file replaces any secret the config file gave inline.
 		p.SecretFile, p.Secret = o.peerSecretFile, ""
 	}
-	if o.set["peer-transport"] {
-		p.Transport = o.peerTransport
-	}
+	overlay(o.set, "peer-transport", &p.Transport, o.peerTransport)
 	p.Static = append(p.Static, o.peers...)
 }
 

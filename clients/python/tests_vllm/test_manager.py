@@ -26,7 +26,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -62,6 +62,20 @@ def new_request(rid: str, keys, managers):
         m.on_new_request(ctx)
         r.ctx[name] = ctx
     return r
+
+
+def store(rid: str, keys, managers) -> Dict[str, Any]:
+    """A request rid that computed keys stores them in every manager, in
+    vLLM's order: prepare_store, complete_store of the keys it was told to
+    store, then the request's end. Returns each manager's prepare_store
+    output."""
+    r = new_request(rid, keys, managers)
+    outs: Dict[str, Any] = {}
+    for name, m in managers.items():
+        out = outs[name] = m.prepare_store(keys, r.ctx[name])
+        m.complete_store(out.keys_to_store, r.ctx[name])
+        m.on_request_finished(r.ctx[name])
+    return outs
 
 
 def scan(m, r: Req, name: str) -> List[object]:
@@ -216,12 +230,8 @@ def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
     try:
         old = chained_keys([1])  # the least recently used block
         fill = chained_keys(list(range(100, 100 + CAPACITY - 1)))
-        for name, keys in (("w1", old), ("w2", fill)):
-            w = new_request(name, keys, managers)
-            for n, m in managers.items():
-                out = m.prepare_store(keys, w.ctx[n])
-                m.complete_store(out.keys_to_store, w.ctx[n])
-                m.on_request_finished(w.ctx[n])
+        store("w1", old, managers)
+        store("w2", fill, managers)
         kv.settle()  # the stores' commits
         reader = new_request("reader", old, managers)
         assert native.lookup(old[0], reader.ctx["native"]) is LookupResult.HIT
@@ -250,10 +260,7 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
     managers = {"kvtier": kv}
     try:
         keys = chained_keys([7, 8, 9])
-        w = new_request("w", keys, managers)
-        out = kv.prepare_store(keys, w.ctx["kvtier"])
-        kv.complete_store(out.keys_to_store, w.ctx["kvtier"])
-        kv.on_request_finished(w.ctx["kvtier"])
+        store("w", keys, managers)
         kv.settle()  # sent (the engine's next step would send them)
         deadline = time.monotonic() + 30
         while d.metrics().get('kvtier_cascade_written_total{tier="fs"}', 0) < 3:
@@ -261,11 +268,8 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
             time.sleep(0.02)
         # push them out of the CPU tier with other blocks
         other = chained_keys(list(range(500, 500 + CAPACITY)))
-        f = new_request("fill", other, managers)
-        out = kv.prepare_store(other, f.ctx["kvtier"])
+        out = store("fill", other, managers)["kvtier"]
         assert set(keys) <= set(out.evicted_keys)
-        kv.complete_store(out.keys_to_store, f.ctx["kvtier"])
-        kv.on_request_finished(f.ctx["kvtier"])
         kv.settle()
         # NB: a block being cascaded is pinned; a promotion that finds every
         # slot pinned is answered MISS (and remembered as one for a while),
@@ -310,10 +314,7 @@ def test_named_difference_a_held_key_answers_retry_then_hit(small_daemon):
     managers = {"kvtier": kv}
     try:
         keys = chained_keys([1, 2, 3])
-        w = new_request("w", keys, managers)
-        out = kv.prepare_store(keys, w.ctx["kvtier"])
-        kv.complete_store(out.keys_to_store, w.ctx["kvtier"])
-        kv.on_request_finished(w.ctx["kvtier"])
+        store("w", keys, managers)
         kv.settle()
         cold = new_request("cold", chained_keys([9, 8]), managers)
         blocking = kv.blocking_calls
