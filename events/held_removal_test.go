@@ -24,8 +24,9 @@ type wireModel struct {
 	held map[string]map[string]bool // medium → wire hash → held
 }
 
-func newWireModel(t *testing.T) *wireModel {
-	return &wireModel{t: t, held: map[string]map[string]bool{}}
+// newWired is a fresh translator, and the wire model of what it publishes.
+func newWired(t *testing.T) (*Translator, *wireModel) {
+	return NewTranslator(HashBytes), &wireModel{t: t, held: map[string]map[string]bool{}}
 }
 
 func (w *wireModel) apply(out []Event) []Event {
@@ -111,8 +112,7 @@ func removal(med, owner string, keys ...messages.Key) *messages.Event {
 func TestRemovingHeldParentAndHeldChildAnnouncesNeither(t *testing.T) {
 	for _, order := range []string{"y x", "x y"} {
 		t.Run(order, func(t *testing.T) {
-			tr := NewTranslator(HashBytes)
-			w := newWireModel(t)
+			tr, w := newWired(t)
 			z, y, x := heldChain(t, tr, w, "CPU", "")
 			keys := []messages.Key{y, x}
 			if order == "x y" {
@@ -134,8 +134,7 @@ func TestRemovingHeldParentAndHeldChildAnnouncesNeither(t *testing.T) {
 }
 
 func TestRemovingHeldChainThenParentsWriteFails(t *testing.T) {
-	tr := NewTranslator(HashBytes)
-	w := newWireModel(t)
+	tr, w := newWired(t)
 	z, y, x := heldChain(t, tr, w, "CPU", "")
 	assert.Empty(t, w.apply(tr.Apply(removal("CPU", "", y, x))))
 	assert.Empty(t, w.apply(tr.Apply(note(messages.BlockWriteAborted, "CPU", "", z))), "nothing left waiting on z")
@@ -146,8 +145,7 @@ func TestRemovingHeldChainThenParentsWriteFails(t *testing.T) {
 }
 
 func TestRemovingOnlyTheHeldChild(t *testing.T) {
-	tr := NewTranslator(HashBytes)
-	w := newWireModel(t)
+	tr, w := newWired(t)
 	_, _, x := heldChain(t, tr, w, "CPU", "")
 	assert.Empty(t, w.apply(tr.Apply(removal("CPU", "", x))), "x goes silently; y still waits for z")
 	assert.Equal(t, 1, tr.Holding())
@@ -157,8 +155,7 @@ func TestRemovingOnlyTheHeldChild(t *testing.T) {
 }
 
 func TestRemovingOnlyTheHeldParent(t *testing.T) {
-	tr := NewTranslator(HashBytes)
-	w := newWireModel(t)
+	tr, w := newWired(t)
 	_, y, _ := heldChain(t, tr, w, "CPU", "")
 	out := w.apply(tr.Apply(removal("CPU", "", y)))
 	require.Equal(t, [][]Hash{{h("c")}}, hashes(out), "y goes silently; x no longer waits for a parent kvtier will hold")
@@ -172,8 +169,7 @@ func TestRemovingOnlyTheHeldParent(t *testing.T) {
 // in orders that put children before parents.
 func TestRemovingHeldGenerations(t *testing.T) {
 	setup := func(t *testing.T) (*Translator, *wireModel) {
-		tr := NewTranslator(HashBytes)
-		w := newWireModel(t)
+		tr, w := newWired(t)
 		require.Empty(t, w.apply(tr.Apply(note(messages.BlockWriting, "CPU", "", chainKey(0)))))
 		require.Empty(t, w.apply(tr.Apply(storedProv("CPU", "", 1, 2))))
 		require.Empty(t, w.apply(tr.Apply(storedProv("CPU", "", 3))))
@@ -217,8 +213,7 @@ func TestRemovingHeldGenerations(t *testing.T) {
 // The same chain held in two media: a removal in one leaves the other's
 // held blocks alone.
 func TestRemovingHeldChainInOneMediumOnly(t *testing.T) {
-	tr := NewTranslator(HashBytes)
-	w := newWireModel(t)
+	tr, w := newWired(t)
 	z, y, x := heldChain(t, tr, w, "CPU", "")
 	require.Empty(t, w.apply(tr.Apply(note(messages.BlockWriting, "STORAGE", "fs", z))))
 	require.Empty(t, w.apply(tr.Apply(storedProv("STORAGE", "fs", 1, 2))))
@@ -240,8 +235,7 @@ func TestRemovingHeldChainInOneMediumOnly(t *testing.T) {
 // its own copy of x back for y. obj's x, no longer waiting for a parent
 // kvtier will hold, is the one announced.
 func TestRemovingHeldChainReleasesAnotherTiersChild(t *testing.T) {
-	tr := NewTranslator(HashBytes)
-	w := newWireModel(t)
+	tr, w := newWired(t)
 	_, y, x := heldChain(t, tr, w, "STORAGE", "fs")
 	require.Empty(t, w.apply(tr.Apply(storedProv("STORAGE", "obj", 2))), "obj's x waits for y too")
 	out := w.apply(tr.Apply(removal("STORAGE", "fs", y, x)))
@@ -257,8 +251,7 @@ func TestRemovingHeldChainReleasesAnotherTiersChild(t *testing.T) {
 func TestRemovalThatReleasesAnotherCopyIsSilent(t *testing.T) {
 	for _, order := range []string{"y x", "x y"} {
 		t.Run(order, func(t *testing.T) {
-			tr := NewTranslator(HashBytes)
-			w := newWireModel(t)
+			tr, w := newWired(t)
 			y, x := chainKey(1), chainKey(2)
 			require.Len(t, w.apply(tr.Apply(storedProv("STORAGE", "fs", 2))), 1, "fs's x: y is not being written")
 			require.Empty(t, w.apply(tr.Apply(note(messages.BlockWriting, "STORAGE", "fs", chainKey(0)))))
@@ -281,8 +274,7 @@ func TestRemovalThatReleasesAnotherCopyIsSilent(t *testing.T) {
 // a map; repeat to cover its orders.)
 func TestClearingHeldParentAndHeldChildAnnouncesNeither(t *testing.T) {
 	for range 32 {
-		tr := NewTranslator(HashBytes)
-		w := newWireModel(t)
+		tr, w := newWired(t)
 		heldChain(t, tr, w, "CPU", "")
 		require.Len(t, w.apply(tr.Apply(storedProv("STORAGE", "fs", 5))), 1, "STORAGE holds something: the clear is removals")
 		assert.Empty(t, w.apply(tr.Apply(&messages.Event{Kind: messages.AllBlocksCleared, Medium: "CPU"})))

@@ -44,15 +44,7 @@ import (
 //   - settled, the bridge holds nothing: no job, pending answer, parked
 //     commit, held call or drain, and the CPU tier no job's keys.
 func TestBridgeModelSeeded(t *testing.T) {
-	for seed := range uint64(120) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			w := newBridgeWorld(t, seed)
-			for range 500 {
-				w.step()
-			}
-			w.settle()
-		})
-	}
+	modeltime.Run(t, 120, 500, newBridgeWorld, (*bridgeWorld).step, (*bridgeWorld).settle)
 }
 
 // engineCall is an engine call and how often it was answered.
@@ -240,9 +232,9 @@ func (w *bridgeWorld) step() {
 			return &messages.Lookup{Req: w.req(), Keys: w.keys(), Prefix: w.rng.IntN(2) == 0, Reply: reply}
 		}, nil)
 	case r < 18:
-		w.prepareLoad()
+		w.prepare(false)
 	case r < 26:
-		w.prepareStore()
+		w.prepare(true)
 	case r < 34:
 		w.complete()
 	case r < 42:
@@ -286,41 +278,37 @@ func (w *bridgeWorld) step() {
 	}
 }
 
-func (w *bridgeWorld) prepareLoad() {
+// prepare opens a load job (a store job if store) for a random request,
+// on keys none of its jobs holds.
+func (w *bridgeWorld) prepare(store bool) {
 	req := w.req()
 	keys := w.freeKeys(req)
-	if len(keys) == 0 {
-		return
-	}
-	call(w, func(reply messages.Reply[messages.LoadJob]) any {
-		return &messages.PrepareLoad{Req: req, Keys: keys, Reply: reply}
-	}, func(j messages.LoadJob, err error) {
-		if err != nil {
+	switch {
+	case len(keys) == 0:
+	case store:
+		call(w, func(reply messages.Reply[messages.StorePlan]) any {
+			return &messages.PrepareStore{Req: req, Keys: keys, Reply: reply}
+		}, func(p messages.StorePlan, err error) {
 			w.freed(req, keys)
-			return
-		}
-		require.Len(w.t, j.Slots, len(keys))
-		w.jobs[j.ID] = &openJob{id: j.ID, req: req, keys: keys, workers: j.Workers}
-	})
-}
-
-func (w *bridgeWorld) prepareStore() {
-	req := w.req()
-	keys := w.freeKeys(req)
-	if len(keys) == 0 {
-		return
-	}
-	call(w, func(reply messages.Reply[messages.StorePlan]) any {
-		return &messages.PrepareStore{Req: req, Keys: keys, Reply: reply}
-	}, func(p messages.StorePlan, err error) {
-		w.freed(req, keys)
-		if err == nil && len(p.ToStore) > 0 {
-			for _, key := range p.ToStore {
-				w.busyKeys[req.RequestID][key] = true
+			if err == nil && len(p.ToStore) > 0 {
+				for _, key := range p.ToStore {
+					w.busyKeys[req.RequestID][key] = true
+				}
+				w.jobs[p.Job] = &openJob{id: p.Job, req: req, store: true, keys: p.ToStore, workers: p.Workers}
 			}
-			w.jobs[p.Job] = &openJob{id: p.Job, req: req, store: true, keys: p.ToStore, workers: p.Workers}
-		}
-	})
+		})
+	default:
+		call(w, func(reply messages.Reply[messages.LoadJob]) any {
+			return &messages.PrepareLoad{Req: req, Keys: keys, Reply: reply}
+		}, func(j messages.LoadJob, err error) {
+			if err != nil {
+				w.freed(req, keys)
+				return
+			}
+			require.Len(w.t, j.Slots, len(keys))
+			w.jobs[j.ID] = &openJob{id: j.ID, req: req, keys: keys, workers: j.Workers}
+		})
+	}
 }
 
 // pick is a random job the engine knows of (nil: none).
@@ -506,9 +494,7 @@ func (w *bridgeWorld) answerTiering() {
 	if len(w.tierAsks) == 0 {
 		return
 	}
-	i := w.rng.IntN(len(w.tierAsks))
-	m := w.tierAsks[i]
-	w.tierAsks = append(w.tierAsks[:i], w.tierAsks[i+1:]...)
+	m := modeltime.Take(&w.tierAsks, w.rng.IntN(len(w.tierAsks)))
 	st := make([]messages.LookupStatus, len(m.Keys))
 	for j := range st {
 		st[j] = []messages.LookupStatus{messages.Miss, messages.Retry}[w.rng.IntN(2)]
@@ -522,9 +508,7 @@ func (w *bridgeWorld) finishChecksum() {
 	if len(w.offload) == 0 {
 		return
 	}
-	i := w.rng.IntN(len(w.offload))
-	work := w.offload[i]
-	w.offload = append(w.offload[:i], w.offload[i+1:]...)
+	work := modeltime.Take(&w.offload, w.rng.IntN(len(w.offload)))
 	res := work()
 	if c, ok := res.(*checksummed); ok {
 		w.seqOf[commitID(c.job, c.keys)] = c.seq

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -19,11 +18,7 @@ import (
 // end), must not overtake it either: the node ends with no request state,
 // pin or lease left (scheduler/order.go).
 func TestALoadSentRightBehindItsCommitFindsTheBlocks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
+	node, ctx := openReal(t, 60*time.Second, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock})
 	m, bridge := node.Manager(), node.pidOf("bridge")
 
 	for i := range 40 {

@@ -18,12 +18,8 @@ import (
 // TestEventsCountersAreScraped: with events on, a store shows up in the
 // published-events counters on the node's registry.
 func TestEventsCountersAreScraped(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	node, err := Open(ctx, config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
+	node, ctx := openReal(t, 30*time.Second, config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
 		Events: config.EventsConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0", NodeID: "n1", Model: "m"}})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
 
 	m := node.Manager()
 	req := &messages.ReqContext{RequestID: "r", BlockSize: 2, TokenIDs: []int32{1, 2, 3, 4}}

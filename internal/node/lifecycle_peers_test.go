@@ -484,13 +484,20 @@ func TestLifecycleShutdownWithStuckDisk(t *testing.T) {
 	}
 	require.False(t, h.pending(), "a cascade stuck on disk is not engine work")
 
-	closeCtx, closeCancel := context.WithTimeout(context.Background(), time.Second)
-	defer closeCancel()
-	err = node.Close(closeCtx)
-	require.Error(t, err)
-	require.Contains(t, err.Error(), "stop tier I/O (pool left mapped)")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireCloseMisses(t, node, "stop tier I/O (pool left mapped)")
 	close(unstick) // the disk comes back: the worker ends (goleak in TestMain)
+}
+
+// requireCloseMisses closes node with a second's deadline, which it must
+// miss, saying what it left (want).
+func requireCloseMisses(t *testing.T, node *Node, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := node.Close(ctx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), want)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
 func stacks() string {
@@ -576,12 +583,7 @@ func TestCloseKeepsThePoolMappedWhileASlotReaderRuns(t *testing.T) {
 	unstick, read := make(chan struct{}), make(chan byte)
 	require.True(t, node.offload.Go(func() { <-unstick; read <- slot[testBlock-1] }))
 
-	closeCtx, closeCancel := context.WithTimeout(context.Background(), time.Second)
-	defer closeCancel()
-	err = node.Close(closeCtx)
-	require.Error(t, err)
-	require.Contains(t, err.Error(), "stop slot readers (pool left mapped)")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireCloseMisses(t, node, "stop slot readers (pool left mapped)")
 	close(unstick)
 	require.Equal(t, byte(0), <-read, "the reader still reads mapped memory after Close")
 }

@@ -77,6 +77,19 @@ type harness struct {
 	ctx   context.Context
 }
 
+// openReal opens a node of cfg as it is (on the real clock, unless cfg
+// says otherwise), with a context that ends after d; the node must close
+// cleanly when the test ends.
+func openReal(t *testing.T, d time.Duration, cfg config.Config) (*Node, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	node, err := Open(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, node.Close(ctx)) })
+	return node, ctx
+}
+
 // open starts an embedded node of `slots` slots on a manual clock.
 func open(t *testing.T, slots int, tweak ...func(*config.Config)) *harness {
 	t.Helper()
@@ -142,6 +155,23 @@ func (h *harness) store(req *messages.ReqContext, ids ...int) messages.StorePlan
 	return plan
 }
 
+// storeAndLookup stores ids through a writer "w", then has a reader "r"
+// look up the blocks seen until they settle (leasing the hits to it).
+func (h *harness) storeAndLookup(ids []int, seen ...int) (writer, reader *messages.ReqContext) {
+	h.t.Helper()
+	writer, reader = h.storeAs("w", ids...), &messages.ReqContext{RequestID: "r"}
+	h.lookupUntilSettled(reader, keys(seen...))
+	return writer, reader
+}
+
+// storeAs stores ids through a new request of that id, and returns it.
+func (h *harness) storeAs(id string, ids ...int) *messages.ReqContext {
+	h.t.Helper()
+	req := &messages.ReqContext{RequestID: id}
+	h.store(req, ids...)
+	return req
+}
+
 func (h *harness) stats() messages.Stats {
 	h.t.Helper()
 	s, err := h.m.Stats(h.ctx)
@@ -149,9 +179,13 @@ func (h *harness) stats() messages.Stats {
 	return s
 }
 
-// quiet asserts nothing is pinned, leased or being written.
-func (h *harness) quiet() {
+// quiet ends the requests given, then asserts nothing is pinned, leased
+// or being written.
+func (h *harness) quiet(finished ...*messages.ReqContext) {
 	h.t.Helper()
+	for _, req := range finished {
+		require.NoError(h.t, h.m.RequestFinished(h.ctx, req))
+	}
 	s := h.stats()
 	require.Zero(h.t, s.Pinned, "pinned slots")
 	require.Zero(h.t, s.Leased, "leased slots")
@@ -226,8 +260,7 @@ func testPrefixLookupStopsAtFirstMiss(t *testing.T, m mode) {
 	st := h.lookup(req, keys(1, 2, 3), true)
 	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss, messages.Miss}, st)
 	require.Equal(t, 1, h.stats().Leased, "keys after the first miss are not leased")
-	require.NoError(t, h.m.RequestFinished(h.ctx, req))
-	h.quiet()
+	h.quiet(req)
 }
 
 func TestLeasedHitSurvivesEvictionPressure(t *testing.T) {
@@ -261,9 +294,7 @@ func TestFullWhenEverythingIsLeased(t *testing.T) { eachMode(t, testFullWhenEver
 
 func testFullWhenEverythingIsLeased(t *testing.T, m mode) {
 	h := openMode(t, m, 2)
-	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
-	reader := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(reader, keys(1, 2))
+	_, reader := h.storeAndLookup([]int{1, 2}, 1, 2)
 	_, err := h.m.PrepareStore(h.ctx, &messages.ReqContext{RequestID: "w2"}, keys(3))
 	require.ErrorIs(t, err, messages.ErrFull)
 	require.Equal(t, uint64(1), h.stats().Full)
@@ -281,9 +312,7 @@ func TestLeaseExpiresOnTheInjectedClock(t *testing.T) {
 
 func testLeaseExpiresOnTheInjectedClock(t *testing.T, m mode) {
 	h := openMode(t, m, 2, func(c *config.Config) { c.LeaseTTL = time.Second })
-	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
-	reader := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(reader, keys(1, 2))
+	h.storeAndLookup([]int{1, 2}, 1, 2)
 	h.clock.Advance(time.Second)
 	s := h.stats()
 	require.Zero(t, s.Leased)
@@ -322,8 +351,7 @@ func testBadInputGetsTypedErrors(t *testing.T, m mode) {
 	st := h.lookup(req, keys(7), false)
 	require.Equal(t, messages.Hit, st[0], "CompleteStore answers once the block is readable")
 	require.Equal(t, uint64(3), h.stats().LateReports)
-	require.NoError(t, h.m.RequestFinished(h.ctx, req))
-	h.quiet()
+	h.quiet(req)
 }
 
 func TestBadConfig(t *testing.T) {
@@ -371,10 +399,7 @@ func TestStalledJobsAreReapedAtTheirDeadline(t *testing.T) {
 func testStalledJobsAreReapedAtTheirDeadline(t *testing.T, m mode) {
 	const deadline = 300 * time.Second
 	h := openMode(t, m, 4)
-	writer := &messages.ReqContext{RequestID: "w"}
-	h.store(writer, 1)
-	reader := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(reader, keys(1))
+	writer, reader := h.storeAndLookup([]int{1}, 1)
 	load, err := h.m.PrepareLoad(h.ctx, reader, keys(1))
 	require.NoError(t, err)
 	store, err := h.m.PrepareStore(h.ctx, writer, keys(2))
@@ -418,9 +443,7 @@ func TestPauseStopsIntakeAndResumeRestoresIt(t *testing.T) {
 
 func testPauseStopsIntakeAndResumeRestoresIt(t *testing.T, m mode) {
 	h := openMode(t, m, 4)
-	h.store(&messages.ReqContext{RequestID: "w"}, 1)
-	req := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(req, keys(1))
+	_, req := h.storeAndLookup([]int{1}, 1)
 	require.NoError(t, h.m.RequestFinished(h.ctx, req))
 
 	require.NoError(t, h.m.Pause(h.ctx, false))
@@ -440,8 +463,7 @@ func TestPauseWaitsForJobsThenClears(t *testing.T) { eachMode(t, testPauseWaitsF
 
 func testPauseWaitsForJobsThenClears(t *testing.T, m mode) {
 	h := openMode(t, m, 4)
-	writer := &messages.ReqContext{RequestID: "w"}
-	h.store(writer, 1)
+	writer := h.storeAs("w", 1)
 	plan, err := h.m.PrepareStore(h.ctx, writer, keys(2))
 	require.NoError(t, err)
 
@@ -462,8 +484,7 @@ func TestResetCacheReapsStragglersAtItsDeadline(t *testing.T) {
 
 func testResetCacheReapsStragglersAtItsDeadline(t *testing.T, m mode) {
 	h := openMode(t, m, 4)
-	writer := &messages.ReqContext{RequestID: "w"}
-	h.store(writer, 1)
+	writer := h.storeAs("w", 1)
 	_, err := h.m.PrepareStore(h.ctx, writer, keys(2))
 	require.NoError(t, err)
 
@@ -489,10 +510,7 @@ func TestBridgeRestartReleasesEngineState(t *testing.T) {
 
 func testBridgeRestartReleasesEngineState(t *testing.T, m mode) {
 	h := openMode(t, m, 4)
-	writer := &messages.ReqContext{RequestID: "w"}
-	h.store(writer, 1)
-	reader := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(reader, keys(1))
+	writer, reader := h.storeAndLookup([]int{1}, 1)
 	plan, err := h.m.PrepareStore(h.ctx, writer, keys(2))
 	require.NoError(t, err)
 
@@ -510,8 +528,7 @@ func testBridgeRestartReleasesEngineState(t *testing.T, m mode) {
 	}
 	st := h.lookup(reader, keys(1, 2), false)
 	require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Miss}, st, "ready blocks survive")
-	require.NoError(t, h.m.RequestFinished(h.ctx, reader))
-	h.quiet()
+	h.quiet(reader)
 }
 
 func TestCPUTierRestartKeepsItsSlotTable(t *testing.T) {
@@ -520,9 +537,7 @@ func TestCPUTierRestartKeepsItsSlotTable(t *testing.T) {
 
 func testCPUTierRestartKeepsItsSlotTable(t *testing.T, m mode) {
 	h := openMode(t, m, 4)
-	h.store(&messages.ReqContext{RequestID: "w"}, 1, 2)
-	reader := &messages.ReqContext{RequestID: "r"}
-	h.lookupUntilSettled(reader, keys(1))
+	_, reader := h.storeAndLookup([]int{1, 2}, 1)
 
 	h.node.system.Root.Send(h.cpuPID(), &supervision.InjectPanic{Reason: "test"})
 	s := h.stats()

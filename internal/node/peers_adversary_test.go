@@ -75,6 +75,22 @@ func dialRaw(t *testing.T, ctx context.Context, addr, id string) *rawPeer {
 	return r
 }
 
+// dialSession dials prod's peer endpoint as id and opens a session (see
+// session).
+func dialSession(t *testing.T, prod *harness, id string, msgAndArgs ...any) *rawPeer {
+	t.Helper()
+	r := dialRaw(t, prod.ctx, prod.node.PeerAddr(), id)
+	r.session(msgAndArgs...)
+	return r
+}
+
+// session handshakes with the shared secret: the node must answer Ready.
+func (r *rawPeer) session(msgAndArgs ...any) {
+	r.t.Helper()
+	_, ok := r.handshake(testSecret, r.hello()).(*wire.Ready)
+	require.True(r.t, ok, msgAndArgs...)
+}
+
 func (r *rawPeer) sendBytes(b []byte) {
 	r.t.Helper()
 	require.NoError(r.t, r.sock.Send(zmq4.NewMsg(b)))
@@ -218,9 +234,7 @@ func TestPeersBadFramesAndRoundsAreDroppedAndCounted(t *testing.T) {
 	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
 
-	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
-	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok, "a peer with the secret gets a session")
+	p := dialSession(t, prod, "raw", "a peer with the secret gets a session")
 
 	// Garbage: dropped and counted, no answer, the session survives.
 	p.sendBytes([]byte{0xc1, 0x00, 0xff})
@@ -269,9 +283,7 @@ func TestPeersForgedReplayedAndCrossSessionFramesAreDroppedAndCounted(t *testing
 	prod, cons := openPair(t, 32)
 	prod.storeReady(ids(0, 4)...)
 	wk := wireKeys(keys(ids(0, 4)...))
-	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "raw")
-	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok)
+	p := dialSession(t, prod, "raw")
 	lookup := func(round uint64) []byte {
 		b, err := wire.Encode(&wire.Lookup{Epoch: p.epoch, Round: round, Keys: wk})
 		require.NoError(t, err)
@@ -301,14 +313,13 @@ func TestPeersForgedReplayedAndCrossSessionFramesAreDroppedAndCounted(t *testing
 	// A new session of the same peer: a frame sealed under the old
 	// session's key, in the new epoch, is refused.
 	old := p.seal
-	_, ok = p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok)
+	p.session()
 	cross := lookup(5)
 	p.sendSealed(cross, old.Seal(cross))
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 6, Keys: wk})
 	requireAnswer(6)
 	p.send(&wire.Abort{Epoch: p.epoch, Round: 6}) // its leases go back
-	_, ok = p.recv().(*wire.AbortAck)
+	_, ok := p.recv().(*wire.AbortAck)
 	require.True(t, ok)
 
 	dropped := prod.node.peerCounters().Dropped()
@@ -428,19 +439,16 @@ func TestPeersHungProducerIsAMissAndTheSessionResets(t *testing.T) {
 // serving everyone else.
 func TestPeersMalformedFloodDropsTheSession(t *testing.T) {
 	prod, cons := openPair(t, 32)
-	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "flood")
-	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok)
+	p := dialSession(t, prod, "flood")
 	for range 16 {
 		p.sendBytes([]byte{0x81, 0xa1, 'v'}) // truncated map
 	}
 	wk := []wire.Key{{Namespace: string(testNS), Hash: []byte("12345678")}}
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
 	// A fresh handshake works and is served: the flood cost only its session.
-	_, ok = p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok, "the lookup of the dropped session got no answer; the next frame is the new Welcome/Ready")
+	p.session("the lookup of the dropped session got no answer; the next frame is the new Welcome/Ready")
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
-	_, ok = p.recv().(*wire.LookupResp)
+	_, ok := p.recv().(*wire.LookupResp)
 	require.True(t, ok)
 	require.GreaterOrEqual(t, prod.node.peerCounters().Dropped()["no_session"], uint64(1))
 	requireStillServes(t, prod, cons, 0)
@@ -454,12 +462,10 @@ func TestPeersDeadConsumerReleasesItsLeasesAtOnce(t *testing.T) {
 	prod.storeReady(ids(0, 4)...)
 	ks := keys(ids(0, 4)...)
 
-	p := dialRaw(t, prod.ctx, prod.node.PeerAddr(), "doomed")
-	_, ok := p.handshake(testSecret, p.hello()).(*wire.Ready)
-	require.True(t, ok)
+	p := dialSession(t, prod, "doomed")
 	wk := wireKeys(ks)
 	p.send(&wire.Lookup{Epoch: p.epoch, Round: 1, Keys: wk})
-	_, ok = p.recv().(*wire.LookupResp)
+	_, ok := p.recv().(*wire.LookupResp)
 	require.True(t, ok)
 	require.Equal(t, 4, prod.stats().Leased)
 

@@ -294,32 +294,41 @@ func TestConsumerPrefaceTimeout(t *testing.T) {
 	}
 }
 
+// abortCase is a way to end a transport's work at once, and the error
+// that work must end with.
+type abortCase struct {
+	name  string
+	abort func(*Transport)
+	want  error
+}
+
+// eachAbort runs test once per abortCase: Disconnect(peer), then Close.
+func eachAbort(t *testing.T, peer string, test func(t *testing.T, tc abortCase)) {
+	for _, tc := range []abortCase{
+		{"Disconnect", func(tr *Transport) { tr.Disconnect(peer) }, rdma.ErrPeerGone},
+		{"Close", func(tr *Transport) { tr.Close() }, rdma.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) { test(t, tc) })
+	}
+}
+
 // TestConsumerAbortMidPayload: Disconnect and Close end a claimed
 // expectation through its reader, with their own errors.
 func TestConsumerAbortMidPayload(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		abort func(*Transport)
-		want  error
-	}{
-		{"Disconnect", func(tr *Transport) { tr.Disconnect("p") }, rdma.ErrPeerGone},
-		{"Close", func(tr *Transport) { tr.Close() }, rdma.ErrClosed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			g := newConsumerRig(t, Config{})
-			tok, dst := rdma.NewToken(), []int{5}
-			d := g.expect(tok, dst)
-			c := g.dial()
-			send(t, c, frame("p", tok, rigSlotBytes, dst), make([]byte, 10))
-			recv(t, g.claimed, "claim")
-			tc.abort(g.tr)
-			wantErr(t, tc.name, d.wait(t).Err, tc.want)
-			waitClosed(t, c)
-			if s := g.tr.Stats(); s.PendingExpects != 0 || s.Refused != 0 {
-				t.Fatalf("Stats %+v", s)
-			}
-		})
-	}
+	eachAbort(t, "p", func(t *testing.T, tc abortCase) {
+		g := newConsumerRig(t, Config{})
+		tok, dst := rdma.NewToken(), []int{5}
+		d := g.expect(tok, dst)
+		c := g.dial()
+		send(t, c, frame("p", tok, rigSlotBytes, dst), make([]byte, 10))
+		recv(t, g.claimed, "claim")
+		tc.abort(g.tr)
+		wantErr(t, tc.name, d.wait(t).Err, tc.want)
+		waitClosed(t, c)
+		if s := g.tr.Stats(); s.PendingExpects != 0 || s.Refused != 0 {
+			t.Fatalf("Stats %+v", s)
+		}
+	})
 }
 
 // TestConsumerDisconnectClosesIdleConn: Disconnect closes the peer's

@@ -224,31 +224,22 @@ func TestProducerWriteTimeout(t *testing.T) {
 // in its writev, and the Writes queued behind it, at once — long before
 // WriteTimeout.
 func TestProducerAbortStalledWrite(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		abort func(*Transport)
-		want  error
-	}{
-		{"Disconnect", func(tr *Transport) { tr.Disconnect("c") }, rdma.ErrPeerGone},
-		{"Close", func(tr *Transport) { tr.Close() }, rdma.ErrClosed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tr, _ := producerRig(t, Config{WriteTimeout: time.Hour, MaxConnsPerPeer: 1}, bigSlots, bigSlotBytes)
-			f := newFakeConsumer(t, tr, bigSlots, bigSlotBytes)
-			d1 := tr.mustWrite(t, rdma.NewToken(), allSlots(bigSlots), allSlots(bigSlots))
-			d2 := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0}) // queued: one connection only
-			f.accept()
-			if s := tr.Stats(); s.PendingWrites != 2 {
-				t.Fatalf("Stats %+v, want 2 pending writes", s)
-			}
-			tc.abort(tr)
-			wantErr(t, "in flight", d1.wait(t).Err, tc.want)
-			wantErr(t, "queued", d2.wait(t).Err, tc.want)
-			if s := tr.Stats(); s.PendingWrites != 0 || s.WritesFailed != 2 {
-				t.Fatalf("Stats %+v", s)
-			}
-		})
-	}
+	eachAbort(t, "c", func(t *testing.T, tc abortCase) {
+		tr, _ := producerRig(t, Config{WriteTimeout: time.Hour, MaxConnsPerPeer: 1}, bigSlots, bigSlotBytes)
+		f := newFakeConsumer(t, tr, bigSlots, bigSlotBytes)
+		d1 := tr.mustWrite(t, rdma.NewToken(), allSlots(bigSlots), allSlots(bigSlots))
+		d2 := tr.mustWrite(t, rdma.NewToken(), []int{0}, []int{0}) // queued: one connection only
+		f.accept()
+		if s := tr.Stats(); s.PendingWrites != 2 {
+			t.Fatalf("Stats %+v, want 2 pending writes", s)
+		}
+		tc.abort(tr)
+		wantErr(t, "in flight", d1.wait(t).Err, tc.want)
+		wantErr(t, "queued", d2.wait(t).Err, tc.want)
+		if s := tr.Stats(); s.PendingWrites != 0 || s.WritesFailed != 2 {
+			t.Fatalf("Stats %+v", s)
+		}
+	})
 }
 
 // TestProducerMaxConnsPerPeer: five concurrent Writes use at most

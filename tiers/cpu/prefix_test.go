@@ -18,15 +18,26 @@ func chainKey(i int) messages.Key {
 	return messages.Key{Namespace: "ns", Hash: fmt.Sprintf("c%04d", i)}
 }
 
-func TestPrefixEvictsADeepestBlockFirst(t *testing.T) {
-	p := newPrefix(8)
-	// Chain 0 → 1 → 2 touched head first (the head least recent, as LRU
-	// would evict it first), then an unrelated block 3.
-	for s := range 4 {
+// newTree is a prefix index of n slots: slot s holds block s for each of
+// parents, inserted in order (block 0 least recent), then set under block
+// parents[s] where that is not -1.
+func newTree(n int, parents ...int) *prefix {
+	p := newPrefix(n)
+	for s := range parents {
 		p.Insert(s, chainKey(s))
 	}
-	p.SetParent(1, chainKey(0))
-	p.SetParent(2, chainKey(1))
+	for s, parent := range parents {
+		if parent >= 0 {
+			p.SetParent(s, chainKey(parent))
+		}
+	}
+	return p
+}
+
+func TestPrefixEvictsADeepestBlockFirst(t *testing.T) {
+	// Chain 0 → 1 → 2 touched head first (the head least recent, as LRU
+	// would evict it first), then an unrelated block 3.
+	p := newTree(8, -1, 0, 1, -1)
 	require.NoError(t, p.check())
 	assert.False(t, p.isLeaf(0))
 	assert.False(t, p.isLeaf(1))
@@ -40,13 +51,8 @@ func TestPrefixEvictsADeepestBlockFirst(t *testing.T) {
 }
 
 func TestPrefixAmongLeavesIsLRU(t *testing.T) {
-	p := newPrefix(8)
 	// A shared head 0 with two children 1 and 2; 3 alone.
-	for s := range 4 {
-		p.Insert(s, chainKey(s))
-	}
-	p.SetParent(1, chainKey(0))
-	p.SetParent(2, chainKey(0))
+	p := newTree(8, -1, 0, 0, -1)
 	p.Access(1) // leaves by recency: 2 3 1
 	s, ok := p.Victim(all)
 	require.True(t, ok)
@@ -56,12 +62,7 @@ func TestPrefixAmongLeavesIsLRU(t *testing.T) {
 }
 
 func TestPrefixFallsBackToLRUWhenEveryLeafIsHeld(t *testing.T) {
-	p := newPrefix(8)
-	for s := range 3 {
-		p.Insert(s, chainKey(s))
-	}
-	p.SetParent(1, chainKey(0))
-	p.SetParent(2, chainKey(1))
+	p := newTree(8, -1, 0, 1)                    // chain 0 → 1 → 2
 	pinned := func(s int) bool { return s != 2 } // the only leaf is held
 	s, ok := p.Victim(pinned)
 	require.True(t, ok)

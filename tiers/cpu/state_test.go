@@ -25,6 +25,14 @@ func newTestState(t *testing.T, n int) (*State, *fakeClock) {
 	return s, clk
 }
 
+// storedState is a state of n slots holding keys, stored through j1.
+func storedState(t *testing.T, n int, keys ...messages.Key) *State {
+	t.Helper()
+	s, _ := newTestState(t, n)
+	store(t, s, j1, keys...)
+	return s
+}
+
 // store makes keys ready through job (Reserve + Commit ok), failing on any
 // eviction so a test knows exactly what is resident.
 func store(t *testing.T, s *State, job messages.JobRef, keys ...messages.Key) {
@@ -34,6 +42,20 @@ func store(t *testing.T, s *State, job messages.JobRef, keys ...messages.Key) {
 	require.Empty(t, res.Evicted, "store() is for a pool with room")
 	require.NoError(t, s.Commit(job, res.ToStore, true, make([]uint32, len(res.ToStore))))
 	checkInv(t, s)
+}
+
+// mustReserve makes keys pending for job (a Reserve that must succeed).
+func mustReserve(t *testing.T, s *State, job messages.JobRef, keys []messages.Key) {
+	t.Helper()
+	_, err := s.Reserve(job, keys)
+	require.NoError(t, err)
+}
+
+// mustPin pins keys for job, with h's leases (a LeaseToPin that must succeed).
+func mustPin(t *testing.T, s *State, h messages.Holder, job messages.JobRef, keys []messages.Key) {
+	t.Helper()
+	_, err := s.LeaseToPin(h, job, keys)
+	require.NoError(t, err)
 }
 
 func checkInv(t *testing.T, s *State) {
@@ -70,10 +92,8 @@ func TestNewStateBadConfig(t *testing.T) {
 }
 
 func TestReserveSkipsRepeatsAndPresentKeys(t *testing.T) {
-	s, _ := newTestState(t, 8)
-	store(t, s, j1, tk(0))         // ready
-	_, err := s.Reserve(j2, ks(1)) // pending for another job
-	require.NoError(t, err)
+	s := storedState(t, 8, tk(0)) // ready
+	mustReserve(t, s, j2, ks(1))  // pending for another job
 	res, err := s.Reserve(j1, ks(2, 0, 2, 1, 3, 3))
 	require.NoError(t, err)
 	assert.Equal(t, ks(2, 3), res.ToStore)
@@ -94,8 +114,7 @@ func TestReserveSkipsRepeatsAndPresentKeys(t *testing.T) {
 // survive the call even when it is the LRU victim (vLLM's prepare_store
 // protects the keys of the call the same way).
 func TestReserveNeverEvictsKeysOfTheCall(t *testing.T) {
-	s, _ := newTestState(t, 2)
-	store(t, s, j1, tk(0))
+	s := storedState(t, 2, tk(0))
 	store(t, s, j1, tk(1)) // LRU order: 0 (oldest), 1
 	res, err := s.Reserve(j2, ks(0, 2))
 	require.NoError(t, err)
@@ -113,13 +132,10 @@ func TestReserveNeverEvictsKeysOfTheCall(t *testing.T) {
 }
 
 func TestReserveFullChangesNothing(t *testing.T) {
-	s, _ := newTestState(t, 4)
-	store(t, s, j1, ks(0, 1, 2, 3)...)
+	s := storedState(t, 4, ks(0, 1, 2, 3)...)
 	s.LookupAndLease(hA, ks(0), false, time.Minute) // leased
-	_, err := s.LeaseToPin(hB, engineJob(9), ks(1)) // pinned
-	require.NoError(t, err)
-	_, err = s.Reserve(j2, ks(10)) // pending would need room: fill it
-	require.NoError(t, err)        // evicts 2 (LRU among 2, 3)
+	mustPin(t, s, hB, engineJob(9), ks(1))          // pinned
+	mustReserve(t, s, j2, ks(10))                   // pending would need room: fill it; evicts 2 (LRU among 2, 3)
 	before, counters := s.Occupancy(), s.Counters
 	res, err := s.Reserve(j2, ks(20, 21)) // 1 evictable (3), 2 needed
 	require.ErrorIs(t, err, messages.ErrFull)
@@ -137,9 +153,8 @@ func TestReserveFullChangesNothing(t *testing.T) {
 }
 
 func TestReserveEvictsInLRUOrder(t *testing.T) {
-	s, _ := newTestState(t, 4)
-	store(t, s, j1, ks(0, 1, 2, 3)...) // recency: 0 < 1 < 2 < 3
-	s.Touch(ks(0))                     // 1 < 2 < 3 < 0
+	s := storedState(t, 4, ks(0, 1, 2, 3)...) // recency: 0 < 1 < 2 < 3
+	s.Touch(ks(0))                            // 1 < 2 < 3 < 0
 	_, err := s.LeaseToPin(hA, j2, ks(1))
 	require.NoError(t, err) // 1 pinned, and most recent
 	s.LookupAndLease(hA, ks(2), false, time.Minute)
@@ -171,12 +186,10 @@ func TestCommit(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s, _ := newTestState(t, 8)
-			store(t, s, j1, tk(9))
-			_, err := s.Reserve(j1, ks(0, 1))
-			require.NoError(t, err)
+			s := storedState(t, 8, tk(9))
+			mustReserve(t, s, j1, ks(0, 1))
 			before, counters := s.Occupancy(), s.Counters
-			err = s.Commit(tc.job, tc.keys, tc.ok, make([]uint32, tc.sums))
+			err := s.Commit(tc.job, tc.keys, tc.ok, make([]uint32, tc.sums))
 			switch tc.wantErr {
 			case nil:
 				require.NoError(t, err)
@@ -218,8 +231,7 @@ func TestCommitTwiceAndChecksums(t *testing.T) {
 	assert.Equal(t, uint64(2), s.Counters.Stores)
 
 	// Not ok frees the slots: the keys are gone, not pending, not counted stored.
-	_, err = s.Reserve(j2, ks(2))
-	require.NoError(t, err)
+	mustReserve(t, s, j2, ks(2))
 	_, _, err = s.Checksum(tk(2))
 	assert.ErrorIs(t, err, messages.ErrUnknownKey, "a pending key has no checksum")
 	require.NoError(t, s.Commit(j2, ks(2), false, nil))
@@ -230,10 +242,8 @@ func TestCommitTwiceAndChecksums(t *testing.T) {
 }
 
 func TestUnpin(t *testing.T) {
-	s, _ := newTestState(t, 4)
-	store(t, s, j1, ks(0, 1)...)
-	_, err := s.LeaseToPin(hA, j2, ks(0, 0, 1))
-	require.NoError(t, err)
+	s := storedState(t, 4, ks(0, 1)...)
+	mustPin(t, s, hA, j2, ks(0, 0, 1))
 	assert.Equal(t, 2, s.Occupancy().Pinned)
 
 	for _, bad := range [][]messages.Key{
@@ -257,10 +267,8 @@ func TestUnpin(t *testing.T) {
 }
 
 func TestLeaseToPinAllOrNothing(t *testing.T) {
-	s, _ := newTestState(t, 4)
-	store(t, s, j1, ks(0, 1)...)
-	_, err := s.Reserve(j1, ks(2))
-	require.NoError(t, err)
+	s := storedState(t, 4, ks(0, 1)...)
+	mustReserve(t, s, j1, ks(2))
 	assert.Equal(t, []messages.LookupStatus{hit, hit}, s.LookupAndLease(hA, ks(0, 1), false, time.Minute))
 
 	for _, bad := range [][]messages.Key{ks(0, 3), ks(0, 1, 2)} { // unknown; pending
@@ -285,17 +293,14 @@ func TestLeaseToPinAllOrNothing(t *testing.T) {
 	checkInv(t, s)
 
 	// Without a lease (another holder) a ready key still pins.
-	_, err = s.LeaseToPin(hB, j1, ks(0))
-	require.NoError(t, err)
+	mustPin(t, s, hB, j1, ks(0))
 	checkInv(t, s)
 }
 
 func TestLookupPrefix(t *testing.T) {
 	for _, prefix := range []bool{true, false} {
-		s, _ := newTestState(t, 8)
-		store(t, s, j1, ks(0, 2, 4)...)
-		_, err := s.Reserve(j1, ks(3))
-		require.NoError(t, err)
+		s := storedState(t, 8, ks(0, 2, 4)...)
+		mustReserve(t, s, j1, ks(3))
 		s.Counters = Counters{}
 
 		got := s.LookupAndLease(hA, ks(0, 1, 2), prefix, time.Minute)
@@ -372,17 +377,15 @@ func TestLeaseProtectsUntilExpiry(t *testing.T) {
 }
 
 func TestLeasesOfTwoHolders(t *testing.T) {
-	s, _ := newTestState(t, 2)
-	store(t, s, j1, ks(0, 1)...)
+	s := storedState(t, 2, ks(0, 1)...)
 	s.LookupAndLease(hA, ks(0), false, time.Minute)
 	s.LookupAndLease(hB, ks(0), false, time.Minute)
 	o := s.Occupancy()
 	assert.Equal(t, 1, o.Leased)
 	assert.Equal(t, 2, o.Leases)
-	_, err := s.LeaseToPin(hA, j1, ks(0))
-	require.NoError(t, err)
+	mustPin(t, s, hA, j1, ks(0))
 	require.NoError(t, s.Unpin(j1, ks(0)))
-	_, err = s.Reserve(j2, ks(2, 3))
+	_, err := s.Reserve(j2, ks(2, 3))
 	assert.ErrorIs(t, err, messages.ErrFull, "B's lease still protects 0")
 	s.ReleaseHolder(hB)
 	res, err := s.Reserve(j2, ks(2, 3))
@@ -392,23 +395,17 @@ func TestLeasesOfTwoHolders(t *testing.T) {
 }
 
 func TestReleaseOriginOnlyTouchesThatOrigin(t *testing.T) {
-	s, _ := newTestState(t, 8)
-	store(t, s, j1, ks(0, 1, 2)...)
+	s := storedState(t, 8, ks(0, 1, 2)...)
 	peerH := messages.Holder{Origin: messages.OriginPeer, ID: "A"} // same id as hA
 	tierJ := messages.JobRef{Origin: messages.OriginTier, ID: 1}   // same id as j1
 	peerJ := messages.JobRef{Origin: messages.OriginPeer, ID: 1}
 	s.LookupAndLease(hA, ks(0), false, time.Minute)
 	s.LookupAndLease(peerH, ks(0, 1), false, time.Minute)
-	_, err := s.LeaseToPin(hA, j1, ks(2))
-	require.NoError(t, err)
-	_, err = s.LeaseToPin(peerH, peerJ, ks(2))
-	require.NoError(t, err)
-	_, err = s.Reserve(tierJ, ks(5))
-	require.NoError(t, err)
-	_, err = s.Reserve(peerJ, ks(6))
-	require.NoError(t, err)
-	_, err = s.Reserve(j2, ks(7))
-	require.NoError(t, err)
+	mustPin(t, s, hA, j1, ks(2))
+	mustPin(t, s, peerH, peerJ, ks(2))
+	mustReserve(t, s, tierJ, ks(5))
+	mustReserve(t, s, peerJ, ks(6))
+	mustReserve(t, s, j2, ks(7))
 
 	s.ReleaseOrigin(messages.OriginPeer)
 	checkInv(t, s)
@@ -430,12 +427,9 @@ func TestReleaseOriginOnlyTouchesThatOrigin(t *testing.T) {
 }
 
 func TestReleaseJob(t *testing.T) {
-	s, _ := newTestState(t, 8)
-	store(t, s, j1, ks(0, 1)...)
-	_, err := s.LeaseToPin(hA, j2, ks(0, 0, 1))
-	require.NoError(t, err)
-	_, err = s.Reserve(j2, ks(3, 4))
-	require.NoError(t, err)
+	s := storedState(t, 8, ks(0, 1)...)
+	mustPin(t, s, hA, j2, ks(0, 0, 1))
+	mustReserve(t, s, j2, ks(3, 4))
 	aborted := s.ReleaseJob(j2)
 	assert.ElementsMatch(t, ks(3, 4), aborted)
 	o := s.Occupancy()
@@ -448,13 +442,10 @@ func TestReleaseJob(t *testing.T) {
 }
 
 func TestClearUnindexesPinnedAndKeepsPending(t *testing.T) {
-	s, _ := newTestState(t, 8)
-	store(t, s, j1, ks(0, 1, 2, 3)...)
+	s := storedState(t, 8, ks(0, 1, 2, 3)...)
 	s.LookupAndLease(hA, ks(0, 1), false, time.Minute)
-	_, err := s.LeaseToPin(hA, j2, ks(1))
-	require.NoError(t, err)
-	_, err = s.Reserve(j1, ks(5))
-	require.NoError(t, err)
+	mustPin(t, s, hA, j2, ks(1))
+	mustReserve(t, s, j1, ks(5))
 
 	removed := s.Clear()
 	assert.ElementsMatch(t, ks(0, 1, 2, 3), removed, "leased 0 goes too; pinned 1 is announced removed")
@@ -466,8 +457,7 @@ func TestClearUnindexesPinnedAndKeepsPending(t *testing.T) {
 	checkInv(t, s)
 	// A new store of the same key takes another slot; the reader still
 	// unpins the cleared copy by its key.
-	_, err = s.Reserve(j1, ks(1))
-	require.NoError(t, err)
+	mustReserve(t, s, j1, ks(1))
 	require.NoError(t, s.Unpin(j2, ks(1)))
 	assert.Equal(t, 6, s.Occupancy().Free, "the cleared copy's slot is free at its last unpin")
 	require.NoError(t, s.Commit(j1, ks(5, 1), true, []uint32{0, 0}))
@@ -477,12 +467,9 @@ func TestClearUnindexesPinnedAndKeepsPending(t *testing.T) {
 }
 
 func TestDrop(t *testing.T) {
-	s, _ := newTestState(t, 4)
-	store(t, s, j1, ks(0, 1)...)
-	_, err := s.Reserve(j1, ks(2))
-	require.NoError(t, err)
-	_, err = s.LeaseToPin(hA, j2, ks(1))
-	require.NoError(t, err)
+	s := storedState(t, 4, ks(0, 1)...)
+	mustReserve(t, s, j1, ks(2))
+	mustPin(t, s, hA, j2, ks(1))
 	s.LookupAndLease(hB, ks(0), false, time.Minute)
 
 	assert.False(t, s.Drop(tk(1)), "pinned")
@@ -493,16 +480,14 @@ func TestDrop(t *testing.T) {
 	o := s.Occupancy()
 	assert.Equal(t, 0, o.Leases)
 	assert.Equal(t, 2, o.Free)
-	_, err = s.LeaseToPin(hB, j2, ks(0))
+	_, err := s.LeaseToPin(hB, j2, ks(0))
 	assert.ErrorIs(t, err, messages.ErrUnknownKey)
 	checkInv(t, s)
 }
 
 func TestTouchIgnoresUnknownAndPending(t *testing.T) {
-	s, _ := newTestState(t, 3)
-	store(t, s, j1, ks(0, 1)...)
-	_, err := s.Reserve(j1, ks(2))
-	require.NoError(t, err)
+	s := storedState(t, 3, ks(0, 1)...)
+	mustReserve(t, s, j1, ks(2))
 	s.Touch(ks(2, 9, 0)) // 0 becomes most recent; 2 and 9 are ignored
 	require.NoError(t, s.Commit(j1, ks(2), true, []uint32{0}))
 	res, err := s.Reserve(j2, ks(3))
@@ -542,8 +527,7 @@ func TestNextLeaseExpirySkipsStale(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, t0.Add(5*time.Second), at)
 
-	_, err := s.LeaseToPin(hA, j1, ks(0)) // consumed: its entry is stale
-	require.NoError(t, err)
+	mustPin(t, s, hA, j1, ks(0)) // consumed: its entry is stale
 	at, _ = s.NextLeaseExpiry()
 	assert.Equal(t, t0.Add(10*time.Second), at)
 

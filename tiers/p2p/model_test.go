@@ -40,15 +40,7 @@ import (
 //   - settled, the tier holds nothing: no lookup, fetch, probe, held key or
 //     round.
 func TestModelSeeded(t *testing.T) {
-	for seed := range uint64(150) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			w := newWorld(t, seed)
-			for range 400 {
-				w.step()
-			}
-			w.settle()
-		})
-	}
+	modeltime.Run(t, 150, 400, newWorld, (*world).step, (*world).settle)
 }
 
 var modelNodes = []string{"a", "b", "c"}
@@ -279,9 +271,7 @@ func (w *world) read() {
 			keys = append(keys, key(100+w.rng.IntN(4)))
 			continue
 		}
-		i := w.rng.IntN(len(w.found))
-		keys = append(keys, w.found[i])
-		w.found = append(w.found[:i], w.found[i+1:]...)
+		keys = append(keys, modeltime.Take(&w.found, w.rng.IntN(len(w.found))))
 		if len(w.found) == 0 {
 			break
 		}
@@ -325,8 +315,7 @@ func (w *world) answerSession(i int) {
 	if len(w.calls) == 0 {
 		return
 	}
-	c := w.calls[i]
-	w.calls = append(w.calls[:i], w.calls[i+1:]...)
+	c := modeltime.Take(&w.calls, i)
 	alive := w.up[c.node] == c.pid
 	switch m := c.msg.(type) {
 	case *peermsg.Lookup:

@@ -2,7 +2,6 @@ package tiering
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -40,15 +39,7 @@ import (
 //     budget, every slot back in the pool, every stats and idle query
 //     answered.
 func TestModelSeeded(t *testing.T) {
-	for seed := range uint64(150) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			w := newWorld(t, seed)
-			for range 400 {
-				w.step()
-			}
-			w.settle()
-		})
-	}
+	modeltime.Run(t, 150, 400, newWorld, (*world).step, (*world).settle)
 }
 
 const (
@@ -412,8 +403,7 @@ func (w *world) answerTier(i int) {
 	if len(w.tierIO) == 0 {
 		return
 	}
-	io := w.tierIO[i]
-	w.tierIO = append(w.tierIO[:i], w.tierIO[i+1:]...)
+	io := modeltime.Take(&w.tierIO, i)
 	for _, s := range io.slots {
 		w.touching[s]--
 	}

@@ -1,8 +1,10 @@
-// Package modeltime is the deadlines of a seeded model test: the timers an
-// actor's core arms through its Effects, kept as data and fired when the
-// test says, in a random order — stopped ones too, now and then, as a real
-// timer can fire just as it is stopped. It owns no clock: a test that
-// needs time to pass advances its own.
+// Package modeltime is the time of a seeded model test: Run, its seeds
+// and steps, and the deadlines — the timers an actor's core arms through
+// its Effects, kept as data and fired when the test says, in a random
+// order — stopped ones too, now and then, as a real timer can fire just as
+// it is stopped. It owns no clock: a test that needs time to pass advances
+// its own. The world itself (what a step does, what settled means) is the
+// test's.
 package modeltime
 
 import (
