@@ -220,6 +220,23 @@ func (w *writer) hashes(hs []Hash) {
 	}
 }
 
+func (w *writer) tokens(ids []int32) {
+	w.arrayLen(len(ids))
+	for _, t := range ids {
+		w.int(int64(t))
+	}
+}
+
+// optional writes *p with write, or nil when p is nil: the fields vLLM
+// always sends, as None when unset (a parent hash, a LoRA id).
+func optional[T any](w *writer, p *T, write func(T)) {
+	if p == nil {
+		w.nil_()
+		return
+	}
+	write(*p)
+}
+
 // event writes one event map. Fields in vLLM's declaration order; the ones
 // without a default in vLLM are always present (nil when unset), the rest
 // only when set.
@@ -240,24 +257,13 @@ func (w *writer) event(e *Event) {
 		w.str("block_hashes")
 		w.hashes(e.BlockHashes)
 		w.str("parent_block_hash")
-		if e.Parent == nil {
-			w.nil_()
-		} else {
-			w.hash(*e.Parent)
-		}
+		optional(w, e.Parent, w.hash)
 		w.str("token_ids")
-		w.arrayLen(len(e.TokenIDs))
-		for _, t := range e.TokenIDs {
-			w.int(int64(t))
-		}
+		w.tokens(e.TokenIDs)
 		w.str("block_size")
 		w.int(int64(e.BlockSize))
 		w.str("lora_id")
-		if e.LoRAID == nil {
-			w.nil_()
-		} else {
-			w.int(*e.LoRAID)
-		}
+		optional(w, e.LoRAID, w.int)
 		w.str("medium")
 		w.optStr(e.Medium)
 		w.str("lora_name")
@@ -307,21 +313,10 @@ func (w *writer) legacyEvent(e *Event) {
 		w.arrayLen(7)
 		w.str(e.Type)
 		w.hashes(e.BlockHashes)
-		if e.Parent == nil {
-			w.nil_()
-		} else {
-			w.hash(*e.Parent)
-		}
-		w.arrayLen(len(e.TokenIDs))
-		for _, t := range e.TokenIDs {
-			w.int(int64(t))
-		}
+		optional(w, e.Parent, w.hash)
+		w.tokens(e.TokenIDs)
 		w.int(int64(e.BlockSize))
-		if e.LoRAID == nil {
-			w.nil_()
-		} else {
-			w.int(*e.LoRAID)
-		}
+		optional(w, e.LoRAID, w.int)
 		w.optStr(e.Medium)
 	case TypeBlockRemoved:
 		w.arrayLen(3)

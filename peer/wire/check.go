@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"reflect"
 	"unicode"
 	"unicode/utf8"
 
@@ -16,80 +17,43 @@ const maxHash = messages.MaxHashBytes
 // Encode runs it before writing and Decode after reading, so whatever
 // decodes re-encodes. Its errors are *Error without Op (the caller adds it).
 func check(f Frame) error {
+	// NB: every frame type is a pointer (Frame's method has pointer
+	// receivers), so one test refuses nil, typed or not, for all of them.
+	if f == nil || reflect.ValueOf(f).IsNil() {
+		return nilFrame()
+	}
 	var err error
 	switch f := f.(type) {
 	case *Hello:
-		if f == nil {
-			return nilFrame()
-		}
 		err = checkHalf(f.Version, f.Node, f.Epoch, f.Nonce, f.Namespaces, f.BlockBytes, f.Slots, f.Transport, f.DataMeta)
 	case *Welcome:
-		if f == nil {
-			return nilFrame()
-		}
-		err = checkHalf(f.Version, f.Node, f.Epoch, f.Nonce, f.Namespaces, f.BlockBytes, f.Slots, f.Transport, f.DataMeta)
-		err = first(err, checkExact("mac", f.MAC, MACBytes))
+		err = first(checkHalf(f.Version, f.Node, f.Epoch, f.Nonce, f.Namespaces, f.BlockBytes, f.Slots, f.Transport, f.DataMeta),
+			checkExact("mac", f.MAC, MACBytes))
 	case *Auth:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkExact("mac", f.MAC, MACBytes))
 	case *Ready:
-		if f == nil {
-			return nilFrame()
-		}
 		err = checkEpoch(f.Epoch)
 	case *Refuse:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkString("reason", f.Reason, 1), checkString("msg", f.Msg, 0))
 	case *Lookup:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkKeys(f.Keys))
 	case *LookupResp:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkResp(f))
 	case *Fetch:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkKeys(f.Keys),
 			checkDest(f.Dest, len(f.Keys)), checkExact("token", f.Token, TokenBytes),
 			checkRange("ttl", int(f.TTLms), 1, MaxFetchTTLms))
 	case *TransferDone:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkString("reason", f.Reason, 0))
 	case *Abort:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round))
 	case *AbortAck:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round))
 	case *Ping:
-		if f == nil {
-			return nilFrame()
-		}
 		err = checkEpoch(f.Epoch)
 	case *Pong:
-		if f == nil {
-			return nilFrame()
-		}
 		err = checkEpoch(f.Epoch)
 	case *Bye:
-		if f == nil {
-			return nilFrame()
-		}
 		err = first(checkEpoch(f.Epoch), checkString("reason", f.Reason, 0))
 	default:
 		return nilFrame()

@@ -124,10 +124,7 @@ func kvUint(w *writer, k string, v uint64) {
 
 func writeSlots(w *writer, slots []int) {
 	w.Str("slots")
-	w.ArrayLen(len(slots))
-	for _, s := range slots {
-		w.Uint(uint64(s))
-	}
+	encodeSlots(w, slots)
 }
 
 func encodeEvent(w *writer, e *messages.Event, strip func(string) string) {

@@ -31,36 +31,6 @@ const (
 	maxFields         = 32
 )
 
-// field is a request field beyond v, op, id.
-type field uint32
-
-const (
-	fTimeout field = 1 << iota
-	fReq
-	fKeys
-	fPrefix
-	fOK
-	fJob
-	fWorker
-	fClear
-	fClient
-	fPKeys // packed keys: in place of fKeys (pkeys.go)
-	fN
-	fSlots
-	fWantSlots
-	fNoReply
-	fQuiet
-	fCalls
-	fieldEnd
-)
-
-var fieldNames = map[string]field{
-	"timeout_ms": fTimeout, "req": fReq, "keys": fKeys, "prefix": fPrefix, "ok": fOK,
-	"job": fJob, "worker": fWorker, "clear": fClear, "client": fClient,
-	"pkeys": fPKeys, "n": fN, "slots": fSlots, "want_slots": fWantSlots, "noreply": fNoReply,
-	"quiet": fQuiet, "calls": fCalls,
-}
-
 // MaxBatchCalls bounds the calls of one batch.
 const MaxBatchCalls = 4096
 
@@ -176,7 +146,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 			}
 			continue
 		}
-		f, ok := fieldNames[name]
+		f, ok := fieldByName[name]
 		switch {
 		case !ok && late == nil:
 			late = fmt.Errorf("unknown field %q", name)
@@ -233,19 +203,20 @@ func (d *requestDecoder) decode() (*Request, error) {
 		return nil, d.fail(CodeBadRequest, "%s needs field %q", op, fieldName(missing))
 	}
 	// Pass 2: the op's fields, each with its exact type and bounds.
-	for f := field(1); f < fieldEnd; f <<= 1 {
-		off, ok := d.offsets[f]
+	for i := range requestFields {
+		fs := &requestFields[i]
+		off, ok := d.offsets[fs.f]
 		if !ok {
 			continue
 		}
 		d.r.Off = off
-		if err := d.field(f); err != nil {
+		if err := fs.decode(&d.r, &d.req); err != nil {
 			code := CodeBadRequest
 			if errors.Is(err, messages.ErrBadKey) {
 				code = CodeBadKey
 			}
-			name := fieldName(f)
-			if f == fKeys && d.req.PackedKeys {
+			name := fs.name
+			if fs.f == fKeys && d.req.PackedKeys {
 				name = "pkeys"
 			}
 			return nil, d.fail(code, "field %q: %v", name, err)
@@ -284,69 +255,6 @@ func (d *requestDecoder) header(name string, version *uint64, hasV, hasOp *bool)
 		d.req.ID, d.hasID = id, true
 	}
 	return nil
-}
-
-func fieldName(set field) string {
-	for name, f := range fieldNames {
-		if set&f != 0 {
-			return name
-		}
-	}
-	return "?"
-}
-
-func (d *requestDecoder) field(f field) error {
-	r, q := &d.r, &d.req
-	var err error
-	switch f {
-	case fTimeout:
-		var ms uint64
-		if ms, err = r.Uint(uint64(MaxTimeout / time.Millisecond)); err == nil {
-			if ms == 0 {
-				return fmt.Errorf("timeout_ms must be positive")
-			}
-			q.Timeout = time.Duration(ms) * time.Millisecond
-		}
-	case fReq:
-		q.Req, err = decodeReqContext(r)
-	case fKeys:
-		if q.PackedKeys {
-			q.Keys, err = decodePackedKeys(r, MaxKeys)
-		} else {
-			q.Keys, err = decodeKeys(r, MaxKeys)
-		}
-	case fPrefix:
-		q.Prefix, err = r.Bool()
-	case fOK:
-		q.OK, err = r.Bool()
-	case fJob:
-		var id uint64
-		id, err = r.Uint(math.MaxUint64)
-		q.Job = messages.JobID(id)
-	case fWorker:
-		var w uint64
-		w, err = r.Uint(MaxWorkers - 1)
-		q.Worker = int(w)
-	case fClear:
-		q.Clear, err = r.Bool()
-	case fClient:
-		q.Client, err = r.Str(MaxNameBytes)
-	case fWantSlots:
-		q.WantSlots, err = r.Bool()
-	case fNoReply:
-		q.NoReply, err = r.Bool()
-	case fQuiet:
-		q.Quiet, err = r.Bool()
-	case fCalls:
-		q.Calls, err = decodeCalls(r)
-	case fN:
-		var n uint64
-		n, err = r.Uint(MaxKeys)
-		q.N = int(n)
-	case fSlots:
-		q.Slots, err = decodeSlots(r, MaxKeys)
-	}
-	return err
 }
 
 // decodeSlots reads an array of slot indexes (each < 2^31).
@@ -524,21 +432,16 @@ func decodeStrings(r *reader, maxN, maxLen int) ([]string, error) {
 	return out, nil
 }
 
-// EncodeRequest encodes q as a request frame of protocol Version.
+// EncodeRequest encodes q as a request frame of protocol Version: v, op
+// and id, then the fields of the table (fields.go) that q's op requires, or
+// allows and q sets.
 func EncodeRequest(q *Request) []byte {
 	w := writer{B: make([]byte, 0, 64+len(q.Keys)*48)}
 	s := ops[q.Op].fields()
+	sent := func(fs *fieldSpec) bool { return s.allowed&fs.f != 0 && (s.required&fs.f != 0 || fs.set(q)) }
 	nf := 3
-	set := func(f field, on bool) bool { return s.allowed&f != 0 && (on || s.required&f != 0) }
-	fields := []struct {
-		f  field
-		on bool
-	}{{fTimeout, q.Timeout > 0}, {fReq, q.Req != nil}, {fKeys, true}, {fPrefix, q.Prefix},
-		{fOK, true}, {fJob, true}, {fWorker, true}, {fClear, q.Clear}, {fClient, q.Client != ""},
-		{fN, true}, {fSlots, true}, {fWantSlots, q.WantSlots}, {fNoReply, q.NoReply}, {fQuiet, q.Quiet},
-		{fCalls, true}}
-	for _, x := range fields {
-		if set(x.f, x.on) {
+	for i := range requestFields {
+		if sent(&requestFields[i]) {
 			nf++
 		}
 	}
@@ -549,64 +452,27 @@ func EncodeRequest(q *Request) []byte {
 	w.Str(q.Op.String())
 	w.Str("id")
 	w.Uint(q.ID)
-	for _, x := range fields {
-		if !set(x.f, x.on) {
-			continue
-		}
-		name := fieldName(x.f)
-		packed := x.f == fKeys && q.PackedKeys && packable(q.Keys)
-		if packed {
-			name = "pkeys"
-		}
-		w.Str(name)
-		switch x.f {
-		case fTimeout:
-			w.Uint(uint64(max(q.Timeout/time.Millisecond, 1)))
-		case fReq:
-			encodeReqContext(&w, q.Req, "")
-		case fKeys:
-			if packed {
-				encodePackedKeys(&w, q.Keys)
-			} else {
-				encodeKeys(&w, q.Keys)
-			}
-		case fPrefix:
-			w.Bool(q.Prefix)
-		case fOK:
-			w.Bool(q.OK)
-		case fJob:
-			w.Uint(uint64(q.Job))
-		case fWorker:
-			w.Uint(uint64(q.Worker))
-		case fClear:
-			w.Bool(q.Clear)
-		case fClient:
-			w.Str(q.Client)
-		case fN:
-			w.Uint(uint64(q.N))
-		case fSlots:
-			w.ArrayLen(len(q.Slots))
-			for _, s := range q.Slots {
-				w.Uint(uint64(s))
-			}
-		case fWantSlots:
-			w.Bool(q.WantSlots)
-		case fNoReply:
-			w.Bool(q.NoReply)
-		case fQuiet:
-			w.Bool(q.Quiet)
-		case fCalls:
-			w.ArrayLen(len(q.Calls))
-			for _, c := range q.Calls {
-				if c.Req != nil {
-					w.B = append(w.B, EncodeRequest(c.Req)...)
-				} else {
-					w.Nil()
-				}
-			}
+	for i := range requestFields {
+		fs := &requestFields[i]
+		switch {
+		case !sent(fs):
+		case fs.f == fKeys && q.PackedKeys && packable(q.Keys):
+			w.Str("pkeys") // in place of "keys" (pkeys.go)
+			encodePackedKeys(&w, q.Keys)
+		default:
+			w.Str(fs.name)
+			fs.encode(&w, q)
 		}
 	}
 	return w.B
+}
+
+// encodeSlots writes slot indexes as an array (decodeSlots reads it).
+func encodeSlots(w *writer, slots []int) {
+	w.ArrayLen(len(slots))
+	for _, s := range slots {
+		w.Uint(uint64(s))
+	}
 }
 
 func encodeKeys(w *writer, keys []messages.Key) {

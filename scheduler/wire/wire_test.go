@@ -330,3 +330,21 @@ func FuzzReadFrame(f *testing.F) {
 		require.Equal(t, b[:4+len(frame)], out.Bytes(), "a frame read writes back as it came")
 	})
 }
+
+// The field table has one row per field bit but pkeys (which stands in for
+// keys), in bit order: the order the encoder writes and the decoder checks.
+func TestFieldTableCoversEveryField(t *testing.T) {
+	want := fTimeout
+	for _, fs := range requestFields {
+		if want == fPKeys {
+			want <<= 1
+		}
+		require.Equal(t, want, fs.f, "row %q", fs.name)
+		require.Equal(t, fs.f, fieldByName[fs.name])
+		require.NotNil(t, fs.set, fs.name)
+		require.NotNil(t, fs.encode, fs.name)
+		require.NotNil(t, fs.decode, fs.name)
+		want <<= 1
+	}
+	require.Equal(t, fCalls<<1, want, "a field without a row")
+}
