@@ -93,6 +93,11 @@ _RESULT = {
 _LINK_ERRORS = {"CLOSED", "NO_SESSION", "BAD_VERSION", "BAD_REPLY", "LINK_TIMEOUT"}
 
 
+def _link_error(err) -> bool:
+    """An error reply that says the session is gone (not one call refused)."""
+    return isinstance(err, dict) and err.get("code") in _LINK_ERRORS
+
+
 class KvtierLoadError(RuntimeError):
     """prepare_load failed for blocks kvtier had answered HIT: only possible
     if kvtierd went away between the lookup and the load in one step. vLLM
@@ -130,6 +135,7 @@ class _StoreBatch:
     bound: Optional[List[bool]] = None  # the daemon's answer; None until it came
     failed: bool = False                # the daemon refused the store: no slot is ours to reuse
     open: int = 0                       # keys not completed yet
+    completed: Dict[OffloadKey, None] = field(default_factory=dict)  # keys completed (each once)
     deferred: List[Tuple[List[OffloadKey], bool]] = field(default_factory=list)  # completions awaiting `bound`
 
 
@@ -410,11 +416,19 @@ class KvtierManager(OffloadingManager):
             self._lost(e)
             return
         for rid, reply in replies:
+            err = reply.get("err")
+            if err is not None and _link_error(err):
+                # NB: whichever call it answers (a quiet one, a store, a
+                # lookup): the session is gone — e.g. a restarted kvtierd
+                # that ZeroMQ reconnected this socket to, which knows no
+                # session of ours. Nothing it answers from now on counts.
+                self._lost(KvtierError(err.get("code", ""), err.get("msg", "")))
+                return
             settle = self._calls.pop(rid, None)
             if settle is not None:
                 self._settle_reply(settle, reply)
-            elif "err" in reply:
-                self._refused(reply["err"])
+            elif err is not None:
+                self._refused(err)
 
     def _flush_before_schedule(self) -> None:
         if self._flush_at_schedule or self._flush_at_completion:
@@ -753,6 +767,14 @@ class KvtierManager(OffloadingManager):
         c = self._link.client
         return c is not None and c.hello.batch
 
+    def _forget_stored(self, b: _StoreBatch, keys: Iterable[OffloadKey]) -> None:
+        """keys of b are settled: no longer this engine's writes (a later
+        batch of the same key, once vLLM stores it again, is left alone)."""
+        stores = self._stores
+        for k in keys:
+            if stores.get(k) is b:
+                del stores[k]
+
     def _credit_on(self) -> bool:
         """Stores go through credit: the daemon serves it and it is not
         turned off (kvtier_store_credit: 0)."""
@@ -772,8 +794,9 @@ class KvtierManager(OffloadingManager):
         self._flush_before_completion()
         by_batch: Dict[int, Tuple[_StoreBatch, List[OffloadKey]]] = {}
         for k in keys:
-            b = self._stores.pop(k, None)
-            if b is not None:
+            b = self._stores.get(k)
+            if b is not None and k not in b.completed:
+                b.completed[k] = None
                 by_batch.setdefault(id(b), (b, []))[1].append(k)
         for b, ks in by_batch.values():
             b.open -= len(ks)
@@ -784,12 +807,25 @@ class KvtierManager(OffloadingManager):
     def _settle_deferred(self, b: _StoreBatch) -> None:
         """Completions of a batch whose bound keys are known: bound keys are
         committed (or freed); a duplicate's slot returns to the credit (its
-        copy is over). A refused batch's slots are not ours: dropped."""
-        if b.bound is None or b.epoch != self._link.epoch:
+        copy is over). A refused batch's slots are not ours: dropped.
+
+        NB: a completed key stays in _stores (a lookup answers HIT_PENDING)
+        until this settles it: before the daemon said which keys it bound,
+        the key is neither being written by us for all we know nor
+        committing, and the index does not hold it yet — a MISS then would
+        recompute a prefix the engine has just stored (the store's reply
+        comes later than the worker's completion on a loaded box)."""
+        if b.bound is None and b.epoch == self._link.epoch:
+            return
+        if b.epoch != self._link.epoch:
+            for ks, _ in b.deferred:
+                self._forget_stored(b, ks)
             b.deferred.clear()
             return
+        assert b.bound is not None
         pos = {k: i for i, k in enumerate(b.keys)}
         for ks, ok in b.deferred:
+            self._forget_stored(b, ks)
             commit = [k for k in ks if b.bound[pos[k]]]
             if ok:
                 now = time.monotonic()

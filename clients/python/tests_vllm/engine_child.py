@@ -24,6 +24,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+if os.environ.get("KVTIER_TEST_DEBUG"):  # the connector's debug log, for a failing test's evidence
+    import logging
+
+    _h = logging.StreamHandler()
+    _h.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(message)s"))
+    for _name in ("kvtier_vllm", "kvtier_client"):
+        logging.getLogger(_name).addHandler(_h)
+        logging.getLogger(_name).setLevel(logging.DEBUG)
 
 
 def engine(args):

@@ -176,7 +176,9 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
     same(gen(e, "y1"), reference["y1"])  # stored in the new daemon
     out = gen(e, "y2")
     same(out, reference["y2"])
-    assert out["cached"] >= PREFIX
+    assert out["cached"] >= PREFIX, (
+        f"y2 found {out['cached']} of {PREFIX} prefix tokens cached\n--- engine:\n{e.log_lines('kvtier|cannot store|Error|rror:')}"
+        f"--- kvtierd:\n{d2.log_tail(60)}--- metrics: {d2.metrics()}")
 
 
 @pytest.mark.parametrize("transport", ["ipc", "unix"])

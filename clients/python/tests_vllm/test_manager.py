@@ -384,6 +384,83 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
         kv.shutdown()
 
 
+def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon_factory):
+    """The worker's completion comes before the daemon's answer to the
+    store (which says which keys it bound): on a loaded box the answer is
+    late, and CI saw the next request's lookup answer MISS in between — the
+    key no longer this engine's write, not committing, not in the index —
+    and recompute the prefix just stored. Until that answer, the key is
+    still being written (HIT_PENDING); once it comes, committed and a HIT."""
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
+    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
+    managers = {"kvtier": kv}
+    try:
+        keys = chained_keys([1, 2, 3])
+        w = new_request("w", keys, managers)
+        assert kv.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
+        os.kill(d.proc.pid, signal.SIGSTOP)  # the store goes out; its answer cannot come
+        try:
+            kv.on_schedule_end(None)
+            kv.complete_store(keys, w.ctx["kvtier"])  # the worker copied: done
+            kv.on_request_finished(w.ctx["kvtier"])
+            r = new_request("r", keys, managers)
+            for step in range(6):
+                res = kv.lookup(keys[0], r.ctx["kvtier"])
+                assert res is LookupResult.HIT_PENDING, f"step {step}: {res}"
+                assert kv.prepare_store(keys, r.ctx["kvtier"]).keys_to_store == [], \
+                    "a key this engine is still writing is not stored twice"
+                kv.on_schedule_end(None)
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while (res := kv.lookup(keys[0], r.ctx["kvtier"])) is not LookupResult.HIT:
+            assert res is not LookupResult.MISS and time.monotonic() < deadline, res
+            kv.on_schedule_end(None)
+            time.sleep(0.001)  # the step's forward pass
+        assert kv.state_sizes()["stores"] == 0, "settled stores are forgotten"
+    finally:
+        kv.shutdown()
+
+
+def test_a_restarted_kvtierd_that_knows_no_session_is_reconnected_to(daemon_factory):
+    """Over ipc:// (ZeroMQ) a dead kvtierd is silent: frames queue and, once
+    a new kvtierd binds the same socket, ZeroMQ delivers them there, where
+    no session of ours exists (NO_SESSION). That answer — to a store, a
+    quiet commit, any call — means the session is gone: the manager
+    reconnects and stores into the new daemon, instead of going on with a
+    session every call of which is refused."""
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc")
+    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 64})
+    managers = {"kvtier": kv}
+    try:
+        d.kill()
+        d2 = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc", pool=d.pool)
+        assert d2.address == d.address
+        deadline = time.monotonic() + 30
+        i = 0
+        while d2.metrics().get("kvtier_stores_total", 0) == 0:
+            assert time.monotonic() < deadline, (
+                f"never stored into the restarted kvtierd: {kv.refused_stores} stores refused")
+            keys = chained_keys([1000 + i])
+            i += 1
+            r = new_request(f"r{i}", keys, managers)
+            out = kv.prepare_store(keys, r.ctx["kvtier"])
+            kv.on_schedule_end(None)
+            if out is not None and out.keys_to_store:
+                kv.complete_store(out.keys_to_store, r.ctx["kvtier"])
+            kv.on_request_finished(r.ctx["kvtier"])
+            kv.on_schedule_end(None)
+            time.sleep(0.01)  # the step's forward pass
+        assert kv.blocking_calls <= 2, "no synchronous call was needed to notice (credit covered every store)"
+    finally:
+        kv.shutdown()
+
+
 def test_named_difference_credit_stores_without_waiting(daemon_factory):
     """Deliberate difference 4: kvtierd reserves slots for the engine's
     stores ahead of need (its credit); prepare_store hands them out at once

@@ -5,6 +5,7 @@ crash) at the end."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from typing import Dict, List, Optional, Sequence
+from typing import Deque, Dict, List, Optional, Sequence
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 
@@ -38,6 +39,7 @@ class Daemon:
         self.pool = pool or f"/dev/shm/kvtier-{tag}-{os.getpid()}-{time.monotonic_ns()}.pool"
         self.metrics_port = 0
         self.proc: Optional[subprocess.Popen] = None
+        self._log: Deque[str] = collections.deque(maxlen=200)  # its last log lines
 
     def start(self) -> "Daemon":
         args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
@@ -58,8 +60,16 @@ class Daemon:
             assert time.monotonic() < deadline, "kvtierd did not start"
         else:
             raise AssertionError("kvtierd exited before listening")
-        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+        threading.Thread(target=self._keep_log, args=(self.proc.stderr,), daemon=True).start()
         return self
+
+    def _keep_log(self, stream) -> None:
+        for line in stream:
+            self._log.append(line)
+
+    def log_tail(self, n: int = 40) -> str:
+        """The daemon's last log lines (a failing test's evidence)."""
+        return "".join(list(self._log)[-n:])
 
     def metrics(self) -> Dict[str, float]:
         body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
