@@ -41,10 +41,12 @@ the same points.
 
 State is bounded: a request's state lives from its first call to its
 ``on_request_finished``; late completions never re-create it; a store's
-record lives until its completion.
+record lives until its completion and the daemon's answer to it.
 
-kvtierd unreachable: every call answers as if kvtier were empty (MISS, no
-store), vLLM recomputes, and a background thread reconnects; the new session
+kvtierd unreachable, or answering that it knows no session of ours (a
+restarted kvtierd; over ZeroMQ the old socket reconnects to it by itself):
+every call answers as if kvtier were empty (MISS, no store), vLLM
+recomputes, and a background thread reconnects; the new session
 gets a new pool file, which the specs name, so workers remap it.
 
 Not thread-safe by design: vLLM enters a manager from its scheduler thread
