@@ -812,11 +812,11 @@ class KvtierManager(OffloadingManager):
         copy is over). A refused batch's slots are not ours: dropped.
 
         NB: a completed key stays in _stores (a lookup answers HIT_PENDING)
-        until this settles it: before the daemon said which keys it bound,
-        the key is neither being written by us for all we know nor
-        committing, and the index does not hold it yet — a MISS then would
-        recompute a prefix the engine has just stored (the store's reply
-        comes later than the worker's completion on a loaded box)."""
+        until this settles it. Dropped at its completion, it was neither
+        this engine's write nor committing until the daemon's answer came —
+        later than the worker's completion on a loaded box — and the index
+        did not hold it yet: a lookup answered MISS and recomputed a prefix
+        the engine had just stored."""
         if b.bound is None and b.epoch == self._link.epoch:
             return
         if b.epoch != self._link.epoch:
