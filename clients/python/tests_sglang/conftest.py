@@ -13,10 +13,10 @@ from typing import List, Optional, Sequence
 
 import pytest
 
+from testsupport.engines import skip_without
 from testsupport.kvtierd import Daemon, build_kvtierd, stop_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
 try:
     import torch
@@ -29,15 +29,13 @@ try:
 except Exception:  # ImportError, or a broken install
     HAVE_SGLANG = False
 
-pytestmark = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed in this "
-                                "interpreter (scripts/sglang-env.sh builds the venv)")
+NEEDS_SGLANG = skip_without(HAVE_SGLANG, "SGLang", "scripts/sglang-env.sh")
 
 
 def pytest_collection_modifyitems(items):
     if not HAVE_SGLANG:
-        skip = pytest.mark.skip(reason="SGLang is not installed (scripts/sglang-env.sh builds the venv)")
         for item in items:
-            item.add_marker(skip)
+            item.add_marker(NEEDS_SGLANG)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 
 import pytest
 
+from testsupport.engines import skip_without
 from testsupport.kvtierd import Daemon, build_kvtierd, stop_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,8 +31,7 @@ try:
 except Exception:  # ImportError, or a broken install
     HAVE_VLLM = False
 
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed in this "
-                                "interpreter (scripts/vllm-env.sh builds the venv)")
+needs_vllm = skip_without(HAVE_VLLM, "vLLM", "scripts/vllm-env.sh")
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +94,13 @@ class Engine:
         self.logfile.flush()
         self.logfile.seek(0)
         return "".join(self.logfile.readlines()[-n:])
+
+    def log_lines(self, needles: str) -> str:
+        """Every line of the engine's log that holds one of needles
+        (separated by "|"): a failing test's evidence, without the noise."""
+        self.logfile.flush()
+        self.logfile.seek(0)
+        return "".join(line for line in self.logfile if any(n in line for n in needles.split("|")))
 
     def _result(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.results], [], [], timeout)

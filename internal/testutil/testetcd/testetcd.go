@@ -29,20 +29,15 @@ import (
 
 	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/needbin"
 )
 
-// TB is the part of testing.TB these helpers use: a test passes its
-// *testing.T; importing no testing package keeps it out of the shipped
-// binaries that link these helpers (cmd/kvtier's bench).
+// TB is the part of testing.TB these helpers use: needbin's, and the
+// test's log and verdict (a failed test shows etcd's output).
 type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Fatalf(format string, args ...any)
+	needbin.TB
 	Logf(format string, args ...any)
-	Skipf(format string, args ...any)
-	Cleanup(func())
 	Failed() bool
-	TempDir() string
 }
 
 // Install is how to get the server binary.
@@ -66,17 +61,10 @@ func Binary() (string, error) {
 }
 
 // Need returns the etcd binary. Without it the test is skipped, or fails
-// when CI is "true": CI must run these tests.
+// when CI is "true": CI must run these tests (needbin.Need).
 func Need(t TB) string {
 	t.Helper()
-	bin, err := Binary()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and %v", err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
-	return bin
+	return needbin.Need(t, Binary)
 }
 
 // Start launches a server over a temporary data directory, stopped when

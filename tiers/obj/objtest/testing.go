@@ -3,47 +3,25 @@ package objtest
 import (
 	"bytes"
 	"context"
-	"os"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/minio/minio-go/v7"
 
+	"github.com/kvtier/kvtier/internal/testutil/needbin"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
-// TB is the part of testing.TB these helpers use: a test passes its
-// *testing.T; importing no testing package keeps it out of the shipped
-// binaries that link these helpers (cmd/kvtier's bench).
-type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Fatalf(format string, args ...any)
-	Skipf(format string, args ...any)
-	Cleanup(func())
-	TempDir() string
-}
+// TB is the part of testing.TB these helpers use (needbin's).
+type TB = needbin.TB
 
 // Need returns the versitygw binary (Binary). Without it the test is
-// skipped, or fails when CI is "true": CI must run these tests.
+// skipped, or fails when CI is "true": CI must run these tests
+// (needbin.Need).
 func Need(t TB) string {
 	t.Helper()
-	bin, err := Binary()
-	if err != nil {
-		Unavailable(t, err)
-	}
-	return bin
-}
-
-// Unavailable ends a test that cannot have its server because of err:
-// skipped, or failed when CI is "true".
-func Unavailable(t TB, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true and %v", err)
-	}
-	t.Skipf("skipping: %v", err)
+	return needbin.Need(t, Binary)
 }
 
 // Start launches a server over a temporary directory with bucket created,
