@@ -138,6 +138,7 @@ class _StoreBatch:
     failed: bool = False                # the daemon refused the store: no slot is ours to reuse
     open: int = 0                       # keys not completed yet
     completed: Dict[OffloadKey, None] = field(default_factory=dict)  # keys completed (each once)
+    queued: float = 0.0                 # when the store was queued (monotonic): its answer is due
     deferred: List[Tuple[List[OffloadKey], bool]] = field(default_factory=list)  # completions awaiting `bound`
 
 
@@ -241,6 +242,10 @@ class KvtierManager(OffloadingManager):
         self._nsfp = 0
         self._reqs: Dict[str, _Req] = {}
         self._stores: Dict[OffloadKey, _StoreBatch] = {}  # keys this manager is writing
+        # Batches completed (some keys) whose store the daemon has not
+        # answered yet: their keys stay HIT_PENDING meanwhile, so an answer
+        # that does not come within the link's timeout means the link is gone.
+        self._awaiting: Dict[int, _StoreBatch] = {}
         # Keys whose store this manager completed in the last steps: their
         # commit may not be in the index yet (it lands a little after the
         # completion is sent), so a lookup asks kvtierd instead of MISS.
@@ -467,6 +472,7 @@ class KvtierManager(OffloadingManager):
             r.ask.clear()
             r.asking = 0
         self._stores.clear()
+        self._awaiting.clear()
         self._committing.clear()
         self._calls.clear()
         self._out, self._keep = [], []
@@ -719,7 +725,8 @@ class KvtierManager(OffloadingManager):
             return self._prepare_store_now(keys, to_store, r, evicted)
         slots = self._credit[-len(to_store):]
         del self._credit[-len(to_store):]
-        b = _StoreBatch(to_store, slots, r.wire, self._link.epoch, open=len(to_store))
+        b = _StoreBatch(to_store, slots, r.wire, self._link.epoch, open=len(to_store),
+                        queued=time.monotonic())
         self._queue("store", ("store", b), req=r.wire, slots=slots,
                     **self._keys(to_store))
         for k in to_store:
@@ -805,6 +812,8 @@ class KvtierManager(OffloadingManager):
             b.deferred.append((ks, bool(success)))
             if b.bound is not None:
                 self._settle_deferred(b)
+            else:
+                self._awaiting[id(b)] = b
 
     def _settle_deferred(self, b: _StoreBatch) -> None:
         """Completions of a batch whose bound keys are known: bound keys are
@@ -819,6 +828,7 @@ class KvtierManager(OffloadingManager):
         the engine had just stored."""
         if b.bound is None and b.epoch == self._link.epoch:
             return
+        self._awaiting.pop(id(b), None)
         if b.epoch != self._link.epoch:
             for ks, _ in b.deferred:
                 self._forget_stored(b, ks)
@@ -871,11 +881,24 @@ class KvtierManager(OffloadingManager):
         # recent steps, with a margin, is enough.
         if self._committing:
             self._prune_committing()
+        if self._awaiting and not self._stores_answered_in_time():
+            return
         self._ask_queued()
         self._refill()
         self._flush()
         self._flush_at_completion, self._flush_at_schedule = True, False
         self._read_this_step = False
+
+    def _stores_answered_in_time(self) -> bool:
+        """False, and the link lost, when a completed store's answer is
+        overdue (its keys would otherwise stay HIT_PENDING, and the engine
+        stepping, for as long as a dead daemon stays silent — over ZeroMQ a
+        dead peer is silence, not an error)."""
+        oldest = min(b.queued for b in self._awaiting.values())
+        if time.monotonic() - oldest <= self._link.timeout:
+            return True
+        self._lost(KvtierError("LINK_TIMEOUT", f"no store reply within {self._link.timeout}s"))
+        return False
 
     def _prune_committing(self) -> None:
         """A commit has landed once the residency index holds its key (a
@@ -909,10 +932,10 @@ class KvtierManager(OffloadingManager):
         return max(self._credit_min, need + need // 8) if self._credit_min > 0 else 0
 
     def has_pending_work(self) -> bool:
-        # Only something queued and not yet sent needs another engine step
+        # Only something queued and not yet sent, or a completed store's
+        # answer (bounded by the link's timeout), needs another engine step
         # (seed 002: never true for long).
-        return bool(self._out) or any(
-            s[0] == "store" and s[1].deferred for s in self._calls.values())
+        return bool(self._out) or bool(self._awaiting)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         # kvtierd publishes the CPU and STORAGE media itself (README, "Run

@@ -425,6 +425,39 @@ def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon
         kv.shutdown()
 
 
+def test_a_store_answer_that_never_comes_ends_the_session(daemon_factory):
+    """The other side of the rule above: kvtierd dies (over ipc://, silence)
+    before it answers a store the worker completed. Its keys are
+    HIT_PENDING only until the link's timeout (kvtier_timeout_s): then the
+    session is lost, lookups answer MISS, and the engine stops stepping for
+    it — never deferred, or spinning, for as long as the daemon is gone."""
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc")
+    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
+    managers = {"kvtier": kv}
+    try:
+        keys = chained_keys([4, 5, 6])
+        w = new_request("w", keys, managers)
+        assert kv.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
+        d.kill()
+        kv.on_schedule_end(None)  # the store goes out; no answer will come
+        kv.complete_store(keys, w.ctx["kvtier"])
+        kv.on_request_finished(w.ctx["kvtier"])
+        r = new_request("r", keys, managers)
+        deadline = time.monotonic() + 15
+        while (res := kv.lookup(keys[0], r.ctx["kvtier"])) is LookupResult.HIT_PENDING:
+            assert kv.has_pending_work(), "the engine steps while the answer is due"
+            assert time.monotonic() < deadline, "HIT_PENDING for as long as the dead daemon is silent"
+            kv.on_schedule_end(None)
+            time.sleep(0.01)  # the step's forward pass
+        assert res is LookupResult.MISS
+        assert not kv.has_pending_work()
+    finally:
+        kv.shutdown()
+
+
 def test_a_restarted_kvtierd_that_knows_no_session_is_reconnected_to(daemon_factory):
     """Over ipc:// (ZeroMQ) a dead kvtierd is silent: frames queue and, once
     a new kvtierd binds the same socket, ZeroMQ delivers them there, where
