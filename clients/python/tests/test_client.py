@@ -14,6 +14,7 @@ import time
 import pytest
 
 from kvtier_client import HIT, MISS, Client, KvtierError, Request
+from testsupport.kvtierd import stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -219,11 +220,10 @@ def test_a_call_to_a_stopped_daemon_times_out(daemon):
     would — and the connection still works once the daemon runs again."""
     with Client(daemon, heartbeat=False) as c:
         pid = _pid_listening_on(daemon)
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         ticks = []
         old = signal.signal(signal.SIGALRM, lambda *_: ticks.append(1))
         try:
-            _await_stopped(pid)  # NB: SIGSTOP is delivered asynchronously
             signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
             t = time.monotonic()
             with pytest.raises(KvtierError) as e:
@@ -236,20 +236,6 @@ def test_a_call_to_a_stopped_daemon_times_out(daemon):
             signal.signal(signal.SIGALRM, old)
             os.kill(pid, signal.SIGCONT)
         c.ping()  # the late reply to the timed-out ping is dropped, this one is read
-
-
-def _await_stopped(pid: int) -> None:
-    """Returns once every thread of pid is stopped (state T), within 10 s."""
-    deadline = time.monotonic() + 10
-    while True:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if all(st in ("T", "t") for st in states):
-            return
-        assert time.monotonic() < deadline, f"threads of {pid} not stopped: {states}"
-        time.sleep(0.001)
 
 
 def _pid_listening_on(addr: str) -> int:

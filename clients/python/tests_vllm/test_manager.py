@@ -31,6 +31,7 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import needs_vllm
+from testsupport.kvtierd import stop_process
 
 pytestmark = needs_vllm
 
@@ -346,6 +347,18 @@ def test_named_difference_a_held_key_answers_retry_then_hit(small_daemon):
         kv.shutdown()
 
 
+def steps_until_hit(kv, key, ctx, timeout: float = 10.0) -> None:
+    """Scheduler steps until key is a HIT: never a MISS on the way (that
+    would recompute it), within timeout."""
+    from vllm.v1.kv_offload.base import LookupResult
+
+    deadline = time.monotonic() + timeout
+    while (res := kv.lookup(key, ctx)) is not LookupResult.HIT:
+        assert res is not LookupResult.MISS and time.monotonic() < deadline, res
+        kv.on_schedule_end(None)
+        time.sleep(0.001)  # the step's forward pass
+
+
 def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factory):
     """The engine completed a store and the daemon is slow to land its
     commit (SIGSTOPped here; a loaded box did it to CI): however many steps
@@ -365,7 +378,7 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
         assert kv.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
         kv.settle()  # the keys are bound to credited slots
         kv.on_request_finished(w.ctx["kvtier"])
-        os.kill(d.proc.pid, signal.SIGSTOP)
+        stop_process(d.proc.pid)
         try:
             kv.complete_store(keys, w.ctx["kvtier"])  # the commit is queued, sent at the next flush
             r = new_request("r", keys, managers)
@@ -375,11 +388,7 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
                 kv.on_schedule_end(None)
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
-        deadline = time.monotonic() + 10
-        while (res := kv.lookup(keys[0], r.ctx["kvtier"])) is not LookupResult.HIT:
-            assert res is not LookupResult.MISS and time.monotonic() < deadline, res
-            kv.on_schedule_end(None)
-            time.sleep(0.001)  # the step's forward pass
+        steps_until_hit(kv, keys[0], r.ctx["kvtier"])
     finally:
         kv.shutdown()
 
@@ -401,7 +410,7 @@ def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon
         keys = chained_keys([1, 2, 3])
         w = new_request("w", keys, managers)
         assert kv.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
-        os.kill(d.proc.pid, signal.SIGSTOP)  # the store goes out; its answer cannot come
+        stop_process(d.proc.pid)  # the store goes out; its answer cannot come
         try:
             kv.on_schedule_end(None)
             kv.complete_store(keys, w.ctx["kvtier"])  # the worker copied: done
@@ -415,11 +424,7 @@ def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon
                 kv.on_schedule_end(None)
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
-        deadline = time.monotonic() + 10
-        while (res := kv.lookup(keys[0], r.ctx["kvtier"])) is not LookupResult.HIT:
-            assert res is not LookupResult.MISS and time.monotonic() < deadline, res
-            kv.on_schedule_end(None)
-            time.sleep(0.001)  # the step's forward pass
+        steps_until_hit(kv, keys[0], r.ctx["kvtier"])
         assert kv.state_sizes()["stores"] == 0, "settled stores are forgotten"
     finally:
         kv.shutdown()

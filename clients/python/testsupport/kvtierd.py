@@ -129,3 +129,20 @@ def stop_all(made: List[Daemon]) -> None:
     for d in made:
         if os.path.exists(d.pool):
             os.unlink(d.pool)
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP pid and return once every thread of it is stopped (state T),
+    within 10 s: the signal is delivered asynchronously, and a daemon that
+    polls its sockets can answer a frame sent meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"threads of {pid} not stopped: {states}"
+        time.sleep(0.001)  # NB: polling /proc; no message says a process stopped
