@@ -347,6 +347,16 @@ def test_named_difference_a_held_key_answers_retry_then_hit(small_daemon):
         kv.shutdown()
 
 
+def credited(daemon_factory, credit: int, **daemon_kw):
+    """A small kvtierd and a manager storing through credit of that many
+    slots: (daemon, manager, managers as the helpers above take them)."""
+    from kvtier_bench.vllm_harness import kvtier_manager
+
+    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, **daemon_kw)
+    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": credit})
+    return d, kv, {"kvtier": kv}
+
+
 def steps_until_hit(kv, key, ctx, timeout: float = 10.0) -> None:
     """Scheduler steps until key is a HIT: never a MISS on the way (that
     would recompute it), within timeout."""
@@ -366,12 +376,10 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
     MISS from the residency index, which does not hold the key yet (a MISS
     would recompute a prefix the engine just stored); once the daemon runs
     again, the key is a HIT."""
-    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys
     from vllm.v1.kv_offload.base import LookupResult
 
-    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
-    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
-    managers = {"kvtier": kv}
+    d, kv, managers = credited(daemon_factory, 16)
     try:
         keys = chained_keys([1, 2, 3])
         w = new_request("w", keys, managers)
@@ -400,12 +408,10 @@ def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon
     key no longer this engine's write, not committing, not in the index —
     and recompute the prefix just stored. Until that answer, the key is
     still being written (HIT_PENDING); once it comes, committed and a HIT."""
-    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys
     from vllm.v1.kv_offload.base import LookupResult
 
-    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
-    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
-    managers = {"kvtier": kv}
+    d, kv, managers = credited(daemon_factory, 16)
     try:
         keys = chained_keys([1, 2, 3])
         w = new_request("w", keys, managers)
@@ -436,12 +442,10 @@ def test_a_store_answer_that_never_comes_ends_the_session(daemon_factory):
     HIT_PENDING only until the link's timeout (kvtier_timeout_s): then the
     session is lost, lookups answer MISS, and the engine stops stepping for
     it — never deferred, or spinning, for as long as the daemon is gone."""
-    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys
     from vllm.v1.kv_offload.base import LookupResult
 
-    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc")
-    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
-    managers = {"kvtier": kv}
+    d, kv, managers = credited(daemon_factory, 16, transport="ipc")
     try:
         keys = chained_keys([4, 5, 6])
         w = new_request("w", keys, managers)
@@ -470,11 +474,9 @@ def test_a_restarted_kvtierd_that_knows_no_session_is_reconnected_to(daemon_fact
     quiet commit, any call — means the session is gone: the manager
     reconnects and stores into the new daemon, instead of going on with a
     session every call of which is refused."""
-    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys
 
-    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc")
-    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 64})
-    managers = {"kvtier": kv}
+    d, kv, managers = credited(daemon_factory, 64, transport="ipc")
     try:
         d.kill()
         d2 = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE, transport="ipc", pool=d.pool)
@@ -505,11 +507,9 @@ def test_named_difference_credit_stores_without_waiting(daemon_factory):
     and tells kvtierd which key each holds without waiting. The credited
     slots are write-pending in kvtierd (not cached meanwhile)."""
     from kvtier_client import Client
-    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from kvtier_bench.vllm_harness import chained_keys
 
-    d = daemon_factory(block_bytes=PAGE, pool_bytes=256 * PAGE)
-    kv = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
-    managers = {"kvtier": kv}
+    d, kv, managers = credited(daemon_factory, 16)
     try:
         assert kv.state_sizes()["credit"] == 16
         blocking = kv.blocking_calls
