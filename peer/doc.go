@@ -11,6 +11,13 @@
 // P2P tier does), and never moves block bytes itself (the rdma.Transport
 // does, and reports completions as messages).
 //
+// A session's decisions are made by plain structs its tests drive alone:
+// outbound.go (the handshake we start, redial back-off, heartbeat),
+// gate.go (the handshake a peer starts on our ROUTER and the epoch and
+// seal check of its later frames), consumer.go (the rounds we start) and
+// producer.go (the rounds we serve). session.go carries their decisions
+// out: sockets, timers, seals, messages to the CPU tier and the P2P tier.
+//
 // Peers come from the config (static) and from discovery: the node hands
 // the plane a Members source (peer/discovery on etcd, behind an adapter),
 // whose MemberUp and MemberDown messages open and close sessions exactly

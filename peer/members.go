@@ -185,7 +185,7 @@ func (s *Session) letGo(ctx actor.Context) {
 // and serves no one: the inbound side lasts as long as the peer's own
 // session to us.
 func (s *Session) releaseIfIdle(ctx actor.Context) {
-	if s.in == nil && s.hs == nil && len(s.rounds.rounds) == 0 && s.drain == nil {
+	if s.gate.idle() && len(s.rounds.rounds) == 0 && s.drain == nil {
 		ctx.Send(ctx.Parent(), &sessionIdle{node: s.node, pid: ctx.Self()})
 		return
 	}

@@ -53,12 +53,10 @@ type Session struct {
 	log    zerolog.Logger
 
 	out     outbound
-	in      *inbound  // the ready inbound session, nil until one completes its handshake
-	hs      *inbound  // an inbound handshake in progress (it replaces in only once authenticated)
+	gate    gate      // the inbound session and its handshake (gate.go)
 	rounds  *consumer // the rounds we started on the peer
 	corr    uint64
 	pending map[uint64]cpuCall
-	bad     int // malformed inbound frames
 	drain   *draining
 	idleSeq uint64
 	stopped bool // cleanup ran: arm nothing more
@@ -182,8 +180,7 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *inboundGone:
 		// NB: a reconnecting peer closes its old connection before it dials
 		// the new one (after its backoff), so this is the old session's end.
-		s.hs = nil
-		s.dropIn(ctx, "connection_closed")
+		s.retire(ctx, s.gate.closed(), "connection_closed")
 	case *dialAddr:
 		s.redirect(ctx, m.addr) // members.go
 	case *undial:
@@ -193,7 +190,7 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *drainDeadline:
 		s.forceDrain(ctx)
 	case *idleCheck:
-		if m.seq == s.idleSeq && s.addr == "" && s.in == nil && len(s.rounds.rounds) == 0 {
+		if m.seq == s.idleSeq && s.addr == "" && s.gate.in == nil && len(s.rounds.rounds) == 0 {
 			ctx.Send(ctx.Parent(), &sessionIdle{node: s.node, pid: ctx.Self()})
 		}
 	case *actor.Restarting, *actor.Stopping:
@@ -548,37 +545,17 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 		s.onHello(ctx, h, m.err)
 		return
 	}
-	if m.err != nil {
-		s.ctr.drop(wire.Reason(m.err))
-		if s.bad++; s.bad >= s.cfg.MaxMalformed && s.in != nil {
-			s.log.Warn().Int("malformed", s.bad).Msg("peer: too many malformed frames; inbound session dropped")
-			s.dropIn(ctx, "malformed")
-		}
+	if !s.admit(ctx, s.gate.frame(m.frame, m.err, m.raw, m.seal, s.cfg.Secret, s.cfg.MaxMalformed)) {
 		return
 	}
-	if a, ok := m.frame.(*wire.Auth); ok {
-		s.onAuth(ctx, a)
-		return
-	}
-	if s.in == nil {
-		s.ctr.drop("no_session")
-		return
-	}
-	if e, ok := frameEpoch(m.frame); !ok || e != s.in.epoch {
-		s.ctr.drop("stale_epoch")
-		return
-	}
-	if err := s.in.open.Open(m.raw, m.seal); err != nil {
-		s.ctr.drop(wire.SealReason(err))
-		return
-	}
+	in := s.gate.in
 	switch f := m.frame.(type) {
 	case *wire.Lookup:
-		s.carry(ctx, s.in.lookup(f, s.drain != nil))
+		s.carry(ctx, in.lookup(f, s.drain != nil))
 	case *wire.Fetch:
-		s.carry(ctx, s.in.fetch(f, messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}))
+		s.carry(ctx, in.fetch(f, messages.JobRef{Origin: messages.OriginPeer, ID: messages.JobID(s.cfg.JobSeq.Add(1))}))
 	case *wire.Abort:
-		s.carry(ctx, s.in.abort(f))
+		s.carry(ctx, in.abort(f))
 	case *wire.Ping:
 		s.sendInbound(&wire.Pong{Epoch: f.Epoch, Seq: f.Seq})
 	case *wire.Bye:
@@ -588,15 +565,36 @@ func (s *Session) onInboundFrame(ctx actor.Context, m *inboundFrame) {
 	}
 }
 
+// admit carries out the gate's decision on a frame (gate.go) and reports
+// whether the frame is the producer's to serve.
+func (s *Session) admit(ctx actor.Context, v admitted) bool {
+	if v.drop != "" {
+		s.ctr.drop(v.drop)
+	}
+	if v.refuse != nil {
+		s.ctr.refuse(v.refuse.Reason)
+		s.log.Warn().Str("reason", v.refuse.Reason).Str("detail", v.refuse.Msg).Msg("peer: refused a handshake")
+		s.sendInbound(v.refuse)
+	}
+	if v.why == "malformed" {
+		s.log.Warn().Int("max_malformed", s.cfg.MaxMalformed).Msg("peer: too many malformed frames; inbound session dropped")
+	}
+	s.retire(ctx, v.ended, v.why)
+	if hs := v.ready; hs != nil {
+		s.pc.serving.Store(true)
+		s.connect(hs.hello.DataMeta)
+		s.sendInbound(&wire.Ready{Epoch: hs.epoch})
+	}
+	return v.serve
+}
+
 func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	switch v := admitHello(s.cfg, s.node, s.drain != nil, h, decodeErr); {
 	case v.drop != "":
-		s.ctr.drop(v.drop)
+		s.admit(ctx, admitted{drop: v.drop})
 		return
 	case v.refuse != "":
-		s.ctr.refuse(v.refuse)
-		s.log.Warn().Str("reason", v.refuse).Str("detail", v.msg).Msg("peer: refused a handshake")
-		s.sendInbound(&wire.Refuse{Epoch: h.Epoch, Reason: v.refuse, Msg: v.msg})
+		s.admit(ctx, admitted{refuse: &wire.Refuse{Epoch: h.Epoch, Reason: v.refuse, Msg: v.msg}})
 		return
 	}
 	w := &wire.Welcome{Version: wire.Version, Node: s.cfg.Node, Epoch: h.Epoch, Nonce: wire.NewNonce(),
@@ -606,7 +604,7 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// NB: the current session (if any) keeps serving until this handshake
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
-	s.hs = newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock)) // NB: monotonic: a stepped wall clock must not stretch a Fetch past its ttl
+	s.gate.welcomed(newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock))) // NB: monotonic: a stepped wall clock must not stretch a Fetch past its ttl
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }
@@ -622,43 +620,23 @@ func (s *Session) armIdleCheck(ctx actor.Context) {
 	s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { root.Send(self, msg) })
 }
 
-func (s *Session) onAuth(ctx actor.Context, a *wire.Auth) {
-	hs := s.hs
-	if hs == nil || a.Epoch != hs.epoch {
-		s.ctr.drop("unexpected_auth")
-		return
-	}
-	s.hs = nil
-	if !wire.CheckMAC(wire.ClientMAC(s.cfg.Secret, hs.hello, hs.welcome), a.MAC) {
-		s.ctr.refuse(wire.RefuseAuth)
-		s.log.Warn().Msg("peer: refused a handshake: wrong secret")
-		s.sendInbound(&wire.Refuse{Epoch: hs.epoch, Reason: wire.RefuseAuth, Msg: "wrong secret"})
-		return
-	}
-	if s.in != nil {
-		s.dropIn(ctx, "new_epoch") // the peer redialed: its old rounds are dead
-	}
-	hs.ready = true
-	dialer, listener := wire.SessionKeys(s.cfg.Secret, hs.hello, hs.welcome)
-	hs.seal, hs.open = wire.NewSealer(listener), wire.NewOpener(dialer)
-	s.in = hs
-	s.bad = 0
-	s.pc.serving.Store(true)
-	s.connect(hs.hello.DataMeta)
-	s.sendInbound(&wire.Ready{Epoch: hs.epoch})
+// dropIn ends the ready inbound session, if any.
+func (s *Session) dropIn(ctx actor.Context, reason string) {
+	s.retire(ctx, s.gate.end(), reason)
 }
 
-// dropIn ends the inbound session: leases of its rounds are released now,
-// pins of writes in flight when the transport is done with them.
-func (s *Session) dropIn(ctx actor.Context, reason string) {
-	if s.in == nil {
+// retire releases what an ended inbound session's rounds hold: leases
+// now, pins of writes in flight when the transport is done with them.
+func (s *Session) retire(ctx actor.Context, in *inbound, reason string) {
+	if in == nil {
 		return
 	}
-	s.carry(ctx, s.in.close())
-	s.log.Info().Str("reason", reason).Uint64("epoch", s.in.epoch).Msg("peer: inbound session ended")
-	s.in = nil
-	s.pc.serving.Store(false)
-	s.armIdleCheck(ctx)
+	s.carry(ctx, in.close())
+	s.log.Info().Str("reason", reason).Uint64("epoch", in.epoch).Msg("peer: inbound session ended")
+	if s.gate.in == nil {
+		s.pc.serving.Store(false)
+		s.armIdleCheck(ctx)
+	}
 }
 
 func (s *Session) sendInbound(f wire.Frame) {
@@ -676,8 +654,8 @@ func (s *Session) sendInbound(f wire.Frame) {
 	switch f.(type) {
 	case *wire.Welcome, *wire.Refuse:
 	default:
-		if s.in != nil {
-			seal = s.in.seal.Seal(b)
+		if s.gate.in != nil {
+			seal = s.gate.in.seal.Seal(b)
 		}
 	}
 	s.sendIn(b, seal)
@@ -728,7 +706,7 @@ func (s *Session) onLeased(ctx actor.Context, m *cpumsg.LookupResult) {
 		}
 		return
 	}
-	s.carry(ctx, s.in.leased(call, m, s.drain != nil))
+	s.carry(ctx, s.gate.in.leased(call, m, s.drain != nil))
 }
 
 // onPinned: the CPU tier pinned (or not) a Fetch's leased keys.
@@ -743,7 +721,7 @@ func (s *Session) onPinned(ctx actor.Context, m *cpumsg.PinResult) {
 		}
 		return
 	}
-	s.carry(ctx, s.in.pinned(call, m))
+	s.carry(ctx, s.gate.in.pinned(call, m))
 }
 
 // writeChunks writes the pinned slots into the consumer's, chunk by chunk
@@ -780,7 +758,7 @@ func (s *Session) onWritten(ctx actor.Context, m *written) {
 	if m.c.Err == nil {
 		s.pc.served.Add(uint64(len(m.keys)))
 	}
-	s.carry(ctx, writeDone(s.in, m))
+	s.carry(ctx, writeDone(s.gate.in, m))
 }
 
 // --- both -------------------------------------------------------------------
@@ -918,12 +896,12 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 	}
 	s.drain = &draining{plane: ctx.Sender()}
 	s.carryOut(ctx, s.rounds.releaseLeased(s.linkNow())) // no fetch will follow
-	if s.in != nil {
+	if s.gate.in != nil {
 		// Rounds the peer leased but has not fetched are not waited for: a
 		// consumer that died would hold the drain to its deadline. A Fetch
 		// that still comes is refused (unknown round); writes in flight
 		// finish.
-		s.carry(ctx, s.in.releaseLeased())
+		s.carry(ctx, s.gate.in.releaseLeased())
 	}
 	if s.out.phase != outReady && s.out.timer != nil {
 		s.out.timer.Stop() // no redial, no handshake to finish
@@ -935,8 +913,8 @@ func (s *Session) beginDrain(ctx actor.Context, m *drain) {
 // inFlight counts the rounds still running in either direction.
 func (s *Session) inFlight() int {
 	n := s.rounds.inFlight()
-	if s.in != nil {
-		n += len(s.in.rounds)
+	if s.gate.in != nil {
+		n += len(s.gate.in.rounds)
 	}
 	return n
 }
@@ -971,8 +949,8 @@ func (s *Session) finishDrain(ctx actor.Context) {
 	if s.out.hb != nil {
 		s.out.hb.Stop()
 	}
-	if s.in != nil && s.in.ready {
-		s.sendInbound(&wire.Bye{Epoch: s.in.epoch, Reason: "shutdown"})
+	if s.gate.in != nil && s.gate.in.ready {
+		s.sendInbound(&wire.Bye{Epoch: s.gate.in.epoch, Reason: "shutdown"})
 	}
 	s.dropIn(ctx, "shutdown")
 	ctx.Send(s.drain.plane, &drained{node: s.node, aborted: s.drain.aborted})
