@@ -10,82 +10,26 @@ import (
 	"github.com/kvtier/kvtier/scheduler/wire"
 )
 
-// endpointActor owns the engine sessions: who is connected, what each has
-// open at the bridge, when each was last heard from. It forwards decoded
-// calls to the bridge and arms a liveness timer per session holding requests.
+// endpointActor carries out the session table's decisions (sessions.go):
+// it forwards decoded calls to the bridge, answers the session's own ops
+// (hello, ping, bye), arms the liveness timers and sends the releases.
 //
-// Invariants:
-//   - the session table is touched only inside Receive; it outlives a
-//     restart of this actor (like the CPU tier's State), so a restart loses
-//     no session and leaks nothing.
-//   - a session's request ids reach the bridge prefixed with its own
-//     sessionPrefix, so sessions never share leases or jobs.
-//   - a session is released exactly once (lost, bye, hello again, bad
-//     frames), and only after its in-flight calls ended: a PrepareStore
-//     answered after the release would otherwise open a job nobody reaps.
+// Invariants (the table's own are in sessions.go):
+//   - the session table is touched only inside Receive;
 //   - a session whose connection ends is released at once: the socket's
-//     transport reports it (internal/zmqx/listen.go), no timer involved.
+//     transport reports it (internal/zmqx/listen.go), no timer involved;
 //   - liveness costs O(1) per frame (lastSeen := now) and, only while the
-//     session holds requests (open), at most one timer wakeup per grace
-//     period: when the timer fires early (traffic since it was armed) it is
+//     session holds requests, at most one timer wakeup per grace period:
+//     when the timer fires early (traffic since it was armed) it is
 //     re-armed for the remainder. A session holding nothing has no timer (a
 //     hung engine then holds nothing to release; what its finished
 //     requests' jobs hold is reaped at their own deadlines). No sweep, no
-//     polling: an idle engine costs no wakeup.
+//     polling: an idle engine costs no wakeup;
 //   - Receive never blocks: replies go to the writer's queue, bridge
 //     answers are awaited by per-call goroutines.
 type endpointActor struct {
 	ep *Endpoint
 	t  *sessionTable
-}
-
-// sessionTable is the endpoint's state, owned by the endpoint actor.
-type sessionTable struct {
-	byPeer map[string]*session
-	byID   map[uint64]*session
-	nextID uint64
-	// gone: routing ids whose connection ended with no session yet, so a
-	// Hello still in flight from them opens none. Bounded, oldest first out.
-	gone      map[string]struct{}
-	goneOrder []string
-}
-
-// maxGone bounds the routing ids remembered as gone.
-const maxGone = 1024
-
-func newSessionTable() *sessionTable {
-	return &sessionTable{byPeer: map[string]*session{}, byID: map[uint64]*session{}, gone: map[string]struct{}{}}
-}
-
-func (t *sessionTable) markGone(peer string) {
-	if _, ok := t.gone[peer]; ok {
-		return
-	}
-	if len(t.goneOrder) >= maxGone {
-		delete(t.gone, t.goneOrder[0])
-		t.goneOrder = t.goneOrder[1:]
-	}
-	t.gone[peer] = struct{}{}
-	t.goneOrder = append(t.goneOrder, peer)
-}
-
-// session is one engine connection's state.
-type session struct {
-	id        uint64
-	peer      string
-	prefix    string
-	client    string
-	lastSeen  time.Time
-	timer     interface{ Stop() bool } // armed only while open is not empty
-	timerGen  uint64                   // the armed timer's generation
-	open      map[string]struct{}      // prefixed request ids without RequestFinished yet
-	inflight  int                      // calls forwarded and not yet answered
-	badFrames int                      // malformed frames in a row
-	// ending is set once the session is released; the release is sent when
-	// inflight reaches 0. reason says why, then runs after the bridge's answer.
-	ending bool
-	reason string
-	then   func(messages.SessionReleased, error)
 }
 
 // Receive handles one message.
@@ -94,10 +38,7 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	case *inbound:
 		a.inbound(ctx, m)
 	case *callDone:
-		if s := a.t.byID[m.session]; s != nil {
-			s.inflight--
-			a.maybeRelease(ctx, s)
-		}
+		a.release(ctx, a.t.callDone(m.session))
 	case *sessionTimer:
 		a.timerFired(ctx, m)
 	case *connLost:
@@ -111,30 +52,20 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 }
 
 func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
-	s := a.t.byPeer[m.peer]
-	if s != nil && !s.ending {
-		s.lastSeen = a.ep.cfg.Clock.Now()
-	}
+	s := a.t.heard(m.peer, a.ep.cfg.Clock.Now(), m.err == nil)
 	if m.err != nil {
 		a.badFrame(ctx, m.peer, s, m.err)
 		return
 	}
 	q := m.req
 	if q.Op == wire.OpHello {
-		if _, gone := a.t.gone[m.peer]; gone {
-			// Its connection ended before the Hello was read: no one to
-			// serve. (A later connection under the same routing id is heard.)
-			delete(a.t.gone, m.peer)
-			return
-		}
-		a.hello(ctx, m.peer, s, q)
+		a.hello(ctx, m.peer, q)
 		return
 	}
-	if s == nil || s.ending {
+	if s == nil {
 		a.refuse(m.peer, q.ID, wire.CodeNoSession, fmt.Errorf("%w: say hello first (or again: a silent session is released after %v)", messages.ErrNoSession, a.ep.cfg.Grace))
 		return
 	}
-	s.badFrames = 0
 	switch q.Op {
 	case wire.OpPing:
 		a.ep.reply(m.peer, wire.EncodeReply(q.Op, &wire.Reply{ID: q.ID}, nil))
@@ -150,7 +81,7 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 		})
 		return
 	}
-	if err := a.admit(s, q); err != nil {
+	if err := a.t.admit(s, q, a.limits()); err != nil {
 		a.ep.metrics.badFrames.WithLabelValues(string(wire.CodeOf(err))).Inc()
 		if q.RepliesOnError() {
 			a.ep.reply(m.peer, wire.EncodeCallError(q.ID, q.Op, err))
@@ -160,24 +91,8 @@ func (a *endpointActor) inbound(ctx actor.Context, m *inbound) {
 	a.forward(ctx, m.peer, s, q)
 }
 
-// admit checks what the codec cannot: the namespace, the session's limits.
-func (a *endpointActor) admit(s *session, q *wire.Request) error {
-	if ns := a.ep.cfg.Hello.Namespace; ns != "" {
-		for _, k := range q.Keys {
-			if k.Namespace != ns {
-				return fmt.Errorf("%w: key namespace %q, this daemon serves %q", messages.ErrBadKey, k.Namespace, ns)
-			}
-		}
-	}
-	if s.inflight >= a.ep.cfg.MaxInFlight {
-		return fmt.Errorf("%w: %d calls in flight", messages.ErrBusy, s.inflight)
-	}
-	if q.Req != nil && q.Op.OpensRequest() && len(s.open) >= a.ep.cfg.MaxOpen {
-		if _, known := s.open[s.prefix+q.Req.RequestID]; !known {
-			return fmt.Errorf("%w: %d requests without request_finished", messages.ErrBusy, len(s.open))
-		}
-	}
-	return nil
+func (a *endpointActor) limits() limits {
+	return limits{namespace: a.ep.cfg.Hello.Namespace, maxInFlight: a.ep.cfg.MaxInFlight, maxOpen: a.ep.cfg.MaxOpen}
 }
 
 func (a *endpointActor) refuse(peer string, id uint64, code wire.Code, err error) {
@@ -198,24 +113,23 @@ func (a *endpointActor) badFrame(ctx actor.Context, peer string, s *session, err
 		id = de.ID
 	}
 	a.ep.reply(peer, wire.EncodeError(id, err))
-	if s != nil && !s.ending {
-		if s.badFrames++; s.badFrames >= badFrameLimit {
-			a.ep.cfg.Log.Warn().Uint64("session", s.id).Int("bad_frames", s.badFrames).Msg("engine endpoint: releasing a session that keeps sending malformed frames")
-			a.end(ctx, s, "bad_frames", nil)
-		}
+	if a.t.malformed(s) {
+		a.ep.cfg.Log.Warn().Uint64("session", s.id).Int("bad_frames", s.badFrames).Msg("engine endpoint: releasing a session that keeps sending malformed frames")
+		a.end(ctx, s, "bad_frames", nil)
 	}
 }
 
 // hello begins a session for peer; an existing one is released first, so a
 // reconnecting engine starts clean.
-func (a *endpointActor) hello(ctx actor.Context, peer string, old *session, q *wire.Request) {
-	if old != nil && !old.ending {
+func (a *endpointActor) hello(ctx actor.Context, peer string, q *wire.Request) {
+	s, old := a.t.hello(peer, q.Client, a.ep.cfg.Clock.Now())
+	if s == nil {
+		return
+	}
+	if old != nil {
 		a.end(ctx, old, "hello", nil)
 	}
-	a.t.nextID++
-	s := &session{id: a.t.nextID, peer: peer, prefix: sessionPrefix(a.t.nextID), client: q.Client,
-		lastSeen: a.ep.cfg.Clock.Now(), open: map[string]struct{}{}}
-	a.t.byPeer[peer], a.t.byID[s.id] = s, s
+	a.t.begin(s)
 	a.ep.metrics.sessions.Inc()
 	h := a.ep.cfg.Hello
 	h.Session = s.id
@@ -223,36 +137,38 @@ func (a *endpointActor) hello(ctx actor.Context, peer string, old *session, q *w
 	a.ep.cfg.Log.Info().Uint64("session", s.id).Str("client", s.client).Msg("engine session begun")
 }
 
-func (a *endpointActor) arm(ctx actor.Context, s *session, d time.Duration) {
-	s.timerGen++
-	self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &sessionTimer{session: s.id, gen: s.timerGen}
-	s.timer = a.ep.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
+// timer does what the table decided of s's liveness timer.
+func (a *endpointActor) timer(ctx actor.Context, s *session, op timerOp) {
+	if h := a.t.timers[s.id]; h != nil && op.stop {
+		h.Stop()
+		delete(a.t.timers, s.id)
+	}
+	if op.arm > 0 {
+		self, root, msg := ctx.Self(), ctx.ActorSystem().Root, &sessionTimer{session: s.id, gen: s.timerGen}
+		a.t.timers[s.id] = a.ep.cfg.Clock.AfterFunc(op.arm, func() { root.Send(self, msg) })
+	}
 }
 
 func (a *endpointActor) timerFired(ctx actor.Context, m *sessionTimer) {
-	s := a.t.byID[m.session]
-	if s == nil || s.ending || s.timer == nil || m.gen != s.timerGen {
-		return // stale: stopped, or replaced by a newer timer
-	}
-	if len(s.open) == 0 {
-		s.timer = nil // holds nothing: no liveness to check
+	s, v, op := a.t.timerFired(m.session, m.gen, a.ep.cfg.Clock.Now(), a.ep.cfg.Grace)
+	if v == timerStale {
 		return
 	}
-	left := s.lastSeen.Add(a.ep.cfg.Grace).Sub(a.ep.cfg.Clock.Now())
-	if left > 0 {
-		a.arm(ctx, s, left) // heard from since the timer was armed
-		return
+	delete(a.t.timers, s.id) // this one fired
+	switch v {
+	case timerRearm:
+		a.timer(ctx, s, op)
+	case timerSilent:
+		a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Dur("grace", a.ep.cfg.Grace).
+			Int("open_requests", len(s.open)).Msg("engine session lost; releasing what it held")
+		a.end(ctx, s, "lost", nil)
 	}
-	a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Dur("grace", a.ep.cfg.Grace).
-		Int("open_requests", len(s.open)).Msg("engine session lost; releasing what it held")
-	a.end(ctx, s, "lost", nil)
 }
 
 // connLost: peer's connection ended (the engine exited or was killed).
 func (a *endpointActor) connLost(ctx actor.Context, peer string) {
-	s := a.t.byPeer[peer]
-	if s == nil || s.ending {
-		a.t.markGone(peer)
+	s := a.t.connLost(peer)
+	if s == nil {
 		return
 	}
 	a.ep.cfg.Log.Warn().Uint64("session", s.id).Str("client", s.client).Int("open_requests", len(s.open)).
@@ -260,41 +176,21 @@ func (a *endpointActor) connLost(ctx actor.Context, peer string) {
 	a.end(ctx, s, "lost", nil)
 }
 
-// openChanged keeps the liveness timer armed exactly while s holds
-// requests.
-func (a *endpointActor) openChanged(ctx actor.Context, s *session) {
-	switch {
-	case len(s.open) > 0 && s.timer == nil:
-		a.arm(ctx, s, a.ep.cfg.Grace)
-	case len(s.open) == 0 && s.timer != nil:
-		s.timer.Stop()
-		s.timer = nil
-	}
-}
-
 // end marks s released: from now on its peer has no session; its holds are
 // released at the bridge once its in-flight calls are over.
 func (a *endpointActor) end(ctx actor.Context, s *session, reason string, then func(messages.SessionReleased, error)) {
-	s.ending, s.reason, s.then = true, reason, then
-	if s.timer != nil {
-		s.timer.Stop()
-	}
-	if a.t.byPeer[s.peer] == s {
-		delete(a.t.byPeer, s.peer)
-	}
+	a.timer(ctx, s, a.t.end(s, reason, then))
 	a.ep.metrics.sessions.Dec()
-	a.maybeRelease(ctx, s)
+	a.release(ctx, s)
 }
 
-func (a *endpointActor) maybeRelease(ctx actor.Context, s *session) {
-	if !s.ending || s.inflight > 0 || s.open == nil {
+// release sends s's release to the bridge when the table says it is due,
+// and awaits the answer off the mailbox.
+func (a *endpointActor) release(ctx actor.Context, s *session) {
+	open, ok := a.t.due(s)
+	if !ok {
 		return
 	}
-	open := make([]string, 0, len(s.open))
-	for id := range s.open {
-		open = append(open, id)
-	}
-	s.open = nil // released once
 	reply := messages.NewReply[messages.SessionReleased]()
 	ctx.Send(a.ep.cfg.Bridge, &messages.ReleaseSession{Prefix: s.prefix, Open: open, Reply: reply,
 		Session: s.id, Quarantine: a.ep.cfg.Quarantine})
@@ -315,11 +211,10 @@ func (a *endpointActor) maybeRelease(ctx actor.Context, s *session) {
 var errNoAnswer = fmt.Errorf("%w: the bridge did not answer", messages.ErrInternal)
 
 func (a *endpointActor) released(m *released) {
-	s := a.t.byID[m.session]
+	s := a.t.released(m.session)
 	if s == nil {
 		return
 	}
-	delete(a.t.byID, m.session)
 	a.ep.metrics.released.WithLabelValues(s.reason).Inc()
 	ev := a.ep.cfg.Log.Info()
 	if m.err != nil {
@@ -337,18 +232,7 @@ func (a *endpointActor) released(m *released) {
 // from before the bridge can have it; a call nobody can await, the
 // endpoint closing, is not sent).
 func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *wire.Request) {
-	var req *messages.ReqContext
-	if q.Req != nil {
-		req = q.Req // decoded fresh for this call: ours to change
-		req.RequestID = s.prefix + req.RequestID
-		switch {
-		case q.Op == wire.OpRequestFinished:
-			delete(s.open, req.RequestID)
-		case q.Op.OpensRequest():
-			s.open[req.RequestID] = struct{}{}
-		}
-		a.openChanged(ctx, s)
-	}
+	a.timer(ctx, s, a.t.forward(s, q, a.ep.cfg.Grace))
 	timeout := a.ep.cfg.CallTimeout
 	if q.Timeout > 0 {
 		timeout = q.Timeout
@@ -358,5 +242,5 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 		a.refuse(peer, q.ID, wire.CodeUnknownOp, fmt.Errorf("%w: %s", messages.ErrUnknownOp, q.Op))
 		return
 	}
-	r(&call{a: a, ctx: ctx, peer: peer, s: s, q: q, req: req, timeout: timeout})
+	r(&call{a: a, ctx: ctx, peer: peer, s: s, q: q, req: q.Req, timeout: timeout})
 }

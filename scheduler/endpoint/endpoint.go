@@ -376,6 +376,6 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		timer.Stop()
 		return false
 	}
-	s.inflight++
+	e.table.sent(s)
 	return true
 }
