@@ -217,7 +217,14 @@ def _signal_mask():
 
 
 class _ZmqTransport:
-    """ipc:// and tcp://: one ZeroMQ DEALER."""
+    """ipc:// and tcp://: one ZeroMQ DEALER, and a monitor of its connection.
+
+    A DEALER whose peer died does not fail: its sends queue for a
+    reconnect, and a killed kvtierd would be silence until a reply's wait
+    ran out (and a restarted one would be handed the dead session's
+    frames). libzmq's I/O thread does see the connection end; the monitor
+    socket carries that here, so the first call after it (or a reply wait
+    under way) raises CLOSED, as a unix:// stream's broken pipe does."""
 
     def __init__(self, addr: str, timeout: float):
         self._sock: Any = zmq.Context.instance().socket(zmq.DEALER)
@@ -227,23 +234,46 @@ class _ZmqTransport:
         # libzmq DEALER sends none by default, and a killed engine's session
         # would then stay open, holding its credit, until kvtierd stops).
         self._sock.setsockopt(zmq.ROUTING_ID, b"py-" + os.urandom(12).hex().encode())
+        self._mon: Any = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._mon, zmq.POLLIN)
+        self._gone = False
         self._sock.connect(addr)
 
+    def _check(self) -> None:
+        """Raises once the connection to kvtierd ended (and from then on)."""
+        if not self._gone:
+            try:
+                self._mon.recv_multipart(zmq.NOBLOCK)  # only DISCONNECTED is monitored
+                self._gone = True
+            except zmq.Again:
+                return
+        raise ConnectionResetError("kvtierd closed the connection")
+
     def send(self, frame: bytes) -> None:
+        self._check()
         self._sock.send(frame)
 
     def send_many(self, frames: Sequence[bytes]) -> None:
+        self._check()
         for f in frames:
             self._sock.send(f)
 
     def poll(self, wait_ms: int) -> bool:
-        return bool(self._sock.poll(wait_ms))
+        self._check()
+        ready = dict(self._poller.poll(wait_ms))
+        # NB: the end is read first: what comes after it is a restarted
+        # kvtierd's answer to the dead session's queued frames.
+        self._check()
+        return self._sock in ready
 
     def recv(self) -> bytes:
         return self._sock.recv()
 
     def drain(self) -> List[bytes]:
         """Every frame that has arrived, without waiting."""
+        self._check()
         out = []
         try:
             while True:
@@ -252,6 +282,8 @@ class _ZmqTransport:
             return out
 
     def close(self) -> None:
+        self._sock.disable_monitor()
+        self._mon.close()
         self._sock.close()
 
 

@@ -377,36 +377,55 @@ def test_a_batch_frame_serves_each_call_and_quiet_ones_answer_only_failures(daem
         assert c.take_replies() == [], "nothing more came, for the quiet touch either"
 
 
-@pytest.mark.parametrize("transport", ["unix", "ipc"])
-def test_a_dead_daemon_is_a_kvtier_error_not_an_os_error(kvtierd_bin, tmp_path, transport):
-    """Over unix:// the next write to a killed daemon is a broken pipe (or
-    a reset): the client raises KvtierError CLOSED (callers catch that),
-    never the OSError itself; over ipc:// the reply wait times out."""
-    addr = f"{transport}://{tmp_path / 'engine.sock'}"
-    pool = os.path.join("/dev/shm", f"kvtier-pytest-dead-{os.getpid()}-{time.monotonic_ns()}.pool")
+def _start_kvtierd(kvtierd_bin: str, addr: str, pool: str) -> subprocess.Popen:
+    """A kvtierd on addr, returned once it says it listens."""
     proc = subprocess.Popen([kvtierd_bin, "--engine-listen", addr, "--pool-path", pool,
                              "--pool-bytes", "8MiB", "--block-bytes", str(BLOCK),
                              "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
                             stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if json.loads(line).get("message") == "kvtierd listening":
+            break
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["dead", "restarted"])
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_a_dead_daemon_is_a_kvtier_error_not_an_os_error(kvtierd_bin, tmp_path, transport, restarted):
+    """A killed daemon's connection is over: the next call raises
+    KvtierError CLOSED (callers catch that), never the OSError itself, and
+    never a reply wait's TIMEOUT. Over unix:// the next write is a broken
+    pipe (or a reset); over ipc:// a DEALER's sends would queue silently,
+    so the client watches the connection's end (a socket monitor). A
+    kvtierd restarted on the same address does not answer the dead
+    session's queued frames in its place (NO_SESSION): that is CLOSED too.
+    The reply wait is a minute: a TIMEOUT would come only after it."""
+    addr = f"{transport}://{tmp_path / 'engine.sock'}"
+    pool = os.path.join("/dev/shm", f"kvtier-pytest-dead-{os.getpid()}-{time.monotonic_ns()}.pool")
+    procs = [_start_kvtierd(kvtierd_bin, addr, pool)]
     try:
-        for line in proc.stderr:
-            if json.loads(line).get("message") == "kvtierd listening":
-                break
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
         c = Client(addr, heartbeat=False)
-        proc.kill()
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
+        procs[0].kill()
+        procs[0].wait(timeout=30)
+        if restarted:
+            procs.append(_start_kvtierd(kvtierd_bin, addr, pool))
         with pytest.raises(KvtierError) as e:
-            while time.monotonic() < deadline:
-                _, f = c.frame("ping")
-                c.send_frames([f])
-                c._call("ping", timeout=0.2)
-        assert e.value.code in (("CLOSED",) if transport == "unix" else ("CLOSED", "TIMEOUT"))
+            _, f = c.frame("ping")
+            c.send_frames([f])
+            c._call("ping", timeout=60)
+        assert e.value.code == "CLOSED", e.value
+        with pytest.raises(KvtierError) as e:
+            c._call("ping", timeout=60)
+        assert e.value.code == "CLOSED", "the end is for good: %s" % e.value
         c.close(bye=False)
+        if restarted:
+            with Client(addr, heartbeat=False) as fresh:
+                fresh.ping()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
         for p in (pool, pool + ".index"):
             if os.path.exists(p):
                 os.unlink(p)

@@ -468,12 +468,14 @@ def test_a_store_answer_that_never_comes_ends_the_session(daemon_factory):
 
 
 def test_a_restarted_kvtierd_that_knows_no_session_is_reconnected_to(daemon_factory):
-    """Over ipc:// (ZeroMQ) a dead kvtierd is silent: frames queue and, once
-    a new kvtierd binds the same socket, ZeroMQ delivers them there, where
-    no session of ours exists (NO_SESSION). That answer — to a store, a
-    quiet commit, any call — means the session is gone: the manager
-    reconnects and stores into the new daemon, instead of going on with a
-    session every call of which is refused."""
+    """Over ipc:// (ZeroMQ) a DEALER's frames to a dead kvtierd queue and,
+    once a new kvtierd binds the same socket, ZeroMQ delivers them there,
+    where no session of ours exists. The client sees the connection's end
+    (CLOSED) and, should a frame get through first, the new daemon answers
+    NO_SESSION. Either — to a store, a quiet commit, any call — means the
+    session is gone: the manager reconnects and stores into the new
+    daemon, instead of going on with a session every call of which is
+    refused."""
     from kvtier_bench.vllm_harness import chained_keys
 
     d, kv, managers = credited(daemon_factory, 64, transport="ipc")
