@@ -270,9 +270,9 @@ func settleRuntime() (map[string]string, uint64) {
 // what started them, upstream (zmq4 v0.17.0 never ends a PUB socket's
 // writer, events/publisher.go), and the harness's own S3 server, which
 // stands in for a remote one and outlives every run: its front's relays
-// (tiers/obj/objtest/front.go) and the wait for its process, restarted
+// (internal/testutil/front) and the wait for its process, restarted
 // during an outage.
-var knownLeaks = []string{"github.com/go-zeromq/zmq4.(*pubMWriter).run", "objtest.(*front).", "objtest.(*Server)."}
+var knownLeaks = []string{"github.com/go-zeromq/zmq4.(*pubMWriter).run", "testutil/front.(*Front).", "objtest.(*Server)."}
 
 // goroutines are the live goroutines, known leaks aside: each one's stack
 // by its id (ids are never reused in a process).

@@ -1,12 +1,18 @@
 // Package testetcd runs a real etcd server for tests: Debian's etcd-server
 // package (etcd 3.4, /usr/bin/etcd; scripts/test.sh installs it), one member
-// on loopback, free ports, its data in a directory of the test's. It owns
-// the server process: Start starts it and returns once it answers /health,
-// Kill and Restart stop and start it on the same ports and data (an etcd
-// that dies and comes back), Wipe restarts it with no data, Stop ends it.
-// Start and New serve tests; Launch serves benchmarks (no testing.T). The process dies with the test
-// binary (parent-death signal) and in its own process group, so nothing
-// outlives a crashed test.
+// on loopback, its data in a directory of the test's. It owns the server
+// process: Start starts it and returns once it answers /health, Kill and
+// Restart stop and start it over the same data behind the same endpoint
+// (an etcd that dies and comes back), Wipe restarts it with no data, Stop
+// ends it. Start and New serve tests; Launch serves benchmarks (no
+// testing.T). The process dies with the test binary (parent-death signal)
+// and in its own process group, so nothing outlives a crashed test.
+//
+// The endpoint is a front this process holds for the Server's life
+// (internal/testutil/front): etcd itself listens on client and peer ports
+// picked free at each start, so a restart never races another process for
+// a port it just freed, and while etcd is down the endpoint refuses
+// connections as a dead etcd's would.
 package testetcd
 
 import (
@@ -15,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,6 +36,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/front"
 	"github.com/kvtier/kvtier/internal/testutil/needbin"
 )
 
@@ -81,9 +89,10 @@ func Start(t TB) *Server {
 	return s
 }
 
-// New picks the server's ports and data directory without starting it (a
-// test of a node that starts before etcd does); Start starts it. It is
-// stopped when the test ends.
+// New holds the server's endpoint and picks its data directory without
+// starting it (a test of a node that starts before etcd does: its
+// connections are refused); Start starts it. It is stopped when the test
+// ends.
 func New(t TB) *Server {
 	t.Helper()
 	s, err := newServer(Need(t), t.TempDir())
@@ -113,34 +122,30 @@ func Launch(ctx context.Context, bin string) (*Server, error) {
 		return nil, fmt.Errorf("testetcd: %w", err)
 	}
 	s, err := newServer(bin, dir)
-	if err == nil {
-		s.ownsDir = true
-		err = s.Start(ctx)
-	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	s.ownsDir = true
+	if err := s.Start(ctx); err != nil {
+		s.Stop() // the front's port, and dir
 		return nil, err
 	}
 	return s, nil
 }
 
 func newServer(bin, dir string) (*Server, error) {
-	ports, err := freeport.Ports(2)
+	f, err := front.New()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("testetcd: %w", err)
 	}
-	return &Server{
-		endpoint: "http://127.0.0.1:" + strconv.Itoa(ports[0]),
-		peerURL:  "http://127.0.0.1:" + strconv.Itoa(ports[1]),
-		bin:      bin,
-		dir:      dir,
-	}, nil
+	return &Server{endpoint: "http://" + f.Addr(), front: f, bin: bin, dir: dir}, nil
 }
 
 // Server is a running (or stopped) etcd.
 type Server struct {
-	endpoint string
-	peerURL  string
+	endpoint string // the front's: what clients see, whichever ports etcd has now
+	front    *front.Front
 	bin      string
 	dir      string
 	ownsDir  bool // Launch made dir: Stop removes it
@@ -151,20 +156,44 @@ type Server struct {
 	out  *proc.Output
 }
 
-// Endpoint is the client URL, http://127.0.0.1:port.
+// Endpoint is the client URL, http://127.0.0.1:port: the front's, the
+// same for the Server's life.
 func (s *Server) Endpoint() string { return s.endpoint }
 
-// Start runs the process (again: same ports, same data) and waits until it
-// answers.
+// Start runs the process (again: same endpoint, same data, new ports of
+// its own) and waits until it answers.
 func (s *Server) Start(ctx context.Context) error {
 	s.Kill()
+	var err error
+	for range 3 { // NB: the ports are free when picked; another process may bind one first
+		if err = s.start(ctx); !errors.Is(err, errPortTaken) {
+			return err
+		}
+	}
+	return err
+}
+
+// errPortTaken: etcd could not bind a port picked for it.
+var errPortTaken = errors.New("testetcd: a port picked free was taken")
+
+// start runs the process on fresh ports behind the front and waits for
+// readiness through it.
+func (s *Server) start(ctx context.Context) error {
+	ports, err := freeport.Ports(2)
+	if err != nil {
+		return err
+	}
+	client := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	// NB: an existing data directory restarts the same member; the
-	// initial-cluster flags are ignored then.
+	// initial-cluster flags are ignored then, and the peer URL the member
+	// recorded at first start goes stale. One member never dials a peer, so
+	// etcd 3.4 restarts fine on a new peer port (TestClientV37AgainstServer).
 	cmd := exec.Command(s.bin,
 		"--name", "test", "--data-dir", s.dir+"/data",
-		"--listen-client-urls", s.endpoint, "--advertise-client-urls", s.endpoint,
-		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
-		"--initial-cluster", "test="+s.peerURL, "--initial-cluster-state", "new",
+		"--listen-client-urls", "http://"+client, "--advertise-client-urls", s.endpoint,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "test="+peerURL, "--initial-cluster-state", "new",
 		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn")
 	out := &proc.Output{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -178,8 +207,15 @@ func (s *Server) Start(ctx context.Context) error {
 	s.mu.Lock()
 	s.cmd, s.done, s.out = cmd, done, out
 	s.mu.Unlock()
+	if err := s.front.Serve(client); err != nil {
+		s.Kill()
+		return fmt.Errorf("testetcd: %w", err)
+	}
 	if err := waitReady(ctx, s.endpoint, done); err != nil {
 		s.Kill()
+		if strings.Contains(out.String(), "address already in use") {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		return fmt.Errorf("%w; etcd output:\n%s", err, out.String())
 	}
 	return nil
@@ -213,12 +249,15 @@ func health(ctx context.Context, client *http.Client, endpoint string) error {
 }
 
 // Kill ends the process at once (SIGKILL to its group) and waits for it;
-// its data stays for Restart. A no-op when it is not running.
+// its data stays for Restart. The front first closes what it relayed and
+// refuses new connections, as a dead etcd's port would. A no-op when it is
+// not running.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
 	s.cmd = nil
 	s.mu.Unlock()
+	s.front.Down()
 	if cmd == nil {
 		return
 	}
@@ -226,11 +265,12 @@ func (s *Server) Kill() {
 	<-done
 }
 
-// Restart kills the server and starts it again on the same ports and data.
+// Restart kills the server and starts it again over the same data, behind
+// the same endpoint.
 func (s *Server) Restart(ctx context.Context) error { return s.Start(ctx) }
 
-// Wipe kills the server and starts a new one on the same ports with no
-// data: an etcd restored from nothing (revisions and leases start over).
+// Wipe kills the server and starts a new one behind the same endpoint with
+// no data: an etcd restored from nothing (revisions and leases start over).
 func (s *Server) Wipe(ctx context.Context) error {
 	s.Kill()
 	if err := os.RemoveAll(s.dir + "/data"); err != nil {
@@ -239,9 +279,10 @@ func (s *Server) Wipe(ctx context.Context) error {
 	return s.Start(ctx)
 }
 
-// Stop ends the process (and removes the data Launch made).
+// Stop ends the process and the front (and removes the data Launch made).
 func (s *Server) Stop() {
 	s.Kill()
+	s.front.Close()
 	if s.ownsDir {
 		_ = os.RemoveAll(s.dir)
 	}

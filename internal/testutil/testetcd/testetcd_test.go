@@ -2,6 +2,9 @@ package testetcd
 
 import (
 	"context"
+	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,4 +60,37 @@ func TestClientV37AgainstServer(t *testing.T) {
 	require.NoError(t, s.Restart(ctx))
 	_, err = cli.Put(ctx, "/k/b", "after restart")
 	require.NoError(t, err, "the client reconnects to the restarted server")
+}
+
+// Killed, the endpoint refuses connections as a dead etcd's would, and no
+// other socket can take its port; restarted on ports of its own, etcd
+// answers behind the same endpoint with its data, and wiped, without it.
+func TestEndpointOutlivesRestarts(t *testing.T) {
+	s := Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := s.Client(t)
+	_, err := cli.Put(ctx, "/k", "v")
+	require.NoError(t, err)
+	endpoint := s.Endpoint()
+	addr := strings.TrimPrefix(endpoint, "http://")
+
+	s.Kill()
+	_, err = net.Dial("tcp", addr)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "killed: refused")
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		_ = ln.Close()
+		t.Fatal("the endpoint's port was free while etcd was down")
+	}
+
+	require.NoError(t, s.Restart(ctx))
+	require.Equal(t, endpoint, s.Endpoint())
+	got, err := cli.Get(ctx, "/k")
+	require.NoError(t, err)
+	require.Len(t, got.Kvs, 1, "restarted over its data")
+
+	require.NoError(t, s.Wipe(ctx))
+	got, err = cli.Get(ctx, "/k")
+	require.NoError(t, err)
+	require.Empty(t, got.Kvs, "wiped")
 }

@@ -5,9 +5,10 @@
 // start it over the same directory behind the same endpoint (one that dies
 // and comes back), Stop ends it.
 //
-// The endpoint Launch gives is a front this process holds (front.go): the
-// server behind it listens on a port of its own, a new one at each restart,
-// so a restart never races another process for the port it just freed.
+// The endpoint Launch gives is a front this process holds
+// (internal/testutil/front): the server behind it listens on a port of its
+// own, a new one at each restart, so a restart never races another process
+// for the port it just freed.
 // LaunchDirect serves benchmarks without the front (and cannot restart).
 package objtest
 
@@ -27,6 +28,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/proc"
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/front"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
@@ -68,7 +70,7 @@ type Server struct {
 	Dir      string // the posix backend's root: one directory per bucket
 
 	bin   string
-	front *front // nil: direct
+	front *front.Front // nil: direct
 	mu    sync.Mutex
 	cmd   *exec.Cmd
 	done  chan struct{}
@@ -78,13 +80,13 @@ type Server struct {
 // Launch starts versitygw over dir behind a front on a free loopback port
 // and waits until it answers.
 func Launch(ctx context.Context, bin, dir string) (*Server, error) {
-	f, err := newFront()
+	f, err := front.New()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Endpoint: f.addr(), Dir: dir, bin: bin, front: f}
+	s := &Server{Endpoint: f.Addr(), Dir: dir, bin: bin, front: f}
 	if err := s.startOnFreePort(ctx); err != nil {
-		f.close()
+		f.Close()
 		return nil, err
 	}
 	return s, nil
@@ -142,7 +144,7 @@ func (s *Server) start(ctx context.Context, addr string) error {
 	}
 	s.mu.Unlock()
 	if s.front != nil {
-		if err := s.front.serve(addr); err != nil {
+		if err := s.front.Serve(addr); err != nil {
 			s.Kill()
 			return err
 		}
@@ -200,7 +202,7 @@ func (s *Server) Kill() {
 	cmd, done := s.cmd, s.done
 	s.mu.Unlock()
 	if s.front != nil {
-		s.front.down()
+		s.front.Down()
 	}
 	if cmd == nil {
 		return
@@ -223,7 +225,7 @@ func (s *Server) Restart(ctx context.Context) error {
 func (s *Server) Stop() {
 	s.Kill()
 	if s.front != nil {
-		s.front.close()
+		s.front.Close()
 	}
 	if s.log != nil {
 		_ = s.log.Close()

@@ -1,7 +1,20 @@
-package objtest
+// Package front holds the stable endpoint of a test server that dies and
+// comes back (objtest's versitygw, testetcd's etcd): a loopback port this
+// process holds for the Front's life, relaying each connection to the
+// server's current address. The server behind it listens on a port of its
+// own, a new one at each start, so a restart never races another process
+// for the port it just freed.
+//
+// A Front owns its port, its listener while the server is up, and the
+// goroutines and connections of the relays; Close ends them all. It never
+// touches the server: it does not start, stop or pick a port for it, and
+// it only learns where the server is from Serve and that it is gone from
+// Down.
+package front
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,30 +25,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// front is the stable endpoint of a restartable server: a loopback port
-// this process holds for the server's life, relaying each connection to
-// the server's current address.
+// ErrClosed: Serve on a Front that Close ended.
+var ErrClosed = errors.New("front: closed")
+
+// Front is the stable endpoint of a restartable server.
 //
 // The port is held by a socket bound with SO_REUSEPORT that never listens:
 // no other process can bind the port (a plain bind is refused while it is
 // held), and while the server is down nothing listens on it, so a client's
 // connection is refused, as against a dead server's port. While the server
 // is up a listener on the same port (SO_REUSEPORT too) accepts and relays.
-type front struct {
+type Front struct {
 	hold int // the bound, never-listening socket that keeps the port ours
 	port int
 	wg   sync.WaitGroup
 
 	mu      sync.Mutex
+	closed  bool         // NB: hold is closed once: again, it could be a descriptor reused meanwhile
 	ln      net.Listener // nil while the server is down
 	backend string
 	conns   map[net.Conn]struct{}
 }
 
-func newFront() (*front, error) {
+// New holds a free loopback port, not listening yet (connections to it
+// are refused until Serve).
+func New() (*Front, error) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("objtest: front socket: %w", err)
+		return nil, fmt.Errorf("front: socket: %w", err)
 	}
 	sa := &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}
 	if err := reusePort(fd); err != nil {
@@ -44,29 +61,34 @@ func newFront() (*front, error) {
 	}
 	if err := syscall.Bind(fd, sa); err != nil {
 		_ = syscall.Close(fd)
-		return nil, fmt.Errorf("objtest: front bind: %w", err)
+		return nil, fmt.Errorf("front: bind: %w", err)
 	}
 	bound, err := syscall.Getsockname(fd)
 	if err != nil {
 		_ = syscall.Close(fd)
-		return nil, fmt.Errorf("objtest: front address: %w", err)
+		return nil, fmt.Errorf("front: address: %w", err)
 	}
-	return &front{hold: fd, port: bound.(*syscall.SockaddrInet4).Port, conns: map[net.Conn]struct{}{}}, nil
+	return &Front{hold: fd, port: bound.(*syscall.SockaddrInet4).Port, conns: map[net.Conn]struct{}{}}, nil
 }
 
 func reusePort(fd int) error {
 	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
-		return fmt.Errorf("objtest: front SO_REUSEPORT: %w", err)
+		return fmt.Errorf("front: SO_REUSEPORT: %w", err)
 	}
 	return nil
 }
 
-func (f *front) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)) }
+// Addr is the endpoint, 127.0.0.1:port, the same for the Front's life.
+func (f *Front) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)) }
 
-// serve relays new connections to backend, listening if it was not.
-func (f *front) serve(backend string) error {
+// Serve relays new connections to backend (host:port), listening if it
+// was not.
+func (f *Front) Serve(backend string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closed {
+		return ErrClosed
+	}
 	f.backend = backend
 	if f.ln != nil {
 		return nil
@@ -78,9 +100,9 @@ func (f *front) serve(backend string) error {
 		}
 		return err
 	}}
-	ln, err := lc.Listen(context.Background(), "tcp4", f.addr())
+	ln, err := lc.Listen(context.Background(), "tcp4", f.Addr())
 	if err != nil {
-		return fmt.Errorf("objtest: front listen: %w", err)
+		return fmt.Errorf("front: listen: %w", err)
 	}
 	f.ln = ln
 	f.wg.Add(1)
@@ -88,9 +110,9 @@ func (f *front) serve(backend string) error {
 	return nil
 }
 
-// down stops listening (new connections are refused) and closes every
-// relayed connection.
-func (f *front) down() {
+// Down stops listening (new connections are refused) and closes every
+// relayed connection: the server is gone, and its clients see it so.
+func (f *Front) Down() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.backend = ""
@@ -103,15 +125,21 @@ func (f *front) down() {
 	}
 }
 
-// close ends the front: the listener, every connection and goroutine, the
-// port.
-func (f *front) close() {
-	f.down()
+// Close ends the front: the listener, every connection and goroutine, the
+// port. Calling it again does nothing.
+func (f *Front) Close() {
+	f.mu.Lock()
+	first := !f.closed
+	f.closed = true // NB: before Down: a Serve meanwhile would start an accept loop past the Wait
+	f.mu.Unlock()
+	f.Down()
 	f.wg.Wait()
-	_ = syscall.Close(f.hold)
+	if first {
+		_ = syscall.Close(f.hold)
+	}
 }
 
-func (f *front) accept(ln net.Listener) {
+func (f *Front) accept(ln net.Listener) {
 	defer f.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -124,7 +152,7 @@ func (f *front) accept(ln net.Listener) {
 }
 
 // relay copies c to and from the backend until either side ends.
-func (f *front) relay(c net.Conn) {
+func (f *Front) relay(c net.Conn) {
 	defer f.wg.Done()
 	f.mu.Lock()
 	backend := f.backend
@@ -151,7 +179,7 @@ func (f *front) relay(c net.Conn) {
 
 // track registers a relayed pair, or closes it when the server went down
 // meanwhile.
-func (f *front) track(c, b net.Conn) bool {
+func (f *Front) track(c, b net.Conn) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ln == nil {
@@ -163,7 +191,7 @@ func (f *front) track(c, b net.Conn) bool {
 	return true
 }
 
-func (f *front) untrack(c, b net.Conn) {
+func (f *Front) untrack(c, b net.Conn) {
 	f.mu.Lock()
 	delete(f.conns, c)
 	delete(f.conns, b)
