@@ -293,7 +293,9 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
                 break
             # NB: a MISS may follow a HIT_PENDING (kvtier's prefix scan stops at
             # the first key not yet readable); vLLM defers such a scan anyway.
-            assert res[0] is not LookupResult.MISS, "the block on disk was lost"
+            assert res[0] is not LookupResult.MISS, "the block on disk was lost: %s" % {
+                k: v for k, v in d.metrics().items()
+                if "promotion" in k or "secondary_lookups" in k or "stalled" in k}
             assert LookupResult.MISS not in res or LookupResult.HIT_PENDING in res \
                 or LookupResult.RETRY in res, res
             assert time.monotonic() < deadline, "never promoted"
