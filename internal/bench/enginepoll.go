@@ -85,11 +85,10 @@ func RunEnginePoll(ctx context.Context, o EnginePollOptions) (EnginePollResult, 
 	if o.Rounds < 1 || o.Probes < 1 || o.BurstCalls < 1 || o.BurstKeys < 1 || o.Slots < o.BurstKeys || o.Poll <= 0 {
 		return res, fmt.Errorf("%w: bench engine-poll: rounds, probes, burst calls and keys ≥ 1, slots ≥ keys, poll > 0", messages.ErrBadConfig)
 	}
-	var err error
-	if o.Child, err = idleChildCommand(o.Child); err != nil {
+	ctx, cancel, err := childScenario(ctx, &o.Child, o.Timeout)
+	if err != nil {
 		return res, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	sides := []*pollSetup{{poll: 0}, {poll: o.Poll}}
 	for _, s := range sides {

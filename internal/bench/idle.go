@@ -104,11 +104,10 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 	if o.Peers < 1 || o.Blocks < 1 || o.Slots < o.Blocks || o.Probes < 1 {
 		return res, fmt.Errorf("%w: bench idle: peers, blocks, probes ≥ 1 and slots ≥ blocks", messages.ErrBadConfig)
 	}
-	var err error
-	if o.Child, err = idleChildCommand(o.Child); err != nil {
+	ctx, cancel, err := childScenario(ctx, &o.Child, o.Timeout)
+	if err != nil {
 		return res, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	s := &idleSetup{}
 	defer s.close()
@@ -125,20 +124,22 @@ func RunIdle(ctx context.Context, o IdleOptions) (IdleResult, error) {
 	return res, nil
 }
 
-// idleChildCommand is child, or, when nil, one that runs a child of the
-// idle scenario's roles (and the engine-poll scenario's) as this
-// executable: `kvtier bench idle child ARGS...`.
-func idleChildCommand(child func(args ...string) *exec.Cmd) (func(args ...string) *exec.Cmd, error) {
-	if child != nil {
-		return child, nil
+// childScenario readies a scenario that runs children (the idle scenario
+// and the engine-poll scenario): *child, when nil, becomes one that runs a
+// child of their roles as this executable (`kvtier bench idle child
+// ARGS...`), and the scenario's context ends after timeout.
+func childScenario(ctx context.Context, child *func(args ...string) *exec.Cmd, timeout time.Duration) (context.Context, context.CancelFunc, error) {
+	if *child == nil {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, nil, err
+		}
+		*child = func(args ...string) *exec.Cmd {
+			return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
+		}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	return func(args ...string) *exec.Cmd {
-		return exec.Command(self, append([]string{"bench", "idle", "child"}, args...)...)
-	}, nil
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return ctx, cancel, nil
 }
 
 // idleSetup is the scenario's processes: the measured node, its peers and

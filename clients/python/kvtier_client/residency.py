@@ -233,36 +233,12 @@ class Residency:
 
     def not_held_cpu(self, nsfp, keys):
         """The vLLM OffloadKeys among keys that the first region does not
-        hold in CPU memory, in order: held_cpu over a list in one call (a
-        store's keys; the loop and the fingerprint inlined)."""
-        mask, base, unpack = self._tables[0]
-        mm = self._mm
-        out = []
-        for key in keys:
-            if len(key) == 36:
-                a, b, c, d = _HASH32(key)
-                x = a ^ b ^ c ^ d ^ nsfp ^ ((_GROUP_BE(key, 32)[0] * _GROUP_MUL) & MASK64)
-                x ^= x >> 30
-                x = (x * _MIX_MUL1) & MASK64
-                x ^= x >> 27
-                x = (x * _MIX_MUL2) & MASK64
-                x ^= x >> 31
-                fp = x if x & _KEY_MASK else 4
-            else:
-                fp = fingerprint_key(nsfp, key)
-            s1 = (fp & _KEY_MASK) | STATE_CPU
-            b1 = fp & mask
-            if s1 in unpack(mm, base + (b1 << 6)):
-                continue
-            b2 = (fp >> 32) & mask
-            if b2 == b1:
-                if not mask:
-                    out.append(key)
-                    continue
-                b2 = b1 ^ 1
-            if s1 not in unpack(mm, base + (b2 << 6)):
-                out.append(key)
-        return out
+        hold in CPU memory, in order: held_cpu over a list (a store's keys).
+        A loop over held_cpu, not a second copy of it: the inlined loop
+        saved about 5% of ~0.9 µs a key, on a store's probe (every store
+        without credit; with credit, only one whose first block is held)."""
+        held = self.held_cpu
+        return [key for key in keys if not held(nsfp, key)]
 
     def held(self, nsfp, key):
         """0 when no region holds the vLLM OffloadKey ``key``, else its
