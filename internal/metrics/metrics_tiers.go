@@ -34,7 +34,7 @@ var tierMetricHelp = map[string]string{
 	"tier_writes_full_total":            "Writes refused for lack of room (capacity, ENOSPC).",
 	"tier_evictions_total":              "Blocks evicted from a secondary tier for capacity.",
 	"tier_chore_failures_total":         "Housekeeping I/O of an fs tier that failed: segment seals (at start too) and removals; an unsealed segment is walked again at the next start.",
-	"promotions_full_total":             "Promotions refused because the CPU tier had no slot.",
+	"promotions_full_total":             "Promotions refused because the CPU tier had no slot; the key is a miss for that tier for a second.",
 	"promotions_busy_total":             "Promotion reads a tier refused for back-pressure (I/O queue full): asked again later, never taken as absent.",
 	"secondary_lookups_timed_out_total": "Keys whose secondary lookup passed its deadline (answered MISS).",
 	"stalled_promotions_total":          "Promotion jobs reaped at their deadline.",

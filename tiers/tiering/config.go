@@ -32,9 +32,15 @@ type Config struct {
 	// LookupDeadline bounds a secondary lookup: tiers that have not
 	// answered by then count as not holding the key, and the key is a MISS.
 	LookupDeadline time.Duration
-	// NegativeTTL is how long a key known absent (or whose promotion failed
-	// or found no CPU room) answers MISS without a new lookup.
+	// NegativeTTL is how long a key known absent (or whose promotion
+	// failed) answers MISS from that tier without a new lookup.
 	NegativeTTL time.Duration
+	// NoRoomTTL is the same for a key whose promotion found no CPU room
+	// (every slot pinned or reserved): shorter, because pins last a step
+	// or two, and a hot prefix on disk would otherwise be recomputed for a
+	// whole NegativeTTL after one busy step; long enough that a full pool
+	// is not asked again on every engine step.
+	NoRoomTTL time.Duration
 	// PromotionTimeout and CascadeTimeout are job deadlines; a job past its
 	// deadline is reaped (counted, logged). A job whose tier I/O is still
 	// running keeps its slots until that I/O returns: a worker may still
@@ -55,6 +61,7 @@ type Config struct {
 const (
 	DefaultLookupDeadline   = 2 * time.Second
 	DefaultNegativeTTL      = 10 * time.Second
+	DefaultNoRoomTTL        = time.Second
 	DefaultPromotionTimeout = 30 * time.Second
 	DefaultCascadeTimeout   = 60 * time.Second
 	DefaultCascadeQueue     = 4096
@@ -66,6 +73,7 @@ func (c Config) WithDefaults() Config {
 	defaults.FillNonPositive(&c, Config{
 		LookupDeadline:   DefaultLookupDeadline,
 		NegativeTTL:      DefaultNegativeTTL,
+		NoRoomTTL:        DefaultNoRoomTTL,
 		PromotionTimeout: DefaultPromotionTimeout,
 		CascadeTimeout:   DefaultCascadeTimeout,
 		CascadeQueue:     DefaultCascadeQueue,

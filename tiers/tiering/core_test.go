@@ -249,8 +249,36 @@ func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
 		"no livelock on a full pool")
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
 	asked = c.lookups(c.Out)
-	require.Nil(t, asked[0], "fs's copy waits for the absence to expire")
+	require.Nil(t, asked[0], "fs's copy waits for the mark to expire")
 	require.NotNil(t, asked[1], "the other tier is still asked")
+	c.handle(found(asked[1], false)) // peers: absent for NegativeTTL
+
+	// No room is a busy step, not a missing block: fs is asked again after
+	// NoRoomTTL, however long the peers' absence lasts (its own expiry).
+	c.clock.Advance(DefaultNoRoomTTL - time.Millisecond)
+	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(nil, false, k(1)), "both marks hold")
+	c.clock.Advance(2 * time.Millisecond)
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
+	asked = c.lookups(c.Out)
+	require.NotNil(t, asked[0], "fs is asked again once no room has passed")
+	require.Nil(t, asked[1], "the peers' absence keeps its NegativeTTL")
+	r = fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[0], true)), c.cpu)
+	require.Equal(t, []messages.Key{k(1)}, r.Keys, "and its copy is promoted")
+}
+
+// A promotion refused for another reason than room (none today; the CPU
+// tier answers only ErrFull) is an absence of NegativeTTL.
+func TestAPromotionRefusedOtherwiseIsAnAbsence(t *testing.T) {
+	c := newCore(t)
+	c.lookup(nil, false, k(1))
+	asked := c.lookups(c.Out)
+	c.handle(found(asked[0], true))
+	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], false)), c.cpu)
+	c.handle(&cpumsg.ReserveResult{Corr: r.Corr, Err: messages.ErrTierUnavailable})
+	c.clock.Advance(DefaultNoRoomTTL + time.Millisecond)
+	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)))
+	c.clock.Advance(DefaultNegativeTTL)
+	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)))
 }
 
 func TestAReapedPromotionReleasesOnlyOnceItsReadsReturn(t *testing.T) {

@@ -10,9 +10,28 @@ import (
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
+// negEntry is what the negative cache remembers of one key: two masks of
+// tiers not to ask, each with its own expiry, so that a short no-room mark
+// neither shortens nor is lengthened by a tier's absence.
 type negEntry struct {
-	absent uint64 // tiers known not to hold the key
-	until  time.Time
+	absent uint64    // tiers known not to hold the key ...
+	until  time.Time // ... until then
+	noRoom uint64    // tiers whose promotion of the key found no CPU room ...
+	roomAt time.Time // ... until then
+}
+
+// skip is the tiers not to ask at now, and whether anything of the entry
+// is still in force.
+func (n negEntry) skip(now time.Time) (tiers uint64, live bool) {
+	if now.Before(n.until) {
+		tiers |= n.absent
+		live = true
+	}
+	if now.Before(n.roomAt) {
+		tiers |= n.noRoom
+		live = true
+	}
+	return tiers, live
 }
 
 // batch is one lookup started by an tieringmsg.AsyncLookup: keys looked up in every
@@ -77,8 +96,8 @@ func (s *State) keyStatus(k messages.Key, allowed uint64, now time.Time) (messag
 	}
 	ask := allowed
 	if n, ok := s.negative[k]; ok {
-		if now.Before(n.until) {
-			ask &^= n.absent
+		if skip, live := n.skip(now); live {
+			ask &^= skip
 		} else {
 			delete(s.negative, k)
 		}
@@ -179,7 +198,7 @@ func (s *State) refreshed(name string) {
 		bit := uint64(1) << i
 		for k, n := range s.negative {
 			if n.absent&bit != 0 {
-				if n.absent &^= bit; n.absent == 0 {
+				if n.absent &^= bit; n.absent|n.noRoom == 0 {
 					delete(s.negative, k)
 				} else {
 					s.negative[k] = n
@@ -189,6 +208,8 @@ func (s *State) refreshed(name string) {
 	}
 }
 
+// markAbsent caches that tiers do not hold k (or could not give it) until
+// then.
 func (s *State) markAbsent(k messages.Key, tiers uint64, until time.Time) {
 	if tiers == 0 {
 		return
@@ -199,5 +220,17 @@ func (s *State) markAbsent(k messages.Key, tiers uint64, until time.Time) {
 	}
 	n.absent |= tiers
 	n.until = until
+	s.negative[k] = n
+}
+
+// markNoRoom caches that k's promotion from tiers found no CPU room, until
+// then: those tiers still hold it, and are asked again once it passes.
+func (s *State) markNoRoom(k messages.Key, tiers uint64, until time.Time) {
+	n := s.negative[k]
+	if s.cfg.Clock.Now().After(n.roomAt) {
+		n.noRoom = 0
+	}
+	n.noRoom |= tiers
+	n.roomAt = until
 	s.negative[k] = n
 }

@@ -56,9 +56,13 @@ func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
 	}
 	if m.Err != nil {
 		s.stats.PromotionsFull += uint64(len(prom.keys))
-		until := s.cfg.Clock.Now().Add(s.cfg.NegativeTTL)
+		mark, ttl := s.markAbsent, s.cfg.NegativeTTL
+		if errors.Is(m.Err, messages.ErrFull) {
+			mark, ttl = s.markNoRoom, s.cfg.NoRoomTTL
+		}
+		until := s.cfg.Clock.Now().Add(ttl)
 		for _, k := range prom.keys {
-			s.markAbsent(k, 1<<prom.tier, until)
+			mark(k, 1<<prom.tier, until)
 		}
 		s.endPromotion(prom)
 		return

@@ -273,8 +273,8 @@ def test_named_difference_a_block_on_disk_answers_retry_then_hit(daemon_factory,
         assert set(keys) <= set(out.evicted_keys)
         kv.settle()
         # NB: a block being cascaded is pinned; a promotion that finds every
-        # slot pinned is answered MISS (and remembered as one for a while),
-        # so let the fill's cascades land first.
+        # slot pinned is answered MISS (and remembered as one for a second,
+        # the tiering actor's NoRoomTTL), so let the fill's cascades land first.
         while d.metrics().get('kvtier_cascade_written_total{tier="fs"}', 0) < 3 + CAPACITY:
             assert time.monotonic() < deadline, "fill never cascaded to fs"
             time.sleep(0.02)
