@@ -205,7 +205,7 @@ func TestRefreshedTierForgetsItsCachedAbsencesOnly(t *testing.T) {
 	a.markAbsent(k(1), 0b11, until) // absent from both
 	a.markAbsent(k(2), 0b10, until) // absent from the peers only
 	a.refreshed("peers")
-	require.Equal(t, uint64(0b01), a.negative[k(1)].absent, "still known absent from fs")
+	require.Equal(t, uint64(0b01), a.negative[k(1)].absent.tiers, "still known absent from fs")
 	_, cached := a.negative[k(2)]
 	require.False(t, cached, "nothing left to know about k(2)")
 	a.refreshed("no-such-tier")

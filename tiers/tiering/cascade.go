@@ -135,7 +135,7 @@ func (s *State) onWrite(fx Effects, p pendingReply, m *tiermsg.WriteResult) {
 	case m.Err == nil:
 		s.stats.CascadeWritten[name]++
 		if n, ok := s.negative[m.Key]; ok {
-			n.absent &^= 1 << c.tier
+			n.absent.tiers &^= 1 << c.tier
 			s.negative[m.Key] = n
 		}
 	case errors.Is(m.Err, messages.ErrTierUnavailable), errors.Is(m.Err, messages.ErrTierFull):

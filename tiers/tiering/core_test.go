@@ -237,18 +237,24 @@ func TestPromotionReadsWaitForTheirTiersBudgetInOrder(t *testing.T) {
 	require.Equal(t, keys[maxReadsPerTier], next.Key, "the oldest waiting read goes next")
 }
 
-func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
-	c := newCore(t)
+// refusePromotion looks k(1) up, found on fs only, and has the CPU tier
+// refuse its promotion with err; it returns what the core sent then.
+func (c *core) refusePromotion(err error) []fxlog.Sent {
 	c.lookup(nil, false, k(1))
 	asked := c.lookups(c.Out)
 	c.handle(found(asked[0], true))
-	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], false)), c.cpu)
-	require.Empty(t, c.handle(&cpumsg.ReserveResult{Corr: r.Corr, Err: messages.ErrFull}), "nothing reserved, nothing to release")
+	r := fxlog.One[*cpumsg.ReserveSlots](c.t, c.handle(found(asked[1], false)), c.cpu)
+	return c.handle(&cpumsg.ReserveResult{Corr: r.Corr, Err: err})
+}
+
+func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
+	c := newCore(t)
+	require.Empty(t, c.refusePromotion(messages.ErrFull), "nothing reserved, nothing to release")
 	require.Equal(t, uint64(1), c.s.stats.PromotionsFull)
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)),
 		"no livelock on a full pool")
 	require.Equal(t, []messages.LookupStatus{messages.Retry}, c.lookup(nil, false, k(1)))
-	asked = c.lookups(c.Out)
+	asked := c.lookups(c.Out)
 	require.Nil(t, asked[0], "fs's copy waits for the mark to expire")
 	require.NotNil(t, asked[1], "the other tier is still asked")
 	c.handle(found(asked[1], false)) // peers: absent for NegativeTTL
@@ -262,7 +268,7 @@ func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
 	asked = c.lookups(c.Out)
 	require.NotNil(t, asked[0], "fs is asked again once no room has passed")
 	require.Nil(t, asked[1], "the peers' absence keeps its NegativeTTL")
-	r = fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[0], true)), c.cpu)
+	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[0], true)), c.cpu)
 	require.Equal(t, []messages.Key{k(1)}, r.Keys, "and its copy is promoted")
 }
 
@@ -270,11 +276,7 @@ func TestAFullCPUTierMakesThePromotedKeysMissForThatTier(t *testing.T) {
 // tier answers only ErrFull) is an absence of NegativeTTL.
 func TestAPromotionRefusedOtherwiseIsAnAbsence(t *testing.T) {
 	c := newCore(t)
-	c.lookup(nil, false, k(1))
-	asked := c.lookups(c.Out)
-	c.handle(found(asked[0], true))
-	r := fxlog.One[*cpumsg.ReserveSlots](t, c.handle(found(asked[1], false)), c.cpu)
-	c.handle(&cpumsg.ReserveResult{Corr: r.Corr, Err: messages.ErrTierUnavailable})
+	c.refusePromotion(messages.ErrTierUnavailable)
 	c.clock.Advance(DefaultNoRoomTTL + time.Millisecond)
 	require.Equal(t, []messages.LookupStatus{messages.Miss}, c.lookup(&messages.ReqContext{TierFilter: []string{"fs"}}, false, k(1)))
 	c.clock.Advance(DefaultNegativeTTL)

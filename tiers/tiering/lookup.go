@@ -10,26 +10,38 @@ import (
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
-// negEntry is what the negative cache remembers of one key: two masks of
-// tiers not to ask, each with its own expiry, so that a short no-room mark
-// neither shortens nor is lengthened by a tier's absence.
+// negEntry is what the negative cache remembers of one key: two marks,
+// each with its own expiry, so that a short no-room mark neither shortens
+// nor is lengthened by a tier's absence.
 type negEntry struct {
-	absent uint64    // tiers known not to hold the key ...
-	until  time.Time // ... until then
-	noRoom uint64    // tiers whose promotion of the key found no CPU room ...
-	roomAt time.Time // ... until then
+	absent negMark // tiers known not to hold the key (or whose promotion failed)
+	noRoom negMark // tiers whose promotion of the key found no CPU room
+}
+
+// negMark is a set of tiers not to ask, until a time.
+type negMark struct {
+	tiers uint64
+	until time.Time
+}
+
+// add marks tiers until then; a mark already expired at now is forgotten
+// first.
+func (m *negMark) add(tiers uint64, until, now time.Time) {
+	if now.After(m.until) {
+		m.tiers = 0
+	}
+	m.tiers |= tiers
+	m.until = until
 }
 
 // skip is the tiers not to ask at now, and whether anything of the entry
 // is still in force.
 func (n negEntry) skip(now time.Time) (tiers uint64, live bool) {
-	if now.Before(n.until) {
-		tiers |= n.absent
-		live = true
-	}
-	if now.Before(n.roomAt) {
-		tiers |= n.noRoom
-		live = true
+	for _, m := range [...]negMark{n.absent, n.noRoom} {
+		if now.Before(m.until) {
+			tiers |= m.tiers
+			live = true
+		}
 	}
 	return tiers, live
 }
@@ -197,8 +209,8 @@ func (s *State) refreshed(name string) {
 		}
 		bit := uint64(1) << i
 		for k, n := range s.negative {
-			if n.absent&bit != 0 {
-				if n.absent &^= bit; n.absent|n.noRoom == 0 {
+			if n.absent.tiers&bit != 0 {
+				if n.absent.tiers &^= bit; n.absent.tiers|n.noRoom.tiers == 0 {
 					delete(s.negative, k)
 				} else {
 					s.negative[k] = n
@@ -211,26 +223,20 @@ func (s *State) refreshed(name string) {
 // markAbsent caches that tiers do not hold k (or could not give it) until
 // then.
 func (s *State) markAbsent(k messages.Key, tiers uint64, until time.Time) {
+	s.mark(k, false, tiers, until)
+}
+
+// mark caches tiers as not to be asked about k until then: absent, or, with
+// noRoom, holding k but with no CPU room to promote it into.
+func (s *State) mark(k messages.Key, noRoom bool, tiers uint64, until time.Time) {
 	if tiers == 0 {
 		return
 	}
 	n := s.negative[k]
-	if s.cfg.Clock.Now().After(n.until) {
-		n.absent = 0
+	m := &n.absent
+	if noRoom {
+		m = &n.noRoom
 	}
-	n.absent |= tiers
-	n.until = until
-	s.negative[k] = n
-}
-
-// markNoRoom caches that k's promotion from tiers found no CPU room, until
-// then: those tiers still hold it, and are asked again once it passes.
-func (s *State) markNoRoom(k messages.Key, tiers uint64, until time.Time) {
-	n := s.negative[k]
-	if s.cfg.Clock.Now().After(n.roomAt) {
-		n.noRoom = 0
-	}
-	n.noRoom |= tiers
-	n.roomAt = until
+	m.add(tiers, until, s.cfg.Clock.Now())
 	s.negative[k] = n
 }

@@ -56,13 +56,13 @@ func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
 	}
 	if m.Err != nil {
 		s.stats.PromotionsFull += uint64(len(prom.keys))
-		mark, ttl := s.markAbsent, s.cfg.NegativeTTL
-		if errors.Is(m.Err, messages.ErrFull) {
-			mark, ttl = s.markNoRoom, s.cfg.NoRoomTTL
+		noRoom, ttl := errors.Is(m.Err, messages.ErrFull), s.cfg.NegativeTTL
+		if noRoom {
+			ttl = s.cfg.NoRoomTTL
 		}
 		until := s.cfg.Clock.Now().Add(ttl)
 		for _, k := range prom.keys {
-			mark(k, 1<<prom.tier, until)
+			s.mark(k, noRoom, 1<<prom.tier, until)
 		}
 		s.endPromotion(prom)
 		return
