@@ -237,11 +237,7 @@ func (t *Translator) Inventory() map[string][]messages.Key {
 		if len(m.copies) == 0 {
 			continue
 		}
-		keys := make([]messages.Key, 0, len(m.copies))
-		for k := range m.copies {
-			keys = append(keys, k)
-		}
-		out[name] = keys
+		out[name] = slices.Collect(maps.Keys(m.copies))
 	}
 	return out
 }
@@ -499,12 +495,7 @@ func (t *Translator) settle(k messages.Key, out []*block) []*block {
 
 // names are the media in a fixed order, so releases are deterministic.
 func (t *Translator) names() []string {
-	out := make([]string, 0, len(t.media))
-	for name := range t.media {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(t.media))
 }
 
 // storedEvents groups announced blocks, in order, into BlockStored events:
@@ -717,10 +708,7 @@ func (t *Translator) removals(e *messages.Event, med string, gone []messages.Key
 // the other media's blocks stay known.
 func (t *Translator) cleared(m *medium, e *messages.Event, med string) []Event {
 	held := m.owners[e.Ownership]
-	keys := make([]messages.Key, 0, len(held))
-	for k := range held {
-		keys = append(keys, k)
-	}
+	keys := slices.Collect(maps.Keys(held))
 	var gone []messages.Key
 	for _, k := range keys {
 		if _, last := m.drop(e.Ownership, k); last {

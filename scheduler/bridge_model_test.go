@@ -2,8 +2,10 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -316,16 +318,7 @@ func (w *bridgeWorld) pick() *openJob {
 	if len(w.jobs) == 0 {
 		return nil
 	}
-	ids := make([]messages.JobID, 0, len(w.jobs))
-	for id := range w.jobs {
-		ids = append(ids, id)
-	}
-	// NB: map order is random per run; sort for a seed's replay.
-	for i := 1; i < len(ids); i++ {
-		for j := i; j > 0 && ids[j] < ids[j-1]; j-- {
-			ids[j], ids[j-1] = ids[j-1], ids[j]
-		}
-	}
+	ids := slices.Sorted(maps.Keys(w.jobs)) // NB: map order is random per run; sorted for a seed's replay
 	return w.jobs[ids[w.rng.IntN(len(ids))]]
 }
 

@@ -3,7 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -47,10 +49,7 @@ func ScenarioByName(name string) (Scenario, error) {
 	}
 	s, ok := Scenarios[name]
 	if !ok {
-		names := make([]string, 0, len(Scenarios))
-		for n := range Scenarios {
-			names = append(names, n)
-		}
+		names := slices.Sorted(maps.Keys(Scenarios))
 		return nil, fmt.Errorf("unknown scenario %q (have: %s)",
 			name, strings.Join(names, ", "))
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -148,10 +149,5 @@ func (v *view) reset(list []Member) []Event {
 
 // nodes is the known members' ids, sorted.
 func (v *view) nodes() []string {
-	out := make([]string, 0, len(v.members))
-	for node := range v.members {
-		out = append(out, node)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(v.members))
 }

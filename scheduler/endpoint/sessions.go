@@ -2,6 +2,8 @@ package endpoint
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -260,10 +262,7 @@ func (t *sessionTable) due(s *session) (open []string, ok bool) {
 	if s == nil || !s.ending || s.inflight > 0 || s.open == nil {
 		return nil, false
 	}
-	open = make([]string, 0, len(s.open))
-	for id := range s.open {
-		open = append(open, id)
-	}
+	open = slices.Collect(maps.Keys(s.open))
 	s.open = nil // released once
 	return open, true
 }

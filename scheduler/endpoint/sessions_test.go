@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -344,16 +345,8 @@ func (w *sessionsWorld) check() {
 		}
 		require.Same(w.t, s, w.tb.byPeer[s.peer], "live session %d is its peer's", id)
 		require.Equal(w.t, len(s.open) > 0, s.armed, "session %d: armed exactly while it holds requests", id)
-		require.ElementsMatch(w.t, w.opens[id], keys(s.open))
+		require.ElementsMatch(w.t, w.opens[id], slices.Collect(maps.Keys(s.open)))
 	}
-}
-
-func keys(m map[string]struct{}) []string {
-	out := []string{}
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // settle loses every connection, ends every call, fires every timer and

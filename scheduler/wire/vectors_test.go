@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -201,10 +202,7 @@ Do not edit: a change here is a change to the codec."""
 		fmt.Fprintf(&b, "%s = %d\n", name, v.LookupStatus[name])
 	}
 	b.WriteString("\n# Operations, by wire name, and their numbers.\nOPS = {\n")
-	names := make([]string, 0, len(v.Ops))
-	for name := range v.Ops {
-		names = append(names, name)
-	}
+	names := slices.Collect(maps.Keys(v.Ops))
 	slices.SortFunc(names, func(a, b string) int { return v.Ops[a] - v.Ops[b] })
 	for _, name := range names {
 		fmt.Fprintf(&b, "    %q: %d,\n", name, v.Ops[name])
@@ -214,12 +212,7 @@ Do not edit: a change here is a change to the codec."""
 		fmt.Fprintf(&b, "    %q,\n", c)
 	}
 	b.WriteString("})\n\n# Bounds every decoder enforces.\n")
-	bounds := make([]string, 0, len(v.Bounds))
-	for name := range v.Bounds {
-		bounds = append(bounds, name)
-	}
-	slices.Sort(bounds)
-	for _, name := range bounds {
+	for _, name := range slices.Sorted(maps.Keys(v.Bounds)) {
 		fmt.Fprintf(&b, "%s = %d\n", strings.ToUpper(name), v.Bounds[name])
 	}
 	fmt.Fprintf(&b, "MAX_BATCH_CALLS = %d\n", MaxBatchCalls)

@@ -12,8 +12,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -58,38 +61,34 @@ type wireBatch struct {
 	DP     *int64
 }
 
+// num is a decoded msgpack number: an integer of any width (msgpack
+// decoders pick the smallest) or a float.
 func num(t *testing.T, v any) int64 {
 	t.Helper()
-	switch n := v.(type) {
-	case int8:
-		return int64(n)
-	case int16:
-		return int64(n)
-	case int32:
-		return int64(n)
-	case int64:
-		return n
-	case uint8:
-		return int64(n)
-	case uint16:
-		return int64(n)
-	case uint32:
-		return int64(n)
-	case uint64:
-		return int64(n)
-	case float64:
-		return int64(n)
+	switch r := reflect.ValueOf(v); {
+	case r.CanInt():
+		return r.Int()
+	case r.CanUint():
+		return int64(r.Uint())
+	case r.CanFloat():
+		return int64(r.Float())
 	}
 	t.Fatalf("not a number: %T %v", v, v)
 	return 0
 }
 
+// hashOf is a decoded block hash: an integer of any width, read as the
+// unsigned 64 bits vLLM writes.
 func hashOf(t *testing.T, v any) uint64 {
 	t.Helper()
-	if u, ok := v.(uint64); ok {
-		return u
+	switch r := reflect.ValueOf(v); {
+	case r.CanUint():
+		return r.Uint()
+	case r.CanInt():
+		return uint64(r.Int())
 	}
-	return uint64(num(t, v))
+	t.Fatalf("not an integer: %T %v", v, v)
+	return 0
 }
 
 func decode(t *testing.T, payload []byte) wireBatch {
@@ -507,7 +506,7 @@ func TestArrayEncodingIsVLLMsLegacyForm(t *testing.T) {
 			hashes := func(v any) []uint64 {
 				var out []uint64
 				for _, h := range v.([]any) {
-					out = append(out, toU64(t, h))
+					out = append(out, hashOf(t, h))
 				}
 				return out
 			}
@@ -515,7 +514,7 @@ func TestArrayEncodingIsVLLMsLegacyForm(t *testing.T) {
 			case "BlockStored":
 				require.Len(t, ev, 7, "type, hashes, parent, tokens, block_size, lora_id, medium")
 				assert.Equal(t, "CPU", ev[6])
-				assert.EqualValues(t, sim.TokensPerBlock, toU64(t, ev[4]))
+				assert.EqualValues(t, sim.TokensPerBlock, num(t, ev[4]))
 				hs := hashes(ev[1])
 				assert.Len(t, ev[3], sim.TokensPerBlock*len(hs))
 				for _, h := range hs {
@@ -535,34 +534,5 @@ func TestArrayEncodingIsVLLMsLegacyForm(t *testing.T) {
 	}
 	require.Positive(t, stored)
 	require.Positive(t, removed, "the scenario must evict")
-	got := make([]uint64, 0, len(live))
-	for h := range live {
-		got = append(got, h)
-	}
-	sort.Slice(got, func(i, j int) bool { return got[i] < got[j] })
-	assert.Equal(t, nodeHashes(inv["CPU"]), got, "stored − removed = what the node holds")
-}
-
-func toU64(t *testing.T, v any) uint64 {
-	t.Helper()
-	switch x := v.(type) {
-	case uint64:
-		return x
-	case int64:
-		return uint64(x)
-	case uint8:
-		return uint64(x)
-	case uint16:
-		return uint64(x)
-	case uint32:
-		return uint64(x)
-	case int8:
-		return uint64(x)
-	case int16:
-		return uint64(x)
-	case int32:
-		return uint64(x)
-	}
-	t.Fatalf("not an integer: %T", v)
-	return 0
+	assert.Equal(t, nodeHashes(inv["CPU"]), slices.Sorted(maps.Keys(live)), "stored − removed = what the node holds")
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 func benchKey(i int) messages.Key {
@@ -17,7 +18,7 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 	s := NewStore(OS{}, b.TempDir(), false)
 	src := make([]byte, 256<<10)
 	_, _ = rand.Read(src)
-	sum := crc32.Checksum(src, castagnoli)
+	sum := crc32.Checksum(src, blockfmt.Castagnoli)
 	b.SetBytes(int64(len(src)))
 	b.Run("write", func(b *testing.B) {
 		b.SetBytes(int64(len(src)))
@@ -67,7 +68,7 @@ func BenchmarkStoreWriteRead256K(b *testing.B) {
 	b.Run("crc", func(b *testing.B) {
 		b.SetBytes(int64(len(src)))
 		for range b.N {
-			crc32.Checksum(src, castagnoli)
+			crc32.Checksum(src, blockfmt.Castagnoli)
 		}
 	})
 }

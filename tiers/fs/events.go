@@ -2,6 +2,8 @@ package fs
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -87,7 +89,7 @@ func (a *Actor) introduce(ctx actor.Context) {
 	if len(batch) == 0 {
 		// NB: cannot happen (pending ⊆ order); never leave an inventory
 		// waiting on it.
-		a.gone(ctx, keysOf(in.pending))
+		a.gone(ctx, slices.Collect(maps.Keys(in.pending)))
 		return
 	}
 	self, root, n, gen := ctx.Self(), ctx.ActorSystem().Root, a.t.cfg.BlockBytes, in.gen
@@ -231,12 +233,4 @@ func (a *Actor) announce(ctx actor.Context, kind messages.EventKind, keys []mess
 // note announces one key.
 func (a *Actor) note(ctx actor.Context, kind messages.EventKind, k messages.Key) {
 	a.announce(ctx, kind, []messages.Key{k}, nil)
-}
-
-func keysOf(set map[messages.Key]struct{}) []messages.Key {
-	out := make([]messages.Key, 0, len(set))
-	for k := range set {
-		out = append(out, k)
-	}
-	return out
 }

@@ -97,7 +97,7 @@ func evSrc(i int) ([]byte, uint32) {
 	for j := range b {
 		b[j] = byte(i*31 + j)
 	}
-	return b, crc32.Checksum(b, castagnoli)
+	return b, crc32.Checksum(b, blockfmt.Castagnoli)
 }
 
 func (h *fsHarness) write(i int, p *messages.Provenance) {

@@ -8,23 +8,12 @@ import (
 )
 
 // The on-disk block format (header layout, checksums, names) is shared
-// with the object tier: tiers/blockfmt. These are the fs tier's names for it.
+// with the object tier: tiers/blockfmt. These are the fs tier's names for its constants.
 const (
 	headerSize   = blockfmt.HeaderSize
 	maxNamespace = blockfmt.MaxNamespace
 	blockExt     = blockfmt.Ext
 	tmpMarker    = ".tmp."
-)
-
-var castagnoli = blockfmt.Castagnoli
-
-var (
-	storable      = blockfmt.Storable
-	parseNSDir    = blockfmt.ParseNSDir
-	isLowerHex    = blockfmt.IsLowerHex
-	shardOf       = blockfmt.ShardOf
-	parseFileName = blockfmt.ParseFileName
-	decodeHeader  = blockfmt.Decode
 )
 
 // relPath is the key's file, relative to the root.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
@@ -89,7 +90,7 @@ func (h *fsHarness) removedUntilStored(k messages.Key) []messages.Key {
 	}
 }
 
-func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, blockfmt.Castagnoli) }
 
 func keysOfRange(from, to int) []messages.Key {
 	var out []messages.Key

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // The segment layout's files: root/segments/<16-hex id>.seg, ids never
@@ -114,7 +116,7 @@ func segName(id uint64) string { return fmt.Sprintf("%016x%s", id, segExt) }
 // parseSegName inverts segName.
 func parseSegName(name string) (uint64, bool) {
 	base, ok := strings.CutSuffix(name, segExt)
-	if !ok || len(base) != 16 || !isLowerHex(base) {
+	if !ok || len(base) != 16 || !blockfmt.IsLowerHex(base) {
 		return 0, false
 	}
 	id, err := strconv.ParseUint(base, 16, 64)
@@ -137,7 +139,7 @@ func encodeSegHeader(id uint64, dataBase int64) []byte {
 	copy(b, segMagic[segV2][:])
 	binary.LittleEndian.PutUint64(b[8:], id)
 	binary.LittleEndian.PutUint64(b[16:], uint64(dataBase))
-	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], blockfmt.Castagnoli))
 	return b
 }
 
@@ -147,13 +149,13 @@ func encodeSegHeaderV1(id uint64) []byte {
 	b := make([]byte, segHeaderSize)
 	copy(b, segMagic[segV1][:])
 	binary.LittleEndian.PutUint64(b[8:], id)
-	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], blockfmt.Castagnoli))
 	return b
 }
 
 // decodeSegHeader checks a segment header of either version.
 func decodeSegHeader(b []byte) (segHead, bool) {
-	if len(b) < segHeaderSize || binary.LittleEndian.Uint32(b[28:]) != crc32.Checksum(b[:28], castagnoli) {
+	if len(b) < segHeaderSize || binary.LittleEndian.Uint32(b[28:]) != crc32.Checksum(b[:28], blockfmt.Castagnoli) {
 		return segHead{}, false
 	}
 	h := segHead{id: binary.LittleEndian.Uint64(b[8:])}
@@ -181,14 +183,14 @@ func entrySize(prefix int64) int64 {
 func encodeEntryHead(data int64) []byte {
 	b := make([]byte, entryHead)
 	binary.LittleEndian.PutUint64(b, uint64(data))
-	binary.LittleEndian.PutUint32(b[12:], crc32.Checksum(b[:12], castagnoli))
+	binary.LittleEndian.PutUint32(b[12:], crc32.Checksum(b[:12], blockfmt.Castagnoli))
 	return b
 }
 
 // decodeEntryHead checks an entry's head and returns its block's offset.
 func decodeEntryHead(b []byte) (int64, bool) {
 	if len(b) < entryHead || binary.LittleEndian.Uint32(b[8:]) != 0 ||
-		binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], castagnoli) {
+		binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], blockfmt.Castagnoli) {
 		return 0, false
 	}
 	return int64(binary.LittleEndian.Uint64(b)), true
@@ -222,7 +224,7 @@ func encodeFooter(version int, id uint64, entriesEnd int64, offs []int64) []byte
 	}
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(offs)))
 	b = binary.LittleEndian.AppendUint64(b, id)
-	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, blockfmt.Castagnoli))
 	return append(b, sealMagic[version][:]...)
 }
 
@@ -248,7 +250,7 @@ func decodeFooter(b []byte, id uint64, version int, limit int64) ([]int64, int64
 	}
 	tail := b[len(b)-24:]
 	if got, ok := footerCount(tail, id, version); !ok || got != n ||
-		binary.LittleEndian.Uint32(tail[12:]) != crc32.Checksum(b[:len(b)-12], castagnoli) {
+		binary.LittleEndian.Uint32(tail[12:]) != crc32.Checksum(b[:len(b)-12], blockfmt.Castagnoli) {
 		return nil, 0, false
 	}
 	var entriesEnd int64

@@ -1,7 +1,7 @@
 package fs
 
 // The start-up scan of a segment file holding any bytes: it never panics,
-// never returns a record it could not serve (a key that is not storable,
+// never returns a record it could not serve (a key that is not blockfmt.Storable,
 // bytes outside the file or its regions), never grows the file by more
 // than a footer, and leaves a segment that a second scan finds whole —
 // the same records, nothing torn, nothing removed, nothing written.
@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // fuzzBlock is the tier's block size in the fuzz test: small, so the
@@ -229,7 +230,7 @@ func fileOf(t *testing.T, path string) ([]byte, bool) {
 }
 
 // checkRecs checks that every record the scan returned can be served from
-// the segment (of size bytes, header head): a storable key, its entry in
+// the segment (of size bytes, header head): a blockfmt.Storable key, its entry in
 // the entry region and its block in a whole slot of the data region, before
 // the blocks' end (version 2), or its record before the records' end
 // (version 1) — both within the file, before any footer.
@@ -237,7 +238,7 @@ func checkRecs(t *testing.T, head segHead, seg segFound, size int64) {
 	t.Helper()
 	require.LessOrEqual(t, seg.end, size)
 	for _, r := range seg.recs {
-		require.NoError(t, storable(r.key))
+		require.NoError(t, blockfmt.Storable(r.key))
 		require.GreaterOrEqual(t, r.off, int64(segHeaderSize), "%+v", r)
 		if head.version == segV1 {
 			require.Zero(t, r.data, "a version 1 record's block is behind its header")

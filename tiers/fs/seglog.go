@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/list"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/kvtier/kvtier/messages"
@@ -417,10 +418,7 @@ func (s *segment) minSize() int64 {
 
 // keys are s's live keys in offset order.
 func (s *segment) keys() []messages.Key {
-	keys := make([]messages.Key, 0, len(s.live))
-	for k := range s.live {
-		keys = append(keys, k)
-	}
+	keys := slices.Collect(maps.Keys(s.live))
 	slices.SortFunc(keys, func(a, b messages.Key) int { return cmp.Compare(s.live[a].off, s.live[b].off) })
 	return keys
 }

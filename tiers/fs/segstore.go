@@ -63,7 +63,7 @@ func (s *Store) writeRecord(w recordWrite, k messages.Key, src []byte, sum uint3
 		// third of what it costs on a slot coming from memory (issue 29,
 		// docs/PERFORMANCE.md, "Round 4"). A mismatch leaves the bytes in
 		// a slot no entry names: dead space, as after a failed write.
-		if got := crc32.Checksum(src, castagnoli); got != sum {
+		if got := crc32.Checksum(src, blockfmt.Castagnoli); got != sum {
 			return fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 		}
 		if err := writeAtv(f, entry, off); err != nil {
@@ -527,7 +527,7 @@ func (sc segScan) resync(from int64) (next int64, found bool, extent int64, err 
 			if !ok || data < base || (data-base)%block != 0 {
 				continue
 			}
-			if _, err := decodeHeader(b[i+entryHead : i+span]); err == nil {
+			if _, err := blockfmt.Decode(b[i+entryHead : i+span]); err == nil {
 				return at + int64(i), true, extent, nil
 			}
 		}

@@ -64,7 +64,7 @@ func (s *Store) Path(k messages.Key) string { return filepath.Join(s.root, relPa
 // reader sees the whole block or none. It returns the file's size. Out of
 // space is ErrTierFull.
 func (s *Store) Write(k messages.Key, src []byte, sum uint32, p *messages.Provenance) (int64, error) {
-	if got := crc32.Checksum(src, castagnoli); got != sum {
+	if got := crc32.Checksum(src, blockfmt.Castagnoli); got != sum {
 		return 0, fmt.Errorf("%w: %v: slot has %08x, committed %08x", messages.ErrChecksum, k, got, sum)
 	}
 	path := s.Path(k)
@@ -172,7 +172,7 @@ func readVerify(f File, off int64, dest []byte, sum uint32, k messages.Key) erro
 			}
 			return fmt.Errorf("%w: %v: truncated block (%d of %d bytes)", messages.ErrInvalidBlock, k, o+n, len(dest))
 		}
-		got = crc32.Update(got, castagnoli, chunk)
+		got = crc32.Update(got, blockfmt.Castagnoli, chunk)
 	}
 	if got != sum {
 		return fmt.Errorf("%w: %v: %w: want %08x, got %08x", messages.ErrInvalidBlock, k, messages.ErrChecksum, sum, got)
@@ -288,7 +288,7 @@ func readRawEntry(f File, off int64, buf []byte, who any) (int64, blockfmt.Heade
 	if !ok {
 		return 0, blockfmt.Header{}, nil, fmt.Errorf("%w: %v: entry head checksum", messages.ErrInvalidBlock, who)
 	}
-	h, err := decodeHeader(buf[entryHead:got])
+	h, err := blockfmt.Decode(buf[entryHead:got])
 	if err != nil {
 		return 0, blockfmt.Header{}, nil, fmt.Errorf("%v: %w", who, err)
 	}
@@ -306,7 +306,7 @@ func readRawHeader(f File, base int64, buf []byte, who any) (blockfmt.Header, []
 		}
 		return blockfmt.Header{}, nil, fmt.Errorf("%w: %v: truncated header", messages.ErrInvalidBlock, who)
 	}
-	h, err := decodeHeader(buf[:got])
+	h, err := blockfmt.Decode(buf[:got])
 	if err != nil {
 		return blockfmt.Header{}, nil, fmt.Errorf("%v: %w", who, err)
 	}
@@ -362,7 +362,7 @@ func (s *Store) Scan(blockBytes int) (ScanResult, error) {
 		if nd.Name() == segDirName {
 			continue // the segment layout's (ScanSegments)
 		}
-		ns, ok := parseNSDir(nd.Name())
+		ns, ok := blockfmt.ParseNSDir(nd.Name())
 		if !ok || !nd.IsDir() {
 			res.Skipped++
 			continue
@@ -381,7 +381,7 @@ func (s *Store) scanNamespace(ns messages.Namespace, dir string, blockBytes int,
 		return ioErr("read dir", err)
 	}
 	for _, sd := range shards {
-		if !sd.IsDir() || len(sd.Name()) != 2 || !isLowerHex(sd.Name()) {
+		if !sd.IsDir() || len(sd.Name()) != 2 || !blockfmt.IsLowerHex(sd.Name()) {
 			res.Skipped++
 			continue
 		}
@@ -414,9 +414,9 @@ func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry
 		res.Skipped++
 		return
 	}
-	hash, group, ok := parseFileName(name)
+	hash, group, ok := blockfmt.ParseFileName(name)
 	info, err := f.Info()
-	if !ok || err != nil || !blockfmt.SizeFits(info.Size(), blockBytes) || shardOf(name) != shard {
+	if !ok || err != nil || !blockfmt.SizeFits(info.Size(), blockBytes) || blockfmt.ShardOf(name) != shard {
 		if s.fs.Remove(full) == nil {
 			res.Removed++
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 func block(seed byte, n int) ([]byte, uint32) {
@@ -17,7 +18,7 @@ func block(seed byte, n int) ([]byte, uint32) {
 	for i := range b {
 		b[i] = seed + byte(i*7)
 	}
-	return b, crc32.Checksum(b, castagnoli)
+	return b, crc32.Checksum(b, blockfmt.Castagnoli)
 }
 
 func TestStoreRoundTripAndValidation(t *testing.T) {

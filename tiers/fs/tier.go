@@ -15,6 +15,7 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 
@@ -474,7 +475,7 @@ func (a *Actor) answerRead(ctx actor.Context, m *readDone) {
 
 func (a *Actor) write(ctx actor.Context, m *tiermsg.Write) {
 	respond := func(err error) { ctx.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: err}) }
-	if err := storable(m.Key); err != nil {
+	if err := blockfmt.Storable(m.Key); err != nil {
 		a.t.stats.WriteFailures++
 		respond(err)
 		return

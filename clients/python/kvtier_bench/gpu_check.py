@@ -511,13 +511,13 @@ def run_engine(a) -> Dict:
 # -- the bench: one engine process per configuration --------------------------------
 
 
-def _load_bench_module():
-    """kvtier_bench/vllm.py by its path: its kvtierd helpers need only the
-    standard library, and this orchestrating process may run where the
-    packages are not installed."""
+def _load_daemon_module():
+    """kvtier_bench/daemon.py by its path: it needs only the standard
+    library, and this orchestrating process may run where the packages are
+    not installed."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kvtier_gpu_check_bench", os.path.join(HERE, "vllm.py"))
+    spec = importlib.util.spec_from_file_location("kvtier_gpu_check_daemon", os.path.join(HERE, "daemon.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -621,10 +621,10 @@ def run_bench(a) -> Dict:
                 continue
         wait_gpu_idle()
         if config == "kvtier":
-            bench = _load_bench_module()
+            daemon = _load_daemon_module()
             try:
-                with bench.kvtierd(a.kvtierd, s["block_bytes"], s["pool_slots"],
-                                   transport=a.transport) as address:
+                with daemon.kvtierd(a.kvtierd, s["block_bytes"], s["pool_slots"],
+                                    transport=a.transport) as address:
                     results[config] = _engine_child(a, config, address, timeout)
             except Exception as e:  # kvtierd did not start (or stop)
                 results.setdefault(config, {"config": config, "error": f"kvtierd: {type(e).__name__}: {e}"})

@@ -26,29 +26,11 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-
-def _daemon(binary: str, workdir: str, block_bytes: int, slots: int):
-    sock = os.path.join(workdir, "engine.sock")
-    pool = f"/dev/shm/kvtier-sglbench-{os.getpid()}.pool"
-    proc = subprocess.Popen([binary, "--engine-listen", "unix://" + sock, "--pool-path", pool,
-                             "--pool-bytes", str(block_bytes * slots), "--block-bytes", str(block_bytes),
-                             "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if json.loads(line).get("message") == "kvtierd listening":
-            break
-    else:
-        raise SystemExit("kvtierd exited before listening")
-    import threading
-
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
-    return proc, "unix://" + sock
+from .daemon import kvtierd
 
 
 def _pool(torch, page_tokens: int, layers: int, heads: int, head_dim: int, pages: int):
@@ -111,9 +93,7 @@ def main(argv=None) -> int:
     dst = src + args.batch * args.page_tokens
     batch_gb = args.batch * pb / 1e9
 
-    work = tempfile.mkdtemp(prefix="kvtier-sglbench-")
     slots = (args.rounds + 1) * args.batch + args.exists_keys + 16
-    proc, address = _daemon(args.kvtierd, work, pb, slots)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     fdir = args.file_dir or tempfile.mkdtemp(prefix="kvtier-sglbench-file-", dir=shm)
 
@@ -125,93 +105,91 @@ def main(argv=None) -> int:
     out = {"page_bytes": pb, "batch_pages": args.batch, "rounds": args.rounds,
            "layout": "page_first", "dtype": "bfloat16", "file_dir": fdir}
     try:
-        kv = KvtierHiCacheStorage(cfg({"interface_v1": 1, "kvtier_address": address}), {})
-        kv.register_mem_pool_host(pool)
-        f = HiCacheFile(cfg({"file_storage_path": fdir}))
-        f.register_mem_pool_host(pool)
+        with kvtierd(args.kvtierd, pb, slots, transport="unix") as address:
+            kv = KvtierHiCacheStorage(cfg({"interface_v1": 1, "kvtier_address": address}), {})
+            kv.register_mem_pool_host(pool)
+            f = HiCacheFile(cfg({"file_storage_path": fdir}))
+            f.register_mem_pool_host(pool)
 
-        def kv_set(ks):
-            assert all(kv.batch_set_v1(ks, src))
+            def kv_set(ks):
+                assert all(kv.batch_set_v1(ks, src))
 
-        def kv_get(ks):
-            assert kv.batch_exists(ks) == len(ks)
-            assert all(kv.batch_get_v1(ks, dst))
+            def kv_get(ks):
+                assert kv.batch_exists(ks) == len(ks)
+                assert all(kv.batch_get_v1(ks, dst))
 
-        def file_set(ks):
-            data = [pool.get_data_page(i * args.page_tokens) for i in range(len(ks))]
-            assert f.batch_set(ks, data)
+            def file_set(ks):
+                data = [pool.get_data_page(i * args.page_tokens) for i in range(len(ks))]
+                assert f.batch_set(ks, data)
 
-        def file_get(ks):
-            assert f.batch_exists(ks) == len(ks)
-            data = f.batch_get(ks, [pool.get_dummy_flat_data_page() for _ in ks])
-            for i, d in enumerate(data):
-                pool.set_from_flat_data_page(int(dst[i * args.page_tokens]), d)
+            def file_get(ks):
+                assert f.batch_exists(ks) == len(ks)
+                data = f.batch_get(ks, [pool.get_dummy_flat_data_page() for _ in ks])
+                for i, d in enumerate(data):
+                    pool.set_from_flat_data_page(int(dst[i * args.page_tokens]), d)
 
-        def timed(fn):
-            fn(keys_per_round[-1])  # warm-up (first touch of pages and files)
-            t = []
-            for ks in keys_per_round[:args.rounds]:
+            def timed(fn):
+                fn(keys_per_round[-1])  # warm-up (first touch of pages and files)
+                t = []
+                for ks in keys_per_round[:args.rounds]:
+                    t0 = time.perf_counter()
+                    fn(ks)
+                    t.append(time.perf_counter() - t0)
+                return batch_gb / _pct(t, 50)
+
+            out["kvtier_set_gbps"] = timed(kv_set)
+            out["kvtier_get_gbps"] = timed(kv_get)
+            out["file_set_gbps"] = timed(file_set)
+            out["file_get_gbps"] = timed(file_get)
+            out["set_ratio"] = out["kvtier_set_gbps"] / out["file_set_gbps"]
+            out["get_ratio"] = out["kvtier_get_gbps"] / out["file_get_gbps"]
+            # Got bytes are the stored bytes (the last get's pages).
+            raw = pool.kv_buffer.view(torch.int16)  # NB: bit patterns (random bf16 holds NaNs)
+            n = args.batch * args.page_tokens
+            assert torch.equal(raw[:, :n], raw[:, n:2 * n]), "a got page differs from its stored bytes"
+            raw[:, n:2 * n] = 0
+            kv_get(keys_per_round[0])
+            assert torch.equal(raw[:, :n], raw[:, n:2 * n]), "kvtier's got page differs from its stored bytes"
+
+            # batch_exists over 256 held keys (tiny pages: only the keys matter).
+            small = _pool(torch, 1, 1, 1, 8, 8)
+            ex = KvtierHiCacheStorage(cfg({"interface_v1": 1, "kvtier_address": address,
+                                           "kvtier_namespace_salt": "exists"}), {})
+            ex.register_mem_pool_host(small)
+            prior, held = None, []
+            for i in range(args.exists_keys):
+                prior = get_hash_str([i], prior)
+                held.append(prior)
+            for at in range(0, len(held), 64):
+                ks = held[at:at + 64]
+                assert all(ex.batch_set_v1(ks, torch.zeros(len(ks), dtype=torch.int64)))
+            hit_us, miss_us = [], []
+            missing = [get_hash_str([7, i]) for i in range(args.exists_keys)]
+            for _ in range(args.exists_rounds):
                 t0 = time.perf_counter()
-                fn(ks)
-                t.append(time.perf_counter() - t0)
-            return batch_gb / _pct(t, 50)
-
-        out["kvtier_set_gbps"] = timed(kv_set)
-        out["kvtier_get_gbps"] = timed(kv_get)
-        out["file_set_gbps"] = timed(file_set)
-        out["file_get_gbps"] = timed(file_get)
-        out["set_ratio"] = out["kvtier_set_gbps"] / out["file_set_gbps"]
-        out["get_ratio"] = out["kvtier_get_gbps"] / out["file_get_gbps"]
-        # Got bytes are the stored bytes (the last get's pages).
-        raw = pool.kv_buffer.view(torch.int16)  # NB: bit patterns (random bf16 holds NaNs)
-        n = args.batch * args.page_tokens
-        assert torch.equal(raw[:, :n], raw[:, n:2 * n]), "a got page differs from its stored bytes"
-        raw[:, n:2 * n] = 0
-        kv_get(keys_per_round[0])
-        assert torch.equal(raw[:, :n], raw[:, n:2 * n]), "kvtier's got page differs from its stored bytes"
-
-        # batch_exists over 256 held keys (tiny pages: only the keys matter).
-        small = _pool(torch, 1, 1, 1, 8, 8)
-        ex = KvtierHiCacheStorage(cfg({"interface_v1": 1, "kvtier_address": address,
-                                       "kvtier_namespace_salt": "exists"}), {})
-        ex.register_mem_pool_host(small)
-        prior, held = None, []
-        for i in range(args.exists_keys):
-            prior = get_hash_str([i], prior)
-            held.append(prior)
-        for at in range(0, len(held), 64):
-            ks = held[at:at + 64]
-            assert all(ex.batch_set_v1(ks, torch.zeros(len(ks), dtype=torch.int64)))
-        hit_us, miss_us = [], []
-        missing = [get_hash_str([7, i]) for i in range(args.exists_keys)]
-        for _ in range(args.exists_rounds):
-            t0 = time.perf_counter()
-            n = ex.batch_exists(held)
-            hit_us.append((time.perf_counter() - t0) * 1e6)
-            assert n == len(held)
-            ex.clear()  # the controller's get would release the lease; clear() drops it
-            t0 = time.perf_counter()
-            assert ex.batch_exists(missing) == 0
-            miss_us.append((time.perf_counter() - t0) * 1e6)
-        out["exists_keys"] = args.exists_keys
-        out["exists_hit_p50_us"] = _pct(hit_us, 50)
-        out["exists_hit_p99_us"] = _pct(hit_us, 99)
-        out["exists_miss_p50_us"] = _pct(miss_us, 50)
-        out["exists_miss_p99_us"] = _pct(miss_us, 99)
-        file_us = []
-        fx = HiCacheFile(cfg({"file_storage_path": fdir}))
-        for _ in range(min(args.exists_rounds, 50)):
-            t0 = time.perf_counter()
-            fx.batch_exists(keys_per_round[0] * (args.exists_keys // args.batch))
-            file_us.append((time.perf_counter() - t0) * 1e6)
-        out["file_exists_p50_us"] = _pct(file_us, 50)
-        out["file_exists_p99_us"] = _pct(file_us, 99)
-        ex.close()
-        kv.close()
+                n = ex.batch_exists(held)
+                hit_us.append((time.perf_counter() - t0) * 1e6)
+                assert n == len(held)
+                ex.clear()  # the controller's get would release the lease; clear() drops it
+                t0 = time.perf_counter()
+                assert ex.batch_exists(missing) == 0
+                miss_us.append((time.perf_counter() - t0) * 1e6)
+            out["exists_keys"] = args.exists_keys
+            out["exists_hit_p50_us"] = _pct(hit_us, 50)
+            out["exists_hit_p99_us"] = _pct(hit_us, 99)
+            out["exists_miss_p50_us"] = _pct(miss_us, 50)
+            out["exists_miss_p99_us"] = _pct(miss_us, 99)
+            file_us = []
+            fx = HiCacheFile(cfg({"file_storage_path": fdir}))
+            for _ in range(min(args.exists_rounds, 50)):
+                t0 = time.perf_counter()
+                fx.batch_exists(keys_per_round[0] * (args.exists_keys // args.batch))
+                file_us.append((time.perf_counter() - t0) * 1e6)
+            out["file_exists_p50_us"] = _pct(file_us, 50)
+            out["file_exists_p99_us"] = _pct(file_us, 99)
+            ex.close()
+            kv.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        shutil.rmtree(work, ignore_errors=True)
         if not args.file_dir:
             shutil.rmtree(fdir, ignore_errors=True)
     if args.json:

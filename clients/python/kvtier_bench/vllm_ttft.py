@@ -25,7 +25,7 @@ def bench_ttft(args) -> Dict[str, object]:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
     from vllm import LLM, SamplingParams
 
-    from .vllm import kvtierd, kvtierd_binary
+    from .daemon import kvtierd, kvtierd_binary
     from .vllm_harness import save_random_llama
 
     model = save_random_llama(os.path.join(tempfile.gettempdir(), "kvtier-bench-llama-512x8"),

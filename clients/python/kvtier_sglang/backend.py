@@ -46,7 +46,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -464,13 +464,24 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if link is None or not keys or self.mem_pool_host is None:
             return out
         c, pool, _, epoch = link
-        try:
+
+        def get() -> List[bool]:
             self._get(c, pool, epoch, keys, self._page_starts(host_indices, len(keys)), out)
+            return out
+
+        return self._batch("get", epoch, len(keys), get)
+
+    def _batch(self, op: str, epoch: int, pages: int, run: Callable[[], List[bool]]) -> List[bool]:
+        """One batch_{op}_v1 of pages: what run says of each page, or, when it
+        raises, every page failed (the failure recorded against epoch); the
+        pages and the failed ones counted either way."""
+        try:
+            out = run()
         except Exception as e:
-            self._failed(epoch, e, "batch_get_v1")
-            out = [False] * len(keys)
-        self.stats_counters["get_pages"] += len(keys)
-        self.stats_counters["get_failed"] += out.count(False)
+            self._failed(epoch, e, f"batch_{op}_v1")
+            out = [False] * pages
+        self.stats_counters[f"{op}_pages"] += pages
+        self.stats_counters[f"{op}_failed"] += out.count(False)
         return out
 
     def _page_starts(self, host_indices: torch.Tensor, n: int) -> List[int]:
@@ -534,14 +545,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self.stats_counters["set_failed"] += len(keys)
             return [False] * len(keys)
         c, pool, _, epoch = link
-        try:
-            out = self._set(c, pool, keys, self._page_starts(host_indices, len(keys)), extra_info)
-        except Exception as e:
-            self._failed(epoch, e, "batch_set_v1")
-            out = [False] * len(keys)
-        self.stats_counters["set_pages"] += len(keys)
-        self.stats_counters["set_failed"] += out.count(False)
-        return out
+        return self._batch("set", epoch, len(keys),
+                           lambda: self._set(c, pool, keys, self._page_starts(host_indices, len(keys)), extra_info))
 
     def _set(self, c: Client, pool: _PoolMap, keys, starts, extra_info) -> List[bool]:
         req = self._request(self._rid("s"), extra_info)

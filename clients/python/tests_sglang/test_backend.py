@@ -390,6 +390,8 @@ def test_kvtierd_killed_mid_batch(daemon_factory):
         assert b.batch_set_v1(keys, indices(pool, range(6))) == [False] * 6
     finally:
         del pool.get_data_page
+    st = b.get_stats()
+    assert (st["set_pages"], st["set_failed"]) == (6, 6), "a failed batch counts its pages, every one failed"
     assert not b.connected()
     assert b.batch_exists(keys) == 0
     assert b.batch_get_v1(keys, indices(pool, range(6))) == [False] * 6
