@@ -42,6 +42,13 @@ type admitted struct {
 	serve  bool         // the frame is the ready session's: the producer decides it
 }
 
+// Why the gate ends a ready inbound session (logged; the session warns of
+// the first).
+const (
+	endMalformed = "malformed" // MaxMalformed frames since the handshake did not decode
+	endNewEpoch  = "new_epoch" // the peer's redial proved the secret: its new session replaces this one
+)
+
 // welcomed records the handshake a Welcome was just sent for. The ready
 // session, if any, keeps serving until this one proves the secret.
 func (g *gate) welcomed(hs *inbound) { g.hs = hs }
@@ -72,7 +79,7 @@ func (g *gate) frame(f wire.Frame, decodeErr error, raw, seal []byte, secret []b
 func (g *gate) malformed(decodeErr error, maxMalformed int) admitted {
 	v := admitted{drop: wire.Reason(decodeErr)}
 	if g.bad++; g.bad >= maxMalformed && g.in != nil {
-		v.ended, v.why = g.end(), "malformed"
+		v.ended, v.why = g.end(), endMalformed
 	}
 	return v
 }
@@ -92,7 +99,7 @@ func (g *gate) auth(secret []byte, a *wire.Auth) admitted {
 	}
 	var v admitted
 	if g.in != nil {
-		v.ended, v.why = g.end(), "new_epoch"
+		v.ended, v.why = g.end(), endNewEpoch
 	}
 	hs.ready = true
 	dialer, listener := wire.SessionKeys(secret, hs.hello, hs.welcome)

@@ -576,7 +576,7 @@ func (s *Session) admit(ctx actor.Context, v admitted) bool {
 		s.log.Warn().Str("reason", v.refuse.Reason).Str("detail", v.refuse.Msg).Msg("peer: refused a handshake")
 		s.sendInbound(v.refuse)
 	}
-	if v.why == "malformed" {
+	if v.why == endMalformed {
 		s.log.Warn().Int("max_malformed", s.cfg.MaxMalformed).Msg("peer: too many malformed frames; inbound session dropped")
 	}
 	s.retire(ctx, v.ended, v.why)
