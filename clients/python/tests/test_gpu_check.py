@@ -474,6 +474,13 @@ def bench_args(tmp_path, *extra):
         "--out", str(tmp_path / "bench.json"), "--mirror", str(tmp_path / "mirror"), *extra])
 
 
+def test_the_daemon_module_loads_by_its_path_alone():
+    """gpu_check runs where the packages may not be installed: the kvtierd
+    launcher it loads by path must need nothing but the standard library."""
+    d = gc._load_daemon_module()
+    assert callable(d.kvtierd) and callable(d.kvtierd_binary)
+
+
 def test_run_bench_runs_each_configuration_and_kvtier_under_its_own_kvtierd(tmp_path, monkeypatch):
     from contextlib import contextmanager
 
@@ -485,7 +492,7 @@ def test_run_bench_runs_each_configuration_and_kvtier_under_its_own_kvtierd(tmp_
             f.write("{}")
         return result(config, 1.0)
 
-    class FakeBench:
+    class FakeDaemon:
         @staticmethod
         @contextmanager
         def kvtierd(binary, block_bytes, slots, transport):
@@ -494,7 +501,7 @@ def test_run_bench_runs_each_configuration_and_kvtier_under_its_own_kvtierd(tmp_
 
     monkeypatch.setattr(gc, "_engine_child", child)
     monkeypatch.setattr(gc, "wait_gpu_idle", lambda: None)
-    monkeypatch.setattr(gc, "_load_bench_module", lambda: FakeBench)
+    monkeypatch.setattr(gc, "_load_daemon_module", lambda: FakeDaemon)
     a = bench_args(tmp_path)
     out = gc.run_bench(a)
     assert [c for c, _, _ in calls] == ["recompute", "native", "kvtier"]
