@@ -34,7 +34,16 @@ type Manager interface {
 	// ErrUnknownKey and pins nothing.
 	PrepareLoad(ctx context.Context, req *messages.ReqContext, keys []messages.Key) (messages.LoadJob, error)
 
-	// Touch marks keys recently used for eviction. Unknown keys are ignored.
+	// Touch marks keys recently used for eviction, the last key most
+	// recent. Unknown keys are ignored. An engine that wants vLLM's cache
+	// calls it once per finished request, after its last PrepareStore and
+	// before RequestFinished, with every key the request loaded or offered
+	// to PrepareStore, tail first — so the prompt's head ends most recent
+	// and a chain is evicted from its tail (vLLM's on_request_finished).
+	// The CPU tier ranks nothing at lookup or load, and a stored block at
+	// its commit only when no touch ranked it first: an engine that never
+	// touches gets its blocks aged by their store alone. internal/sim's
+	// engine touches this way, checked against a reference model.
 	Touch(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error
 
 	// CompleteLoad unpins keys that req prepared for load. A key req is not

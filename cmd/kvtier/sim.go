@@ -89,7 +89,7 @@ fresh daemon: a warm one starts with blocks cached.`,
 	f.IntVar(&o.maxWait, "max-wait", def.MaxWait, "steps a lookup waits on RETRY/HIT_PENDING before recomputing")
 	f.StringVar(&o.policy, "policy", "lru", "CPU tier eviction policy: lru, arc or prefix (a chain's deepest blocks first)")
 	f.StringVar(&o.poolPath, "pool-path", "", "shared-memory file of the pool (empty: anonymous memfd)")
-	f.BoolVar(&o.touch, "touch-gpu-hits", def.TouchGPUHits, "Touch blocks found in the GPU cache so the CPU tier's recency follows use")
+	f.BoolVar(&o.touch, "touch-finished", def.TouchFinished, "Re-rank a finished request's blocks as vLLM does (one touch of every key it used, its head most recent)")
 	f.BoolVar(&o.settle, "settle", def.Settle, "poll Stats after each store job until it is committed (the node already answers a job's last report after its commit)")
 	f.BoolVar(&o.json, "json", false, "print the summary as one JSON object on the last line")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar even on a terminal")
@@ -213,7 +213,7 @@ func engineConfig(o simOptions) sim.Config {
 	cfg.GPUBlocks, cfg.Workers = o.gpuBlocks, o.workers
 	cfg.StepTime, cfg.CopyTime = o.stepTime, o.copyTime
 	cfg.MaxRunning, cfg.MaxWait = o.maxRunning, o.maxWait
-	cfg.TimeScale, cfg.Realtime, cfg.TouchGPUHits, cfg.Settle = o.timeScale, o.realtime, o.touch, o.settle
+	cfg.TimeScale, cfg.Realtime, cfg.TouchFinished, cfg.Settle = o.timeScale, o.realtime, o.touch, o.settle
 	return cfg
 }
 

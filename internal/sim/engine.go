@@ -24,10 +24,13 @@ type Config struct {
 	TimeScale float64
 	// Realtime paces steps so the virtual clock tracks the wall clock.
 	Realtime bool
-	// TouchGPUHits calls Touch for blocks found in the GPU cache, so the CPU
-	// tier's recency follows use.
-	TouchGPUHits bool
-	Namespace    messages.Namespace
+	// TouchFinished re-ranks a finished request's blocks as vLLM's
+	// offloading scheduler does (on_request_finished): one Touch of every
+	// key the request used — found in the GPU, loaded, or newly stored —
+	// its head most recent. Off, nothing is ever touched: blocks keep the
+	// rank their store gave them (a worse cache than vLLM gets).
+	TouchFinished bool
+	Namespace     messages.Namespace
 	// Progress, if set, is called after every step with requests finished
 	// and the total.
 	Progress func(done, total int)
@@ -49,7 +52,7 @@ type Config struct {
 // DefaultConfig is the engine `kvtier sim` runs with no flags.
 func DefaultConfig() Config {
 	return Config{GPUBlocks: 1000, Workers: 2, StepTime: 20 * time.Millisecond,
-		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchGPUHits: true, Settle: false,
+		CopyTime: 50 * time.Microsecond, MaxRunning: 8, MaxWait: 4, TouchFinished: true, Settle: false,
 		Namespace: DefaultLayout.Namespace(), DrainTimeout: 5 * time.Second, ReachEvery: 50}
 }
 

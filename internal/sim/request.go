@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -134,9 +135,31 @@ func (e *engine) checkSlots(slots []int, keys int) error {
 	return nil
 }
 
+// storeFrom is the first block the request offers to PrepareStore, as
+// vLLM's offloading scheduler chooses it: after its load when it loaded
+// from kvtier, else from the prompt's head — so blocks found in the GPU
+// that kvtier no longer holds are stored again, and those it holds are
+// offered (and so re-ranked at the finish) but not copied.
+func (r *running) storeFrom() int {
+	if r.hits > 0 {
+		return r.gpuHits + r.hits
+	}
+	return 0
+}
+
+// used is every key the request loaded or offered to PrepareStore, head
+// first: what vLLM re-ranks when the request finishes.
+func (r *running) used() []messages.Key {
+	if r.hits > 0 {
+		return r.keys[r.gpuHits:]
+	}
+	return r.keys
+}
+
 // compute is the request's prefill: the GPU now holds its whole prompt, the
-// blocks neither hit nor loaded are computed and stored to kvtier
-// (write-through), and the request finishes.
+// blocks neither hit nor loaded are computed, the request's blocks from
+// storeFrom are offered to kvtier (write-through), and the request
+// finishes — its keys touched, then RequestFinished, in vLLM's order.
 func (e *engine) compute(ctx context.Context, r *running) error {
 	e.gpu.AddChain(r.req.Blocks)
 	first := r.gpuHits + r.hits
@@ -144,25 +167,42 @@ func (e *engine) compute(ctx context.Context, r *running) error {
 	e.sum.BlocksLoaded += r.hits
 	e.sum.SecondaryHitBlocks += r.secondary
 	e.sum.BlocksRecomputed += len(r.keys) - first
-	if e.cfg.TouchGPUHits && r.gpuHits > 0 {
-		if err := e.mgr.Touch(ctx, r.ctx, r.keys[:r.gpuHits]); err != nil {
-			return fmt.Errorf("touch %s: %w", r.ctx.RequestID, err)
-		}
-	}
-	if first < len(r.keys) {
-		if err := e.store(ctx, r, first); err != nil {
+	if from := r.storeFrom(); from < len(r.keys) {
+		if err := e.store(ctx, r, from); err != nil {
 			return err
 		}
 	}
 	r.phase = PhaseDone
+	if err := e.touchFinished(ctx, r); err != nil {
+		return err
+	}
 	if err := e.mgr.RequestFinished(ctx, r.ctx); err != nil {
 		return fmt.Errorf("request finished %s: %w", r.ctx.RequestID, err)
 	}
 	return nil
 }
 
-// store issues the store job of the request's blocks from first on. Full is
-// not an error: the blocks are simply not offloaded.
+// touchFinished re-ranks every key the finished request used (loaded or
+// offered to PrepareStore; not its GPU hits after which it loaded), as vLLM's
+// scheduler does when a request finishes: Touch's last key is the most
+// recent, so the keys go tail first and the prompt's head ends most recent
+// (evicted last: a prefix lookup reaches a chain from its head).
+func (e *engine) touchFinished(ctx context.Context, r *running) error {
+	used := r.used()
+	if !e.cfg.TouchFinished || len(used) == 0 {
+		return nil
+	}
+	order := slices.Clone(used)
+	slices.Reverse(order)
+	if err := e.mgr.Touch(ctx, r.ctx, order); err != nil {
+		return fmt.Errorf("touch %s: %w", r.ctx.RequestID, err)
+	}
+	return nil
+}
+
+// store offers the request's blocks from first on and issues the store job
+// of those kvtier does not hold. Full is not an error: the blocks are
+// simply not offloaded.
 func (e *engine) store(ctx context.Context, r *running, first int) error {
 	keys := r.keys[first:]
 	plan, err := e.mgr.PrepareStore(ctx, storeContext(r, first), keys)
