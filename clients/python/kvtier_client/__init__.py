@@ -6,6 +6,7 @@ on: a DEALER socket speaking msgpack, the shared CPU pool mapped read-write
 with ``mmap``, and one method per manager call. Dependencies: pyzmq, msgpack.
 """
 
+from .address import default_address  # noqa: F401
 from .client import (  # noqa: F401
     HIT,
     HIT_PENDING,

@@ -56,7 +56,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from kvtier_client import HIT, HIT_PENDING, RETRY, Client, KvtierError, Request
+from kvtier_client import HIT, HIT_PENDING, RETRY, Client, KvtierError, Request, default_address
 from kvtier_client.residency import STATE_NONE, Residency, fingerprint, ns_fingerprint
 
 log = logging.getLogger("kvtier_sglang")
@@ -67,7 +67,7 @@ _LINK_ERRORS = {"CLOSED", "NO_SESSION", "BAD_VERSION", "BAD_REPLY", "UNAVAILABLE
 # The extra_config keys this backend reads, with their defaults (README,
 # "Run SGLang with kvtier"; docs/SGLANG.md has the table).
 DEFAULTS: Dict[str, Any] = {
-    "kvtier_address": "unix:///run/kvtier/engine.sock",
+    "kvtier_address": None,  # default: $KVTIER_ADDRESS, else kvtierd's default socket
     "kvtier_timeout_s": 5.0,
     "kvtier_reconnect_s": 1.0,
     "kvtier_lease_s": 10.0,
@@ -91,9 +91,9 @@ def settings(extra: Optional[dict]) -> Dict[str, Any]:
     if unknown:
         raise KvtierConfigError(f"unknown kvtier option(s) {unknown}; known: {sorted(DEFAULTS)}")
     out = dict(DEFAULTS)
-    for k in DEFAULTS:
+    for k, default in DEFAULTS.items():
         if k in extra:
-            out[k] = type(DEFAULTS[k])(extra[k])
+            out[k] = str(extra[k]) if default is None else type(default)(extra[k])
     return out
 
 
@@ -182,7 +182,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         self.storage_config = storage_config
         self.opts = settings(storage_config.extra_config)
-        self.address = self.opts["kvtier_address"]
+        self.address = self.opts["kvtier_address"] or default_address()
         self.mem_pool_host: Any = None  # SGLang's HostKVCache, once registered
         self.ns: Optional[str] = None
         self._nsfp = 0

@@ -152,13 +152,30 @@ class _Link:
         self.address, self.timeout, self.reconnect_s = address, timeout, reconnect_s
         self.poll_us = poll_us
         self._check = check  # validates a new session's hello (geometry, namespace)
-        self.client: Optional[Client] = self._connect()
-        self.epoch = 1
-        self.pool = self._pool_ref(self.client)
-        self.index = self._index(self.client)
+        self.client: Optional[Client] = None
+        self.epoch = 0
+        self.pool: Optional[PoolRef] = None
+        self.index: Optional[Residency] = None
         self._next: Optional[Client] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._failure = ""  # the last reconnect failure logged (each new one once)
+        try:
+            self._take(self._connect())
+        except KvtierConfigError:
+            raise  # a kvtierd that serves, but cannot serve this engine: say so at start
+        except (KvtierError, OSError) as e:
+            # NB: vLLM starts all the same, recomputing (every lookup a
+            # MISS), and takes kvtierd on once it serves (up()).
+            log.warning("kvtier: kvtierd not reachable at %s (%s); recomputing until it "
+                        "serves (retrying every %gs)", address, e, reconnect_s)
+            self._start_reconnect()
+
+    def _take(self, c: Client) -> None:
+        """Makes c the session: a new epoch voids the older one's answers."""
+        self.client, self.epoch = c, self.epoch + 1
+        self.pool = self._pool_ref(c)
+        self.index = self._index(c)
 
     def _connect(self) -> Client:
         c = Client(self.address, name="vllm-scheduler", timeout=self.timeout, poll_us=self.poll_us)
@@ -187,12 +204,11 @@ class _Link:
     def up(self) -> bool:
         """True when a session is usable; takes over a reconnected one."""
         if self.client is None and self._next is not None:
-            self.client, self._next = self._next, None
-            self.pool = self._pool_ref(self.client)
-            self.index = self._index(self.client)
-            self.epoch += 1
-            log.warning("kvtier: reconnected to %s (session %d)",
-                        self.address, self.client.hello.session)
+            first = self.epoch == 0
+            c, self._next = self._next, None
+            self._take(c)
+            log.warning("kvtier: %s %s (session %d)", "connected to" if first else "reconnected to",
+                        self.address, c.hello.session)
         return self.client is not None
 
     def lost(self, err: Exception) -> None:
@@ -205,6 +221,9 @@ class _Link:
         if self.index is not None:
             self.index.close()
             self.index = None
+        self._start_reconnect()
+
+    def _start_reconnect(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._reconnect, name="kvtier-reconnect",
                                              daemon=True)
@@ -216,7 +235,16 @@ class _Link:
                 self._next = self._connect()
                 return
             except Exception as e:  # unreachable, or a geometry that no longer fits
-                log.debug("kvtier: reconnect to %s failed: %s", self.address, e)
+                self._log_failure(e)
+
+    def _log_failure(self, e: Exception) -> None:
+        """Unreachable is expected while kvtierd is away (debug); a kvtierd
+        that answers but cannot serve this engine is said once per cause."""
+        if not isinstance(e, KvtierConfigError):
+            log.debug("kvtier: reconnect to %s failed: %s", self.address, e)
+        elif str(e) != self._failure:
+            self._failure = str(e)
+            log.warning("kvtier: %s cannot serve this engine: %s", self.address, e)
 
     def close(self) -> None:
         self._stop.set()

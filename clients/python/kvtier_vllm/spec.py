@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional
 
 from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, OffloadingWorker
 
+from kvtier_client import default_address
+
 from .layout import (KvtierConfigError, SlotGeometry, layout_namespace, none_hash_digest,
                      possible_none_hash_digests)
 
@@ -18,7 +20,7 @@ log = logging.getLogger("kvtier_vllm")
 
 # kv_connector_extra_config keys this spec reads (README "Run vLLM with kvtier").
 DEFAULTS: Dict[str, Any] = {
-    "kvtier_address": None,         # required: kvtierd's --engine-listen address
+    "kvtier_address": None,         # kvtierd's engine address (default: $KVTIER_ADDRESS, else kvtierd's default socket)
     "kvtier_timeout_s": 2.0,        # bound on one synchronous call to kvtierd
     "kvtier_reconnect_s": 1.0,      # retry period while kvtierd is unreachable
     "kvtier_namespace_salt": "",    # tenant salt: engines with different salts never share
@@ -33,9 +35,8 @@ def _extra(config) -> Dict[str, Any]:
     extra = dict(DEFAULTS)
     extra.update({k: v for k, v in dict(config.extra_config).items() if k in DEFAULTS})
     if not extra["kvtier_address"]:
-        raise KvtierConfigError(
-            "kv_connector_extra_config.kvtier_address is required "
-            "(kvtierd's --engine-listen address, e.g. unix:///run/kvtier/engine.sock)")
+        # NB: the rule kvtierd follows when started with no --engine-listen.
+        extra["kvtier_address"] = default_address()
     return extra
 
 

@@ -182,6 +182,36 @@ def test_vllm_keeps_serving_when_kvtierd_dies_and_uses_it_again_when_back(
 
 
 @pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_an_engine_started_before_kvtierd_recomputes_then_uses_it(
+        daemon_factory, engine_factory, models, reference, transport):
+    """vLLM started with kvtierd not yet up (issue 40): it starts and serves,
+    recomputing, token-identical; once kvtierd serves, the connector takes
+    it on within seconds (its reconnect period, 1 s), says so once in its
+    log, and later requests hit kvtier."""
+    d = daemon_factory(transport=transport, start=False)
+    assert not os.path.exists(d.sock)
+    e = engine_factory(models["a"], d.address)
+    out = gen(e, "x1")
+    same(out, reference["x1"])
+    assert out["cached"] == 0
+    same(gen(e, "y1"), reference["y1"])
+    d.start()
+    deadline = time.monotonic() + 120
+    i = 0
+    while d.metrics().get("kvtier_stores_total", 0) == 0:
+        assert time.monotonic() < deadline, "vLLM never took kvtierd on\n" + e.log_lines("kvtier")
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    same(gen(e, "x2"), reference["x2"])  # its blocks stored in kvtierd
+    out = gen(e, "x3")
+    same(out, reference["x3"])
+    assert out["cached"] >= PREFIX, e.log_lines("kvtier|Error|rror:")
+    log = e.log_lines("kvtier")
+    assert log.count("not reachable at") == 1, log
+    assert log.count("connected to") == 1 and "reconnected" not in log, log
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
 def test_a_stopped_kvtierd_costs_recomputes_and_leaks_nothing(
         daemon_factory, engine_factory, models, reference, transport):
     """kvtierd SIGSTOPped past the connector's timeout (kvtier_timeout_s,
