@@ -39,4 +39,7 @@ type Stats struct {
 	// calls sent before the stats call are still being served (noreply and
 	// quiet ones too; 0 elsewhere): 0 means each has taken effect.
 	SessionCalls int
+	// Sessions is, in an engine session's stats reply, how many engine
+	// sessions the daemon holds, the calling one included (0 elsewhere).
+	Sessions int
 }

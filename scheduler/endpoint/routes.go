@@ -96,10 +96,11 @@ var routes = map[wire.Op]func(c *call){
 	wire.OpStats: func(c *call) {
 		open := len(c.s.open) // NB: read here, in the actor: the session's table is its state
 		calls := c.s.inflight // NB: before this call counts itself
+		sessions := len(c.a.t.byPeer)
 		via(c, func(r messages.Reply[messages.Stats]) any { return &messages.GetStats{Reply: r} },
 			func(rp *wire.Reply, v messages.Stats) {
 				rp.Stats = v
-				rp.Stats.SessionOpen, rp.Stats.SessionCalls = open, calls
+				rp.Stats.SessionOpen, rp.Stats.SessionCalls, rp.Stats.Sessions = open, calls, sessions
 			})
 	},
 }

@@ -179,6 +179,7 @@ var statFields = []struct {
 	{"actor_restarts", func(s *messages.Stats) any { return &s.ActorRestarts }},
 	{"session_open_requests", func(s *messages.Stats) any { return &s.SessionOpen }},
 	{"session_calls_in_flight", func(s *messages.Stats) any { return &s.SessionCalls }},
+	{"sessions", func(s *messages.Stats) any { return &s.Sessions }},
 }
 
 func encodeStats(w *writer, s *messages.Stats) {
