@@ -117,3 +117,9 @@ if ! "$VENV_SGL/bin/python" -m pytest clients/python/tests_sglang -q -W ignore::
 	echo "FAILED: SGLang backend tests" >&2
 	exit 1
 fi
+
+section "the wheel (scripts/wheel-test.sh: scripts/wheel.sh's wheel in a fresh venv runs kvtierd, kvtier and the client with no Go on PATH)"
+if ! bash scripts/wheel-test.sh; then
+	echo "FAILED: wheel tests" >&2
+	exit 1
+fi

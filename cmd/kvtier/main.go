@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvtier/kvtier/internal/version"
 )
 
 func main() {
@@ -31,8 +33,12 @@ func newRootCmd() *cobra.Command {
 		Short:         "kvtier tools: engine simulator and friends",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Get().String(),
 	}
+	root.SetVersionTemplate("kvtier {{.Version}}\n")
 	root.AddCommand(newSimCmd(), newBenchCmd())
+	root.AddCommand(newSizeCmd())                  // size.go
+	root.AddCommand(newStatusCmd(), newClearCmd()) // status.go
 	root.AddCommand(newEventsCmd())
 	root.AddCommand(newChaosCmd()) // chaos.go
 	root.AddCommand(newFleetCmd()) // fleet.go

@@ -39,6 +39,14 @@ def kvtierd_bin(tmp_path_factory):
     return build_kvtierd(str(tmp_path_factory.mktemp("bin") / "kvtierd"))
 
 
+@pytest.fixture(scope="session")
+def kvtier_cli(tmp_path_factory):
+    """The operator's CLI (cmd/kvtier), built from this repository."""
+    out = str(tmp_path_factory.mktemp("bin") / "kvtier")
+    subprocess.run(["go", "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
+    return out
+
+
 @pytest.fixture
 def daemon_factory(kvtierd_bin, tmp_path):
     made: List[Daemon] = []

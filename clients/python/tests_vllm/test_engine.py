@@ -5,10 +5,13 @@ counted (/metrics), never the connector's own view of itself."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import random
 import signal
+import subprocess
+import threading
 import time
 
 import pytest
@@ -209,6 +212,47 @@ def test_an_engine_started_before_kvtierd_recomputes_then_uses_it(
     log = e.log_lines("kvtier")
     assert log.count("not reachable at") == 1, log
     assert log.count("connected to") == 1 and "reconnected" not in log, log
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_kvtier_clear_during_requests_keeps_outputs_and_empties_the_node(
+        daemon_factory, engine_factory, models, reference, kvtier_cli, transport):
+    """`kvtier clear` (issue 40) while vLLM runs requests: none fails, every
+    output is token-identical to the reference, the engine keeps its session;
+    a clear with nothing running leaves the node empty, and it refills."""
+    d = daemon_factory(transport=transport)
+    e = engine_factory(models["a"], d.address)
+    same(gen(e, "x1"), reference["x1"])
+    stores = d.metrics()["kvtier_stores_total"]
+    cleared: list = []
+
+    def clear_once_storing() -> None:
+        deadline = time.monotonic() + 120
+        while d.metrics()["kvtier_stores_total"] <= stores and time.monotonic() < deadline:
+            time.sleep(0.005)  # NB: polling a process's metrics; no message to wait on
+        cleared.append(subprocess.run([kvtier_cli, "clear", d.address], capture_output=True,
+                                      text=True, timeout=60))
+
+    t = threading.Thread(target=clear_once_storing)
+    t.start()
+    for name in ("y1", "x2", "y2", "x3"):
+        same(gen(e, name), reference[name])
+    t.join()
+    assert cleared and cleared[0].returncode == 0, cleared
+    assert "readable blocks before" in cleared[0].stdout
+
+    out = subprocess.run([kvtier_cli, "clear", d.address], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(subprocess.run([kvtier_cli, "status", d.address, "--json"], capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    assert status["pool"]["ready"] == 0 and status["engines"] == 1, status
+    out = gen(e, "x2")
+    same(out, reference["x2"])
+    assert out["cached"] == 0, "the node was empty: recomputed"
+    out = gen(e, "x3")
+    same(out, reference["x3"])
+    assert out["cached"] >= PREFIX, "refilled: x2 stored the prefix again"
+    d.wait_quiet(what="after the clears")
 
 
 @pytest.mark.parametrize("transport", ["ipc", "unix"])
