@@ -30,8 +30,13 @@ class Daemon:
     def __init__(self, binary: str, workdir: str, block_bytes: int, pool_bytes: int,
                  config: Optional[str] = None, extra_args: Sequence[str] = (),
                  transport: str = "ipc", pool: Optional[str] = None,
-                 sock_name: str = "engine.sock", tag: str = "test"):
+                 sock_name: str = "engine.sock", tag: str = "test",
+                 argv: Optional[Sequence[str]] = None, env: Optional[Dict[str, str]] = None):
+        """argv, when given, replaces the engine, pool and size flags (a
+        command line as a user writes it: the README's), env the process's
+        environment; the metrics port and JSON logs are always added."""
         self.binary, self.workdir = binary, workdir
+        self.argv, self.env = argv, env
         self.block_bytes, self.pool_bytes, self.config = block_bytes, pool_bytes, config
         self.extra_args = list(extra_args)
         self.sock = os.path.join(workdir, sock_name)
@@ -42,14 +47,17 @@ class Daemon:
         self._log: Deque[str] = collections.deque(maxlen=200)  # its last log lines
 
     def start(self) -> "Daemon":
-        args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
-                "--pool-bytes", str(self.pool_bytes), "--block-bytes", str(self.block_bytes),
-                "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
-                "--log-format", "json"]
+        if self.argv is not None:
+            args = [self.binary, *self.argv, "--metrics-listen", "127.0.0.1:0", "--log-format", "json"]
+        else:
+            args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
+                    "--pool-bytes", str(self.pool_bytes), "--block-bytes", str(self.block_bytes),
+                    "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
+                    "--log-format", "json"]
         if self.config:
             args += ["--config", self.config]
         args += self.extra_args
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=self.env)
         assert self.proc.stderr is not None
         deadline = time.monotonic() + 60
         for line in self.proc.stderr:  # readiness: the daemon's own log lines
