@@ -123,3 +123,13 @@ if ! bash scripts/wheel-test.sh; then
 	echo "FAILED: wheel tests" >&2
 	exit 1
 fi
+
+section "the README's three commands from the wheel (scripts/wheel-venv.sh: kvtierd, kvtier and kvtier_vllm from the wheel, vLLM from its venv, no Go on PATH)"
+WHEEL="$(ls -t dist/kvtier-*.whl | head -n1)"
+WHEEL_VENV="$(KVTIER_WHEEL="$WHEEL" bash scripts/wheel-venv.sh "$VENV" | tail -n1)"
+if ! KVTIER_WHEEL_VENV="$WHEEL_VENV" "$VENV/bin/python" -m pytest clients/python/tests_vllm/test_serve.py -q -k from_the_wheel; then
+	echo "FAILED: the README's three commands from the wheel" >&2
+	rm -rf "$WHEEL_VENV"
+	exit 1
+fi
+rm -rf "$WHEEL_VENV"

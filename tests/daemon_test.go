@@ -260,6 +260,7 @@ func TestDaemonServesMetricsAndShutsDown(t *testing.T) {
 		"--metrics-listen", "127.0.0.1:0",
 		"--log-format", "json",
 		"--shutdown-timeout", "10s",
+		"--engine-listen", "none", // no default socket shared with other runs
 	)
 
 	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
@@ -334,7 +335,7 @@ func TestDaemonRejectsBadConfig(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			args := append([]string{
-				"--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
+				"--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json", "--engine-listen", "none",
 			}, tc.args...)
 			d := startDaemon(t, bin, args...)
 			exit, err := d.wait(ctx)
@@ -358,7 +359,7 @@ func TestDaemonOpenFailureExits2(t *testing.T) {
 	require.NoError(t, os.WriteFile(notDir, nil, 0o600))
 	d := startDaemon(t, bin, "--pool-path", filepath.Join(notDir, "x.pool"),
 		"--pool-bytes", "1MiB", "--block-bytes", "64KiB",
-		"--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+		"--metrics-listen", "127.0.0.1:0", "--log-format", "json", "--engine-listen", "none")
 	exit, err := d.wait(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, exit, "failed Open exits 2; stderr:\n%s", d.stderr)

@@ -260,7 +260,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 func startDuplicate(t *testing.T, bin, cfg string) *daemon {
 	t.Helper()
 	return startDaemon(t, bin, "--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
-		"--pool-bytes", "16MiB", "--block-bytes", "64KiB", "--config", cfg)
+		"--pool-bytes", "16MiB", "--block-bytes", "64KiB", "--config", cfg, "--engine-listen", "none")
 }
 
 // A member whose lease lapses while it is frozen (SIGSTOP: alive to the

@@ -1,23 +1,39 @@
 // Command kvtierd runs a kvtier node as a standalone daemon: it opens the
-// node (kvtier.Open) with a config from a YAML file and flags, serves the
-// node's Prometheus metrics and health probes over HTTP, and shuts the node
-// down gracefully on SIGINT or SIGTERM. Everything else lives in the library.
+// node (kvtier.Open) with a config from a YAML file, the environment and
+// flags, serves the node's Prometheus metrics and health probes over HTTP,
+// and shuts the node down gracefully on SIGINT or SIGTERM. Everything else
+// lives in the library.
 //
 // Usage:
 //
 //	kvtierd [--config FILE] [--pool-path PATH] [--pool-bytes SIZE]
-//	        [--block-bytes SIZE] [--policy lru|arc]
+//	        [--block-bytes SIZE] [--policy lru|arc|prefix]
 //	        [--metrics-listen ADDR] [--log-level LEVEL]
 //	        [--log-format auto|console|json] [--shutdown-timeout DUR]
-//	        [--engine-listen ADDR] [--engine-grace DUR] [--engine-poll DUR] [--engine-group GROUP]
-//	        [--events-endpoint ADDR] [--events-replay ADDR] [--events-topic TOPIC]
+//	        [--engine-listen ADDR|none] [--engine-grace DUR] [--engine-poll DUR] [--engine-group GROUP]
+//	        [--events-endpoint ADDR] [--events-replay ADDR] [--events-learn-from ADDRS] [--events-topic TOPIC]
+//	        [--node-id ID] [--peer-listen ADDR] [--peer-data-listen ADDR] [--peer-secret-file FILE]
+//	        [--peer-transport tcp|nixl] [--peer NODE-ID=ADDR]... [--print-topology]
+//	kvtierd --version
+//	kvtierd --help
 //
-// Flags given on the command line override the config file. Sizes take
-// integers or human strings ("16MiB", "64KiB"). The pool lives in the
-// shared-memory file --pool-path, by default /dev/shm/kvtier-<pid>.pool so
-// that an out-of-process engine can map it; an explicitly empty
-// --pool-path= selects an anonymous memfd instead. The node removes the
-// file when it closes.
+// Flags are long and take two dashes (--pool-bytes 16MiB or
+// --pool-bytes=16MiB); --version prints "kvtierd" and the build
+// (internal/version) and exits 0.
+//
+// Every key of the config file may also be set in the environment as
+// KVTIER_<KEY>: the key upper-cased, a section's keys joined with "_"
+// (KVTIER_POOL_BYTES=16GiB, KVTIER_EVENTS_ENDPOINT=tcp://*:5557,
+// KVTIER_PEERS_LISTEN=tcp://0.0.0.0:7600; lists comma-separated; an empty
+// variable is unset); config.FromEnv has the rules, and refuses an unknown
+// KVTIER_ variable that looks like a mistyped key. The sources override
+// one another in this order: flags given, then the environment, then the
+// config file, then the defaults. Sizes take integers or human strings
+// ("16MiB", "64KiB"). The pool lives in the shared-memory file
+// --pool-path, by default /dev/shm/kvtier-<pid>.pool so that an
+// out-of-process engine can map it; an explicitly empty --pool-path=
+// selects an anonymous memfd instead. The node removes the file when it
+// closes.
 //
 // HTTP endpoints on --metrics-listen (a port of 0 picks a free one; the
 // bound address is logged as metrics_addr):
@@ -26,8 +42,17 @@
 //	/healthz  200 while the process runs
 //	/readyz   200 once the node is open, 503 before and once shutdown began
 //
-// Standalone mode: --engine-listen unix:///path (or ipc:///path, tcp://127.0.0.1:PORT)
-// serves the manager API to out-of-process engines (docs/PROTOCOL.md); the
+// Standalone mode: the engine endpoint serves the manager API to
+// out-of-process engines (docs/PROTOCOL.md) on --engine-listen unix:///path
+// (or ipc:///path, tcp://127.0.0.1:PORT). Given no engine_listen by flag,
+// environment or file, kvtierd serves on config.DefaultEngineAddress:
+// $KVTIER_ADDRESS, else unix:///run/kvtier/engine.sock as root, else
+// unix://$TMPDIR/kvtier-<uid>/engine.sock, creating that directory (mode
+// 0755 for /run/kvtier; 0700 for the user's, 0750 in --engine-group).
+// --engine-listen none (or KVTIER_ENGINE_LISTEN=none, engine_listen: none,
+// or --engine-listen=) serves no engines, as does an anonymous-memfd pool.
+// A stale socket file, left by a killed daemon, is replaced; one a live
+// daemon serves stops this one at start ("another kvtierd serves …"). The
 // socket and the pool file are mode 0600, or 0660 in --engine-group. An
 // engine silent for --engine-grace is released (leases, pins, pending
 // writes, jobs). The bound address is logged as engine_listen.
@@ -41,18 +66,20 @@
 // KV events, so the blocks it stores in kvtier are announced with their
 // token ids (docs/VLLM.md, "KV events").
 //
-// KVTIERD_CPUPROFILE=FILE (environment): a Go CPU profile of the whole run,
-// written to FILE at shutdown (`go tool pprof kvtierd FILE`).
+// KVTIERD_CPUPROFILE=FILE (environment; KVTIERD_ variables are kvtierd's
+// own, not config keys): a Go CPU profile of the whole run, written to FILE
+// at shutdown (`go tool pprof kvtierd FILE`).
 //
-// Exit status: 0 after a clean shutdown, 2 for bad flags, a bad config or a
-// failed Open, 1 for any other failure (HTTP listener, unclean shutdown). A
-// second signal during shutdown kills the process at once.
+// Exit status: 0 after a clean shutdown (or --version, --help), 2 for bad
+// flags, a bad config (file, environment or flags), an engine socket a live
+// daemon serves, or a failed Open, 1 for any other failure (HTTP listener,
+// unclean shutdown). A second signal during shutdown kills the process at
+// once.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -67,9 +94,11 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/gcpercent"
+	"github.com/kvtier/kvtier/internal/version"
 )
 
 // Exit statuses.
@@ -105,7 +134,7 @@ func startCPUProfile(path string) (func(), error) {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // newLogger builds the daemon's logger on w.
@@ -130,14 +159,19 @@ func newLogger(w *os.File, level, format string) (zerolog.Logger, error) {
 }
 
 // run is the daemon; it returns the exit status.
-func run(args []string, stderr *os.File) int {
+func run(args []string, stdout io.Writer, stderr *os.File) int {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			return exitOK
 		}
 		return exitConfig
 	}
+	if o.version {
+		fmt.Fprintln(stdout, "kvtierd", version.Get())
+		return exitOK
+	}
+	o.environ = os.Environ()
 	base, err := newLogger(stderr, o.logLevel, o.logFormat)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvtierd:", err)
@@ -154,7 +188,7 @@ func run(args []string, stderr *os.File) int {
 		return exitConfig
 	}
 	if o.printTopology {
-		return printTopology(os.Stdout, cfg)
+		return printTopology(stdout, cfg)
 	}
 	cfg.Logger = &base // the node adds its own component fields
 	log.Debug().Int("gc_percent", gcpercent.Apply(gcpercent.Default)).Msg("garbage collector target")
@@ -170,6 +204,11 @@ func run(args []string, stderr *os.File) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+
+	if err := prepareEngineListen(cfg.EngineListen, cfg.EngineGroup); err != nil {
+		log.Error().Err(err).Str("engine_listen", cfg.EngineListen).Msg("cannot serve engines")
+		return exitConfig
+	}
 
 	// Listen before Open so probes answer (not ready) while the node opens.
 	ln, err := net.Listen("tcp", o.metricsListen)

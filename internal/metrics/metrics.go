@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kvtier/kvtier/internal/version"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -69,9 +70,9 @@ type Node struct {
 }
 
 // New builds a private registry (never the global one) holding
-// the Go and process collectors, the lookup latency histogram, and a
-// collector that calls stats, bounded by timeout, on every scrape. A
-// non-positive timeout means DefaultMetricsTimeout.
+// the Go and process collectors, the lookup latency histogram,
+// kvtier_build_info, and a collector that calls stats, bounded by timeout,
+// on every scrape. A non-positive timeout means DefaultMetricsTimeout.
 func New(stats func(context.Context) (messages.Stats, error), timeout time.Duration) (*prometheus.Registry, *Node) {
 	if timeout <= 0 {
 		timeout = DefaultMetricsTimeout
@@ -91,6 +92,7 @@ func New(stats func(context.Context) (messages.Stats, error), timeout time.Durat
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.LookupLatency,
 		newStatsCollector(stats, timeout),
+		newBuildInfo(version.Get()), // metrics_build.go
 	)
 	return reg, m
 }
