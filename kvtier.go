@@ -51,6 +51,15 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	return &Node{n: n}, nil
 }
 
+// AwaitEngineBlockBytes serves cfg's engine address before Open, for a
+// daemon started with no block size: it returns the bytes per block the
+// first engine's hello declares (rounded up to a page; every call is
+// answered SIZING meanwhile, and an engine says hello again) and closes the
+// socket, so that Open with that BlockBytes binds the same address.
+func AwaitEngineBlockBytes(ctx context.Context, cfg Config) (int, error) {
+	return node.AwaitEngineBlockBytes(ctx, cfg)
+}
+
 // Close shuts the node down within ctx (the node's call timeout when ctx
 // has no deadline): intake stops, engine jobs and peer rounds drain until
 // nine tenths of ctx, sessions say Bye, events are flushed, the actors stop,

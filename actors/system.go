@@ -12,7 +12,7 @@ import (
 // zerolog's slog handler, at warn level and above: protoactor logs every
 // start at info, which is noise for an embedded runtime.
 //
-// An idle system wakes nothing (DESIGN.md §4 rule 5; measured by `kvtier
+// An idle system wakes nothing (docs/DESIGN.md §2.2; measured by `kvtier
 // bench idle`). Audited in protoactor-go v0.0.0-20240822202345: the
 // process registry, event stream, guardians and extensions are plain data;
 // a mailbox runs on a goroutine only while it has messages; no metrics

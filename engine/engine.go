@@ -1,5 +1,5 @@
 // Package engine is the API an inference engine programs against: the
-// Manager (vLLM's offloading-manager semantics, DESIGN.md §3) and the slot
+// Manager (vLLM's offloading-manager semantics, docs/DESIGN.md §3.1) and the slot
 // memory it copies to and from. It is a leaf: the embedded node (package
 // kvtier) and the standalone daemon's Go client (scheduler/client) both
 // implement it, and an engine that imports only this package and the client
@@ -15,7 +15,7 @@ import (
 )
 
 // Manager is the API an inference engine's scheduler calls, with vLLM's
-// offloading-manager semantics (DESIGN.md §3). Calls come from one engine
+// offloading-manager semantics (docs/DESIGN.md §3.1). Calls come from one engine
 // scheduler thread, once per engine step; every call is answered by an actor
 // and bounded by ctx's deadline.
 //

@@ -5,7 +5,7 @@ import "time"
 // Engine calls, sent by the manager facade (outside the actor system) to the
 // bridge. Each carries a buffered reply channel the bridge answers exactly
 // once; the caller waits on it with its own deadline, so a late answer never
-// races a timed-out future (DESIGN.md §8 pitfalls).
+// races a timed-out future (docs/DESIGN.md §10).
 
 // Result is an engine call's answer.
 type Result[T any] struct {

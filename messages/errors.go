@@ -97,6 +97,11 @@ var (
 	// ErrBusy: too many calls of this connection are in flight, or too many
 	// of its requests are open (no request_finished yet).
 	ErrBusy = errors.New("kvtier: too many calls in flight")
+	// ErrSizing: the daemon sizes its pool's slots from the first engine
+	// that declares its bytes per block (kvtierd started with no block
+	// size) and has none yet, or just took one: say Hello again, declaring
+	// yours.
+	ErrSizing = errors.New("kvtier: the pool is not sized yet")
 	// ErrInternal: the endpoint failed in a way the caller cannot fix.
 	ErrInternal = errors.New("kvtier: internal error")
 	// ErrBadReply: a client received a reply it could not decode, or one

@@ -27,6 +27,6 @@
 // Frames are decoded on the socket reader goroutines and delivered as
 // messages to the session the moment they arrive: a peer's lookup is
 // answered from the CPU tier's mailbox, never at an engine step boundary
-// (DESIGN.md §4 rule 4). The wire format is peer/wire, documented in
+// (docs/DESIGN.md §6.4). The wire format is peer/wire, documented in
 // docs/PROTOCOL.md ("Peer protocol").
 package peer

@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// The socket side of the control plane. zmq4's sharp edges (DESIGN.md §8)
+// The socket side of the control plane. zmq4's sharp edges (docs/DESIGN.md §10)
 // are contained here: every socket is read by one goroutine and written by
 // one goroutine through a bounded queue, so a send that blocks (a ROUTER
 // with no connection yet, a peer that stopped reading) never stalls an

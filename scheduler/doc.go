@@ -1,5 +1,5 @@
 // Package scheduler is the engine-facing side of a node: the bridge actor
-// that serves the manager API (DESIGN.md §3), the per-request state and the
+// that serves the manager API (docs/DESIGN.md §3), the per-request state and the
 // registry of engine transfer jobs with their deadlines. Out-of-process
 // engines reach it through scheduler/endpoint; an embedded engine sends it
 // the same messages.

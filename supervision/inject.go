@@ -10,7 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// Message fault injection (chaos tests, DESIGN.md §6): an Injector attached
+// Message fault injection (chaos tests, docs/DESIGN.md §2.4): an Injector attached
 // to an actor system perturbs what the Faults middleware of its actors
 // delivers — drop, delay, duplicate, reorder, or panic after handling — as
 // its rules decide. Nothing is attached in production: the middleware then

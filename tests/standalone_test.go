@@ -29,7 +29,7 @@ import (
 func standalone(t *testing.T, ctx context.Context, extra ...string) (d *daemon, engine, metrics string) {
 	t.Helper()
 	engine = "ipc://" + filepath.Join(t.TempDir(), "engine.sock")
-	args := append([]string{"--pool-path", poolPath(t), "--engine-listen", engine,
+	args := append([]string{"--pool-path", poolPath(t), "--engine-listen", engine, "--block-bytes", "256KiB",
 		"--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	d = startDaemon(t, buildDaemon(t), args...)
 	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
@@ -176,7 +176,7 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 
 // rawPeer is a bare DEALER socket: it sends whatever bytes a test makes.
 //
-// zmq4's Recv has no timeout (DESIGN.md §8), so one goroutine owns Recv and
+// zmq4's Recv has no timeout (docs/DESIGN.md §10), so one goroutine owns Recv and
 // hands each message over a channel; roundTrip waits on it with a deadline.
 // The goroutine ends when the socket closes (Recv then fails), and cleanup
 // waits for that, bounded.

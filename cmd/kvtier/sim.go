@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/sim"
+	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 )
 
@@ -168,7 +169,7 @@ func openManager(ctx context.Context, o simOptions) (kvtier.Manager, *kvtier.Nod
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(dialCtx, o.connect, client.Options{Name: "kvtier sim"})
+	c, err := dialSizing(dialCtx, o.connect, client.Options{Name: "kvtier sim", BlockBytes: o.blockBytes})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -243,4 +244,24 @@ func printSummary(out io.Writer, sum sim.Summary, asJSON bool) error {
 	}
 	sum.WriteText(out)
 	return nil
+}
+
+// dialSizing dials addr, declaring opts.BlockBytes; a daemon that sizes its
+// slots from the first engine answers that hello SIZING and reopens on the
+// same address, so after a SIZING any failure is tried again (every 50 ms)
+// until ctx ends.
+func dialSizing(ctx context.Context, addr string, opts client.Options) (*client.Client, error) {
+	sizing := false
+	for {
+		c, err := client.Dial(ctx, addr, opts)
+		if err == nil || (!sizing && !errors.Is(err, messages.ErrSizing)) {
+			return c, err
+		}
+		sizing = true
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (the daemon was sizing its slots)", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

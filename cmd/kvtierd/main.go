@@ -227,6 +227,13 @@ func run(args []string, stdout io.Writer, stderr *os.File) int {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
+	if cfg.BlockBytes == 0 && cfg.EngineListen != "" {
+		if status, sized := sizeFromEngine(ctx, log, &cfg, ln.Addr().String()); !sized {
+			_ = srv.Close()
+			<-served
+			return status
+		}
+	}
 	node, err := kvtier.Open(ctx, cfg)
 	if err != nil {
 		log.Error().Err(err).Msg("cannot open node")
@@ -293,4 +300,31 @@ func shutdown(log zerolog.Logger, node *kvtier.Node, srv *http.Server, served <-
 	}
 	log.Info().Float64("shutdown_seconds", time.Since(start).Seconds()).Msg("node closed")
 	return failed
+}
+
+// sizeFromEngine gives cfg the bytes per block the first engine declares
+// (no block size from a flag, the environment or the file): the pool's
+// slots take the engine's geometry. It reports false, with the exit
+// status, when the wait ended without one (a signal, a failure, or a
+// block larger than the pool).
+func sizeFromEngine(ctx context.Context, log zerolog.Logger, cfg *kvtier.Config, metricsAddr string) (int, bool) {
+	pool := cfg.WithDefaults().PoolBytes
+	log.Info().Str("metrics_addr", metricsAddr).Str("engine_listen", cfg.EngineListen).Int64("pool_bytes", pool).
+		Msg("kvtierd sizing its slots from the first engine (--block-bytes fixes them)")
+	n, err := kvtier.AwaitEngineBlockBytes(ctx, *cfg)
+	switch {
+	case ctx.Err() != nil:
+		log.Info().Msg("stopped before an engine came")
+		return exitOK, false
+	case err != nil:
+		log.Error().Err(err).Str("engine_listen", cfg.EngineListen).Msg("cannot serve engines")
+		return exitFailed, false
+	case int64(n) > pool:
+		log.Error().Int("block_bytes", n).Int64("pool_bytes", pool).
+			Msg("the first engine's block does not fit the pool: give a larger --pool-bytes")
+		return exitConfig, false
+	}
+	log.Info().Int("block_bytes", n).Int64("slots", pool/int64(n)).Msg("slots sized by the first engine")
+	cfg.BlockBytes = n
+	return exitOK, true
 }

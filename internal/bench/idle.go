@@ -1,6 +1,6 @@
 package bench
 
-// The idle scenario (DESIGN.md §4 rule 5, §9; seed 002): a node with peers
+// The idle scenario (docs/DESIGN.md §2.2, §6.4; seed 002): a node with peers
 // connected and no traffic should cost no more wakeups than a Go program
 // that only sleeps, still answer a peer lookup in well under a
 // millisecond, pause in milliseconds while a peer keeps fetching from it,

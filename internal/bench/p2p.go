@@ -1,6 +1,6 @@
 package bench
 
-// The P2P scenarios (DESIGN.md §9, issue "Peers"): two or more node
+// The P2P scenarios (docs/DESIGN.md §6.4, issue "Peers"): two or more node
 // processes (p2pnode.go) on loopback, driven by this orchestrator.
 //
 //   - matrix: the consumer's lookup delay (first RETRY to all HIT) for a

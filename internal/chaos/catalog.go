@@ -24,7 +24,7 @@ import (
 // Hooks.UnsafeRules, to prove the invariants notice.)
 //
 // Every actor below may also be made to panic after any message it
-// handles (supervision.FaultPanic): DESIGN.md §4 rule 6 claims a restart
+// handles (supervision.FaultPanic): docs/DESIGN.md §2.4 claims a restart
 // from any point between two messages.
 //
 // docs/CHAOS.md carries the same table with the reasoning.

@@ -204,7 +204,7 @@ func TestCleanRunChecksEveryInvariant(t *testing.T) {
 
 // TestRestartsMidRunLoseNothing restarts the CPU tier, the tiering actor,
 // both secondary tiers and the events hub half way through a run: their
-// state is their own and outlives the actor (DESIGN.md §4 rule 6), so no
+// state is their own and outlives the actor (docs/DESIGN.md §2.4), so no
 // committed block disappears unannounced (events-consistent), nothing
 // leaks, and every leased HIT stays loadable.
 func TestRestartsMidRunLoseNothing(t *testing.T) {

@@ -1,4 +1,4 @@
-// Package chaos is the chaos harness behind `kvtier chaos` (DESIGN.md §6,
+// Package chaos is the chaos harness behind `kvtier chaos` (docs/DESIGN.md §8,
 // docs/CHAOS.md): it runs a scenario — nodes with their tiers, engines
 // simulated — for a duration under a seeded fault plan, lets it go quiet,
 // checks the invariants kvtier promises (no leaked slot, pin, lease or

@@ -1,6 +1,6 @@
 package node
 
-// Lifecycle with peers attached (DESIGN.md §3, §6; seed 002): pending work
+// Lifecycle with peers attached (docs/DESIGN.md §3.1, §6.4; seed 002): pending work
 // means "needs an engine step" and nothing a peer does; a paused node keeps
 // serving peers from its CPU tier; pause with clearCache copes with rounds
 // parked at any phase; shutdown under peer load, with a stalled peer or a

@@ -185,7 +185,7 @@ func (n *Node) Manager() Manager { return n.manager }
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
 
 // Close shuts the node down within ctx (the node's call timeout when ctx
-// has no deadline), supervisor-ordered (DESIGN.md §6):
+// has no deadline), supervisor-ordered (docs/DESIGN.md §2.5):
 //
 //  1. stop intake: engine calls that start work are refused (ErrClosed),
 //     and the control plane starts and accepts no new peer round;

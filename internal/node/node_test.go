@@ -46,7 +46,7 @@ func keys(ids ...int) []messages.Key {
 	return out
 }
 
-// mode is a way into a node (DESIGN.md §3, "Two ways in, one code path"):
+// mode is a way into a node (docs/DESIGN.md §3.2):
 // the behaviour tests run through both, and must give the same results.
 type mode string
 

@@ -1,12 +1,13 @@
 package node
 
-// Standalone mode: the node side of the engine endpoint (DESIGN.md §3, "Two
-// ways in, one code path"). With Config.EngineListen set, Open binds the
+// Standalone mode: the node side of the engine endpoint (docs/DESIGN.md
+// §3.2). With Config.EngineListen set, Open binds the
 // endpoint before any actor starts (a bad address fails Open), the guardian
 // spawns the endpoint actor beside the bridge, and Close stops the endpoint
 // before anything else so no engine call arrives during the drain.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,7 +15,9 @@ import (
 	"strconv"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/endpoint"
 	"github.com/kvtier/kvtier/scheduler/wire"
@@ -210,4 +213,25 @@ func (n *Node) registerEndpointMetrics() {
 	if n.endpoint != nil {
 		n.registry.MustRegister(n.endpoint.Collectors()...)
 	}
+}
+
+// AwaitEngineBlockBytes serves cfg's engine address before a node opens,
+// for a daemon that sizes its slots from the first engine: it returns the
+// bytes per block the first engine's hello declares (rounded up to a page),
+// answering every call SIZING meanwhile, and closes the socket so that
+// Open can bind the address. cfg must name an engine address.
+func AwaitEngineBlockBytes(ctx context.Context, cfg config.Config) (int, error) {
+	if cfg.EngineListen == "" {
+		return 0, fmt.Errorf("%w: sizing slots from an engine needs engine_listen", messages.ErrBadConfig)
+	}
+	gid, mode, err := engineAccess(cfg.EngineGroup)
+	if err != nil {
+		return 0, err
+	}
+	log := zerolog.Nop()
+	if cfg.Logger != nil {
+		log = cfg.Logger.With().Str("component", "sizing").Logger()
+	}
+	return endpoint.AwaitBlockBytes(ctx, endpoint.ListenOptions{Addr: cfg.EngineListen,
+		AllowRemote: cfg.EngineAllowRemote, Mode: mode, GID: gid}, log)
 }

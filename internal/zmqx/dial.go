@@ -17,8 +17,8 @@ import (
 // which dial exactly as zmq4's ipc and tcp do but tie every connection to
 // the socket that made it: when the socket closes, the connection closes.
 //
-// NB: zmq4 v0.17.0 needs this for Dial and Close to be bounded (DESIGN.md
-// §8). Its handshake (greeting, READY) reads with no deadline and ignores
+// NB: zmq4 v0.17.0 needs this for Dial and Close to be bounded (docs/DESIGN.md
+// §10). Its handshake (greeting, READY) reads with no deadline and ignores
 // the socket's context, so a daemon that accepts but never greets — one
 // whose single accept goroutine is busy, or stopped — holds Dial forever;
 // and Socket.Close closes only the connections it finished adding, so a

@@ -20,7 +20,7 @@ import (
 //
 //   - the ZMTP handshake is bounded: zmq4 v0.17.0 runs it with no deadline
 //     inside its single accept loop, so one connection that never greets
-//     would hold every later engine's connection (DESIGN.md §8). The read
+//     would hold every later engine's connection (docs/DESIGN.md §10). The read
 //     deadline is cleared once the client's READY is read.
 //   - the connection's end is an event: the wrapper learns the client's
 //     ZMQ identity from that READY (the routing id the endpoint knows its

@@ -34,6 +34,11 @@ type Options struct {
 	Name string
 	// CallTimeout bounds a call whose ctx has no deadline (default 10 s).
 	CallTimeout time.Duration
+	// BlockBytes, when > 0, is declared in the hello: the bytes one block
+	// of this engine takes in a slot. A daemon started with no block size
+	// sizes its slots from the first engine's and answers that hello
+	// messages.ErrSizing: dial again.
+	BlockBytes int
 }
 
 // Client is a connection to kvtierd. Its methods are safe for concurrent use.
@@ -77,7 +82,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{}, open: map[string]struct{}{},
 		done: make(chan struct{}), readDone: make(chan struct{})}
 	go c.readLoop()
-	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name})
+	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name, BlockBytes: opts.BlockBytes})
 	if err != nil {
 		_ = c.shutdown()
 		return nil, fmt.Errorf("kvtier client: hello %s: %w", addr, err)

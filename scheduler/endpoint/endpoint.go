@@ -20,7 +20,7 @@ import (
 )
 
 // Endpoint serves the manager API to out-of-process engines on a ZeroMQ
-// ROUTER socket (standalone mode, DESIGN.md §3; docs/PROTOCOL.md).
+// ROUTER socket (standalone mode, docs/DESIGN.md §3.2; docs/PROTOCOL.md).
 //
 // Three parts, one owner each:
 //   - the reader goroutine owns Recv: it decodes each frame (off any

@@ -25,7 +25,7 @@ import (
 // The engine endpoint's socket side: binding (local only unless allowed,
 // ipc socket file with restricted mode), the reader goroutine that decodes
 // frames off any mailbox, and the writer goroutine that owns every send, so
-// a ROUTER send that blocks never stalls an actor (DESIGN.md §8).
+// a ROUTER send that blocks never stalls an actor (docs/DESIGN.md §10).
 
 // ListenOptions say where and how the endpoint binds.
 type ListenOptions struct {

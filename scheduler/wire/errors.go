@@ -29,6 +29,7 @@ const (
 	CodeUnknownOp    Code = "UNKNOWN_OP"
 	CodeNoSession    Code = "NO_SESSION"
 	CodeBusy         Code = "BUSY"
+	CodeSizing       Code = "SIZING"
 	CodeTimeout      Code = "TIMEOUT"
 	CodeInternal     Code = "INTERNAL"
 	maxErrorMsgBytes      = 4096
@@ -56,6 +57,7 @@ var codes = []struct {
 	{CodeUnknownOp, messages.ErrUnknownOp},
 	{CodeNoSession, messages.ErrNoSession},
 	{CodeBusy, messages.ErrBusy},
+	{CodeSizing, messages.ErrSizing},
 	{CodeTimeout, context.DeadlineExceeded},
 	{CodeInternal, messages.ErrInternal},
 }

@@ -29,6 +29,7 @@ const (
 	fNoReply
 	fQuiet
 	fCalls
+	fBlockBytes
 )
 
 // fieldSpec is one row of the request's field table.
@@ -88,6 +89,7 @@ func init() {
 		{f: fCalls, name: "calls", set: func(q *Request) bool { return len(q.Calls) > 0 },
 			encode: encodeCalls,
 			decode: func(r *reader, q *Request) (err error) { q.Calls, err = decodeCalls(r); return err }},
+		uintField(fBlockBytes, "block_bytes", MaxBlockBytes, func(q *Request) *int { return &q.BlockBytes }),
 	}
 	fieldByName = map[string]field{"pkeys": fPKeys}
 	for _, fs := range requestFields {

@@ -27,6 +27,7 @@ const (
 	MaxExtraKeys      = 64
 	MaxExtraKeyBytes  = 1024
 	MaxWorkers        = 1024
+	MaxBlockBytes     = 1 << 30 // bytes per block an engine may declare in its hello
 	MaxTimeout        = 10 * time.Minute
 	maxFields         = 32
 )
@@ -51,9 +52,13 @@ type Request struct {
 	Worker     int            // job_done
 	Clear      bool           // pause
 	Client     string         // hello: a name for logs
-	WantSlots  bool           // lookup: answer each HIT's slot too
-	N          int            // grant: slots of credit asked for
-	Slots      []int          // store: the credited slot of each key
+	// BlockBytes: hello: the bytes one block of this engine takes in a slot
+	// (every TP worker's shard of one offloaded chunk); 0 = not declared. A
+	// daemon started with no block size sizes its slots from the first.
+	BlockBytes int
+	WantSlots  bool  // lookup: answer each HIT's slot too
+	N          int   // grant: slots of credit asked for
+	Slots      []int // store: the credited slot of each key
 	// NoReply: the caller reads no answer (fire-and-forget); the daemon
 	// sends none, success or error. Any op but hello and batch may say so.
 	NoReply bool

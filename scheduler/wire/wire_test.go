@@ -346,5 +346,5 @@ func TestFieldTableCoversEveryField(t *testing.T) {
 		require.NotNil(t, fs.decode, fs.name)
 		want <<= 1
 	}
-	require.Equal(t, fCalls<<1, want, "a field without a row")
+	require.Equal(t, fBlockBytes<<1, want, "a field without a row")
 }

@@ -1,6 +1,6 @@
 package kvevents
 
-// No idle wakeups (DESIGN.md §4 rule 5, the issue's must-hold): a node that
+// No idle wakeups (docs/DESIGN.md §2.2, the issue's must-hold): a node that
 // published its events and has a subscriber connected and a replay served
 // sleeps. Measured on a real process: the context switches of every thread
 // of `kvtier sim --events-hold`, from /proc, over windows of 2 s once the

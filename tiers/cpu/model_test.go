@@ -89,7 +89,7 @@ var testKeys = func() []messages.Key {
 
 // ---------------------------------------------------------------------------
 // The reference model: maps and a use counter, written from the documented
-// semantics (state.go, policy.go, DESIGN.md §3), not from the implementation.
+// semantics (state.go, policy.go, docs/DESIGN.md §4.1, §5.1), not from the implementation.
 
 type mEntry struct {
 	ready   bool
@@ -869,7 +869,7 @@ func (r *seqRun) run(ops int, step func()) {
 }
 
 // ---------------------------------------------------------------------------
-// The must-hold property (DESIGN.md §4 rule 3): a HIT is never evicted before
+// The must-hold property (docs/DESIGN.md §4.1): a HIT is never evicted before
 // its PrepareLoad, even with concurrent stores evicting at full pool, and
 // PrepareLoad (LeaseToPin) never fails for a key that was a HIT for that
 // request and whose lease has not expired.

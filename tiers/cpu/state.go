@@ -19,7 +19,7 @@ import (
 //   - the policy holds exactly the ready slots.
 //   - evictable = #ready slots with no pin and no lease; only those are evicted.
 // A HIT leased to a holder is never evicted before the lease ends: that is
-// the guarantee PrepareLoad relies on (DESIGN.md §4 rule 3).
+// the guarantee PrepareLoad relies on (docs/DESIGN.md §4.1).
 
 type slotState uint8
 

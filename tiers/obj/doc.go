@@ -1,4 +1,4 @@
-// Package obj is the S3-compatible object secondary tier (DESIGN.md §1, §4):
+// Package obj is the S3-compatible object secondary tier (docs/DESIGN.md §5.4):
 // one object per block, written and read through minio-go by a bounded pool
 // of I/O workers outside the tier's actor.
 //

@@ -1,5 +1,5 @@
 // Package tiering is the actor that joins the CPU tier to the secondary
-// tiers (DESIGN.md §4): it cascades newly committed blocks to every
+// tiers (docs/DESIGN.md §5): it cascades newly committed blocks to every
 // secondary tier, answers the bridge's asynchronous lookups for CPU misses
 // (RETRY while it looks, MISS once it knows), and promotes found blocks into
 // CPU slots so the engine's next Lookup is a HIT.
@@ -8,7 +8,7 @@
 // cache), the promotion and cascade jobs and their deadlines. It never
 // touches slot bytes (tier workers do, under the pin or reservation it
 // holds), never reads another actor's fields, and never counts as engine
-// work: HasPendingWork ignores it (DESIGN.md §3).
+// work: HasPendingWork ignores it (docs/DESIGN.md §3.1).
 //
 // Its decisions live in State, a core driven one message at a time with
 // its effects (requests, answers, timers) handed to an Effects: the actor

@@ -458,10 +458,13 @@ class Client:
     socket); a background thread pings while the engine is idle so the
     daemon does not release the session after its grace period. Over
     unix://, a call polls for its reply for ``poll_us`` before blocking
-    (_UnixTransport); ipc:// and tcp:// ignore it."""
+    (_UnixTransport); ipc:// and tcp:// ignore it. ``block_bytes`` > 0 is
+    declared in the hello (the bytes one block of this engine takes in a
+    slot): a kvtierd started with no block size sizes its slots from the
+    first engine's, answering that hello SIZING — connect again."""
 
     def __init__(self, addr: str, name: str = "python", timeout: float = 10.0,
-                 heartbeat: bool = True, poll_us: float = DEFAULT_POLL_US):
+                 heartbeat: bool = True, poll_us: float = DEFAULT_POLL_US, block_bytes: int = 0):
         if poll_us < 0:
             raise ValueError(f"poll_us {poll_us} must be >= 0")
         self._sock = _transport(addr, timeout, poll_us)
@@ -476,7 +479,7 @@ class Client:
         # Error replies to calls nobody awaits (a quiet call's failure: its
         # only reply), handed out by take_replies; bounded.
         self._orphans: Deque[Tuple[int, dict]] = deque(maxlen=1024)
-        h = self._call("hello", client=name)
+        h = self._call("hello", client=name, **({"block_bytes": block_bytes} if block_bytes > 0 else {}))
         self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__ if k in h})
         self._key_field = _key_field if self.hello.packed_keys else _key_list
         if self.hello.protocol != PROTOCOL_VERSION:

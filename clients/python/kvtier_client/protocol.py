@@ -52,6 +52,7 @@ CODES = frozenset({
     "UNKNOWN_OP",
     "NO_SESSION",
     "BUSY",
+    "SIZING",
     "TIMEOUT",
     "INTERNAL",
 })

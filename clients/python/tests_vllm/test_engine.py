@@ -215,6 +215,34 @@ def test_an_engine_started_before_kvtierd_recomputes_then_uses_it(
 
 
 @pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_a_kvtierd_with_no_block_size_takes_the_engines(
+        daemon_factory, engine_factory, models, reference, kvtier_cli, transport):
+    """kvtierd started with --pool-bytes only (issue 40): its slots take the
+    bytes per block the first engine declares (rounded up to a page), which
+    is what `kvtier size` computes from the model's config.json at vLLM's
+    block size; the engine serves from it and `kvtier status` shows it."""
+    d = daemon_factory(transport=transport, block_bytes=0, pool_bytes=64 << 20)
+    e = engine_factory(models["a"], d.address)
+    same(gen(e, "x1"), reference["x1"])  # possibly before the node opened: recomputed
+    deadline = time.monotonic() + 60
+    while d.metrics().get("kvtier_stores_total", 0) == 0:
+        assert time.monotonic() < deadline, "vLLM never stored into the sized kvtierd\n" + e.log_lines("kvtier")
+        e.generate([PROMPTS["z0"]])
+    same(gen(e, "x2"), reference["x2"])
+    out = gen(e, "x3")
+    same(out, reference["x3"])
+    assert out["cached"] >= PREFIX
+    size = json.loads(subprocess.run(
+        [kvtier_cli, "size", "--model", os.path.join(models["a"], "config.json"), "--block-size", str(BLOCK),
+         "--json"], capture_output=True, text=True, check=True).stdout)
+    status = json.loads(subprocess.run([kvtier_cli, "status", d.address, "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    want = -(-size["block_bytes"] // 4096) * 4096
+    assert status["pool"]["block_bytes"] == want, (status["pool"], size)
+    assert status["pool"]["slots"] == (64 << 20) // want
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
 def test_kvtier_clear_during_requests_keeps_outputs_and_empties_the_node(
         daemon_factory, engine_factory, models, reference, kvtier_cli, transport):
     """`kvtier clear` (issue 40) while vLLM runs requests: none fails, every

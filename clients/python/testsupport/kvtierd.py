@@ -18,6 +18,10 @@ from typing import Deque, Dict, List, Optional, Sequence
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 
 
+# kvtierd's log line when it waits for the first engine's block size.
+SIZING_MESSAGE = "kvtierd sizing its slots from the first engine (--block-bytes fixes them)"
+
+
 def build_kvtierd(out: str) -> str:
     """go build ./cmd/kvtierd into out; returns out."""
     subprocess.run(["go", "build", "-o", out, "./cmd/kvtierd"], cwd=REPO, check=True)
@@ -50,8 +54,10 @@ class Daemon:
         if self.argv is not None:
             args = [self.binary, *self.argv, "--metrics-listen", "127.0.0.1:0", "--log-format", "json"]
         else:
+            # NB: block_bytes 0 gives none: the first engine sizes the slots
             args = [self.binary, "--engine-listen", self.address, "--pool-path", self.pool,
-                    "--pool-bytes", str(self.pool_bytes), "--block-bytes", str(self.block_bytes),
+                    "--pool-bytes", str(self.pool_bytes),
+                    *(["--block-bytes", str(self.block_bytes)] if self.block_bytes else []),
                     "--engine-grace", "3s", "--metrics-listen", "127.0.0.1:0",
                     "--log-format", "json"]
         if self.config:
@@ -62,7 +68,9 @@ class Daemon:
         deadline = time.monotonic() + 60
         for line in self.proc.stderr:  # readiness: the daemon's own log lines
             rec = json.loads(line)
-            if rec.get("message") == "kvtierd listening":
+            # NB: with no block size, kvtierd serves its engine address (every
+            # call answered SIZING) until the first engine declares one.
+            if rec.get("message") in ("kvtierd listening", SIZING_MESSAGE):
                 self.metrics_port = int(rec["metrics_addr"].rsplit(":", 1)[1])
                 break
             assert time.monotonic() < deadline, "kvtierd did not start"

@@ -2,7 +2,7 @@
 // serves (from the bridge, the tiering actor, peer sessions and the node)
 // and its answers. Every request with a Corr is answered to its sender with
 // a reply carrying the same Corr, so the asking actor matches it without a
-// blocking future (DESIGN.md §8 pitfalls); requests that answer only an
+// blocking future (docs/DESIGN.md §10); requests that answer only an
 // error get a messages.Ack.
 //
 // It owns the message types only; the tier's logic is tiers/cpu's, and the
@@ -46,7 +46,7 @@ func (*TierStatsResult) cpuMessage() {}
 
 // Requests to the CPU tier. Every request with a Corr is answered to its
 // sender with a reply carrying the same Corr, so the asking actor can match
-// it without a blocking future (DESIGN.md §8 pitfalls).
+// it without a blocking future (docs/DESIGN.md §10).
 
 // LookupAndLease asks for the status of keys; HITs are leased to Holder.
 type LookupAndLease struct {
