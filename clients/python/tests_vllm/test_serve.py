@@ -210,8 +210,20 @@ def test_the_readmes_three_commands_from_the_wheel_with_no_go(models, tmp_path):
         model = models["a"]
         server = Server(serve_args(model, free_port(), vllm=os.path.join(bindir, "vllm")),
                         PATH=env["PATH"], KVTIER_ADDRESS=env["KVTIER_ADDRESS"])
-        serve_and_check(d, model, server, status=lambda: json.loads(subprocess.run(
-            [os.path.join(bindir, "kvtier"), "status", "--json"], env=env, capture_output=True,
-            text=True, check=True).stdout))
+        status = {}
+
+        def read_status() -> dict:
+            status.update(json.loads(subprocess.run([os.path.join(bindir, "kvtier"), "status", "--json"], env=env,
+                                                    capture_output=True, text=True, check=True).stdout))
+            return status
+
+        serve_and_check(d, model, server, status=read_status)
+        # With no --block-bytes, the slots took the engine's bytes per block:
+        # what `kvtier size` computes from the model's config.json, to a page.
+        size = json.loads(subprocess.run(
+            [os.path.join(bindir, "kvtier"), "size", "--model", os.path.join(model, "config.json"),
+             "--block-size", str(BLOCK), "--json"], env=env, capture_output=True, text=True, check=True).stdout)
+        if "--block-bytes" not in argv:
+            assert status["pool"]["block_bytes"] == -(-size["block_bytes"] // 4096) * 4096, (status, size)
     finally:
         d.stop()
