@@ -245,8 +245,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
     # -- the connection ------------------------------------------------------
 
     def _connect(self) -> None:
+        # NB: the page's bytes, once SGLang registered its host pool, are
+        # declared: a kvtierd started with no block size sizes its slots
+        # from them (answering SIZING until then; the reconnect says hello
+        # again).
         c = Client(self.address, name=f"sglang-{self._tag}", timeout=self.opts["kvtier_timeout_s"],
-                   poll_us=self.opts["kvtier_poll_us"])
+                   poll_us=self.opts["kvtier_poll_us"], block_bytes=self._page_bytes)
         try:
             if self.mem_pool_host is not None and self.ns is not None:
                 self._check_geometry(c, self._page_bytes, self.ns)
