@@ -13,11 +13,24 @@ import (
 // EventsConfig turns on KV events in vLLM's wire format (docs/PROTOCOL.md,
 // "KV events"). Off unless Endpoint is set.
 type EventsConfig struct {
-	// Endpoint is the PUB address the node binds, e.g. "tcp://*:5557" or
-	// "ipc:///run/kvtier/events". Empty: no events.
+	// Endpoint is the node's PUB address, e.g. "tcp://*:5557" or
+	// "ipc:///run/kvtier/events" to bind, "tcp://epp:5557" to connect to
+	// (Mode). Empty: no events.
 	Endpoint string `yaml:"endpoint"`
-	// Replay is the ROUTER address the node binds for replay requests.
-	// Empty: no replay socket. Needs Endpoint.
+	// Mode is how the PUB opens Endpoint:
+	//   - "bind" (the default): routers connect to the node;
+	//   - "connect": the node connects to a router that bound a SUB (llm-d's
+	//     EPP binds one, e.g. tcp://<epp-service>:5557, and every engine
+	//     connects to it), and connects again whenever the connection ends;
+	//   - "auto": vLLM's rule for its own kv_events_config endpoint
+	//     (vllm/distributed/kv_events.py, ZmqEventPublisher.
+	//     _is_bind_endpoint): bind an address with "*" or "::" and every
+	//     ipc:// address, connect to the rest; the endpoint is then written
+	//     as it is for vLLM.
+	Mode string `yaml:"mode"`
+	// Replay is the ROUTER address the node binds for replay requests
+	// (whatever Mode says: replay clients connect to ask). Empty: no
+	// replay socket. Needs Endpoint.
 	Replay string `yaml:"replay"`
 	// Topic is the first frame of every message; default kv@<node_id>@<model>.
 	Topic string `yaml:"topic"`
@@ -49,11 +62,24 @@ type EventsConfig struct {
 	// hand queued batches to subscribers (default 100ms; negative: none).
 	Linger time.Duration `yaml:"linger"`
 	// LearnFrom lists engines' own KV event publishers (vLLM's
-	// kv_events_config endpoint, e.g. "tcp://127.0.0.1:5557"): the node
+	// kv_events_config endpoint, e.g. "tcp://127.0.0.1:5557"), or addresses
+	// the node binds for engines that connect (LearnMode): the node
 	// subscribes to them and announces the blocks those engines store in
 	// kvtier with the token ids the engines announced (docs/VLLM.md, "KV
 	// events"). Needs Endpoint.
 	LearnFrom []string `yaml:"learn_from"`
+	// LearnMode is how each LearnFrom SUB opens its address:
+	//   - "auto" (the default): the other end of vLLM's rule (see Mode):
+	//     bind a tcp address whose host is "*" or "::" (vLLM's endpoint
+	//     then names this node, e.g. tcp://<kvtierd>:5558, and vLLM
+	//     connects), connect to any other (where vLLM bound: its tcp://*
+	//     or ipc:// endpoint);
+	//   - "connect": always connect;
+	//   - "bind": always bind (e.g. an ipc:// path vLLM is told to connect
+	//     to — vLLM itself binds every ipc:// address, so this is for
+	//     other publishers).
+	// A bound SUB hears every engine that connects to it.
+	LearnMode string `yaml:"learn_mode"`
 	// LearnCapacity bounds the blocks remembered from LearnFrom (default
 	// events.DefaultLearnCapacity).
 	LearnCapacity int `yaml:"learn_capacity"`
@@ -78,6 +104,8 @@ func (c EventsConfig) withDefaults() EventsConfig {
 	defaults.Fill(&c, EventsConfig{
 		Model:         "kvtier",
 		HashFormat:    "int",
+		Mode:          events.ModeBind,
+		LearnMode:     events.ModeAuto,
 		BufferBatches: events.DefaultBufferBatches,
 		Linger:        events.DefaultLinger,
 		BatchWindow:   events.DefaultBatchWindow,
@@ -108,9 +136,17 @@ func (c EventsConfig) validate() error {
 	case c.LearnCapacity < 0:
 		return bad("learn_capacity %d must not be negative", c.LearnCapacity)
 	}
+	if c.Endpoint != "" {
+		if _, err := events.PublisherBinds(c.Mode, c.Endpoint); err != nil {
+			return fmt.Errorf("events: mode: %w", err)
+		}
+	}
 	for _, a := range c.LearnFrom {
 		if !validZMQAddr(a) {
 			return bad("learn_from %q (want tcp://HOST:PORT or ipc://PATH)", a)
+		}
+		if _, err := events.SubscriberBinds(c.LearnMode, a); err != nil {
+			return fmt.Errorf("events: learn_mode: %w", err)
 		}
 	}
 	if _, err := events.ParseHashFormat(c.HashFormat); err != nil {

@@ -39,13 +39,27 @@ type TierConfig struct {
 	Layout string `yaml:"layout"`
 
 	// obj: an S3-compatible endpoint (host:port), bucket and key prefix.
-	// Credentials come from here or, when empty, from AWS_ACCESS_KEY_ID /
-	// AWS_SECRET_ACCESS_KEY.
-	Endpoint  string `yaml:"endpoint"`
-	Bucket    string `yaml:"bucket"`
-	Prefix    string `yaml:"prefix"`
-	Region    string `yaml:"region"`
-	Secure    bool   `yaml:"secure"`
+	Endpoint string `yaml:"endpoint"`
+	Bucket   string `yaml:"bucket"`
+	Prefix   string `yaml:"prefix"`
+	Region   string `yaml:"region"`
+	Secure   bool   `yaml:"secure"`
+	// AccessKey and SecretKey are the obj tier's static keys (one of them
+	// given: the other, when empty, from AWS_ACCESS_KEY_ID or
+	// AWS_SECRET_ACCESS_KEY). Both empty: the credentials the pod is given,
+	// the first of these found (tiers/obj.Credentials has the details):
+	//
+	//  1. the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+	//     AWS_SESSION_TOKEN;
+	//  2. the shared credentials file: AWS_SHARED_CREDENTIALS_FILE (default
+	//     ~/.aws/credentials), profile AWS_PROFILE (default "default"), its
+	//     aws_session_token too;
+	//  3. a web identity token (EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and
+	//     AWS_ROLE_ARN) exchanged at STS; else the container credentials
+	//     endpoint (ECS, EKS Pod Identity); else the instance metadata
+	//     service (IMDS; skipped when AWS_EC2_METADATA_DISABLED=true).
+	//
+	// Temporary credentials are fetched again before they expire.
 	AccessKey string `yaml:"access_key"`
 	SecretKey string `yaml:"secret_key"`
 
@@ -75,10 +89,14 @@ func TierNames(ts []TierConfig) []string {
 	return out
 }
 
-// Credentials returns the obj tier's keys, from the config or the standard
-// environment variables.
+// Credentials returns the obj tier's static keys: the config's, a missing
+// half from the standard environment variable. Neither in the config: both
+// empty, and the tier walks the credential chain (AccessKey).
 func (t TierConfig) Credentials() (access, secret string) {
 	access, secret = t.AccessKey, t.SecretKey
+	if access == "" && secret == "" {
+		return "", ""
+	}
 	if access == "" {
 		access = os.Getenv("AWS_ACCESS_KEY_ID")
 	}

@@ -24,9 +24,17 @@ const EndSeq = ^uint64(0)
 // PUB socket as [topic, seq (8 bytes big endian), payload] and into a
 // bounded replay buffer that the ROUTER socket serves.
 //
+// The PUB socket binds its endpoint, or connects to a subscriber that bound
+// it (Mode; a router that reads many engines' events, as llm-d's does).
+//
 // Goroutines (all ended by Close):
 //   - loop: owns the PUB socket and the replay buffer; blocks on the
 //     publish queue, replay requests and Close.
+//   - dialer (a connecting PUB): connects, blocks until the connection
+//     ends or Close, and connects again after a backoff (ReconnectMin
+//     doubling to ReconnectMax, by timer; back to ReconnectMin once
+//     connected). Batches published while it is not connected are sent to
+//     no one (as ZeroMQ's PUB does) and stay in the replay buffer.
 //   - replay reader (with a replay endpoint): owns the ROUTER socket; blocks
 //     in Recv, asks loop for the buffered batches from the requested
 //     sequence number, and sends them to the requester, so a slow replay
@@ -46,6 +54,7 @@ type Publisher struct {
 	cfg    PublisherConfig
 	pub    zmq4.Socket
 	router zmq4.Socket // nil without a replay endpoint
+	link   *link       // the connecting PUB's connection; nil when it binds
 	out    chan Entry
 	asks   chan replayAsk
 	stop   chan struct{}
@@ -65,11 +74,15 @@ type Publisher struct {
 	BadRequests  atomic.Uint64 // malformed replay requests dropped
 	ReplayFrames atomic.Uint64 // batches sent by replays
 	Wakeups      atomic.Uint64 // times loop woke: a batch, a replay request or Close; nothing else wakes it
+	Connects     atomic.Uint64 // connections a connecting PUB made (its first, then each after a loss)
 }
 
 // PublisherConfig configures the sockets.
 type PublisherConfig struct {
-	Endpoint      string        // PUB address to bind, e.g. tcp://*:5557 (required)
+	Endpoint string // PUB address to bind (tcp://*:5557) or connect to (tcp://router:5557) (required)
+	// Mode is how the PUB opens Endpoint: ModeBind ("" too), ModeConnect,
+	// or ModeAuto (vLLM's rule, VLLMBinds).
+	Mode          string
 	Replay        string        // ROUTER address to bind; "" = no replay socket
 	Topic         string        // first frame of every published message
 	BufferBatches int           // replay buffer, batches; 0 = DefaultBufferBatches
@@ -77,7 +90,14 @@ type PublisherConfig struct {
 	QueueBatches  int           // batches waiting to be sent; 0 = DefaultQueueBatches
 	HWM           int           // zmq4 PUB queue bound (messages); 0 = DefaultHWM
 	Linger        time.Duration // Close waits this long after the last send; 0 = DefaultLinger, <0 = none
-	Log           zerolog.Logger
+	// ReconnectMin and ReconnectMax bound a connecting PUB's backoff
+	// between dials (0: DefaultReconnectMin, DefaultReconnectMax).
+	ReconnectMin, ReconnectMax time.Duration
+	// HandshakeTimeout bounds a connecting PUB's ZMTP handshake: a router
+	// that accepts and never greets is dialled again after the backoff (0:
+	// DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	Log              zerolog.Logger
 }
 
 // Defaults.
@@ -87,6 +107,13 @@ const (
 	DefaultQueueBatches  = 65_536
 	DefaultHWM           = 100_000
 	DefaultLinger        = 100 * time.Millisecond
+	// As libzmq's ZMQ_RECONNECT_IVL (100ms); its default has no maximum,
+	// a dead router is asked every 5s here.
+	DefaultReconnectMin     = 100 * time.Millisecond
+	DefaultReconnectMax     = 5 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
+	// dialTimeout bounds one TCP connect of a connecting PUB.
+	dialTimeout = 2 * time.Second
 )
 
 type replayAsk struct {
@@ -94,23 +121,40 @@ type replayAsk struct {
 	reply chan []Entry // capacity 1
 }
 
-// Listen binds the sockets and starts the goroutines.
+// Listen opens the sockets (the PUB binds or connects, as cfg.Mode says;
+// the replay ROUTER binds) and starts the goroutines. A connecting PUB
+// returns at once: it connects in the background, and again whenever the
+// connection ends.
 func Listen(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Endpoint == "" {
 		return nil, fmt.Errorf("%w: events endpoint is empty", ErrBadConfig)
+	}
+	binds, err := PublisherBinds(cfg.Mode, cfg.Endpoint)
+	if err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	p := &Publisher{cfg: cfg, out: make(chan Entry, cfg.QueueBatches), asks: make(chan replayAsk),
 		stop: make(chan struct{}), loopDone: make(chan struct{}),
 		buf: ring{maxN: cfg.BufferBatches, maxBytes: cfg.BufferBytes}}
-	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zmqLogger(cfg.Log)))
+	ctx := context.Background()
+	if !binds {
+		p.link = newLink(cfg.HandshakeTimeout)
+		ctx = p.link.context(ctx)
+	}
+	// NB: a connecting PUB's Dial tries once (the dialer retries, by
+	// timer) and each TCP connect is bounded.
+	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(zmqLogger(cfg.Log)), zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(dialTimeout))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("events: pub hwm: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
-		_ = p.pub.Close()
-		return nil, fmt.Errorf("events: bind pub %s: %w", cfg.Endpoint, err)
+	if binds {
+		if err := p.pub.Listen(cfg.Endpoint); err != nil {
+			_ = p.pub.Close()
+			return nil, fmt.Errorf("events: bind pub %s: %w", cfg.Endpoint, err)
+		}
 	}
 	if cfg.Replay != "" {
 		p.router = zmq4.NewRouter(context.Background(), zmq4.WithLogger(zmqLogger(cfg.Log)))
@@ -122,9 +166,13 @@ func Listen(cfg PublisherConfig) (*Publisher, error) {
 		p.wg.Add(1)
 		go p.replayReader()
 	}
+	if !binds {
+		p.wg.Add(1)
+		go p.dialer()
+	}
 	go p.loop()
-	cfg.Log.Info().Str("endpoint", p.Endpoint()).Str("replay", p.ReplayEndpoint()).Str("topic", cfg.Topic).
-		Int("buffer_batches", cfg.BufferBatches).Msg("events publisher listening")
+	cfg.Log.Info().Str("endpoint", p.Endpoint()).Bool("connect", !binds).Str("replay", p.ReplayEndpoint()).
+		Str("topic", cfg.Topic).Int("buffer_batches", cfg.BufferBatches).Msg("events publisher open")
 	return p, nil
 }
 
@@ -138,11 +186,61 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 	if c.Linger == 0 { // negative: none
 		c.Linger = DefaultLinger
 	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	return c
 }
 
-// Endpoint is the bound PUB address (a tcp port 0 resolved).
+// Endpoint is the bound PUB address (a tcp port 0 resolved), or the one a
+// connecting PUB connects to.
 func (p *Publisher) Endpoint() string { return boundAddr(p.pub, p.cfg.Endpoint) }
+
+// Connecting reports whether the PUB connects to its endpoint (rather than
+// binding it).
+func (p *Publisher) Connecting() bool { return p.link != nil }
+
+// dialer owns a connecting PUB's connection: one at a time, made again
+// after a backoff whenever it ends, until Close.
+func (p *Publisher) dialer() {
+	defer p.wg.Done()
+	addr, wait, failures := linkAddr(p.cfg.Endpoint), p.cfg.ReconnectMin, 0
+	for {
+		p.link.reset()
+		if err := p.pub.Dial(addr); err != nil {
+			p.link.abandon()
+			if failures++; failures == 1 {
+				p.cfg.Log.Warn().Err(err).Str("endpoint", p.cfg.Endpoint).
+					Msg("events publisher: cannot connect; trying again until it can")
+			}
+		} else {
+			p.link.established()
+			p.Connects.Add(1)
+			p.cfg.Log.Info().Str("endpoint", p.cfg.Endpoint).Int("failed_dials", failures).Msg("events publisher connected")
+			wait, failures = p.cfg.ReconnectMin, 0
+			select {
+			case <-p.link.ended:
+				p.cfg.Log.Warn().Str("endpoint", p.cfg.Endpoint).Msg("events publisher: connection lost; connecting again")
+			case <-p.stop:
+				return
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.stop:
+			t.Stop()
+			return
+		}
+		wait = min(2*wait, p.cfg.ReconnectMax)
+	}
+}
 
 // ReplayEndpoint is the bound ROUTER address, "" without one.
 func (p *Publisher) ReplayEndpoint() string {
@@ -306,6 +404,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 		}
 		// NB: zmq4 v0.17.0 never ends a PUB socket's writer goroutine
 		// ((*pubMWriter).run): its Close is not called by the socket's.
+		// Closing the socket also ends a dial in flight (its context).
 		if err := p.pub.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, fmt.Errorf("events: close pub: %w", err))
 		}

@@ -179,30 +179,12 @@ type daemon struct {
 	err    error         // Wait's result, set before exited closes
 }
 
-// startDaemon starts bin with args; the process is killed at cleanup if the
-// test did not stop it.
+// startDaemon starts bin with args, in this process's environment without
+// its KVTIER_ variables; the process is killed at cleanup if the test did
+// not stop it.
 func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{cmd: exec.Command(bin, args...), stderr: newLineLog(), exited: make(chan struct{})}
-	d.cmd.Stderr = d.stderr
-	d.cmd.WaitDelay = waitDelay
-	require.NoError(t, d.cmd.Start())
-	go func() {
-		d.err = d.cmd.Wait()
-		close(d.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-d.exited:
-		default:
-			_ = d.cmd.Process.Kill()
-			awaitClosed(t, d.exited, exitBound, "kvtierd killed at cleanup")
-		}
-		if t.Failed() {
-			t.Logf("kvtierd stderr:\n%s", d.stderr)
-		}
-	})
-	return d
+	return startDaemonEnv(t, bin, nil, nil, args...)
 }
 
 // wait returns the exit code, or an error if the process outlives ctx.

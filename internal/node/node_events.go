@@ -40,7 +40,7 @@ func (n *Node) openEvents() error {
 		return nil
 	}
 	log := n.cfg.Logger.With().Str("component", "events").Logger()
-	pub, err := events.Listen(events.PublisherConfig{Endpoint: c.Endpoint, Replay: c.Replay, Topic: c.Topic,
+	pub, err := events.Listen(events.PublisherConfig{Endpoint: c.Endpoint, Mode: c.Mode, Replay: c.Replay, Topic: c.Topic,
 		BufferBatches: c.BufferBatches, Linger: c.Linger, Log: log})
 	if err != nil {
 		return fmt.Errorf("kvtier: events: %w", err)
@@ -78,10 +78,11 @@ func (n *Node) learnCapacity() int {
 // engine's publisher again (not up yet, restarted, or a bad payload).
 const learnRetry = time.Second
 
-// startLearning subscribes to every events.learn_from publisher: each of
-// their batches goes to the hub (events.Learn). A subscriber that fails
-// (the engine is not up, or went away) dials again after learnRetry until
-// stopLearning.
+// startLearning subscribes to every events.learn_from publisher (or binds
+// the address for engines that connect, events.learn_mode): each of their
+// batches goes to the hub (events.Learn). A subscriber that fails (the
+// engine is not up, or went away; the address is taken) dials (binds) again
+// after learnRetry until stopLearning.
 func (n *Node) startLearning() {
 	if n.events.hub == nil || len(n.cfg.Events.LearnFrom) == 0 {
 		return
@@ -95,9 +96,11 @@ func (n *Node) startLearning() {
 	}
 	for _, ep := range n.cfg.Events.LearnFrom {
 		log := n.cfg.Logger.With().Str("component", "events-learn").Str("engine_events", ep).Logger()
+		skipped := func(err error) { log.Debug().Err(err).Msg("engine events: skipped") }
 		n.events.learning.Go(func() {
 			for {
-				err := events.Subscribe(ctx, events.SubscriberConfig{Endpoint: ep, ReplayFrom: -1}, deliver)
+				err := events.Subscribe(ctx, events.SubscriberConfig{Endpoint: ep, Mode: n.cfg.Events.LearnMode,
+					ReplayFrom: -1, Skipped: skipped}, deliver)
 				if ctx.Err() != nil {
 					return
 				}

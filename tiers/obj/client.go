@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -33,10 +34,12 @@ type Client interface {
 
 // Endpoint is where and how to reach an S3-compatible store.
 type Endpoint struct {
-	Endpoint  string // host:port
-	Bucket    string
-	Region    string // default "us-east-1" (no bucket-location round trip)
-	Secure    bool   // https
+	Endpoint string // host:port
+	Bucket   string
+	Region   string // default "us-east-1" (no bucket-location round trip)
+	Secure   bool   // https
+	// AccessKey and SecretKey are static keys; both empty: the credential
+	// chain (Credentials).
 	AccessKey string
 	SecretKey string
 	// Conns bounds idle connections kept to the endpoint (the I/O workers).
@@ -45,6 +48,65 @@ type Endpoint struct {
 
 // ErrNoBucket: the endpoint answers but the bucket does not exist.
 var ErrNoBucket = errors.New("kvtier obj: bucket does not exist")
+
+// ErrAccessDenied: the endpoint refuses the credentials: a 401 or 403 (an
+// unknown key, a wrong secret, no permission) or a session token it does
+// not accept (400 InvalidToken, ExpiredToken).
+var ErrAccessDenied = errors.New("kvtier obj: access denied")
+
+// credentialCodes are the S3 error codes that refuse the credentials
+// whatever their HTTP status (S3 answers a bad session token 400).
+var credentialCodes = map[string]bool{
+	"AccessDenied": true, "InvalidAccessKeyId": true, "SignatureDoesNotMatch": true,
+	"InvalidToken": true, "ExpiredToken": true, "TokenRefreshRequired": true,
+}
+
+// Credentials is where a client's keys come from: ep's static keys when it
+// has any, else the chain every AWS SDK walks, first to answer wins:
+//
+//  1. the environment: AWS_ACCESS_KEY_ID (or AWS_ACCESS_KEY),
+//     AWS_SECRET_ACCESS_KEY (or AWS_SECRET_KEY), AWS_SESSION_TOKEN;
+//  2. the shared credentials file: AWS_SHARED_CREDENTIALS_FILE (default
+//     ~/.aws/credentials, merged over AWS_CONFIG_FILE or ~/.aws/config),
+//     profile AWS_PROFILE (default "default"), aws_session_token honoured
+//     (and the profile's credential_process or SSO role);
+//  3. IAM: a web identity token (AWS_WEB_IDENTITY_TOKEN_FILE and
+//     AWS_ROLE_ARN, as EKS's IRSA sets them) exchanged at STS
+//     (AssumeRoleWithWebIdentity; AWS_REGION's endpoint, or
+//     AWS_ENDPOINT_URL_STS), else the container credentials endpoint
+//     (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI: ECS, EKS Pod
+//     Identity), else the instance metadata service (IMDSv2 then v1;
+//     AWS_EC2_METADATA_SERVICE_ENDPOINT, or left out of the chain when
+//     AWS_EC2_METADATA_DISABLED is "true").
+//
+// The providers are minio-go's. Temporary credentials (STS, IMDS, a
+// process) carry their expiry and are fetched again before it, on the
+// request that finds them stale; none is read once and kept. With none
+// found, requests go unsigned (and an endpoint that wants keys answers
+// ErrAccessDenied).
+func Credentials(ep Endpoint) *credentials.Credentials {
+	if ep.AccessKey != "" || ep.SecretKey != "" {
+		return credentials.NewStaticV4(ep.AccessKey, ep.SecretKey, "")
+	}
+	return credentials.NewChainCredentials(chainProviders())
+}
+
+// chainProviders is Credentials' chain. minio-go's IAM provider picks web
+// identity, container or instance metadata from the environment at each
+// fetch; its one endpoint override is set here from the variable the AWS
+// SDKs read for the service the environment points it at.
+func chainProviders() []credentials.Provider {
+	ps := []credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}}
+	switch {
+	case os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != "":
+		ps = append(ps, &credentials.IAM{Endpoint: os.Getenv("AWS_ENDPOINT_URL_STS")})
+	case os.Getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") != "", os.Getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI") != "":
+		ps = append(ps, &credentials.IAM{})
+	case os.Getenv("AWS_EC2_METADATA_DISABLED") != "true":
+		ps = append(ps, &credentials.IAM{Endpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")})
+	}
+	return ps
+}
 
 // Minio is Client over minio-go, with its own HTTP transport (closed by
 // Close) and minio-go's internal retries off: the tier retries, by timer.
@@ -55,7 +117,8 @@ type Minio struct {
 	transport *http.Transport
 }
 
-// NewMinio makes a client; it does no I/O.
+// NewMinio makes a client; it does no I/O (credentials are fetched by the
+// first request, see Credentials).
 func NewMinio(ep Endpoint) (*Minio, error) {
 	if ep.Region == "" {
 		ep.Region = "us-east-1"
@@ -65,7 +128,7 @@ func NewMinio(ep Endpoint) (*Minio, error) {
 	tr.IdleConnTimeout = 90 * time.Second
 	tr.DialContext = (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	c, err := minio.New(ep.Endpoint, &minio.Options{
-		Creds:      credentials.NewStaticV4(ep.AccessKey, ep.SecretKey, ""),
+		Creds:      Credentials(ep),
 		Secure:     ep.Secure,
 		Transport:  tr,
 		Region:     ep.Region,
@@ -130,7 +193,8 @@ func (m *Minio) Probe(ctx context.Context) error {
 func (m *Minio) Close() { m.transport.CloseIdleConnections() }
 
 // wrap adds the operation and object to err; a missing object (404,
-// NoSuchKey) also matches messages.ErrNotFound, a missing bucket ErrNoBucket.
+// NoSuchKey) also matches messages.ErrNotFound, a missing bucket ErrNoBucket,
+// refused credentials ErrAccessDenied.
 func wrap(op, name string, err error) error {
 	if err == nil {
 		return nil
@@ -139,6 +203,8 @@ func wrap(op, name string, err error) error {
 	switch {
 	case resp.Code == minio.NoSuchBucket:
 		return fmt.Errorf("obj %s %s: %w: %w", op, name, ErrNoBucket, err)
+	case resp.StatusCode == http.StatusUnauthorized, resp.StatusCode == http.StatusForbidden, credentialCodes[resp.Code]:
+		return fmt.Errorf("obj %s %s: %w: %w", op, name, ErrAccessDenied, err)
 	case resp.StatusCode == http.StatusNotFound, resp.Code == minio.NoSuchKey:
 		return fmt.Errorf("obj %s %s: %w: %w", op, name, messages.ErrNotFound, err)
 	}
