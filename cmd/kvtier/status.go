@@ -149,30 +149,29 @@ connected, and its lookup and store counters since start. --json prints one
 object (fields: docs/OPERATIONS.md, "kvtier status").`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			addr := engineAddress(args)
-			c, err := dialNode(ctx, addr, "kvtier-status")
-			if err != nil {
-				return err
-			}
-			defer c.Close(context.Background())
-			stats, err := c.Stats(ctx)
-			if err != nil {
-				return fmt.Errorf("stats from %s: %w", addr, err)
-			}
-			st := newStatus(addr, c.Hello(), stats)
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			return printStatus(cmd.OutOrStdout(), st)
+			return onNode(cmd, args, timeout, "kvtier-status", func(ctx context.Context, c *client.Client, addr string) error {
+				return printStatusOf(cmd, c, addr, asJSON)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "bound on the whole command")
 	return cmd
+}
+
+// printStatusOf prints the status of the node c is a session of.
+func printStatusOf(cmd *cobra.Command, c *client.Client, addr string, asJSON bool) error {
+	stats, err := c.Stats(cmd.Context())
+	if err != nil {
+		return fmt.Errorf("stats from %s: %w", addr, err)
+	}
+	st := newStatus(addr, c.Hello(), stats)
+	if asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	return printStatus(cmd.OutOrStdout(), st)
 }
 
 // newClearCmd is `kvtier clear [ADDR]`.
@@ -189,29 +188,44 @@ answers MISS, never a block being freed. Secondary tiers (fs, S3) and peers
 are not cleared.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			addr := engineAddress(args)
-			c, err := dialNode(ctx, addr, "kvtier-clear")
-			if err != nil {
-				return err
-			}
-			defer c.Close(context.Background())
-			before, err := c.Stats(ctx)
-			if err != nil {
-				return fmt.Errorf("stats from %s: %w", addr, err)
-			}
-			if err := c.ResetCache(ctx); err != nil {
-				return fmt.Errorf("clear %s: %w", addr, err)
-			}
-			after, err := c.Stats(ctx)
-			if err != nil {
-				return fmt.Errorf("stats from %s: %w", addr, err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "cleared %s: %d readable blocks before, %d now\n", addr, before.Ready, after.Ready)
-			return nil
+			return onNode(cmd, args, timeout, "kvtier-clear", func(ctx context.Context, c *client.Client, addr string) error {
+				return clearNode(ctx, cmd, c, addr)
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "bound on the drain of engine jobs in flight, and the command")
 	return cmd
+}
+
+// clearNode empties the CPU tier of the node c is a session of.
+func clearNode(ctx context.Context, cmd *cobra.Command, c *client.Client, addr string) error {
+	before, err := c.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("stats from %s: %w", addr, err)
+	}
+	if err := c.ResetCache(ctx); err != nil {
+		return fmt.Errorf("clear %s: %w", addr, err)
+	}
+	after, err := c.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("stats from %s: %w", addr, err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "cleared %s: %d readable blocks before, %d now\n", addr, before.Ready, after.Ready)
+	return nil
+}
+
+// onNode runs do on a session of the node at the command's ADDR (or the
+// default address), bounded by timeout, and closes the session after.
+func onNode(cmd *cobra.Command, args []string, timeout time.Duration, name string,
+	do func(ctx context.Context, c *client.Client, addr string) error) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	defer cancel()
+	addr := engineAddress(args)
+	c, err := dialNode(ctx, addr, name)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	cmd.SetContext(ctx)
+	return do(ctx, c, addr)
 }
