@@ -137,15 +137,7 @@ const designDoc = "docs/DESIGN.md"
 // test was written, in files outside its author's reach: "file|doc|heading".
 // Fix the citation, then remove its entry; an entry that no longer occurs
 // fails the test, so the list only shrinks.
-var knownStaleHeadings = map[string]bool{
-	"clients/python/kvtier_client/client.py|docs/PROTOCOL.md|Packed keys":    true, // "Common values", **pkeys**
-	"clients/python/tests_vllm/test_engine_events.py|docs/VLLM.md|KV events": true, // "Events"
-	"cmd/kvtierd/main.go|docs/VLLM.md|KV events":                             true,
-	"config/events_config.go|docs/VLLM.md|KV events":                         true,
-	"events/learn.go|docs/VLLM.md|KV events":                                 true,
-	"internal/chaos/chaos_test.go|docs/CHAOS.md|Known issues":                true,
-	"tiers/cpu/credit.go|docs/VLLM.md|Stores: slot credit":                   true, // docs/PROTOCOL.md "Slot credit"
-}
+var knownStaleHeadings = map[string]bool{}
 
 // TestCitationsResolve: every citation in the repository's text files (Go,
 // Python, Markdown, YAML, scripts; tracked or not yet, but not ignored)

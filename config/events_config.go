@@ -65,8 +65,8 @@ type EventsConfig struct {
 	// kv_events_config endpoint, e.g. "tcp://127.0.0.1:5557"), or addresses
 	// the node binds for engines that connect (LearnMode): the node
 	// subscribes to them and announces the blocks those engines store in
-	// kvtier with the token ids the engines announced (docs/VLLM.md, "KV
-	// events"). Needs Endpoint.
+	// kvtier with the token ids the engines announced (docs/VLLM.md,
+	// "Events"). Needs Endpoint.
 	LearnFrom []string `yaml:"learn_from"`
 	// LearnMode is how each LearnFrom SUB opens its address:
 	//   - "auto" (the default): the other end of vLLM's rule (see Mode):

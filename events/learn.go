@@ -13,7 +13,7 @@ import (
 // in its GPU prefix cache — with the token ids — before it can offload it;
 // so the node announces the blocks an engine wrote into kvtier (CPU, and
 // every medium they reach later) with the payload the engine gave its own
-// copy (docs/VLLM.md, "KV events").
+// copy (docs/VLLM.md, "Events").
 //
 // Plain data, owned by the hub actor (or a test). Bounded: at most
 // capacity blocks, the oldest learned forgotten first.

@@ -64,7 +64,7 @@
 // addresses are logged as events_endpoint and events_replay.
 // --events-learn-from tcp://127.0.0.1:5557 subscribes to a vLLM engine's own
 // KV events, so the blocks it stores in kvtier are announced with their
-// token ids (docs/VLLM.md, "KV events").
+// token ids (docs/VLLM.md, "Events").
 //
 // KVTIERD_CPUPROFILE=FILE (environment; KVTIERD_ variables are kvtierd's
 // own, not config keys): a Go CPU profile of the whole run, written to FILE

@@ -84,7 +84,7 @@ func server(t *testing.T) *objtest.Server {
 }
 
 // knownIssues are invariants a run may break today because of bugs filed
-// outside the harness (docs/CHAOS.md, "Known issues"); the suite reports
+// outside the harness (docs/CHAOS.md, "Bugs the harness found"); the suite reports
 // them but does not fail on them. Remove an entry when its bug is fixed.
 var knownIssues = map[string]string{}
 

@@ -9,7 +9,7 @@ import (
 
 // Slot credit: slots reserved for an engine session's stores before it asks
 // for them, so its scheduler can hand a store its slots without a round
-// trip (docs/VLLM.md, "Stores: slot credit").
+// trip (docs/PROTOCOL.md, "Slot credit").
 //
 // A credited slot is write-pending under a placeholder key no lookup can
 // name, reserved by the credit's owner (OriginCredit): it is never evicted,

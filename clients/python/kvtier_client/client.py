@@ -139,7 +139,7 @@ _first, _hash, _group = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _key_field(keys: Sequence[Key]) -> dict:
-    """keys as "pkeys" (docs/PROTOCOL.md, "Packed keys") when they share a
+    """keys as "pkeys" (docs/PROTOCOL.md, "Common values") when they share a
     namespace and a hash length: their hashes joined in one bin, their
     group once or packed; no Python object per key. Otherwise "keys"."""
     if not keys:

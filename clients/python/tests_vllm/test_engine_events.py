@@ -1,7 +1,7 @@
 """KV events a router reads when vLLM runs with kvtier: a real engine
 (vLLM's CPU build) publishing its own KV events, and a kvtierd learning the
-token ids of the blocks vLLM stores in it from them (docs/VLLM.md, "KV
-events"). Decoded with vLLM's own KVEventBatch."""
+token ids of the blocks vLLM stores in it from them (docs/VLLM.md,
+"Events"). Decoded with vLLM's own KVEventBatch."""
 
 from __future__ import annotations
 
