@@ -77,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.engineGrace, "engine-grace", 0, "release an engine connection silent this long (default from config, else 10s)")
 	fs.DurationVar(&o.enginePoll, "engine-poll", 0, "poll a unix:// engine connection this long after its last call before waiting for the next, e.g. 100us (default from config, else 0: off)")
 	fs.StringVar(&o.engineGroup, "engine-group", "", "`group` allowed to use the engine socket and the pool file (mode 0660)")
-	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address` to bind, e.g. tcp://*:5557 (default from config, else off)")
+	fs.StringVar(&o.eventsEndpoint, "events-endpoint", "", "KV events PUB `address`: bound, e.g. tcp://*:5557, or connected to a router that binds with events.mode connect/auto (KVTIER_EVENTS_MODE; default from config, else off)")
 	fs.StringVar(&o.eventsReplay, "events-replay", "", "KV events replay ROUTER `address` to bind, e.g. tcp://*:5558 (default from config, else off)")
 	fs.StringVar(&o.eventsLearn, "events-learn-from", "", "engines' own KV event publishers to learn token ids from, comma-separated `addresses` (vLLM's kv_events_config endpoint, e.g. tcp://127.0.0.1:5557; default from config, else none)")
 	fs.StringVar(&o.eventsTopic, "events-topic", "", "KV events topic (default from config, else kv@<node_id>@<model>)")
