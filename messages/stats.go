@@ -1,5 +1,7 @@
 package messages
 
+import "time"
+
 // Stats is a snapshot of a node's counters and gauges.
 type Stats struct {
 	// Pool geometry and occupancy (gauges).
@@ -42,4 +44,22 @@ type Stats struct {
 	// Sessions is, in an engine session's stats reply, how many engine
 	// sessions the daemon holds, the calling one included (0 elsewhere).
 	Sessions int
+	// Engines is, in an engine session's stats reply, every engine session
+	// the daemon holds, the calling one included, oldest first (nil
+	// elsewhere).
+	Engines []EngineSession
+}
+
+// EngineSession is what a daemon knows of one engine session (`kvtier
+// status`).
+type EngineSession struct {
+	ID         uint64    // the session's number
+	Client     string    // the name its hello gave
+	Namespace  Namespace // the key namespace of its latest keyed call; "" before one
+	BlockBytes int       // the bytes per block its hello declared; 0 = none
+	Since      time.Time // when its hello was heard
+	Calls      uint64    // calls it made
+	Lookups    uint64    // keys it looked up
+	Hits       uint64    // of those, answered HIT
+	Open       int       // its request ids holding something until request_finished
 }

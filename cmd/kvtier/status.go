@@ -27,13 +27,15 @@ type Status struct {
 	Protocol  int        `json:"protocol"`  // engine protocol version
 	Namespace string     `json:"namespace"` // the only key namespace served; "" = any
 	Pool      PoolStatus `json:"pool"`
-	// Engines is the engine sessions connected, this command's own left out.
-	Engines      int    `json:"engines"`
-	Requests     int    `json:"requests"`       // requests holding leases or jobs
-	JobsInFlight int    `json:"jobs_in_flight"` // engine jobs awaiting worker reports
-	Paused       bool   `json:"paused"`
-	Index        string `json:"index_path"`     // residency index engines read; "" = none
-	IndexAll     bool   `json:"index_complete"` // the index covers every tier (no secondary asks)
+	// Engines is the engine sessions connected, this command's own left out;
+	// Sessions lists them, oldest first.
+	Engines      int            `json:"engines"`
+	Sessions     []EngineStatus `json:"sessions"`
+	Requests     int            `json:"requests"`       // requests holding leases or jobs
+	JobsInFlight int            `json:"jobs_in_flight"` // engine jobs awaiting worker reports
+	Paused       bool           `json:"paused"`
+	Index        string         `json:"index_path"`     // residency index engines read; "" = none
+	IndexAll     bool           `json:"index_complete"` // the index covers every tier (no secondary asks)
 	// Counters since the daemon started.
 	Lookups          uint64  `json:"lookups"`      // keys looked up
 	Hits             uint64  `json:"hits"`         // keys answered HIT
@@ -46,6 +48,20 @@ type Status struct {
 	StoreFull        uint64  `json:"store_full"` // PrepareStore calls answered Full
 	ChecksumFailures uint64  `json:"checksum_failures"`
 	ActorRestarts    uint64  `json:"actor_restarts"`
+}
+
+// EngineStatus is one engine session of the node.
+type EngineStatus struct {
+	ID         uint64    `json:"id"`          // the session's number
+	Client     string    `json:"client"`      // the name its hello gave (vLLM: vllm-scheduler)
+	Namespace  string    `json:"namespace"`   // its keys' layout namespace ("" before a keyed call)
+	BlockBytes int       `json:"block_bytes"` // bytes per block its hello declared (0: none)
+	Since      time.Time `json:"since"`       // when it said hello
+	Calls      uint64    `json:"calls"`       // calls it made
+	Lookups    uint64    `json:"lookups"`     // keys it looked up
+	Hits       uint64    `json:"hits"`        // of those, answered HIT
+	HitRate    float64   `json:"hit_rate"`    // hits / lookups (0 before any)
+	Open       int       `json:"open"`        // its requests holding leases or jobs
 }
 
 // PoolStatus is the CPU pool's geometry and use, in slots and bytes.
@@ -71,14 +87,29 @@ func newStatus(addr string, h wire.Hello, s messages.Stats) Status {
 		Lookups: s.Lookups, Hits: s.Hits, HitsPending: s.HitsPending, Misses: s.Misses,
 		Stores: s.Stores, StoresFailed: s.StoresFailed, Evictions: s.Evictions, StoreFull: s.Full,
 		ChecksumFailures: s.ChecksumFailures, ActorRestarts: s.ActorRestarts}
-	if s.Lookups > 0 {
-		st.HitRate = float64(s.Hits) / float64(s.Lookups)
+	st.HitRate = rate(s.Hits, s.Lookups)
+	st.Sessions = []EngineStatus{}
+	for _, e := range s.Engines {
+		if e.ID == h.Session {
+			continue // this command's own
+		}
+		st.Sessions = append(st.Sessions, EngineStatus{ID: e.ID, Client: e.Client, Namespace: string(e.Namespace),
+			BlockBytes: e.BlockBytes, Since: e.Since.UTC(), Calls: e.Calls, Lookups: e.Lookups, Hits: e.Hits,
+			HitRate: rate(e.Hits, e.Lookups), Open: e.Open})
 	}
 	bb := int64(s.BlockBytes)
 	st.Pool = PoolStatus{Path: h.PoolPath, Slots: s.Slots, BlockBytes: s.BlockBytes,
 		Bytes: int64(s.Slots) * bb, UsedBytes: int64(s.Slots-s.Free) * bb, Free: s.Free, Ready: s.Ready,
 		WritePending: s.WritePending, Credit: s.Credit, Pinned: s.Pinned, Leased: s.Leased}
 	return st
+}
+
+// rate is hits / lookups, 0 before any lookup.
+func rate(hits, lookups uint64) float64 {
+	if lookups == 0 {
+		return 0
+	}
+	return float64(hits) / float64(lookups)
 }
 
 // printStatus writes st as an aligned table.
@@ -92,16 +123,17 @@ func printStatus(w io.Writer, st Status) error {
 		st.Pool.WritePending, st.Pool.Credit, st.Pool.Free, st.Pool.Pinned, st.Pool.Leased)
 	row("engines", "%d connected, %d requests, %d jobs in flight%s", st.Engines, st.Requests, st.JobsInFlight,
 		map[bool]string{true: ", PAUSED", false: ""}[st.Paused])
-	ns := st.Namespace
-	if ns == "" {
-		ns = "any"
-	}
-	row("namespace", "%s", ns)
+	row("namespace", "%s", orAny(st.Namespace))
 	row("lookups", "%d keys: hit %d (%.1f%%), pending %d, miss %d", st.Lookups, st.Hits, 100*st.HitRate,
 		st.HitsPending, st.Misses)
 	row("stores", "%d committed, %d failed, %d evicted, %d refused full", st.Stores, st.StoresFailed,
 		st.Evictions, st.StoreFull)
 	row("health", "checksum failures %d, actor restarts %d", st.ChecksumFailures, st.ActorRestarts)
+	for _, e := range st.Sessions {
+		row(fmt.Sprintf("engine %d", e.ID), "%s since %s: %d calls, %d keys looked up, hit %.1f%%, %d open, namespace %s, block %s",
+			e.Client, e.Since.Format(time.RFC3339), e.Calls, e.Lookups, 100*e.HitRate, e.Open, orAny(e.Namespace),
+			humanBytes(int64(e.BlockBytes)))
+	}
 	return tw.Flush()
 }
 
@@ -228,4 +260,12 @@ func onNode(cmd *cobra.Command, args []string, timeout time.Duration, name strin
 	defer c.Close(context.Background())
 	cmd.SetContext(ctx)
 	return do(ctx, c, addr)
+}
+
+// orAny is ns, or "any" for none.
+func orAny(ns string) string {
+	if ns == "" {
+		return "any"
+	}
+	return ns
 }

@@ -63,10 +63,10 @@ func testStatusAndClear(t *testing.T, transport string) {
 	st := statusJSON(t, addr)
 	assert.Equal(t, 0, st.Engines, "the status command's own session is not an engine")
 	assert.Equal(t, Status{Address: addr, Protocol: st.Protocol, Index: st.Index, IndexAll: st.IndexAll,
-		Pool: PoolStatus{Path: filepath.Join(dir, "pool"), Slots: 16, BlockBytes: 4096, Bytes: 16 * 4096, Free: 16}},
-		st, "an empty node")
+		Pool:     PoolStatus{Path: filepath.Join(dir, "pool"), Slots: 16, BlockBytes: 4096, Bytes: 16 * 4096, Free: 16},
+		Sessions: []EngineStatus{}}, st, "an empty node")
 
-	eng, err := client.Dial(ctx, addr, client.Options{Name: "engine"})
+	eng, err := client.Dial(ctx, addr, client.Options{Name: "engine", BlockBytes: 3000})
 	require.NoError(t, err)
 	defer eng.Close(context.Background())
 	keys := statusKeys(1, 2, 3)
@@ -86,10 +86,21 @@ func testStatusAndClear(t *testing.T, transport string) {
 	assert.Equal(t, uint64(2), st.Stores)
 	assert.Equal(t, 2, st.Pool.Ready)
 	assert.Equal(t, int64(16-st.Pool.Free)*4096, st.Pool.UsedBytes)
+	require.Len(t, st.Sessions, 1)
+	e := st.Sessions[0]
+	assert.Equal(t, eng.Hello().Session, e.ID)
+	assert.Equal(t, "engine", e.Client)
+	assert.Equal(t, "status-test", e.Namespace)
+	assert.Equal(t, 3000, e.BlockBytes)
+	assert.Equal(t, uint64(3), e.Lookups)
+	assert.Equal(t, uint64(2), e.Hits)
+	assert.InDelta(t, 2.0/3, e.HitRate, 1e-9)
+	assert.Equal(t, uint64(5), e.Calls, "a store (prepare_store, job_done, request_finished), a lookup, its request_finished")
+	assert.Zero(t, e.Open)
 
 	text, err := runCLI(t, "status", addr)
 	require.NoError(t, err)
-	for _, want := range []string{"1 connected", "hit 2 (66.7%)", "16 slots of 4.0 KiB"} {
+	for _, want := range []string{"1 connected", "hit 2 (66.7%)", "16 slots of 4.0 KiB", "engine 2", "hit 66.7%", "namespace status-test"} {
 		assert.Contains(t, text, want)
 	}
 

@@ -122,7 +122,7 @@ func (a *endpointActor) badFrame(ctx actor.Context, peer string, s *session, err
 // hello begins a session for peer; an existing one is released first, so a
 // reconnecting engine starts clean.
 func (a *endpointActor) hello(ctx actor.Context, peer string, q *wire.Request) {
-	s, old := a.t.hello(peer, q.Client, a.ep.cfg.Clock.Now())
+	s, old := a.t.hello(peer, q.Client, q.BlockBytes, a.ep.cfg.Clock.Now())
 	if s == nil {
 		return
 	}

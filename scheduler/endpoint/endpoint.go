@@ -376,6 +376,6 @@ func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout
 		timer.Stop()
 		return false
 	}
-	e.table.sent(s)
+	e.table.sent(s, q)
 	return true
 }

@@ -17,10 +17,12 @@ import (
 var routes = map[wire.Op]func(c *call){
 	wire.OpLookup: func(c *call) {
 		var lk *messages.Lookup
+		s := c.s
 		via(c, func(r messages.Reply[[]messages.LookupStatus]) any {
 			lk = &messages.Lookup{Req: c.req, Keys: c.q.Keys, Prefix: c.q.Prefix, Reply: r, WantSlots: c.q.WantSlots}
 			return lk
 		}, func(rp *wire.Reply, v []messages.LookupStatus) {
+			countLookup(s, v)
 			rp.Status = v
 			if lk.WantSlots {
 				rp.Slots = lk.Slots // NB: written before the answer was sent
@@ -96,11 +98,12 @@ var routes = map[wire.Op]func(c *call){
 	wire.OpStats: func(c *call) {
 		open := len(c.s.open) // NB: read here, in the actor: the session's table is its state
 		calls := c.s.inflight // NB: before this call counts itself
-		sessions := len(c.a.t.byPeer)
+		engines := c.a.t.engines()
 		via(c, func(r messages.Reply[messages.Stats]) any { return &messages.GetStats{Reply: r} },
 			func(rp *wire.Reply, v messages.Stats) {
 				rp.Stats = v
-				rp.Stats.SessionOpen, rp.Stats.SessionCalls, rp.Stats.Sessions = open, calls, sessions
+				rp.Stats.SessionOpen, rp.Stats.SessionCalls, rp.Stats.Sessions = open, calls, len(engines)
+				rp.Stats.Engines = engines
 			})
 	},
 }
@@ -130,3 +133,16 @@ func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Repl
 }
 
 func noFill(*wire.Reply, struct{}) {}
+
+// countLookup adds a lookup's keys and HITs to its session's counts (from
+// the reply's goroutine: atomics).
+func countLookup(s *session, st []messages.LookupStatus) {
+	hits := 0
+	for _, x := range st {
+		if x == messages.Hit {
+			hits++
+		}
+	}
+	s.lookups.Add(uint64(len(st)))
+	s.hits.Add(uint64(hits))
+}

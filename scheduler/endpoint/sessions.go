@@ -1,9 +1,11 @@
 package endpoint
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -54,16 +56,23 @@ func newSessionTable() *sessionTable {
 
 // session is one engine connection's state.
 type session struct {
-	id        uint64
-	peer      string
-	prefix    string
-	client    string
-	lastSeen  time.Time
-	armed     bool                // a liveness timer is armed ...
-	timerGen  uint64              // ... and this is its generation
-	open      map[string]struct{} // prefixed request ids without RequestFinished yet; nil once released
-	inflight  int                 // calls forwarded and not yet answered
-	badFrames int                 // malformed frames in a row
+	id         uint64
+	peer       string
+	prefix     string
+	client     string
+	since      time.Time          // when its hello was heard
+	blockBytes int                // the bytes per block its hello declared
+	namespace  messages.Namespace // its latest keyed call's
+	calls      uint64             // calls it made (forwarded)
+	// lookups and hits count its keys looked up and answered HIT; the
+	// replies' goroutines add to them (atomics), the stats route reads them.
+	lookups, hits atomic.Uint64
+	lastSeen      time.Time
+	armed         bool                // a liveness timer is armed ...
+	timerGen      uint64              // ... and this is its generation
+	open          map[string]struct{} // prefixed request ids without RequestFinished yet; nil once released
+	inflight      int                 // calls forwarded and not yet answered
+	badFrames     int                 // malformed frames in a row
 	// ending is set once the session is released; the release is sent when
 	// inflight reaches 0. reason says why, then runs after the bridge's answer.
 	ending bool
@@ -111,7 +120,7 @@ func (t *sessionTable) malformed(s *session) bool {
 
 // hello opens a session for peer (nil when its connection already ended:
 // nobody to serve). A live session of the peer's is to be ended first.
-func (t *sessionTable) hello(peer, client string, now time.Time) (s, old *session) {
+func (t *sessionTable) hello(peer, client string, blockBytes int, now time.Time) (s, old *session) {
 	if _, gone := t.gone[peer]; gone {
 		// Its connection ended before the Hello was read. (A later
 		// connection under the same routing id is heard.)
@@ -121,7 +130,7 @@ func (t *sessionTable) hello(peer, client string, now time.Time) (s, old *sessio
 	old = t.byPeer[peer]
 	t.nextID++
 	s = &session{id: t.nextID, peer: peer, prefix: sessionPrefix(t.nextID), client: client,
-		lastSeen: now, open: map[string]struct{}{}}
+		since: now, blockBytes: blockBytes, lastSeen: now, open: map[string]struct{}{}}
 	t.byID[s.id] = s
 	return s, old
 }
@@ -174,7 +183,25 @@ func (t *sessionTable) forward(s *session, q *wire.Request, grace time.Duration)
 }
 
 // sent counts a call of s now awaited: it is in flight until callDone.
-func (t *sessionTable) sent(s *session) { s.inflight++ }
+func (t *sessionTable) sent(s *session, q *wire.Request) {
+	s.inflight++
+	s.calls++
+	if len(q.Keys) > 0 {
+		s.namespace = q.Keys[0].Namespace
+	}
+}
+
+// engines lists the live sessions, oldest first (the stats reply's).
+func (t *sessionTable) engines() []messages.EngineSession {
+	out := make([]messages.EngineSession, 0, len(t.byPeer))
+	for _, s := range t.byPeer {
+		out = append(out, messages.EngineSession{ID: s.id, Client: s.client, Namespace: s.namespace,
+			BlockBytes: s.blockBytes, Since: s.since, Calls: s.calls, Lookups: s.lookups.Load(),
+			Hits: s.hits.Load(), Open: len(s.open)})
+	}
+	slices.SortFunc(out, func(a, b messages.EngineSession) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
 
 // callDone ends one of session id's calls; it returns the session when its
 // release is now due (see due).

@@ -32,7 +32,7 @@ func req(op wire.Op, req string, keys ...messages.Key) *wire.Request {
 // opened is a table with a live session for peer "e1".
 func opened(t *testing.T) (*sessionTable, *session) {
 	tb := newSessionTable()
-	s, old := tb.hello("e1", "vllm", t0)
+	s, old := tb.hello("e1", "vllm", 0, t0)
 	require.NotNil(t, s)
 	require.Nil(t, old)
 	tb.begin(s)
@@ -46,7 +46,7 @@ func opened(t *testing.T) (*sessionTable, *session) {
 func TestSessionsHello(t *testing.T) {
 	tb, s1 := opened(t)
 	require.Equal(t, sessionPrefix(1), s1.prefix)
-	s2, old := tb.hello("e1", "vllm", t0)
+	s2, old := tb.hello("e1", "vllm", 0, t0)
 	require.Same(t, s1, old)
 	tb.end(old, "hello", nil)
 	tb.begin(s2)
@@ -54,9 +54,9 @@ func TestSessionsHello(t *testing.T) {
 	require.NotEqual(t, s1.prefix, s2.prefix)
 
 	require.Nil(t, tb.connLost("e2"), "no session: remembered as gone")
-	s, _ := tb.hello("e2", "x", t0)
+	s, _ := tb.hello("e2", "x", 0, t0)
 	require.Nil(t, s, "a Hello read after its connection ended opens nothing")
-	s, _ = tb.hello("e2", "x", t0)
+	s, _ = tb.hello("e2", "x", 0, t0)
 	require.NotNil(t, s, "a later connection under the routing id is heard")
 }
 
@@ -84,8 +84,8 @@ func TestSessionsAdmit(t *testing.T) {
 	require.NoError(t, tb.admit(s, req(wire.OpPrepareStore, "a"), lim), "the open one again")
 	require.NoError(t, tb.admit(s, req(wire.OpTouch, "b"), lim), "a call that opens nothing")
 
-	tb.sent(s)
-	tb.sent(s)
+	tb.sent(s, &wire.Request{})
+	tb.sent(s, &wire.Request{})
 	require.ErrorIs(t, tb.admit(s, req(wire.OpTouch, "a"), lim), messages.ErrBusy, "two calls in flight")
 	tb.callDone(s.id)
 	require.NoError(t, tb.admit(s, req(wire.OpTouch, "a"), lim))
@@ -145,8 +145,8 @@ func TestSessionsTimerFired(t *testing.T) {
 func TestSessionsReleaseWaitsForCalls(t *testing.T) {
 	tb, s := opened(t)
 	tb.forward(s, req(wire.OpLookup, "a"), testGrace)
-	tb.sent(s)
-	tb.sent(s)
+	tb.sent(s, &wire.Request{})
+	tb.sent(s, &wire.Request{})
 	require.Equal(t, timerOp{stop: true}, tb.end(s, "bye", nil))
 	require.Nil(t, tb.byPeer["e1"])
 	_, ok := tb.due(s)
@@ -265,7 +265,7 @@ func (w *sessionsWorld) call(peer string) {
 			w.opens[s.id] = append(w.opens[s.id], q.Req.RequestID)
 		}
 	}
-	w.tb.sent(s)
+	w.tb.sent(s, &wire.Request{})
 	w.calls = append(w.calls, s.id)
 }
 
@@ -294,7 +294,7 @@ func (w *sessionsWorld) step() {
 	peer := worldPeers[w.rng.IntN(len(worldPeers))]
 	switch r := w.rng.IntN(20); {
 	case r < 2:
-		if s, old := w.tb.hello(peer, "engine", w.now); s != nil {
+		if s, old := w.tb.hello(peer, "engine", 0, w.now); s != nil {
 			if old != nil {
 				w.end(old, "hello")
 			}

@@ -183,7 +183,11 @@ var statFields = []struct {
 }
 
 func encodeStats(w *writer, s *messages.Stats) {
-	w.MapLen(len(statFields))
+	n := len(statFields)
+	if s.Engines != nil {
+		n++
+	}
+	w.MapLen(n)
 	for _, f := range statFields {
 		w.Str(f.name)
 		switch p := f.ptr(s).(type) {
@@ -194,6 +198,10 @@ func encodeStats(w *writer, s *messages.Stats) {
 		case *bool:
 			w.Bool(*p)
 		}
+	}
+	if s.Engines != nil {
+		w.Str("engines")
+		encodeEngines(w, s.Engines)
 	}
 }
 
@@ -473,6 +481,12 @@ func decodeStats(r *reader, s *messages.Stats) error {
 		if err != nil {
 			return err
 		}
+		if k == "engines" {
+			if s.Engines, err = decodeEngines(r); err != nil {
+				return fmt.Errorf("stats.engines: %w", err)
+			}
+			continue
+		}
 		found := false
 		for _, f := range statFields {
 			if f.name != k {
@@ -499,4 +513,103 @@ func decodeStats(r *reader, s *messages.Stats) error {
 		}
 	}
 	return nil
+}
+
+// MaxEngines bounds the engine sessions a stats reply lists.
+const MaxEngines = 4096
+
+// engineFields is how many fields encodeEngines writes per session.
+const engineFields = 9
+
+// encodeEngines writes a stats reply's engine sessions: an array of maps.
+func encodeEngines(w *writer, es []messages.EngineSession) {
+	w.ArrayLen(len(es))
+	for _, e := range es {
+		w.MapLen(engineFields)
+		kvUint(w, "id", e.ID)
+		w.Str("client")
+		w.Str(e.Client)
+		w.Str("namespace")
+		w.Str(string(e.Namespace))
+		kvUint(w, "block_bytes", uint64(e.BlockBytes))
+		w.Str("since_ns")
+		w.Int(unixNanoOrZero(e.Since))
+		kvUint(w, "calls", e.Calls)
+		kvUint(w, "lookups", e.Lookups)
+		kvUint(w, "hits", e.Hits)
+		kvUint(w, "open", uint64(e.Open))
+	}
+}
+
+// decodeEngines reads what encodeEngines wrote; unknown fields are
+// skipped (a newer daemon may add some).
+func decodeEngines(r *reader) ([]messages.EngineSession, error) {
+	n, err := r.ArrayLen(MaxEngines, 1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]messages.EngineSession, n)
+	for i := range out {
+		if err := decodeEngine(r, &out[i]); err != nil {
+			return nil, fmt.Errorf("[%d]: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+func decodeEngine(r *reader, e *messages.EngineSession) error {
+	n, err := r.MapLen(64)
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := r.Str(64)
+		if err != nil {
+			return err
+		}
+		var u uint64
+		var ns string
+		switch k {
+		case "id":
+			e.ID, err = r.Uint(math.MaxUint64)
+		case "client":
+			e.Client, err = r.Str(MaxNameBytes)
+		case "namespace":
+			ns, err = r.Str(MaxNamespaceBytes)
+			e.Namespace = messages.Namespace(ns)
+		case "block_bytes":
+			u, err = r.Uint(MaxBlockBytes)
+			e.BlockBytes = int(u)
+		case "since_ns":
+			var t int64
+			t, err = r.Int(math.MinInt64, math.MaxInt64)
+			if t != 0 {
+				e.Since = time.Unix(0, t)
+			}
+		case "calls":
+			e.Calls, err = r.Uint(math.MaxUint64)
+		case "lookups":
+			e.Lookups, err = r.Uint(math.MaxUint64)
+		case "hits":
+			e.Hits, err = r.Uint(math.MaxUint64)
+		case "open":
+			u, err = r.Uint(math.MaxInt32)
+			e.Open = int(u)
+		default:
+			err = r.Skip(0)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// unixNanoOrZero is t in Unix nanoseconds, 0 for the zero time (whose
+// UnixNano is undefined).
+func unixNanoOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }

@@ -129,7 +129,9 @@ func TestReplyRoundTrip(t *testing.T) {
 		Ctx: &messages.ReqContext{RequestID: "\x1es3\x1freq-9", TokenIDs: []int32{5}}, At: time.Unix(0, 12345)}}
 	rp := &Reply{ID: 7, Status: []messages.LookupStatus{messages.Hit, messages.Miss, messages.Retry},
 		Job: 9, Slots: []int{0, 5}, Workers: 2, ToStore: testKeys(2), Evicted: testKeys(1), Events: ev,
-		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40, SessionOpen: 3},
+		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40, SessionOpen: 3, Sessions: 1,
+			Engines: []messages.EngineSession{{ID: 4, Client: "vllm-scheduler", Namespace: ns, BlockBytes: 4 << 20,
+				Since: time.Unix(0, 99), Calls: 7, Lookups: 5, Hits: 2, Open: 1}}},
 		Bound: []bool{true, false, true}}
 	strip := func(s string) string { return s[len("\x1es3\x1f"):] }
 	for _, op := range []Op{OpLookup, OpPrepareStore, OpTakeEvents, OpHasPendingWork, OpStats, OpGrant, OpStoreCredited} {
@@ -347,4 +349,22 @@ func TestFieldTableCoversEveryField(t *testing.T) {
 		want <<= 1
 	}
 	require.Equal(t, fBlockBytes<<1, want, "a field without a row")
+}
+
+// A stats reply from anywhere decodes or fails cleanly, never panics, and
+// one that decodes encodes back to what decodes the same (the engine
+// sessions' list included).
+func FuzzDecodeStatsReply(f *testing.F) {
+	f.Add(EncodeReply(OpStats, &Reply{ID: 1, Stats: messages.Stats{Slots: 3, Sessions: 1,
+		Engines: []messages.EngineSession{{ID: 2, Client: "c", Namespace: "n", Calls: 1}}}}, nil))
+	f.Add(EncodeReply(OpStats, &Reply{ID: 1}, nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rp, err := DecodeReply(b, OpStats)
+		if err != nil || rp.Err != nil {
+			return
+		}
+		again, err := DecodeReply(EncodeReply(OpStats, rp, nil), OpStats)
+		require.NoError(t, err)
+		require.Equal(t, rp.Stats, again.Stats)
+	})
 }
