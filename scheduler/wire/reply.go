@@ -472,27 +472,15 @@ func eventKind(s string) messages.EventKind {
 }
 
 func decodeStats(r *reader, s *messages.Stats) error {
-	n, err := r.MapLen(256)
-	if err != nil {
-		return err
-	}
-	for range n {
-		k, err := r.Str(64)
-		if err != nil {
+	return eachKey(r, 256, "stats.", func(k string) (err error) {
+		if k == "engines" {
+			s.Engines, err = decodeEngines(r)
 			return err
 		}
-		if k == "engines" {
-			if s.Engines, err = decodeEngines(r); err != nil {
-				return fmt.Errorf("stats.engines: %w", err)
-			}
-			continue
-		}
-		found := false
 		for _, f := range statFields {
 			if f.name != k {
 				continue
 			}
-			found = true
 			switch p := f.ptr(s).(type) {
 			case *int:
 				var v int64
@@ -503,13 +491,26 @@ func decodeStats(r *reader, s *messages.Stats) error {
 			case *bool:
 				*p, err = r.Bool()
 			}
-			break
+			return err
 		}
-		if !found {
-			err = r.Skip(0)
-		}
+		return r.Skip(0)
+	})
+}
+
+// eachKey reads a map of at most max entries, handing each key to field,
+// which reads its value; an error names the key after prefix.
+func eachKey(r *reader, max int, prefix string, field func(k string) error) error {
+	n, err := r.MapLen(max)
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := r.Str(64)
 		if err != nil {
-			return fmt.Errorf("stats.%s: %w", k, err)
+			return err
+		}
+		if err := field(k); err != nil {
+			return fmt.Errorf("%s%s: %w", prefix, k, err)
 		}
 	}
 	return nil
@@ -558,15 +559,7 @@ func decodeEngines(r *reader) ([]messages.EngineSession, error) {
 }
 
 func decodeEngine(r *reader, e *messages.EngineSession) error {
-	n, err := r.MapLen(64)
-	if err != nil {
-		return err
-	}
-	for range n {
-		k, err := r.Str(64)
-		if err != nil {
-			return err
-		}
+	return eachKey(r, 64, "", func(k string) (err error) {
 		var u uint64
 		var ns string
 		switch k {
@@ -598,11 +591,8 @@ func decodeEngine(r *reader, e *messages.EngineSession) error {
 		default:
 			err = r.Skip(0)
 		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", k, err)
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // unixNanoOrZero is t in Unix nanoseconds, 0 for the zero time (whose
