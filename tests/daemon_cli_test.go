@@ -25,11 +25,19 @@ import (
 // the user as says (nil: this process's).
 func startDaemonEnv(t *testing.T, bin string, env []string, as *syscall.Credential, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{cmd: exec.Command(bin, args...), stderr: newLineLog(), exited: make(chan struct{})}
-	d.cmd.Env = append(cleanEnv(), env...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(cleanEnv(), env...)
 	if as != nil {
-		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: as}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: as}
 	}
+	return launchDaemon(t, cmd)
+}
+
+// launchDaemon starts cmd, a kvtierd; it is killed at cleanup if the test
+// did not stop it.
+func launchDaemon(t *testing.T, cmd *exec.Cmd) *daemon {
+	t.Helper()
+	d := &daemon{cmd: cmd, stderr: newLineLog(), exited: make(chan struct{})}
 	d.cmd.Stderr = d.stderr
 	d.cmd.WaitDelay = waitDelay
 	require.NoError(t, d.cmd.Start())

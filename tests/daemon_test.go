@@ -179,12 +179,12 @@ type daemon struct {
 	err    error         // Wait's result, set before exited closes
 }
 
-// startDaemon starts bin with args, in this process's environment without
-// its KVTIER_ variables; the process is killed at cleanup if the test did
-// not stop it.
+// startDaemon starts bin with args in this process's environment (a test
+// may hand a daemon KVTIER_ variables, e.g. the NIXL library's path); the
+// process is killed at cleanup if the test did not stop it.
 func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 	t.Helper()
-	return startDaemonEnv(t, bin, nil, nil, args...)
+	return launchDaemon(t, exec.Command(bin, args...))
 }
 
 // wait returns the exit code, or an error if the process outlives ctx.
