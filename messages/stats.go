@@ -62,4 +62,5 @@ type EngineSession struct {
 	Lookups    uint64    // keys it looked up
 	Hits       uint64    // of those, answered HIT
 	Open       int       // its request ids holding something until request_finished
+	InFlight   int       // its calls the daemon has not answered yet (noreply and quiet ones too)
 }

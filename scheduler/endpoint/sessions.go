@@ -197,7 +197,7 @@ func (t *sessionTable) engines() []messages.EngineSession {
 	for _, s := range t.byPeer {
 		out = append(out, messages.EngineSession{ID: s.id, Client: s.client, Namespace: s.namespace,
 			BlockBytes: s.blockBytes, Since: s.since, Calls: s.calls, Lookups: s.lookups.Load(),
-			Hits: s.hits.Load(), Open: len(s.open)})
+			Hits: s.hits.Load(), Open: len(s.open), InFlight: s.inflight})
 	}
 	slices.SortFunc(out, func(a, b messages.EngineSession) int { return cmp.Compare(a.ID, b.ID) })
 	return out

@@ -520,7 +520,7 @@ func eachKey(r *reader, max int, prefix string, field func(k string) error) erro
 const MaxEngines = 4096
 
 // engineFields is how many fields encodeEngines writes per session.
-const engineFields = 9
+const engineFields = 10
 
 // encodeEngines writes a stats reply's engine sessions: an array of maps.
 func encodeEngines(w *writer, es []messages.EngineSession) {
@@ -539,6 +539,7 @@ func encodeEngines(w *writer, es []messages.EngineSession) {
 		kvUint(w, "lookups", e.Lookups)
 		kvUint(w, "hits", e.Hits)
 		kvUint(w, "open", uint64(e.Open))
+		kvUint(w, "in_flight", uint64(e.InFlight))
 	}
 }
 
@@ -588,6 +589,9 @@ func decodeEngine(r *reader, e *messages.EngineSession) error {
 		case "open":
 			u, err = r.Uint(math.MaxInt32)
 			e.Open = int(u)
+		case "in_flight":
+			u, err = r.Uint(math.MaxInt32)
+			e.InFlight = int(u)
 		default:
 			err = r.Skip(0)
 		}

@@ -131,7 +131,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		Job: 9, Slots: []int{0, 5}, Workers: 2, ToStore: testKeys(2), Evicted: testKeys(1), Events: ev,
 		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40, SessionOpen: 3, Sessions: 1,
 			Engines: []messages.EngineSession{{ID: 4, Client: "vllm-scheduler", Namespace: ns, BlockBytes: 4 << 20,
-				Since: time.Unix(0, 99), Calls: 7, Lookups: 5, Hits: 2, Open: 1}}},
+				Since: time.Unix(0, 99), Calls: 7, Lookups: 5, Hits: 2, Open: 1, InFlight: 3}}},
 		Bound: []bool{true, false, true}}
 	strip := func(s string) string { return s[len("\x1es3\x1f"):] }
 	for _, op := range []Op{OpLookup, OpPrepareStore, OpTakeEvents, OpHasPendingWork, OpStats, OpGrant, OpStoreCredited} {

@@ -596,6 +596,24 @@ def main(argv=None) -> int:
     sh.add_argument("--store-credit", type=int, default=None,
                     help="each kvtier manager's kvtier_store_credit (default: the connector's, 64)")
     sh.add_argument("--json", action="store_true")
+    en = sub.add_parser("engines", help="N engine processes on one kvtierd: steps, step ratios, kvtierd CPU per call")
+    en.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
+    en.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
+    en.add_argument("--cpu-blocks", type=int, default=20000, help="the node's CPU capacity, all engines together")
+    en.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4, 8])
+    en.add_argument("--per-step", type=int, default=16, help="requests admitted per step, per engine")
+    en.add_argument("--preempt-every", type=int, default=50)
+    en.add_argument("--abort-every", type=int, default=100)
+    en.add_argument("--repo", default=".")
+    en.add_argument("--transport", choices=("ipc", "unix"), default="unix")
+    en.add_argument("--json", action="store_true")
+    ep = sub.add_parser("engine-part", help=argparse.SUPPRESS)  # one engine process of `engines`
+    ep.add_argument("--address", required=True)
+    ep.add_argument("--part", type=int, required=True)
+    ep.add_argument("--of", type=int, required=True)
+    for a, d in (("--trace", None), ("--limit", 0), ("--cpu-blocks", 20000), ("--per-step", 16),
+                 ("--preempt-every", 50), ("--abort-every", 100)):
+        ep.add_argument(a, default=d, type=type(d) if d is not None else str)
     t = sub.add_parser("ttft", help="engine side: TTFT reloaded from kvtier vs recomputed")
     t.add_argument("--prefix-tokens", type=int, default=2048)
     t.add_argument("--repeats", type=int, default=3)
@@ -606,6 +624,15 @@ def main(argv=None) -> int:
         out = bench_manager(args)
     elif args.cmd == "share":
         out = bench_share(args)
+    elif args.cmd == "engines":
+        from .vllm_engines import bench_engines
+
+        out = bench_engines(args)
+    elif args.cmd == "engine-part":
+        from .vllm_engines import engine_part
+
+        print(json.dumps(engine_part(args)))
+        return 0
     else:
         from .vllm_ttft import bench_ttft
 
