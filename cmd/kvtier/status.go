@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -154,6 +155,9 @@ func humanBytes(n int64) string {
 // dialNode opens an operator's session on the node at addr.
 func dialNode(ctx context.Context, addr, name string) (*client.Client, error) {
 	c, err := client.Dial(ctx, addr, client.Options{Name: name})
+	if errors.Is(err, messages.ErrSizing) {
+		return nil, fmt.Errorf("kvtierd at %s has no pool yet: it sizes its slots from the first engine that connects (or start it with --block-bytes)", addr)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("no kvtierd at %s: %w", addr, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -145,4 +146,36 @@ func statusKeys(ids ...byte) []messages.Key {
 		out[i] = messages.Key{Namespace: "status-test", Hash: string([]byte{id, 0, 0, 0, 0, 0, 0, id})}
 	}
 	return out
+}
+
+// A kvtierd still sizing its slots (no block size, no engine yet) is
+// named as such, not as absent.
+func TestStatusOfADaemonWaitingForItsFirstEngine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "kvst") // NB: short: a unix socket path has 108 bytes
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	addr := "unix://" + filepath.Join(dir, "e.sock")
+	waitCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := kvtier.AwaitEngineBlockBytes(waitCtx, kvtier.Config{EngineListen: addr})
+		done <- err
+	}()
+	for {
+		_, err = runCLI(t, "status", addr, "--timeout", "5s")
+		if err == nil || !strings.HasPrefix(err.Error(), "no kvtierd at ") {
+			break // NB: until the socket is bound
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the wait ended: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.Error(t, err)
+	assert.Equal(t, "kvtierd at "+addr+" has no pool yet: it sizes its slots from the first engine that connects (or start it with --block-bytes)", err.Error())
+	stop()
+	assert.ErrorIs(t, <-done, context.Canceled)
 }
