@@ -35,7 +35,7 @@ func classify(err error) class {
 		return classInvalid
 	case errors.Is(err, messages.ErrNotFound):
 		return classNotFound
-	case errors.Is(err, ErrNoBucket),
+	case errors.Is(err, ErrNoBucket), errors.Is(err, ErrAccessDenied), // refused credentials fail every call
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
 		errors.Is(err, syscall.ENETUNREACH), isDNSError(err):
 		return classUnreachable
