@@ -1,9 +1,13 @@
 package config
 
 import (
+	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
+
+	"github.com/kvtier/kvtier/messages"
 )
 
 // Where kvtierd serves engines when nobody says, and where an engine looks
@@ -48,4 +52,21 @@ func defaultEngineAddress(env string, euid int, tmp string) string {
 		return RootEngineAddress
 	}
 	return "unix://" + filepath.Join(tmp, "kvtier-"+strconv.Itoa(euid), "engine.sock")
+}
+
+// EngineGroupID resolves engine_group, a group name or a numeric gid, to
+// the gid given the engine socket, its directory and the pool file; -1 for
+// none ("").
+func EngineGroupID(group string) (int, error) {
+	if group == "" {
+		return -1, nil
+	}
+	if gid, err := strconv.Atoi(group); err == nil {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("%w: engine_group %q: %w", messages.ErrBadConfig, group, err)
+	}
+	return strconv.Atoi(g.Gid)
 }

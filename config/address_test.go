@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/messages"
 )
 
 func TestDefaultEngineAddressRule(t *testing.T) {
@@ -78,4 +80,18 @@ print(m.default_address())
 		}
 		require.Equal(t, defaultEngineAddress(tc.env, tc.euid, tmp), strings.TrimSpace(string(out)), "%+v", tc)
 	}
+}
+
+func TestEngineGroupID(t *testing.T) {
+	gid, err := EngineGroupID("")
+	require.NoError(t, err)
+	require.Equal(t, -1, gid)
+	gid, err = EngineGroupID("1234")
+	require.NoError(t, err)
+	require.Equal(t, 1234, gid)
+	gid, err = EngineGroupID("root")
+	require.NoError(t, err)
+	require.Equal(t, 0, gid, "a name resolves to its gid")
+	_, err = EngineGroupID("no-such-group-kvtier")
+	require.ErrorIs(t, err, messages.ErrBadConfig)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -268,15 +267,4 @@ func TestDefaultSocketDirIsCreated(t *testing.T) {
 	st, err := os.Stat(filepath.Dir(strings.TrimPrefix(addr, "unix://")))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), st.Mode().Perm())
-}
-
-func TestLookupGroup(t *testing.T) {
-	gid, err := lookupGroup("")
-	require.NoError(t, err)
-	require.Equal(t, -1, gid)
-	gid, err = lookupGroup("1234")
-	require.NoError(t, err)
-	require.Equal(t, 1234, gid)
-	_, err = lookupGroup("no-such-group-kvtier")
-	require.True(t, errors.Is(err, messages.ErrBadConfig), "%v", err)
 }

@@ -12,9 +12,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,7 +32,7 @@ func prepareEngineListen(addr, group string) error {
 		return nil
 	}
 	if os.Getenv(config.EnvAddress) == "" && addr == config.DefaultEngineAddress() {
-		gid, err := lookupGroup(group)
+		gid, err := config.EngineGroupID(group)
 		if err != nil {
 			return err
 		}
@@ -123,20 +121,4 @@ func ownerOf(st os.FileInfo) int {
 		return int(sys.Uid)
 	}
 	return -1
-}
-
-// lookupGroup resolves engine_group, a name or a numeric gid, as the node
-// does for the socket itself; -1 for none.
-func lookupGroup(group string) (int, error) {
-	if group == "" {
-		return -1, nil
-	}
-	if gid, err := strconv.Atoi(group); err == nil {
-		return gid, nil
-	}
-	g, err := user.LookupGroup(group)
-	if err != nil {
-		return 0, fmt.Errorf("%w: engine_group %q: %w", messages.ErrBadConfig, group, err)
-	}
-	return strconv.Atoi(g.Gid)
 }

@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
-	"strconv"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
@@ -164,16 +162,12 @@ func restrict(path string, gid int, mode os.FileMode) error {
 // engineAccess resolves engine_group to a gid (-1 without one) and the file
 // mode of the socket and the pool.
 func engineAccess(group string) (int, os.FileMode, error) {
-	if group == "" {
+	gid, err := config.EngineGroupID(group)
+	switch {
+	case err != nil:
+		return 0, 0, err
+	case gid < 0:
 		return -1, 0o600, nil
-	}
-	gid, err := strconv.Atoi(group)
-	if err != nil {
-		g, lerr := user.LookupGroup(group)
-		if lerr != nil {
-			return 0, 0, fmt.Errorf("%w: engine_group %q: %w", messages.ErrBadConfig, group, lerr)
-		}
-		gid, _ = strconv.Atoi(g.Gid)
 	}
 	return gid, 0o660, nil
 }
