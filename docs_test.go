@@ -133,12 +133,6 @@ func TestRepositoryStandsAlone(t *testing.T) {
 // the repository may cite, by its numbered sections (`## 3. …`, `### 2.1 …`).
 const designDoc = "docs/DESIGN.md"
 
-// knownStaleHeadings are heading citations that did not resolve when this
-// test was written, in files outside its author's reach: "file|doc|heading".
-// Fix the citation, then remove its entry; an entry that no longer occurs
-// fails the test, so the list only shrinks.
-var knownStaleHeadings = map[string]bool{}
-
 // TestCitationsResolve: every citation in the repository's text files (Go,
 // Python, Markdown, YAML, scripts; tracked or not yet, but not ignored)
 // resolves, so a reader who follows one lands where it points:
@@ -162,7 +156,6 @@ func TestCitationsResolve(t *testing.T) {
 	idx := docIndex{}
 	sections := idx.sections(t, designDoc)
 	var design, docs, headings int
-	stale := map[string]bool{}
 	for _, file := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
 		if file == "docs_test.go" { // its own comments and patterns describe citations
 			continue
@@ -186,11 +179,7 @@ func TestCitationsResolve(t *testing.T) {
 				if !idx.exists(c.doc) {
 					t.Errorf("%s: cites %s, which the repository lacks", where, c.doc)
 				} else if !idx.hasHeading(t, c.doc, c.heading) {
-					if key := file + "|" + c.doc + "|" + c.heading; knownStaleHeadings[key] {
-						stale[key] = true
-					} else {
-						t.Errorf("%s: cites %s, %q: no heading of %s starts so", where, c.doc, c.heading, c.doc)
-					}
+					t.Errorf("%s: cites %s, %q: no heading of %s starts so", where, c.doc, c.heading, c.doc)
 				}
 			default:
 				docs++
@@ -198,11 +187,6 @@ func TestCitationsResolve(t *testing.T) {
 					t.Errorf("%s: cites %s, which the repository lacks", where, c.doc)
 				}
 			}
-		}
-	}
-	for key := range knownStaleHeadings {
-		if !stale[key] {
-			t.Errorf("knownStaleHeadings: %q no longer occurs unresolved; remove its entry", key)
 		}
 	}
 	require.Greater(t, design, 20, "the design citations were found")
