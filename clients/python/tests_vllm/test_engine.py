@@ -107,14 +107,16 @@ def test_two_engines_share_one_kvtierd_and_the_cache_outlives_them(
         daemon, engine_factory, models, reference):
     a = engine_factory(models["a"], daemon.address)
     b = engine_factory(models["a"], daemon.address)
-    same(gen(a, "x1"), reference["x1"])
-    ready = daemon.metrics().get("kvtier_pool_slots_ready", 0.0)
-    same(gen(b, "y1"), reference["y1"])
     # NB: another engine's blocks are served once committed. generate()
-    # returns before that (b's store job and its commit finish in b's engine
-    # core afterwards); on a loaded box a lookup from a can come first, and
-    # a MISS then is right (as for a block vLLM's own tier is still writing).
+    # returns before that (its store job and commit finish in its engine
+    # core afterwards); on a loaded box the other engine's lookup can come
+    # first, and a MISS then is right (as for a block vLLM's own tier is
+    # still writing). So each prefix is waited for: x's, then y's too.
+    ready = daemon.metrics().get("kvtier_pool_slots_ready", 0.0)
+    same(gen(a, "x1"), reference["x1"])
     daemon.wait_metric("kvtier_pool_slots_ready", ready + PREFIX // BLOCK)
+    same(gen(b, "y1"), reference["y1"])
+    daemon.wait_metric("kvtier_pool_slots_ready", ready + 2 * PREFIX // BLOCK)
     out = gen(a, "y2")  # stored by b
     same(out, reference["y2"])
     assert out["cached"] >= PREFIX
@@ -324,6 +326,8 @@ def test_a_stopped_kvtierd_costs_recomputes_and_leaks_nothing(
 def test_different_models_never_share_a_block(daemon, engine_factory, models, reference):
     a = engine_factory(models["a"], daemon.address)
     same(gen(a, "x1"), reference["x1"])
+    # NB: committed first, or b's MISS would prove nothing
+    daemon.wait_metric("kvtier_pool_slots_ready", PREFIX // BLOCK)
     a.close()
     b = engine_factory(models["b"], daemon.address)  # same geometry, other weights
     out = gen(b, "x2")
