@@ -2,8 +2,8 @@
 // the calling process (the same actors the daemon runs), Node.Manager is the
 // engine-facing API, Node.Close shuts it down within a deadline.
 //
-// The package is a facade: the node's wiring lives in internal/node, its
-// configuration in config, its metrics in internal/metrics. It holds no
+// The package is a facade: the node's wiring lives in node, its
+// configuration in config, its metrics in node/metrics. It holds no
 // state of its own and exports no internal type.
 package kvtier
 
@@ -14,8 +14,8 @@ import (
 
 	"github.com/kvtier/kvtier/engine"
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/node"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/node"
 )
 
 // Manager is the API an inference engine's scheduler calls (engine.Manager,

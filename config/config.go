@@ -99,7 +99,7 @@ type Config struct {
 	// Logger receives the node's structured logs; nil discards them.
 	Logger *zerolog.Logger `yaml:"-"`
 
-	// Faults, for chaos tests only (internal/chaos), perturbs the messages
+	// Faults, for chaos tests only (tools/chaos), perturbs the messages
 	// of every actor of the node as its rules decide (supervision/inject.go);
 	// nil, always in production: no fault injection.
 	Faults *supervision.Injector `yaml:"-"`

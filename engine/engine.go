@@ -42,7 +42,7 @@ type Manager interface {
 	// and a chain is evicted from its tail (vLLM's on_request_finished).
 	// The CPU tier ranks nothing at lookup or load, and a stored block at
 	// its commit only when no touch ranked it first: an engine that never
-	// touches gets its blocks aged by their store alone. internal/sim's
+	// touches gets its blocks aged by their store alone. tools/sim's
 	// engine touches this way, checked against a reference model.
 	Touch(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error
 

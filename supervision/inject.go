@@ -18,7 +18,7 @@ import (
 //
 // The injector knows nothing of kvtier's messages. Which message types may
 // be perturbed in which way is the caller's catalogue, expressed as rules
-// (internal/chaos documents the one the harness uses): a message whose loss
+// (tools/chaos documents the one the harness uses): a message whose loss
 // the system is not designed to survive must never be dropped.
 
 // Delivery is a message about to reach an actor spawned with Faults.

@@ -36,10 +36,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 const restartBlockBytes = 4096

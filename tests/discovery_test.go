@@ -23,9 +23,9 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	fleetstatus "github.com/kvtier/kvtier/internal/fleet"
 	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
+	fleetstatus "github.com/kvtier/kvtier/tools/fleet"
 )
 
 // discoveryTTL is the daemons' lease (etcd's shortest): a killed node

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtier/kvtier/internal/bench"
+	"github.com/kvtier/kvtier/tools/bench"
 )
 
 // The cpu scenario (`kvtier bench cpu`): the CPU tier through its actor vs

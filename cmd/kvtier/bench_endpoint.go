@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtier/kvtier/internal/bench"
+	"github.com/kvtier/kvtier/tools/bench"
 )
 
 // The endpoint scenario (`kvtier bench endpoint`): the engine socket and the

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtier/kvtier/internal/bench"
+	"github.com/kvtier/kvtier/tools/bench"
 )
 
 // The engine-poll scenario (`kvtier bench engine-poll`): what polling an

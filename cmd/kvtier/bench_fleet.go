@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtier/kvtier/internal/bench"
+	"github.com/kvtier/kvtier/tools/bench"
 )
 
 const fleetShort = "N nodes finding each other in etcd, a shared workload on random nodes: the peer directory against asking every peer"

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtier/kvtier/internal/bench"
+	"github.com/kvtier/kvtier/tools/bench"
 )
 
 // The obj scenario (`kvtier bench obj`): the obj tier vs plain minio-go.

@@ -14,9 +14,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	"github.com/kvtier/kvtier/internal/chaos"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/fs"
+	"github.com/kvtier/kvtier/tools/chaos"
 )
 
 // chaosOptions are the flags of `kvtier chaos`.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvtier/kvtier/internal/fleet"
 	"github.com/kvtier/kvtier/peer/discovery"
+	"github.com/kvtier/kvtier/tools/fleet"
 )
 
 // newFleetCmd builds `kvtier fleet`: the operator's view of the nodes that

@@ -4,7 +4,7 @@
 // It links the test helpers (internal/testutil) the benchmarks start real
 // servers with; the daemon, cmd/kvtierd, links none of them.
 // It only parses flags and wires library packages together; the logic lives
-// in internal/ and the node behind the root package (internal/node).
+// in internal/ and the node behind the root package (node).
 package main
 
 import (

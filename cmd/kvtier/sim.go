@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 // simOptions are the flags of `kvtier sim`.

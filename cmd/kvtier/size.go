@@ -8,12 +8,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvtier/kvtier/config"
-	"github.com/kvtier/kvtier/internal/kvsize"
+	"github.com/kvtier/kvtier/tools/kvsize"
 )
 
 // newSizeCmd builds `kvtier size`: how large kvtierd's slots must be for a
 // model, and what a pool holds, from the model's config.json
-// (internal/kvsize).
+// (tools/kvsize).
 func newSizeCmd() *cobra.Command {
 	var (
 		model  string

@@ -29,9 +29,9 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 // zmq4 v0.17.0 never ends a PUB socket's writer goroutine (a library leak,

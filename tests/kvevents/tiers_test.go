@@ -21,10 +21,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 const (

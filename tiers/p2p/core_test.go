@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/testutil/fxlog"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/supervision/fxlog"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )

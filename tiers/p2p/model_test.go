@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/testutil/modeltime"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/supervision/modeltime"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
 )
 

@@ -250,7 +250,7 @@ class Replay:
 
 
 class Reach:
-    """Capacity a prefix lookup can reach (issue 29; Go: internal/sim/reach.go).
+    """Capacity a prefix lookup can reach (issue 29; Go: tools/sim/reach.go).
     A lookup stops at its first MISS, so a held block whose parent is not
     held can never be hit. Every ``every`` steps of a replay (its
     ``each_step``), ``held()`` gives the blocks its cache holds; the sample

@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier"
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
-// The simulated engine of a chaos run. Unlike internal/sim's (a virtual
+// The simulated engine of a chaos run. Unlike tools/sim's (a virtual
 // clock, every failure fatal) it runs on the wall clock against a node
 // whose messages are being perturbed, so it must behave as a robust engine
 // connector does: every call has a deadline; a call that fails or times out
@@ -22,7 +22,7 @@ import (
 // may have been reused while it copied). It checks what only the engine
 // can see: a leased HIT that PrepareLoad refused, a loaded block with
 // wrong bytes, a call not answered within its deadline. What the two
-// engines share is internal/sim's: the GPU cache (LRU), keys, request and
+// engines share is tools/sim's: the GPU cache (LRU), keys, request and
 // store contexts, how a lookup's answer is read, request phases and each
 // worker's shard of a block's bytes.
 

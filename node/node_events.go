@@ -19,8 +19,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/events"
-	"github.com/kvtier/kvtier/internal/metrics"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/node/metrics"
 	"github.com/kvtier/kvtier/tiers"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvtier/kvtier/internal/testutil/modeltime"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/supervision/modeltime"
 )
 
 // Sent is one message the core sent (Request or Send), and to whom.

@@ -19,8 +19,8 @@ import (
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/config"
-	"github.com/kvtier/kvtier/internal/metrics"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/node/metrics"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/scheduler"
 	"github.com/kvtier/kvtier/scheduler/endpoint"

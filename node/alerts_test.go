@@ -23,7 +23,7 @@ import (
 // metric its rules read. (`promtool test rules` in the test command checks
 // what each rule fires on.)
 func TestAlertRulesNameOnlyExportedMetrics(t *testing.T) {
-	rules := alertRuleMetrics(t, "../../deploy/prometheus/kvtier.rules.yml")
+	rules := alertRuleMetrics(t, "../deploy/prometheus/kvtier.rules.yml")
 	require.Greater(t, len(rules), 10)
 	exported := describedMetrics(fullNode(t).Registry())
 	for name, alerts := range rules {
@@ -34,7 +34,7 @@ func TestAlertRulesNameOnlyExportedMetrics(t *testing.T) {
 // The Grafana dashboard (deploy/grafana/kvtier.json) charts only metrics a
 // node exports (a histogram's _bucket/_sum/_count series by its name).
 func TestDashboardNamesOnlyExportedMetrics(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/grafana/kvtier.json")
+	data, err := os.ReadFile("../deploy/grafana/kvtier.json")
 	require.NoError(t, err)
 	var dash struct {
 		Panels []struct {

@@ -7,7 +7,7 @@ import (
 )
 
 // The embedded manager also exposes the node's secondary-tier settling and
-// counters, for the simulator (internal/sim looks for these methods).
+// counters, for the simulator (tools/sim looks for these methods).
 
 // TieringIdle waits until no secondary lookup, promotion or cascade is in
 // flight (Node.TieringIdle).

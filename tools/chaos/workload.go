@@ -3,7 +3,7 @@ package chaos
 import (
 	"sync"
 
-	"github.com/kvtier/kvtier/internal/sim"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 // workload is the run's request stream, shared by its engines: the

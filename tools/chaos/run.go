@@ -12,10 +12,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/sim"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/fs"
 	"github.com/kvtier/kvtier/tiers/obj/objtest"
+	"github.com/kvtier/kvtier/tools/sim"
 )
 
 // Run runs a scenario for opts.Duration under its fault plan, lets it go

@@ -10,7 +10,7 @@
 // report per worker, and the summary of a run. The engine's parts — keys and
 // block bytes, each worker's shard, the GPU cache, request phases and
 // contexts, how a lookup's answer is read — are exported: the chaos
-// harness's wall-clock engine (internal/chaos) is built on them.
+// harness's wall-clock engine (tools/chaos) is built on them.
 //
 // It depends only on the kvtier.Manager interface, so the embedded node and a
 // standalone client are driven by the same code. It must not touch the node's
