@@ -336,7 +336,7 @@ func flush(ctx context.Context, t *testing.T, system *actor.ActorSystem, hub *ac
 	reply := messages.NewReply[uint64]()
 	system.Root.Send(hub, &Flush{Reply: reply})
 	select {
-	case r := <-reply:
+	case r := <-reply.C():
 		require.NoError(t, r.Err)
 		return r.Value
 	case <-ctx.Done():

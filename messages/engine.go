@@ -2,10 +2,12 @@ package messages
 
 import "time"
 
-// Engine calls, sent by the manager facade (outside the actor system) to the
-// bridge. Each carries a buffered reply channel the bridge answers exactly
-// once; the caller waits on it with its own deadline, so a late answer never
-// races a timed-out future (docs/DESIGN.md §10).
+// Engine calls, sent by the manager facade (outside the actor system) or
+// the engine endpoint to the bridge. Each carries a Reply the bridge
+// answers exactly once, never blocking: a buffered channel its caller waits
+// on with its own deadline (so a late answer never races a timed-out
+// future, docs/DESIGN.md §10), or a function the endpoint gives, which
+// turns the answer into a message to itself — no goroutine waits per call.
 
 // Result is an engine call's answer.
 type Result[T any] struct {
@@ -13,19 +15,37 @@ type Result[T any] struct {
 	Err   error // typed error (errors.Is with the sentinels in errors.go)
 }
 
-// Reply is where an engine call's answer goes; capacity ≥ 1.
-type Reply[T any] chan Result[T]
+// Reply is where an engine call's answer goes. Its zero value discards the
+// answer (a call nobody awaits).
+type Reply[T any] struct {
+	ch chan Result[T]  // NewReply's: room for its one answer
+	fn func(Result[T]) // ReplyFunc's: called with it, on the answerer's goroutine
+}
 
-// Answer sends r without blocking: the channel is buffered and answered once.
-func (c Reply[T]) Answer(v T, err error) {
+// NewReply makes a reply channel with room for its one answer; C receives it.
+func NewReply[T any]() Reply[T] { return Reply[T]{ch: make(chan Result[T], 1)} }
+
+// ReplyFunc makes a reply that calls fn with the answer, on the answering
+// actor's goroutine: fn must not block (it sends a message, no more). fn is
+// called once per Answer; the bridge answers once.
+func ReplyFunc[T any](fn func(Result[T])) Reply[T] { return Reply[T]{fn: fn} }
+
+// Answer delivers the answer without blocking; a channel's second answer
+// is dropped.
+func (r Reply[T]) Answer(v T, err error) {
+	if r.fn != nil {
+		r.fn(Result[T]{Value: v, Err: err})
+		return
+	}
 	select {
-	case c <- Result[T]{Value: v, Err: err}:
+	case r.ch <- Result[T]{Value: v, Err: err}:
 	default:
 	}
 }
 
-// NewReply makes a reply channel with room for its one answer.
-func NewReply[T any]() Reply[T] { return make(Reply[T], 1) }
+// C is where NewReply's answer arrives (nil, never ready, for a ReplyFunc
+// or the zero Reply).
+func (r Reply[T]) C() <-chan Result[T] { return r.ch }
 
 // Lookup asks for Keys' status, leasing HITs to Req.
 type Lookup struct {

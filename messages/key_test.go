@@ -59,8 +59,18 @@ func TestReplyAnswersOnceWithoutBlocking(t *testing.T) {
 	r := NewReply[int]()
 	r.Answer(1, nil)
 	r.Answer(2, errors.New("second")) // dropped, never blocks
-	got := <-r
+	got := <-r.C()
 	if got.Value != 1 || got.Err != nil {
 		t.Fatalf("got %+v", got)
 	}
+}
+
+func TestReplyFuncIsCalledWithTheAnswer(t *testing.T) {
+	var got []Result[int]
+	r := ReplyFunc(func(res Result[int]) { got = append(got, res) })
+	r.Answer(3, nil)
+	if len(got) != 1 || got[0].Value != 3 || got[0].Err != nil || r.C() != nil {
+		t.Fatalf("got %+v", got)
+	}
+	Reply[int]{}.Answer(4, nil) // the zero Reply discards, never blocks
 }

@@ -35,11 +35,11 @@ func TestALoadSentRightBehindItsCommitFindsTheBlocks(t *testing.T) {
 		node.system.Root.Send(bridge, &messages.CompleteLoad{Req: reader, Keys: ks, Reply: loaded})
 		finished := messages.NewReply[struct{}]()
 		node.system.Root.Send(bridge, &messages.RequestFinished{Req: reader, Reply: finished})
-		res := <-load
+		res := <-load.C()
 		require.NoError(t, res.Err, "round %d: the load overtook its commit", i)
-		require.NoError(t, (<-stored).Err)
-		require.NoError(t, (<-loaded).Err, "round %d: the load's completion overtook it", i)
-		require.NoError(t, (<-finished).Err)
+		require.NoError(t, (<-stored.C()).Err)
+		require.NoError(t, (<-loaded.C()).Err, "round %d: the load's completion overtook it", i)
+		require.NoError(t, (<-finished.C()).Err)
 		require.NoError(t, m.RequestFinished(ctx, writer))
 	}
 	st, err := m.Stats(ctx)

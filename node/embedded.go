@@ -40,14 +40,14 @@ func callActor[T any](ctx context.Context, n *Node, pid *actor.PID, what string,
 	reply := messages.NewReply[T]()
 	n.system.Root.Send(pid, build(reply))
 	select {
-	case r := <-reply:
+	case r := <-reply.C():
 		return r.Value, r.Err
 	case <-ctx.Done():
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	case <-n.stopped:
 		// A reply sent before the actors stopped is still the answer.
 		select {
-		case r := <-reply:
+		case r := <-reply.C():
 			return r.Value, r.Err
 		default:
 			return zero, fmt.Errorf("%s: %w", what, messages.ErrClosed)

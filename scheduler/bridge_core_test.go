@@ -72,7 +72,7 @@ func (r *rig) runOffloaded(order ...int) []fxlog.Sent {
 func answer[T any](t *testing.T, r messages.Reply[T]) (T, error) {
 	t.Helper()
 	select {
-	case got := <-r:
+	case got := <-r.C():
 		return got.Value, got.Err
 	default:
 		t.Fatal("not answered")
@@ -83,7 +83,7 @@ func answer[T any](t *testing.T, r messages.Reply[T]) (T, error) {
 
 func unanswered[T any](t *testing.T, r messages.Reply[T]) {
 	t.Helper()
-	require.Empty(t, r, "answered too early")
+	require.Empty(t, r.C(), "answered too early")
 }
 
 var req1 = &messages.ReqContext{RequestID: "r1"}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -52,9 +51,8 @@ func TestBridgeModelSeeded(t *testing.T) {
 // engineCall is an engine call and how often it was answered.
 type engineCall struct {
 	msg     any
-	reply   reflect.Value // its Reply channel
+	got     []func() // its answers not yet seen: each checks one (ReplyFunc's)
 	answers int
-	onReply func(v reflect.Value) // sees its answer (nil: nothing to check)
 }
 
 // openJob is a job the engine was told about, as the engine sees it.
@@ -165,32 +163,28 @@ func (w *bridgeWorld) handle(msg any) {
 
 func (w *bridgeWorld) collect() {
 	for _, c := range w.calls {
-		for {
-			v, ok := c.reply.TryRecv()
-			if !ok {
-				break
-			}
+		for _, answer := range c.got {
 			c.answers++
 			require.Equal(w.t, 1, c.answers, "%T answered twice", c.msg)
 			w.inTurn = c == w.current
-			if c.onReply != nil {
-				c.onReply(v)
-			}
+			answer()
 		}
+		c.got = nil
 	}
 }
 
 // call makes an engine call with a fresh Reply and hands it to the core;
 // then, if set, sees its answer's value and error.
 func call[T any](w *bridgeWorld, build func(messages.Reply[T]) any, then func(T, error)) {
-	reply := messages.NewReply[T]()
-	c := &engineCall{msg: build(reply), reply: reflect.ValueOf(reply)}
-	if then != nil {
-		c.onReply = func(v reflect.Value) {
-			r := v.Interface().(messages.Result[T])
-			then(r.Value, r.Err)
-		}
-	}
+	c := &engineCall{}
+	reply := messages.ReplyFunc(func(r messages.Result[T]) {
+		c.got = append(c.got, func() {
+			if then != nil {
+				then(r.Value, r.Err)
+			}
+		})
+	})
+	c.msg = build(reply)
 	w.calls = append(w.calls, c)
 	w.current = c
 	w.handle(c.msg)

@@ -157,7 +157,7 @@ func TestBridgeFailsACallWhoseAnswerHasTheWrongTypeAndKeepsServing(t *testing.T)
 		reply := messages.NewReply[[]messages.LookupStatus]()
 		system.Root.Send(bridge, &messages.Lookup{Req: &messages.ReqContext{RequestID: "r"}, Keys: []messages.Key{k(0)}, Reply: reply})
 		select {
-		case r := <-reply:
+		case r := <-reply.C():
 			return r
 		case <-time.After(10 * time.Second):
 			t.Fatal("the bridge never answered the Lookup")
@@ -208,7 +208,7 @@ func TestCompleteLoadRightBehindPrepareLoadFindsItsJob(t *testing.T) {
 	load, done := messages.NewReply[messages.LoadJob](), messages.NewReply[struct{}]()
 	system.Root.Send(bridge, &messages.PrepareLoad{Req: req, Keys: []messages.Key{k(0), k(1)}, Reply: load})
 	system.Root.Send(bridge, &messages.CompleteLoad{Req: req, Keys: []messages.Key{k(0), k(1)}, Reply: done})
-	for _, r := range []<-chan messages.Result[struct{}]{done} {
+	for _, r := range []<-chan messages.Result[struct{}]{done.C()} {
 		select {
 		case res := <-r:
 			require.NoError(t, res.Err, "the completion found its job")
@@ -217,7 +217,7 @@ func TestCompleteLoadRightBehindPrepareLoadFindsItsJob(t *testing.T) {
 		}
 	}
 	select {
-	case res := <-load:
+	case res := <-load.C():
 		require.NoError(t, res.Err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("prepare_load never answered")
@@ -232,5 +232,5 @@ func TestCompleteLoadRightBehindPrepareLoadFindsItsJob(t *testing.T) {
 	}
 	pending := messages.NewReply[bool]()
 	system.Root.Send(bridge, &messages.HasPendingWork{Reply: pending})
-	require.False(t, (<-pending).Value, "the job is gone: nothing waits for its deadline")
+	require.False(t, (<-pending.C()).Value, "the job is gone: nothing waits for its deadline")
 }

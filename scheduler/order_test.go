@@ -173,7 +173,7 @@ func TestFailCallAnswersEveryHeldKind(t *testing.T) {
 	for _, m := range []any{lookup, load, release} {
 		failCall(m, ErrRestarted)
 	}
-	require.ErrorIs(t, (<-lookup.Reply).Err, ErrRestarted)
-	require.ErrorIs(t, (<-load.Reply).Err, ErrRestarted)
-	require.ErrorIs(t, (<-release.Reply).Err, ErrRestarted)
+	require.ErrorIs(t, (<-lookup.Reply.C()).Err, ErrRestarted)
+	require.ErrorIs(t, (<-load.Reply.C()).Err, ErrRestarted)
+	require.ErrorIs(t, (<-release.Reply.C()).Err, ErrRestarted)
 }

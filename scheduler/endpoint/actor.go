@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -26,7 +27,12 @@ import (
 //     requests' jobs hold is reaped at their own deadlines). No sweep, no
 //     polling: an idle engine costs no wakeup;
 //   - Receive never blocks: replies go to the writer's queue, bridge
-//     answers are awaited by per-call goroutines.
+//     answers come back as messages (answered);
+//   - a call ends once: answered or expired, whichever comes first (the
+//     calls in flight, calls.go); one deadline timer is armed while calls
+//     are in flight, for the earliest deadline or earlier, and none once
+//     they are all over — no goroutine or timer per call, and no wakeup
+//     for an idle endpoint.
 type endpointActor struct {
 	ep *Endpoint
 	t  *sessionTable
@@ -37,15 +43,19 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *inbound:
 		a.inbound(ctx, m)
-	case *callDone:
-		a.release(ctx, a.t.callDone(m.session))
+	case *answered:
+		a.answered(ctx, m)
+	case *deadlinesDue:
+		a.deadlinesDue(ctx, m.gen)
 	case *sessionTimer:
 		a.timerFired(ctx, m)
 	case *connLost:
 		a.connLost(ctx, m.peer)
 	case *released:
 		a.released(m)
-	case *actor.Started, *actor.Stopping, *actor.Stopped, *actor.Restarting, *actor.Restart:
+	case *actor.Stopping:
+		a.stopDeadlineTimer()
+	case *actor.Started, *actor.Stopped, *actor.Restarting, *actor.Restart:
 	default:
 		a.ep.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("engine endpoint: unknown message dropped")
 	}
@@ -199,7 +209,7 @@ func (a *endpointActor) release(ctx actor.Context, s *session) {
 		timer := time.NewTimer(timeout)
 		defer timer.Stop()
 		select {
-		case r := <-reply:
+		case r := <-reply.C():
 			root.Send(self, &released{session: id, res: r.Value, err: r.Err})
 		case <-timer.C:
 			root.Send(self, &released{session: id, err: fmt.Errorf("release session %d: %w", id, errNoAnswer)})
@@ -243,4 +253,75 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 		return
 	}
 	r(&call{a: a, ctx: ctx, peer: peer, s: s, q: q, req: q.Req, timeout: timeout})
+}
+
+// begin records c as in flight (its session's count too) and makes sure
+// the deadline timer fires by its deadline.
+func (a *endpointActor) begin(c *call) *flight {
+	f := a.ep.calls.begin(c.s.id, c.peer, c.q, a.ep.cfg.Clock.Elapsed(), c.timeout)
+	a.t.sent(c.s, c.q)
+	a.armDeadline(c.ctx)
+	return f
+}
+
+// answered sends the bridge's answer to a call still in flight; one that
+// expired first is dropped.
+func (a *endpointActor) answered(ctx actor.Context, m *answered) {
+	f := a.ep.calls.answered(m.id)
+	if f == nil {
+		return
+	}
+	if a.ep.calls.len() == 0 {
+		// NB: before the reply goes out: an engine that has its answer
+		// sees no timer of its calls left, and an idle endpoint has none.
+		a.stopDeadlineTimer()
+	}
+	if body, send := m.encode(); send {
+		a.ep.reply(f.peer, body)
+	}
+	a.release(ctx, a.t.callDone(f.session))
+}
+
+// deadlinesDue answers every call past its deadline with a timeout and
+// arms the timer for the next.
+func (a *endpointActor) deadlinesDue(ctx actor.Context, gen uint64) {
+	c := a.ep.calls
+	if gen != c.timerGen {
+		return // stopped or re-armed since
+	}
+	c.timer, c.armedFor = nil, 0
+	for _, f := range c.expire(a.ep.cfg.Clock.Elapsed()) {
+		if f.q.RepliesOnError() {
+			err := fmt.Errorf("%s: no answer within %v: %w", f.q.Op, f.timeout, context.DeadlineExceeded)
+			a.ep.reply(f.peer, wire.EncodeCallError(f.q.ID, f.q.Op, err))
+		}
+		a.release(ctx, a.t.callDone(f.session))
+	}
+	a.armDeadline(ctx)
+}
+
+// armDeadline arms the deadline timer for the earliest call in flight,
+// unless one is armed for that deadline or earlier (an early fire finds
+// nothing due and re-arms: a busy endpoint wakes at most once per call
+// timeout).
+func (a *endpointActor) armDeadline(ctx actor.Context) {
+	c := a.ep.calls
+	next, ok := c.next()
+	if !ok || c.timer != nil && c.armedFor <= next {
+		return
+	}
+	a.stopDeadlineTimer()
+	c.timerGen++
+	root, self, msg := ctx.ActorSystem().Root, ctx.Self(), &deadlinesDue{gen: c.timerGen}
+	c.timer = a.ep.cfg.Clock.AfterFunc(max(next-a.ep.cfg.Clock.Elapsed(), 0), func() { root.Send(self, msg) })
+	c.armedFor = next
+}
+
+func (a *endpointActor) stopDeadlineTimer() {
+	c := a.ep.calls
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer, c.armedFor = nil, 0
+		c.timerGen++
+	}
 }

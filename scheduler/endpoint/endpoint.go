@@ -1,7 +1,6 @@
 package endpoint
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -33,13 +32,15 @@ import (
 //     client's deadline covers it), so a blocking ROUTER send never stalls
 //     the actor or a bridge reply.
 //
-// Each answered call is awaited by a short goroutine (the bridge answers on
-// a buffered channel; the goroutine ends on the answer, the call's deadline
-// or Close), so the actor never waits.
+// A call's answer comes back to the actor as a message (the bridge answers
+// through a messages.ReplyFunc); its deadline is kept in the endpoint's
+// calls in flight (calls.go), one timer for the earliest: a call costs no
+// goroutine and no timer, and the actor never waits.
 type Endpoint struct {
 	cfg     Config
 	ln      *listener
 	table   *sessionTable
+	calls   *flights
 	out     chan outbound
 	done    chan struct{}
 	track   tracker
@@ -77,7 +78,7 @@ const (
 	// DefaultMaxInFlight: a connector sends a step's ~100 calls in one
 	// batch, most of them noreply or quiet; a daemon a few dozen steps
 	// behind must not refuse them (a refused quiet pin is a load without
-	// its pin). Each costs a goroutine while it is served.
+	// its pin). Each costs an entry in the calls in flight while served.
 	DefaultMaxInFlight = 8192
 	DefaultMaxOpen     = 1 << 16
 	outQueue           = 4096
@@ -105,7 +106,7 @@ func New(cfg Config) (*Endpoint, error) {
 	if cfg.Quarantine <= 0 {
 		cfg.Quarantine = cfg.Grace
 	}
-	e := &Endpoint{cfg: cfg, table: newSessionTable(), out: make(chan outbound, outQueue),
+	e := &Endpoint{cfg: cfg, table: newSessionTable(), calls: newFlights(), out: make(chan outbound, outQueue),
 		done: make(chan struct{}), metrics: newEndpointMetrics()}
 	ln, err := listen(cfg.Listen, cfg.Log, e.connLost)
 	if err != nil {
@@ -281,8 +282,14 @@ type (
 		req  *wire.Request
 		err  error
 	}
-	// callDone: a call of session finished (answered or timed out).
-	callDone struct{ session uint64 }
+	// answered: the bridge answered call id; encode makes its reply frame
+	// (send false: the call wants none).
+	answered struct {
+		id     uint64
+		encode func() (body []byte, send bool)
+	}
+	// deadlinesDue: the calls' deadline timer of generation gen fired.
+	deadlinesDue struct{ gen uint64 }
 	// sessionTimer: session's liveness timer fired.
 	sessionTimer struct{ session, gen uint64 }
 	// connLost: the connection of the engine whose routing id is peer ended.
@@ -335,47 +342,4 @@ func stripSession(id string) string {
 		return id[i+1:]
 	}
 	return id
-}
-
-// await waits for one bridge answer, bounded by timeout and Close, encodes
-// the reply and tells the actor the call is over. It reports whether it
-// awaits (not once Close began: the call is then not to be sent).
-func await[T any](e *Endpoint, peer string, s *session, q *wire.Request, timeout time.Duration,
-	reply messages.Reply[T], fill func(*wire.Reply, T)) bool {
-	sid := s.id
-	// NB: the deadline on the endpoint's clock, so that tests drive it.
-	expired := make(chan struct{})
-	timer := e.cfg.Clock.AfterFunc(timeout, func() { close(expired) })
-	started := e.track.goTracked(func() {
-		var body []byte
-		send := q.Replies()
-		select {
-		case r := <-reply:
-			if r.Err != nil {
-				body, send = wire.EncodeCallError(q.ID, q.Op, r.Err), q.RepliesOnError()
-			} else if send {
-				rp := &wire.Reply{ID: q.ID}
-				fill(rp, r.Value)
-				body = wire.EncodeReply(q.Op, rp, stripSession)
-			}
-		case <-expired:
-			body, send = wire.EncodeCallError(q.ID, q.Op, fmt.Errorf("%s: no answer within %v: %w", q.Op, timeout, context.DeadlineExceeded)), q.RepliesOnError()
-		case <-e.done:
-			timer.Stop()
-			return
-		}
-		// NB: stopped before the reply goes out, so that an engine that has
-		// its answer sees no timer of the call left (TestLifecycle*).
-		timer.Stop()
-		if send {
-			e.reply(peer, body)
-		}
-		e.system.Root.Send(e.pid, &callDone{session: sid})
-	})
-	if !started {
-		timer.Stop()
-		return false
-	}
-	e.table.sent(s, q)
-	return true
 }

@@ -2,8 +2,10 @@ package endpoint
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +76,7 @@ func (s *rawSession) next(op wire.Op) *wire.Reply {
 func stalled(t *testing.T) (*rawSession, <-chan *messages.Lookup, *supervision.ManualClock) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
-	lookups := make(chan *messages.Lookup, 1)
+	lookups := make(chan *messages.Lookup, 256)
 	bridge := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return stallingBridge{lookups: lookups} }))
 	clock := supervision.NewManualClock(time.Unix(1, 0))
 	e, err := New(Config{Listen: ListenOptions{Addr: "unix://" + filepath.Join(t.TempDir(), "e.sock")},
@@ -225,4 +227,47 @@ func TestEveryEngineOpHasARoute(t *testing.T) {
 		require.Equal(t, !session[o], routed, "op %s", o)
 	}
 	require.Equal(t, n, len(routes)+len(session), "routes for ops the table lacks")
+}
+
+// Calls in flight cost no goroutine and no timer each: their deadlines are
+// one heap with one timer armed for the earliest. Each ends once: the
+// answered ones with their answers, the rest with TIMEOUT in deadline
+// order, and answers that come after that send nothing.
+func TestCallsInFlightCostNoGoroutineOrTimerEach(t *testing.T) {
+	s, lookups, clock := stalled(t)
+	const n = 200
+	before := runtime.NumGoroutine()
+	for i := range n {
+		// NB: later calls expire earlier, so the heap, not the order sent,
+		// decides which times out first.
+		s.send(&wire.Request{Op: wire.OpLookup, Req: &messages.ReqContext{RequestID: fmt.Sprint("r", i)},
+			Keys: twoKeys, Timeout: time.Second + time.Duration(n-i)*time.Millisecond})
+	}
+	asked := make([]*messages.Lookup, n)
+	for i := range asked {
+		asked[i] = <-lookups
+	}
+	require.Less(t, runtime.NumGoroutine()-before, n/4, "no goroutine per call in flight")
+	require.LessOrEqual(t, clock.Pending(), 2, "one deadline timer (and the session's liveness timer)")
+
+	for _, lk := range asked[:n/2] {
+		lk.Reply.Answer([]messages.LookupStatus{messages.Hit, messages.Miss}, nil)
+	}
+	for i := range n / 2 {
+		rp := s.next(wire.OpLookup)
+		require.Nil(t, rp.Err)
+		require.Equal(t, uint64(i+2), rp.ID, "answers in the order they came") // NB: the hello was 1
+	}
+	clock.Advance(time.Second + n*time.Millisecond)
+	for i := n - 1; i >= n/2; i-- {
+		rp := s.next(wire.OpLookup)
+		require.NotNil(t, rp.Err)
+		require.Equal(t, wire.CodeTimeout, rp.Err.Code)
+		require.Equal(t, uint64(i+2), rp.ID, "the earliest deadline first")
+	}
+	for _, lk := range asked[n/2:] {
+		lk.Reply.Answer([]messages.LookupStatus{messages.Hit, messages.Hit}, nil)
+	}
+	require.Nil(t, s.call(&wire.Request{Op: wire.OpPing}).Err, "the next frame is the ping's: late answers sent nothing")
+	require.Equal(t, 1, clock.Pending(), "no deadline timer left, only the session's liveness timer")
 }

@@ -120,22 +120,40 @@ type call struct {
 	timeout time.Duration
 }
 
-// via builds the call's bridge message around a fresh reply, arms its
-// await off the mailbox (first: the call's deadline runs from before the
-// bridge can have it) and sends it, unless nobody can await it (the
-// endpoint closing).
+// via builds the call's bridge message around a reply that comes back to
+// the endpoint actor as a message (answered), records the call and its
+// deadline in the endpoint's calls in flight (first: the deadline runs from
+// before the bridge can have it) and sends it — unless the endpoint is
+// closing and nobody would read the answer. No goroutine or timer per call.
 func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Reply, T)) {
-	r := messages.NewReply[T]()
-	msg := build(r)
-	if await(c.a.ep, c.peer, c.s, c.q, c.timeout, r, fill) {
-		c.ctx.Send(c.a.ep.cfg.Bridge, msg)
+	a := c.a
+	if a.ep.closed.Load() {
+		return
 	}
+	f := a.begin(c)
+	root, self, id, q := c.ctx.ActorSystem().Root, c.ctx.Self(), f.id, c.q
+	reply := messages.ReplyFunc(func(r messages.Result[T]) {
+		// NB: on the bridge's goroutine: only a message; the endpoint
+		// actor encodes.
+		root.Send(self, &answered{id: id, encode: func() ([]byte, bool) {
+			if r.Err != nil {
+				return wire.EncodeCallError(q.ID, q.Op, r.Err), q.RepliesOnError()
+			}
+			if !q.Replies() {
+				return nil, false
+			}
+			rp := &wire.Reply{ID: q.ID}
+			fill(rp, r.Value)
+			return wire.EncodeReply(q.Op, rp, stripSession), true
+		}})
+	})
+	c.ctx.Send(a.ep.cfg.Bridge, build(reply))
 }
 
 func noFill(*wire.Reply, struct{}) {}
 
-// countLookup adds a lookup's keys and HITs to its session's counts (from
-// the reply's goroutine: atomics).
+// countLookup adds a lookup's keys and HITs to its session's counts (in
+// the endpoint actor, as its answer is encoded).
 func countLookup(s *session, st []messages.LookupStatus) {
 	hits := 0
 	for _, x := range st {

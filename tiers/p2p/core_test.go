@@ -230,16 +230,16 @@ func TestAwaitPeersIsAnsweredOnceEveryNamedPeerIsUp(t *testing.T) {
 	reply := messages.NewReply[struct{}]()
 	c.handle(&peermsg.AwaitPeers{Nodes: []string{"a", "b"}, Reply: reply})
 	c.up("a")
-	require.Empty(t, reply)
+	require.Empty(t, reply.C())
 	c.up("b")
-	require.Len(t, reply, 1)
+	require.Len(t, reply.C(), 1)
 }
 
 func TestAProbeAnswersHitsAndGivesTheRoundBackAtOnce(t *testing.T) {
 	c := newCore(t)
 	missing := messages.NewReply[[]bool]()
 	c.handle(&peermsg.Probe{Node: "x", Keys: []messages.Key{key(1)}, Reply: missing})
-	got := <-missing
+	got := <-missing.C()
 	require.ErrorIs(t, got.Err, messages.ErrPeerUnavailable)
 
 	a := c.up("a")
@@ -247,7 +247,7 @@ func TestAProbeAnswersHitsAndGivesTheRoundBackAtOnce(t *testing.T) {
 	asked := asks(c.handle(&peermsg.Probe{Node: "a", Keys: []messages.Key{key(1), key(2)}, Reply: reply}))
 	out := c.handle(hits(asked[a], "a", 3, false, true))
 	require.Equal(t, map[*actor.PID][]uint64{a: {3}}, releases(out), "nothing is promoted by a probe")
-	got = <-reply
+	got = <-reply.C()
 	require.NoError(t, got.Err)
 	require.Equal(t, []bool{false, true}, got.Value)
 	require.Empty(t, c.s.held)

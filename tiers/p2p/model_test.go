@@ -388,6 +388,6 @@ func (w *world) settle() {
 	require.Empty(w.t, s.held)
 	require.Empty(w.t, s.probes)
 	for _, r := range w.probes {
-		require.Len(w.t, r, 1, "a probe never answered")
+		require.Len(w.t, r.C(), 1, "a probe never answered")
 	}
 }

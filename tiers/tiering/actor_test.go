@@ -124,7 +124,7 @@ func (r *rig) idle() {
 	reply := messages.NewReply[struct{}]()
 	r.system.Root.Send(r.tiering, &tieringmsg.Idle{Reply: reply})
 	select {
-	case <-reply:
+	case <-reply.C():
 	case <-r.ctx.Done():
 		r.t.Fatal("tiering never became idle")
 	}

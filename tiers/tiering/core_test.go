@@ -379,11 +379,11 @@ func TestIdleIsAnsweredOnlyOnceNothingIsInFlight(t *testing.T) {
 	asked := c.lookups(c.Out)
 	idle := messages.NewReply[struct{}]()
 	c.handle(&tieringmsg.Idle{Reply: idle})
-	require.Empty(t, idle, "a lookup is in flight")
+	require.Empty(t, idle.C(), "a lookup is in flight")
 	c.handle(found(asked[0], false))
-	require.Empty(t, idle)
+	require.Empty(t, idle.C())
 	c.handle(found(asked[1], false))
-	require.Len(t, idle, 1, "answered as the last answer came in")
+	require.Len(t, idle.C(), 1, "answered as the last answer came in")
 }
 
 func TestStatsGatherEveryTiersOwn(t *testing.T) {
@@ -393,9 +393,9 @@ func TestStatsGatherEveryTiersOwn(t *testing.T) {
 	queries := fxlog.All[*tiermsg.StatsQuery](out)
 	require.Len(t, queries, 2)
 	c.handle(&tiermsg.StatsReply{Corr: queries[1].Corr, Stats: messages.SecondaryStats{Name: "peers", Blocks: 3}})
-	require.Empty(t, reply)
+	require.Empty(t, reply.C())
 	c.handle(&tiermsg.StatsReply{Corr: queries[0].Corr, Stats: messages.SecondaryStats{Name: "fs", Blocks: 5}})
-	got := <-reply
+	got := <-reply.C()
 	require.NoError(t, got.Err)
 	require.Equal(t, []int{5, 3}, []int{got.Value.Tiers[0].Blocks, got.Value.Tiers[1].Blocks}, "in configured order")
 }

@@ -488,7 +488,7 @@ func (w *world) settle() {
 	require.Len(w.t, w.free, modelSlots, "every slot back in the pool")
 	for _, r := range w.stats {
 		select {
-		case got := <-r:
+		case got := <-r.C():
 			require.NoError(w.t, got.Err)
 			require.Len(w.t, got.Value.Tiers, 2)
 		default:
@@ -496,6 +496,6 @@ func (w *world) settle() {
 		}
 	}
 	for _, r := range w.idle {
-		require.Len(w.t, r, 1, "an idle query was never answered")
+		require.Len(w.t, r.C(), 1, "an idle query was never answered")
 	}
 }

@@ -125,7 +125,7 @@ func (h *Harness) Inventory() []messages.Key {
 	h.System.Root.Send(h.PID, &messages.TierInventory{Reply: reply})
 	var r messages.InventoryResult
 	select {
-	case got := <-reply:
+	case got := <-reply.C():
 		require.NoError(h.T, got.Err)
 		r = got.Value
 	case <-h.Ctx.Done():

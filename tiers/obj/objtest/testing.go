@@ -73,7 +73,7 @@ func AwaitHealth(t TB, ctx context.Context, root *actor.RootContext, pid *actor.
 	r := messages.NewReply[struct{}]()
 	root.Send(pid, &obj.AwaitHealth{Healthy: healthy, Reply: r})
 	select {
-	case <-r:
+	case <-r.C():
 	case <-ctx.Done():
 		t.Fatalf("obj tier never became healthy=%v", healthy)
 	}
