@@ -42,6 +42,13 @@ fi
 promtool check rules deploy/prometheus/kvtier.rules.yml
 (cd deploy/prometheus && promtool test rules kvtier.rules.test.yml)
 
+section "Helm chart (scripts/helm-check.sh: helm lint, helm template decoded strictly, the golden render)"
+# NB: the first run builds the pinned helm from source (2-3 minutes).
+if ! bash scripts/helm-check.sh; then
+	echo "FAILED: the Helm chart's checks" >&2
+	exit 1
+fi
+
 section "etcd (Debian's etcd-server: the peer discovery tests run a real one)"
 if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
 	# NB: the package's service is not started (no init in CI containers);
