@@ -29,6 +29,10 @@ import (
 //     joins it), or at MaxBatchEvents. No timer, no polling: an idle hub
 //     receives nothing and does nothing.
 //   - Receive never blocks: the sink's Publish does not.
+//   - an event of a key namespace that engines declared topics for
+//     (*messages.EngineTopic) goes out under each of those topics, and under
+//     the publisher's own topic only when no engine declared one; a batch
+//     is encoded once per topic it has events for, each numbered in turn.
 //   - with learning on (HubConfig.LearnCapacity), a stored event whose
 //     engine blocks have no token ids yet waits at most LearnWait for the
 //     engine's own announcement of them (a *Learn); events behind it wait
@@ -44,11 +48,12 @@ type Sink interface {
 	Publish(Entry)
 }
 
-// Entry is one published batch: its sequence number and msgpack payload.
-// Payloads are immutable once built.
+// Entry is one published batch: its sequence number, msgpack payload and
+// topic ("": the publisher's own). Payloads are immutable once built.
 type Entry struct {
 	Seq     uint64
 	Payload []byte
+	Topic   string
 }
 
 // HubConfig is what the hub needs.
@@ -101,6 +106,8 @@ type hubState struct {
 	tr          *Translator
 	seq         uint64 // next sequence number
 	pending     []Event
+	pendingNS   []messages.Namespace // each pending event's key namespace ("": every namespace's, a clear)
+	engines     engineTopics
 	flushQueued bool
 	window      *time.Timer // armed while a batch gathers (BatchWindow > 0)
 	warned      bool        // a placeholder was logged once
@@ -123,9 +130,14 @@ type (
 	// flushBatch is the hub's note to itself to close the open batch.
 	flushBatch struct{}
 	// Learn is a batch of an engine's own KV events (vLLM's, as its
-	// publisher sent them): what they say of the blocks the engine caches
-	// is remembered (Learned), and events waiting for it are released.
-	Learn struct{ Batch *Batch }
+	// publisher sent them, under Topic): what they say of the blocks the
+	// engine caches is remembered (Learned), and events waiting for it are
+	// released. A block the engine stored in kvtier is then announced under
+	// Topic too: the engine can load every block of its namespace.
+	Learn struct {
+		Batch *Batch
+		Topic string // the topic the engine published it under ("" = unknown)
+	}
 	// waitOver is the hub's note to itself that the first waiting event's
 	// time may be up.
 	waitOver struct{}
@@ -162,6 +174,8 @@ func (h *Hub) Receive(ctx actor.Context) {
 		h.receive(ctx, m)
 	case *Learn:
 		h.learn(ctx, m)
+	case *messages.EngineTopic:
+		h.st.engines.apply(m)
 	case waitOver, *waitOver:
 		h.release(ctx, false)
 	case flushBatch, *flushBatch:
@@ -217,7 +231,7 @@ func (h *Hub) learn(ctx actor.Context, m *Learn) {
 	if l == nil || m.Batch == nil {
 		return
 	}
-	h.cfg.Counters.Learned.Add(uint64(l.Learn(m.Batch)))
+	h.cfg.Counters.Learned.Add(uint64(l.LearnFrom(m.Batch, m.Topic)))
 	h.release(ctx, false)
 }
 
@@ -255,6 +269,25 @@ func (h *Hub) armWait(ctx actor.Context, d time.Duration) {
 }
 
 func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
+	if l := h.st.tr.Learned; l != nil && e.Kind == messages.BlockStored && len(e.Keys) > 0 {
+		// NB: an engine's own stream named the topic of a block it stored:
+		// the engine's namespace goes out under that topic from now on.
+		if topic := l.TopicOf(e.Keys[0].Hash); topic != "" {
+			h.st.engines.learned(e.Keys[0].Namespace, topic)
+		}
+	}
+	if len(h.st.engines.byNS) == 0 {
+		h.translate(ctx, e, namespaceOf(e))
+		return
+	}
+	for _, part := range splitByNamespace(e) {
+		h.translate(ctx, part, namespaceOf(part))
+	}
+}
+
+// translate turns e (keys of namespace ns; "" for a clear) into wire
+// events and adds them to the open batch.
+func (h *Hub) translate(ctx actor.Context, e *messages.Event, ns messages.Namespace) {
 	tr := h.st.tr
 	before, filled := tr.Placeholders, tr.Filled
 	wire := tr.Apply(e)
@@ -277,6 +310,9 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 		room := h.cfg.MaxBatchEvents - len(h.st.pending)
 		take := min(room, len(wire))
 		h.st.pending = append(h.st.pending, wire[:take]...)
+		for range take {
+			h.st.pendingNS = append(h.st.pendingNS, ns)
+		}
 		wire = wire[take:]
 		if len(h.st.pending) >= h.cfg.MaxBatchEvents {
 			h.flush()
@@ -295,13 +331,26 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	}
 }
 
-// flush encodes the open batch and hands it to the sink.
+// flush encodes the open batch and hands it to the sink: once, or once per
+// topic it has events for when engines declared topics.
 func (h *Hub) flush() {
 	if len(h.st.pending) == 0 {
 		return
 	}
-	b := Batch{TS: Timestamp(h.cfg.Now()), Events: h.st.pending, DPRank: h.cfg.DPRank, HasDPRank: true}
-	h.st.pending = nil
+	events, spaces := h.st.pending, h.st.pendingNS
+	h.st.pending, h.st.pendingNS = nil, nil
+	if len(h.st.engines.byNS) == 0 {
+		h.publish(events, "")
+		return
+	}
+	for _, g := range h.st.engines.route(events, spaces) {
+		h.publish(g.events, g.topic)
+	}
+}
+
+// publish encodes events as one batch under topic and hands it to the sink.
+func (h *Hub) publish(events []Event, topic string) {
+	b := Batch{TS: Timestamp(h.cfg.Now()), Events: events, DPRank: h.cfg.DPRank, HasDPRank: true}
 	payload, err := EncodeBatchAs(&b, h.cfg.Encoding)
 	if err != nil {
 		h.cfg.Counters.EncodeErrors.Add(1)
@@ -312,5 +361,5 @@ func (h *Hub) flush() {
 	h.st.seq++
 	h.cfg.Counters.Batches.Add(1)
 	h.cfg.Counters.Events.Add(uint64(len(b.Events)))
-	h.cfg.Sink.Publish(Entry{Seq: seq, Payload: payload})
+	h.cfg.Sink.Publish(Entry{Seq: seq, Payload: payload, Topic: topic})
 }

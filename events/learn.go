@@ -25,7 +25,8 @@ import (
 type Learned struct {
 	capacity int
 	blocks   map[uint64]*messages.Provenance
-	order    []uint64 // ring of learned hashes, oldest at next once full
+	topics   map[uint64]string // the topic of the stream each block was learned from, where it had one
+	order    []uint64          // ring of learned hashes, oldest at next once full
 	next     int
 	sizes    map[int]struct{} // block sizes learned
 	// Counters (monotonic).
@@ -39,7 +40,8 @@ const DefaultLearnCapacity = 1 << 16
 
 // NewLearned remembers at most capacity blocks (capacity ≥ 1).
 func NewLearned(capacity int) *Learned {
-	return &Learned{capacity: max(capacity, 1), blocks: map[uint64]*messages.Provenance{}, sizes: map[int]struct{}{}}
+	return &Learned{capacity: max(capacity, 1), blocks: map[uint64]*messages.Provenance{},
+		topics: map[uint64]string{}, sizes: map[int]struct{}{}}
 }
 
 // Len is how many blocks it remembers.
@@ -47,7 +49,12 @@ func (l *Learned) Len() int { return len(l.blocks) }
 
 // Learn takes every block of b's BlockStored events (in any medium) whose
 // token ids are BlockSize per block; it returns how many.
-func (l *Learned) Learn(b *Batch) int {
+func (l *Learned) Learn(b *Batch) int { return l.LearnFrom(b, "") }
+
+// LearnFrom is Learn for a batch that came under topic (the engine's
+// identity on its own stream, kv@<pod>@<model>; "" for none): TopicOf
+// then names it for each block learned.
+func (l *Learned) LearnFrom(b *Batch, topic string) int {
 	n := 0
 	for i := range b.Events {
 		e := &b.Events[i]
@@ -62,7 +69,7 @@ func (l *Learned) Learn(b *Batch) int {
 		parent := e.Parent
 		for j := range e.BlockHashes {
 			h := &e.BlockHashes[j]
-			l.put(lowBits(*h), &messages.Provenance{
+			l.put(lowBits(*h), topic, &messages.Provenance{
 				ParentHash: hashBytes(parent),
 				TokenIDs:   e.TokenIDs[j*e.BlockSize : (j+1)*e.BlockSize : (j+1)*e.BlockSize],
 				BlockSize:  e.BlockSize,
@@ -96,19 +103,33 @@ func (l *Learned) Lookup(hash string) *messages.Provenance {
 	return l.blocks[WireHash(hash, HashInt).Int]
 }
 
-func (l *Learned) put(h uint64, p *messages.Provenance) {
-	if _, known := l.blocks[h]; known {
-		l.blocks[h] = p // NB: keeps its place in the ring
-		return
+// TopicOf is the topic of the stream the block whose raw hash is hash was
+// learned from; "" when none (or it was forgotten).
+func (l *Learned) TopicOf(hash string) string {
+	if len(hash) == 0 || len(l.topics) == 0 {
+		return ""
 	}
-	if len(l.order) < l.capacity {
-		l.order = append(l.order, h)
-	} else {
-		delete(l.blocks, l.order[l.next])
-		l.order[l.next] = h
-		l.next = (l.next + 1) % l.capacity
-	}
+	return l.topics[WireHash(hash, HashInt).Int]
+}
+
+func (l *Learned) put(h uint64, topic string, p *messages.Provenance) {
+	if _, known := l.blocks[h]; !known {
+		if len(l.order) < l.capacity {
+			l.order = append(l.order, h)
+		} else {
+			old := l.order[l.next]
+			delete(l.blocks, old)
+			delete(l.topics, old)
+			l.order[l.next] = h
+			l.next = (l.next + 1) % l.capacity
+		}
+	} // NB: a block learned again keeps its place in the ring
 	l.blocks[h] = p
+	if topic != "" {
+		l.topics[h] = topic
+	} else {
+		delete(l.topics, h)
+	}
 }
 
 // lowBits is a wire hash's low 64 bits (an int hash is just that).

@@ -299,12 +299,20 @@ func (p *Publisher) loop() {
 func (p *Publisher) send(e Entry) {
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], e.Seq)
-	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seq[:], e.Payload)); err != nil {
+	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.topic(e)), seq[:], e.Payload)); err != nil {
 		p.cfg.Log.Error().Err(err).Uint64("seq", e.Seq).Msg("events publisher: send failed")
 	} else {
 		p.Published.Add(1)
 	}
 	p.buf.add(e)
+}
+
+// topic is e's topic: its own, else the configured one.
+func (p *Publisher) topic(e Entry) string {
+	if e.Topic != "" {
+		return e.Topic
+	}
+	return p.cfg.Topic
 }
 
 // drain sends what is queued, then lingers after the last send, within
@@ -368,10 +376,9 @@ func (p *Publisher) replayReader() {
 		// NB: as vLLM's publisher replies (since 0.32): [topic, seq,
 		// payload] after the envelope, and a terminator with an empty topic
 		// and payload.
-		topic := []byte(p.cfg.Topic)
 		for _, e := range entries {
 			binary.BigEndian.PutUint64(seq[:], e.Seq)
-			if err := p.router.Send(zmq4.NewMsgFrom(id, nil, topic, seq[:], e.Payload)); err != nil {
+			if err := p.router.Send(zmq4.NewMsgFrom(id, nil, []byte(p.topic(e)), seq[:], e.Payload)); err != nil {
 				break
 			}
 			p.ReplayFrames.Add(1)

@@ -40,6 +40,18 @@ const (
 	MediumStorage = "STORAGE"
 )
 
+// EngineTopic tells the event hub the topic an engine's own KV events go
+// out under (its hello said so), and the key namespace of its blocks: the
+// hub announces the blocks of that namespace under that topic, so a router
+// that credits pods by topic credits every engine that can load them. Gone
+// says the engine's session ended (Namespace and Topic are then unused).
+type EngineTopic struct {
+	Session   uint64    // the endpoint's session id
+	Namespace Namespace // the namespace of the engine's keys
+	Topic     string    // the topic of the engine's own KV events
+	Gone      bool      // the session ended
+}
+
 // Event is a tier event. Stored events carry the request context of the job
 // that produced them (nil only when the producer had none, e.g. a peer that
 // sent no provenance).

@@ -22,7 +22,7 @@ import (
 var publicVocabulary = []string{
 	"Ack", "CompleteLoad", "CompleteStore", "CreditGrant", "Event", "EventKind",
 	"GetStats", "Grant", "HasPendingWork", "Holder", "InventoryResult", "JobDone",
-	"EngineSession", "JobID", "JobKind", "JobRef", "Key", "Layout", "LoadJob", "Lookup",
+	"EngineSession", "EngineTopic", "JobID", "JobKind", "JobRef", "Key", "Layout", "LoadJob", "Lookup",
 	"LookupStatus", "Namespace", "Origin", "Pause", "PeerStats", "Placement",
 	"PrepareLoad", "PrepareStore", "Provenance", "ReleaseSession", "Reply",
 	"ReqContext", "RequestFinished", "ResetCache", "Result", "Resume",

@@ -55,6 +55,7 @@ type Stats struct {
 type EngineSession struct {
 	ID         uint64    // the session's number
 	Client     string    // the name its hello gave
+	Topic      string    // the topic of its own KV events its hello gave; "" = none
 	Namespace  Namespace // the key namespace of its latest keyed call; "" before one
 	BlockBytes int       // the bytes per block its hello declared; 0 = none
 	Since      time.Time // when its hello was heard

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,13 +16,16 @@ import (
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
 )
 
 // TestANodeInLLMDsTopology: every socket connects the other way round from
 // the default, as in llm-d. The router binds a SUB and the node's PUB
 // connects to it (events.mode: connect); the engine's PUB connects to the
 // node, whose learning SUB binds (events.learn_mode: auto with a wildcard
-// address). The engine's token ids reach the router on the node's events.
+// address). The engine's token ids reach the router on the node's events,
+// under the engine's own topic (the one its stream came under): the router
+// credits the engine's pod, not the node, with kvtier's blocks.
 func TestANodeInLLMDsTopology(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -32,9 +36,13 @@ func TestANodeInLLMDsTopology(t *testing.T) {
 	routerCtx, routerCancel := context.WithCancel(ctx)
 	router := zmq4.NewSub(routerCtx)
 	defer func() { routerCancel(); _ = router.Close() }()
-	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@n1@m"))
+	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@"))
 	require.NoError(t, router.Listen(routerAddr))
-	heard := make(chan *events.Batch, 64)
+	type topicBatch struct {
+		topic string
+		b     *events.Batch
+	}
+	heard := make(chan topicBatch, 64)
 	go func() {
 		for {
 			msg, err := router.Recv()
@@ -46,7 +54,7 @@ func TestANodeInLLMDsTopology(t *testing.T) {
 			}
 			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
 				select {
-				case heard <- b:
+				case heard <- topicBatch{string(msg.Frames[0]), b}:
 				case <-routerCtx.Done():
 					return
 				}
@@ -92,7 +100,9 @@ func TestANodeInLLMDsTopology(t *testing.T) {
 		_, err = node.FlushEvents(ctx)
 		require.NoError(t, err)
 		select {
-		case got := <-heard: // this round's, or a late one's
+		case h := <-heard: // this round's, or a late one's
+			assert.Equal(t, "kv@10.0.0.7@m", h.topic, "the engine's own topic, not the node's")
+			got := h.b
 			require.NotEmpty(t, got.Events)
 			ev := got.Events[0]
 			require.Equal(t, events.TypeBlockStored, ev.Type)
@@ -107,4 +117,95 @@ func TestANodeInLLMDsTopology(t *testing.T) {
 // tokensOf is the token ids the engine announces for blocks a and a+1.
 func tokensOf(a int) []int32 {
 	return []int32{int32(10 * a), int32(10*a + 1), int32(10 * (a + 1)), int32(10*(a+1) + 1)}
+}
+
+// TestEachEngineIsCreditedUnderItsOwnTopic: two engines of one model on
+// one node, each with the topic of its own KV events in its hello (as
+// kvtier's vLLM connector sends vLLM's kv_events_config topic): a router
+// bound the llm-d way hears every block one of them stores under both
+// engines' topics — either can load it — and nothing under the node's own.
+func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ports, err := freeport.Ports(1)
+	require.NoError(t, err)
+	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
+	routerCtx, routerCancel := context.WithCancel(ctx)
+	router := zmq4.NewSub(routerCtx)
+	defer func() { routerCancel(); _ = router.Close() }()
+	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@"))
+	require.NoError(t, router.Listen(routerAddr))
+	type heardBatch struct {
+		topic string
+		b     *events.Batch
+	}
+	heard := make(chan heardBatch, 256)
+	go func() {
+		for {
+			msg, err := router.Recv()
+			if err != nil {
+				if routerCtx.Err() != nil {
+					return
+				}
+				continue
+			}
+			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
+				select {
+				case heard <- heardBatch{string(msg.Frames[0]), b}:
+				case <-routerCtx.Done():
+					return
+				}
+			}
+		}
+	}()
+
+	dir := t.TempDir()
+	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
+		PoolPath: filepath.Join(dir, "pool"), EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
+		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "kvtier"}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+	engines := map[string]*client.Client{}
+	for _, pod := range []string{"10.0.0.1", "10.0.0.2"} {
+		topic := "kv@" + pod + "@llama"
+		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: pod, Topic: topic})
+		require.NoError(t, err)
+		defer c.Close(ctx) //nolint:errcheck // the node closes anyway
+		engines[topic] = c
+		// NB: its first keyed call tells the node its namespace.
+		_, err = c.Lookup(ctx, &messages.ReqContext{RequestID: "hello-" + pod}, keys(1000), true)
+		require.NoError(t, err)
+	}
+	// Round i stores blocks 2i+1, 2i+2 through the first engine until the
+	// router heard a round under both topics (a PUB's first messages are
+	// lost until the subscriber joined).
+	writer := engines["kv@10.0.0.1@llama"]
+	seen := map[string]bool{}
+	for i := 0; len(seen) < 2; i++ {
+		require.NoError(t, ctx.Err(), "the router heard only %v", seen)
+		ks := keys(2*i+1, 2*i+2)
+		req := &messages.ReqContext{RequestID: fmt.Sprint("w", i)}
+		_, err := writer.PrepareStore(ctx, req, ks)
+		require.NoError(t, err)
+		require.NoError(t, writer.CompleteStore(ctx, req, ks, true))
+		require.NoError(t, writer.RequestFinished(ctx, req))
+		_, err = node.FlushEvents(ctx)
+		require.NoError(t, err)
+		deadline := time.After(100 * time.Millisecond) // NB: the slow joiner's pace
+	drain:
+		for {
+			select {
+			case h := <-heard:
+				for _, ev := range h.b.Events {
+					if ev.Type == events.TypeBlockStored {
+						require.NotEqual(t, "kv@n1@kvtier", h.topic, "the engines' namespace has topics of its own")
+						require.Contains(t, engines, h.topic)
+						seen[h.topic] = true
+					}
+				}
+			case <-deadline:
+				break drain
+			}
+		}
+	}
 }

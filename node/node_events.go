@@ -91,7 +91,7 @@ func (n *Node) startLearning() {
 	n.events.unlearn = cancel
 	root, hub := n.system.Root, n.events.hub
 	deliver := func(d events.Delivery) error {
-		root.Send(hub, &events.Learn{Batch: d.Batch})
+		root.Send(hub, &events.Learn{Batch: d.Batch, Topic: d.Topic})
 		return nil
 	}
 	for _, ep := range n.cfg.Events.LearnFrom {

@@ -179,6 +179,7 @@ func (n *Node) endpointProps(w wiring) *actor.Props {
 		return nil
 	}
 	w.to("bridge") // Start wires it (startEndpoint)
+	w.to("events") // and the hub, where there is one (AnnounceTo)
 	return n.endpoint.Props()
 }
 
@@ -187,6 +188,9 @@ func (n *Node) endpointProps(w wiring) *actor.Props {
 func (n *Node) startEndpoint(pids map[string]*actor.PID) {
 	if n.endpoint == nil {
 		return
+	}
+	if hub := pids["events"]; hub != nil {
+		n.endpoint.AnnounceTo(hub)
 	}
 	n.endpoint.Start(n.system, pids["endpoint"], pids["bridge"])
 }

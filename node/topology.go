@@ -73,7 +73,7 @@ var table = []component{
 	{name: "bridge", role: "manager API: request state, leases, transfer jobs",
 		sends: []string{"cpu", "tiering"}, build: (*Node).bridgeProps},
 	{name: "endpoint", role: "engine endpoint: out-of-process engines' calls",
-		sends: []string{"bridge"}, enabled: func(c config.Config) bool { return c.EngineListen != "" }, build: (*Node).endpointProps},
+		sends: []string{"bridge", "events"}, enabled: func(c config.Config) bool { return c.EngineListen != "" }, build: (*Node).endpointProps},
 	{name: "peers", role: "peer control plane; one session actor per peer, its children",
 		sends: []string{"cpu", "p2p"}, enabled: func(c config.Config) bool { return c.Peers.Enabled() }, build: (*Node).peersProps},
 }

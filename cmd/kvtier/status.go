@@ -55,6 +55,7 @@ type Status struct {
 type EngineStatus struct {
 	ID         uint64    `json:"id"`          // the session's number
 	Client     string    `json:"client"`      // the name its hello gave (vLLM: vllm-scheduler)
+	Topic      string    `json:"topic"`       // its KV-events topic: kvtierd announces its blocks under it ("" = none)
 	Namespace  string    `json:"namespace"`   // its keys' layout namespace ("" before a keyed call)
 	BlockBytes int       `json:"block_bytes"` // bytes per block its hello declared (0: none)
 	Since      time.Time `json:"since"`       // when it said hello
@@ -94,7 +95,7 @@ func newStatus(addr string, h wire.Hello, s messages.Stats) Status {
 		if e.ID == h.Session {
 			continue // this command's own
 		}
-		st.Sessions = append(st.Sessions, EngineStatus{ID: e.ID, Client: e.Client, Namespace: string(e.Namespace),
+		st.Sessions = append(st.Sessions, EngineStatus{ID: e.ID, Client: e.Client, Topic: e.Topic, Namespace: string(e.Namespace),
 			BlockBytes: e.BlockBytes, Since: e.Since.UTC(), Calls: e.Calls, Lookups: e.Lookups, Hits: e.Hits,
 			HitRate: rate(e.Hits, e.Lookups), Open: e.Open})
 	}
@@ -131,11 +132,19 @@ func printStatus(w io.Writer, st Status) error {
 		st.Evictions, st.StoreFull)
 	row("health", "checksum failures %d, actor restarts %d", st.ChecksumFailures, st.ActorRestarts)
 	for _, e := range st.Sessions {
-		row(fmt.Sprintf("engine %d", e.ID), "%s since %s: %d calls, %d keys looked up, hit %.1f%%, %d open, namespace %s, block %s",
+		row(fmt.Sprintf("engine %d", e.ID), "%s since %s: %d calls, %d keys looked up, hit %.1f%%, %d open, namespace %s, block %s%s",
 			e.Client, e.Since.Format(time.RFC3339), e.Calls, e.Lookups, 100*e.HitRate, e.Open, orAny(e.Namespace),
-			humanBytes(int64(e.BlockBytes)))
+			humanBytes(int64(e.BlockBytes)), topicNote(e.Topic))
 	}
 	return tw.Flush()
+}
+
+// topicNote names the topic an engine's blocks are announced under.
+func topicNote(topic string) string {
+	if topic == "" {
+		return ""
+	}
+	return ", events as " + topic
 }
 
 // humanBytes is n in the largest binary unit that keeps it ≥ 1.

@@ -39,6 +39,10 @@ type Options struct {
 	// sizes its slots from the first engine's and answers that hello
 	// messages.ErrSizing: dial again.
 	BlockBytes int
+	// Topic, when set, is the topic of this engine's own KV events
+	// (kv@<pod>@<model>): the daemon announces the blocks of its key
+	// namespace under it too, so a router credits this engine with them.
+	Topic string
 }
 
 // Client is a connection to kvtierd. Its methods are safe for concurrent use.
@@ -82,7 +86,7 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 	c := &Client{opts: opts, sock: sock, pending: map[uint64]chan []byte{}, open: map[string]struct{}{},
 		done: make(chan struct{}), readDone: make(chan struct{})}
 	go c.readLoop()
-	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name, BlockBytes: opts.BlockBytes})
+	rp, err := c.do(ctx, &wire.Request{Op: wire.OpHello, Client: opts.Name, BlockBytes: opts.BlockBytes, Topic: opts.Topic})
 	if err != nil {
 		_ = c.shutdown()
 		return nil, fmt.Errorf("kvtier client: hello %s: %w", addr, err)

@@ -136,6 +136,7 @@ func (a *endpointActor) hello(ctx actor.Context, peer string, q *wire.Request) {
 	if s == nil {
 		return
 	}
+	s.topic = q.Topic
 	if old != nil {
 		a.end(ctx, old, "hello", nil)
 	}
@@ -189,6 +190,9 @@ func (a *endpointActor) connLost(ctx actor.Context, peer string) {
 // end marks s released: from now on its peer has no session; its holds are
 // released at the bridge once its in-flight calls are over.
 func (a *endpointActor) end(ctx actor.Context, s *session, reason string, then func(messages.SessionReleased, error)) {
+	if s.topic != "" && s.namespace != "" && a.ep.events != nil {
+		ctx.Send(a.ep.events, &messages.EngineTopic{Session: s.id, Gone: true})
+	}
 	a.timer(ctx, s, a.t.end(s, reason, then))
 	a.ep.metrics.sessions.Dec()
 	a.release(ctx, s)
@@ -259,7 +263,13 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 // the deadline timer fires by its deadline.
 func (a *endpointActor) begin(c *call) *flight {
 	f := a.ep.calls.begin(c.s.id, c.peer, c.q, a.ep.cfg.Clock.Elapsed(), c.timeout)
+	ns := c.s.namespace
 	a.t.sent(c.s, c.q)
+	if s := c.s; s.namespace != ns && s.topic != "" && a.ep.events != nil {
+		// NB: the hub announces this namespace's blocks under the engine's
+		// own topic from now on.
+		c.ctx.Send(a.ep.events, &messages.EngineTopic{Session: s.id, Namespace: s.namespace, Topic: s.topic})
+	}
 	a.armDeadline(c.ctx)
 	return f
 }

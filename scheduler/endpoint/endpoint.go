@@ -46,6 +46,7 @@ type Endpoint struct {
 	track   tracker
 	system  *actor.ActorSystem
 	pid     *actor.PID
+	events  *actor.PID // the KV-event hub, told the engines' topics; nil = none
 	metrics *endpointMetrics
 	closed  atomic.Bool
 
@@ -145,6 +146,12 @@ func (e *Endpoint) Props() *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &endpointActor{ep: e, t: e.table} },
 		actor.WithReceiverMiddleware(supervision.Faults))
 }
+
+// AnnounceTo has the endpoint tell the KV-event hub each engine's events
+// topic and key namespace (*messages.EngineTopic), so that the hub announces
+// the blocks an engine can load under the engine's own topic. Call it
+// before Start.
+func (e *Endpoint) AnnounceTo(events *actor.PID) { e.events = events }
 
 // Start begins reading and writing the socket; pid is the spawned endpoint
 // actor, bridge where it sends calls.

@@ -60,6 +60,7 @@ type session struct {
 	peer       string
 	prefix     string
 	client     string
+	topic      string             // its hello's: the topic of its own KV events ("" = none)
 	since      time.Time          // when its hello was heard
 	blockBytes int                // the bytes per block its hello declared
 	namespace  messages.Namespace // its latest keyed call's
@@ -195,7 +196,7 @@ func (t *sessionTable) sent(s *session, q *wire.Request) {
 func (t *sessionTable) engines() []messages.EngineSession {
 	out := make([]messages.EngineSession, 0, len(t.byPeer))
 	for _, s := range t.byPeer {
-		out = append(out, messages.EngineSession{ID: s.id, Client: s.client, Namespace: s.namespace,
+		out = append(out, messages.EngineSession{ID: s.id, Client: s.client, Topic: s.topic, Namespace: s.namespace,
 			BlockBytes: s.blockBytes, Since: s.since, Calls: s.calls, Lookups: s.lookups.Load(),
 			Hits: s.hits.Load(), Open: len(s.open), InFlight: s.inflight})
 	}

@@ -30,6 +30,7 @@ const (
 	fQuiet
 	fCalls
 	fBlockBytes
+	fTopic
 )
 
 // fieldSpec is one row of the request's field table.
@@ -90,6 +91,9 @@ func init() {
 			encode: encodeCalls,
 			decode: func(r *reader, q *Request) (err error) { q.Calls, err = decodeCalls(r); return err }},
 		uintField(fBlockBytes, "block_bytes", MaxBlockBytes, func(q *Request) *int { return &q.BlockBytes }),
+		{f: fTopic, name: "topic", set: func(q *Request) bool { return q.Topic != "" },
+			encode: func(w *writer, q *Request) { w.Str(q.Topic) },
+			decode: func(r *reader, q *Request) (err error) { q.Topic, err = r.Str(MaxNameBytes); return err }},
 	}
 	fieldByName = map[string]field{"pkeys": fPKeys}
 	for _, fs := range requestFields {

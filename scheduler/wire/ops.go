@@ -64,7 +64,7 @@ func OpByName(name string) (Op, bool) {
 // handling, its route in scheduler/endpoint (routes.go), and the client
 // calls; README "Layout" lists the steps.
 var ops = [opEnd]opSpec{
-	OpHello:           {name: "hello", allowed: fTimeout | fClient | fBlockBytes, answered: true, reply: replyShape{fixed(16), encodeHello}},
+	OpHello:           {name: "hello", allowed: fTimeout | fClient | fBlockBytes | fTopic, answered: true, reply: replyShape{fixed(16), encodeHello}},
 	OpPing:            {name: "ping", allowed: fTimeout},
 	OpBye:             {name: "bye", allowed: fTimeout, reply: replyShape{fixed(2), encodeReleased}},
 	OpLookup:          {name: "lookup", allowed: fTimeout | fReq | fKeys | fPrefix | fWantSlots, required: fReq | fKeys, opens: true, reply: replyShape{lookupFields, encodeLookup}},

@@ -520,7 +520,7 @@ func eachKey(r *reader, max int, prefix string, field func(k string) error) erro
 const MaxEngines = 4096
 
 // engineFields is how many fields encodeEngines writes per session.
-const engineFields = 10
+const engineFields = 11
 
 // encodeEngines writes a stats reply's engine sessions: an array of maps.
 func encodeEngines(w *writer, es []messages.EngineSession) {
@@ -530,6 +530,8 @@ func encodeEngines(w *writer, es []messages.EngineSession) {
 		kvUint(w, "id", e.ID)
 		w.Str("client")
 		w.Str(e.Client)
+		w.Str("topic")
+		w.Str(e.Topic)
 		w.Str("namespace")
 		w.Str(string(e.Namespace))
 		kvUint(w, "block_bytes", uint64(e.BlockBytes))
@@ -568,6 +570,8 @@ func decodeEngine(r *reader, e *messages.EngineSession) error {
 			e.ID, err = r.Uint(math.MaxUint64)
 		case "client":
 			e.Client, err = r.Str(MaxNameBytes)
+		case "topic":
+			e.Topic, err = r.Str(MaxNameBytes)
 		case "namespace":
 			ns, err = r.Str(MaxNamespaceBytes)
 			e.Namespace = messages.Namespace(ns)

@@ -52,6 +52,10 @@ type Request struct {
 	Worker     int            // job_done
 	Clear      bool           // pause
 	Client     string         // hello: a name for logs
+	// Topic: hello: the topic of the engine's own KV events (vLLM's
+	// kv_events_config topic, e.g. kv@<pod>@<model> as llm-d sets it);
+	// kvtierd announces the blocks this engine can load under it too.
+	Topic string
 	// BlockBytes: hello: the bytes one block of this engine takes in a slot
 	// (every TP worker's shard of one offloaded chunk); 0 = not declared. A
 	// daemon started with no block size sizes its slots from the first.

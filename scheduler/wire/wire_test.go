@@ -34,6 +34,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		LoRAID: -7, LoRAName: "adapter", ExtraKeys: []string{"salt"}}
 	for _, q := range []Request{
 		{Op: OpHello, ID: 1, Client: "engine-0"},
+		{Op: OpHello, ID: 1, Client: "engine-1", BlockBytes: 4096, Topic: "kv@10.0.0.7@meta-llama/Llama-3.1-8B-Instruct"},
 		{Op: OpPing, ID: 2},
 		{Op: OpLookup, ID: 3, Req: ctx, Keys: testKeys(2000), Prefix: true, Timeout: 1500 * time.Millisecond},
 		{Op: OpPrepareStore, ID: 4, Req: &messages.ReqContext{RequestID: "r"}, Keys: testKeys(3)},
@@ -130,7 +131,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	rp := &Reply{ID: 7, Status: []messages.LookupStatus{messages.Hit, messages.Miss, messages.Retry},
 		Job: 9, Slots: []int{0, 5}, Workers: 2, ToStore: testKeys(2), Evicted: testKeys(1), Events: ev,
 		Pending: true, Stats: messages.Stats{Slots: 10, Paused: true, Evictions: 1 << 40, SessionOpen: 3, Sessions: 1,
-			Engines: []messages.EngineSession{{ID: 4, Client: "vllm-scheduler", Namespace: ns, BlockBytes: 4 << 20,
+			Engines: []messages.EngineSession{{ID: 4, Client: "vllm-scheduler", Topic: "kv@10.0.0.7@llama", Namespace: ns, BlockBytes: 4 << 20,
 				Since: time.Unix(0, 99), Calls: 7, Lookups: 5, Hits: 2, Open: 1, InFlight: 3}}},
 		Bound: []bool{true, false, true}}
 	strip := func(s string) string { return s[len("\x1es3\x1f"):] }
@@ -348,7 +349,7 @@ func TestFieldTableCoversEveryField(t *testing.T) {
 		require.NotNil(t, fs.decode, fs.name)
 		want <<= 1
 	}
-	require.Equal(t, fBlockBytes<<1, want, "a field without a row")
+	require.Equal(t, fTopic<<1, want, "a field without a row")
 }
 
 // A stats reply from anywhere decodes or fails cleanly, never panics, and

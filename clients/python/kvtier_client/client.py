@@ -461,10 +461,14 @@ class Client:
     (_UnixTransport); ipc:// and tcp:// ignore it. ``block_bytes`` > 0 is
     declared in the hello (the bytes one block of this engine takes in a
     slot): a kvtierd started with no block size sizes its slots from the
-    first engine's, answering that hello SIZING — connect again."""
+    first engine's, answering that hello SIZING — connect again. ``topic``,
+    when given, is the topic of the engine's own KV events
+    (``kv@<pod>@<model>``): kvtierd then announces the blocks of this
+    engine's key namespace under it too (docs/PROTOCOL.md, "KV events")."""
 
     def __init__(self, addr: str, name: str = "python", timeout: float = 10.0,
-                 heartbeat: bool = True, poll_us: float = DEFAULT_POLL_US, block_bytes: int = 0):
+                 heartbeat: bool = True, poll_us: float = DEFAULT_POLL_US, block_bytes: int = 0,
+                 topic: str = ""):
         if poll_us < 0:
             raise ValueError(f"poll_us {poll_us} must be >= 0")
         self._sock = _transport(addr, timeout, poll_us)
@@ -479,7 +483,12 @@ class Client:
         # Error replies to calls nobody awaits (a quiet call's failure: its
         # only reply), handed out by take_replies; bounded.
         self._orphans: Deque[Tuple[int, dict]] = deque(maxlen=1024)
-        h = self._call("hello", client=name, **({"block_bytes": block_bytes} if block_bytes > 0 else {}))
+        fields: Dict[str, Any] = {"client": name}
+        if block_bytes > 0:
+            fields["block_bytes"] = block_bytes
+        if topic:
+            fields["topic"] = topic
+        h = self._call("hello", **fields)
         self.hello = Hello(**{k: h[k] for k in Hello.__dataclass_fields__ if k in h})
         self._key_field = _key_field if self.hello.packed_keys else _key_list
         if self.hello.protocol != PROTOCOL_VERSION:

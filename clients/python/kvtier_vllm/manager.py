@@ -149,10 +149,11 @@ class _Link:
     older epoch are void."""
 
     def __init__(self, address: str, timeout: float, reconnect_s: float, check, poll_us: float,
-                 block_bytes: int = 0):
+                 block_bytes: int = 0, topic: str = ""):
         self.address, self.timeout, self.reconnect_s = address, timeout, reconnect_s
         self.poll_us = poll_us
         self.block_bytes = block_bytes  # declared in hello: a kvtierd with no block size takes it
+        self.topic = topic  # declared in hello: kvtierd announces this engine's blocks under it
         self._check = check  # validates a new session's hello (geometry, namespace)
         self.client: Optional[Client] = None
         self.epoch = 0
@@ -181,7 +182,7 @@ class _Link:
 
     def _connect(self) -> Client:
         c = Client(self.address, name="vllm-scheduler", timeout=self.timeout, poll_us=self.poll_us,
-                   block_bytes=self.block_bytes)
+                   block_bytes=self.block_bytes, topic=self.topic)
         try:
             self._check(c.hello)
         except Exception:
@@ -319,7 +320,8 @@ class KvtierManager(OffloadingManager):
         self.load_fallbacks = 0     # prepare_load calls that waited (no leased slot known)
         self._link = _Link(cfg["kvtier_address"], float(cfg["kvtier_timeout_s"]),
                            float(cfg["kvtier_reconnect_s"]), self._check_hello,
-                           float(cfg["kvtier_poll_us"]), spec.geometry.slot_bytes_needed)
+                           float(cfg["kvtier_poll_us"]), spec.geometry.slot_bytes_needed,
+                           spec.events_topic())
         self._session_begun()
 
     def _check_hello(self, hello) -> None:

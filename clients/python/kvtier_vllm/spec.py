@@ -28,6 +28,7 @@ DEFAULTS: Dict[str, Any] = {
     "kvtier_lookup_ttl_s": 10.0,    # re-ask kvtier for a request's HITs older than this (< lease_ttl)
     "kvtier_poll_us": 100,          # unix://: poll for a reply this long before blocking (0: off)
     "kvtier_store_credit": 64,      # slots kvtierd reserves ahead for this engine's stores (at least)
+    "kvtier_events_topic": None,    # this engine's KV-events topic, told to kvtierd (kv@<pod>@<model>)
 }
 
 
@@ -77,6 +78,15 @@ class KvtierOffloadingSpec(OffloadingSpec):
             "groups": [[g.group_id, len(g.layer_names)] for g in c.groups],
             "salt": self.kvtier["kvtier_namespace_salt"],
         }
+
+    def events_topic(self) -> str:
+        """The topic of this engine's own KV events (``kvtier_events_topic``),
+        told to kvtierd so that it announces the blocks this engine can load
+        under it too: a router that credits pods by topic then credits this
+        one. "" when not given. NB: vLLM hands the spec no kv_events_config;
+        a kvtierd that learns from the engine's events (--events-learn-from)
+        takes the topic from the engine's stream instead."""
+        return str(self.kvtier["kvtier_events_topic"] or "")
 
     def namespace(self) -> str:
         """The namespace of this engine's keys. Reads vLLM's root hash, so

@@ -121,6 +121,10 @@ def test_every_block_vllm_offloaded_is_announced_with_its_token_ids_in_each_medi
         assert time.monotonic() < deadline, (ready, on_disk, {m: len(v) for m, v in live.items()})
         time.sleep(0.05)  # NB: polling a process's replay buffer; nothing to wait on
 
+    topics: set = set()
+    for _ in replay_all(f"tcp://127.0.0.1:{rep}", topics):
+        pass
+    assert topics == {"vllm"}, "kvtierd announced the engine's blocks under the engine's own topic"
     m = d.metrics()
     assert m["kvtier_events_placeholders_total"] == 0, "every block announced with its token ids"
     assert m["kvtier_events_learned_filled_total"] > 0

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def replay_all(addr: str):
+def replay_all(addr: str, topics=None):
     """Every buffered batch, from sequence 0, through the replay ROUTER, read
     as vLLM's own publisher answers (since 0.32: ["", topic, seq, payload],
     then ["", "", END_SEQ, ""]) — kvtierd's and vLLM's alike."""
@@ -39,10 +39,12 @@ def replay_all(addr: str):
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])
         while True:
             assert dealer.poll(10_000), "replay stalled"
-            empty, _topic, seq, payload = dealer.recv_multipart()
+            empty, topic, seq, payload = dealer.recv_multipart()
             seq = int.from_bytes(seq, "big")
             if seq == END:
                 return
+            if topics is not None:
+                topics.add(topic.decode())
             yield seq, payload
     finally:
         dealer.close()

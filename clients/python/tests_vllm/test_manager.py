@@ -217,6 +217,29 @@ def test_same_answers_as_vllms_native_manager(small_daemon, seed):
     assert not differ, f"{len(differ)} of {len(calls)} calls differ, first " + repr(first[:3])
 
 
+def test_the_engine_tells_kvtierd_the_topic_of_its_own_events(small_daemon):
+    """kvtier_events_topic (by default vLLM's kv_events_config topic, when
+    vLLM publishes events) goes in the session's hello: kvtierd announces
+    the blocks of this engine's namespace under it (docs/PROTOCOL.md, "KV
+    events") and lists it with the engine (``kvtier status``). An engine
+    that names none, and does not publish, tells none."""
+    from kvtier_bench.vllm_harness import kvtier_manager
+    from kvtier_client import Client
+
+    named = kvtier_manager(small_daemon.address, page_bytes=PAGE,
+                           extra={"kvtier_events_topic": "kv@10.0.0.9@llama"})
+    plain = kvtier_manager(small_daemon.address, page_bytes=PAGE)
+    probe = Client(small_daemon.address, name="probe")
+    try:
+        engines = probe.stats()["engines"]
+    finally:
+        probe.close()
+        named.shutdown()
+        plain.shutdown()
+    assert sorted(e["topic"] for e in engines if e["client"] == "vllm-scheduler") == \
+        ["", "kv@10.0.0.9@llama"]
+
+
 def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
     """Deliberate difference 1 (seed 001): kvtier leases a HIT to the
     request that saw it, so a store for another request cannot evict it

@@ -1,0 +1,131 @@
+package events
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/messages"
+)
+
+// stored is a CPU BlockStored event of keys.
+func stored(keys ...messages.Key) *messages.Event {
+	return &messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: keys, Ctx: ctxOf(1, ""),
+		Place: messages.Place(keys, keys, nil)}
+}
+
+func nsKey(ns messages.Namespace, h string) messages.Key {
+	return messages.Key{Namespace: ns, Hash: h}
+}
+
+// Engines that declared their events' topic are told of the blocks of
+// their key namespace, each under its own topic: two engines of one model
+// both get its blocks, another model's engine only its own, a namespace
+// no engine declared goes out under the publisher's topic, a removal of
+// blocks of two namespaces is split between their engines, a clear goes to
+// every topic, and an engine gone is told nothing more. Sequence numbers
+// stay one sequence over every topic.
+func TestHubAnnouncesEachEnginesBlocksUnderItsTopic(t *testing.T) {
+	sink := make(chanSink, 64)
+	system := actors.NewSystem(zerolog.Nop())
+	defer system.Shutdown()
+	hub := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, BatchWindow: time.Hour, Log: zerolog.Nop()}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	send := func(m any) { system.Root.Send(hub, m) }
+	// batch closes the open batch and returns what each topic got: the
+	// number of blocks in each event type.
+	batch := func() map[string]map[string]int {
+		flush(ctx, t, system, hub)
+		got := map[string]map[string]int{}
+		for {
+			select {
+			case e := <-sink:
+				b, err := DecodeBatch(e.Payload)
+				require.NoError(t, err)
+				if got[e.Topic] == nil {
+					got[e.Topic] = map[string]int{}
+				}
+				for _, ev := range b.Events {
+					got[e.Topic][ev.Type] += max(len(ev.BlockHashes), 1)
+				}
+			default:
+				return got
+			}
+		}
+	}
+
+	send(&messages.EngineTopic{Session: 1, Namespace: "a", Topic: "kv@pod1@model-a"})
+	send(&messages.EngineTopic{Session: 2, Namespace: "a", Topic: "kv@pod2@model-a"})
+	send(&messages.EngineTopic{Session: 3, Namespace: "b", Topic: "kv@pod3@model-b"})
+	send(stored(nsKey("a", "a1"), nsKey("a", "a2")))
+	send(stored(nsKey("b", "b1"), nsKey("b", "b2"), nsKey("b", "b3")))
+	send(stored(nsKey("c", "c1")))
+	require.Equal(t, map[string]map[string]int{
+		"kv@pod1@model-a": {TypeBlockStored: 2},
+		"kv@pod2@model-a": {TypeBlockStored: 2},
+		"kv@pod3@model-b": {TypeBlockStored: 3},
+		"":                {TypeBlockStored: 1},
+	}, batch())
+
+	send(&messages.Event{Kind: messages.BlockRemoved, Medium: "CPU",
+		Keys: []messages.Key{nsKey("a", "a2"), nsKey("b", "b3"), nsKey("b", "b2")}})
+	require.Equal(t, map[string]map[string]int{
+		"kv@pod1@model-a": {TypeBlockRemoved: 1},
+		"kv@pod2@model-a": {TypeBlockRemoved: 1},
+		"kv@pod3@model-b": {TypeBlockRemoved: 2},
+	}, batch(), "a removal across namespaces goes to each namespace's engines")
+
+	send(&messages.EngineTopic{Session: 2, Gone: true})
+	send(stored(nsKey("a", "a3")))
+	require.Equal(t, map[string]map[string]int{"kv@pod1@model-a": {TypeBlockStored: 1}}, batch(),
+		"the engine gone is told nothing more")
+
+	send(&messages.Event{Kind: messages.AllBlocksCleared, Medium: "CPU"})
+	cleared := batch()
+	require.Len(t, cleared, 3, "a clear goes to every topic: %v", cleared)
+	for topic, got := range cleared {
+		require.Equal(t, map[string]int{TypeAllBlocksCleared: 1}, got, topic)
+	}
+	require.Equal(t, uint64(4+3+1+3), flush(ctx, t, system, hub), "one sequence over every topic")
+	require.NoError(t, actors.StopAndWait(ctx, system, hub))
+}
+
+// splitByNamespace keeps each key's placement beside it.
+func TestSplitByNamespaceKeepsPlacements(t *testing.T) {
+	ks := []messages.Key{nsKey("a", "1"), nsKey("b", "2"), nsKey("a", "3")}
+	e := stored(ks...)
+	parts := splitByNamespace(e)
+	require.Len(t, parts, 2)
+	require.Equal(t, []messages.Key{ks[0], ks[2]}, parts[0].Keys)
+	require.Equal(t, []messages.Placement{e.Place[0], e.Place[2]}, parts[0].Place)
+	require.Equal(t, []messages.Key{ks[1]}, parts[1].Keys)
+	require.Equal(t, []messages.Placement{e.Place[1]}, parts[1].Place)
+	one := stored(ks[0], ks[2])
+	require.Equal(t, []*messages.Event{one}, splitByNamespace(one), "one namespace: the event itself")
+}
+
+// A hub learning from an engine's own stream takes the engine's topic
+// from it: once the node stores a block that stream announced, the
+// engine's namespace goes out under the stream's topic (the engine's pod
+// and model), not the publisher's own.
+func TestHubTakesAnEnginesTopicFromItsOwnStream(t *testing.T) {
+	system, pid, sink, _ := learningHub(t, time.Hour)
+	system.Root.Send(pid, &Learn{Batch: engineBatch(nil, 4, 11), Topic: "kv@10.0.0.7@llama"})
+	system.Root.Send(pid, engineStore(4, 11))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	flush(ctx, t, system, pid)
+	require.Len(t, sink, 1)
+	e := <-sink
+	require.Equal(t, "kv@10.0.0.7@llama", e.Topic)
+	b, err := DecodeBatch(e.Payload)
+	require.NoError(t, err)
+	require.Len(t, b.Events, 1)
+	require.Equal(t, []int32{0, 1, 2, 3}, b.Events[0].TokenIDs)
+	require.NoError(t, actors.StopAndWait(ctx, system, pid))
+}
