@@ -766,7 +766,9 @@ func TestVLLMDeploymentExample(t *testing.T) {
 	}
 	c := pod.Containers[0]
 
-	// --kv-transfer-config: README.md's, plus kvtier_address.
+	// --kv-transfer-config: README.md's, plus kvtier_address and the
+	// engine's events topic (kvtier_events_topic: kvtierd announces the
+	// blocks this pod can load under it), the --kv-events-config topic.
 	var got map[string]any
 	if err := json.Unmarshal([]byte(flagValue(c.Args, "--kv-transfer-config")), &got); err != nil {
 		t.Fatalf("--kv-transfer-config is not JSON: %v", err)
@@ -777,8 +779,16 @@ func TestVLLMDeploymentExample(t *testing.T) {
 		t.Fatalf("README.md's --kv-transfer-config is not the one this test knows: %v", readme)
 	}
 	extra["kvtier_address"] = "unix://" + socketDir + "/engine.sock"
+	var kvEvents map[string]any
+	if err := json.Unmarshal([]byte(flagValue(c.Args, "--kv-events-config")), &kvEvents); err != nil {
+		t.Fatalf("--kv-events-config is not JSON: %v", err)
+	}
+	if topic, _ := kvEvents["topic"].(string); !strings.HasPrefix(topic, "kv@$(POD_IP)@") {
+		t.Errorf("--kv-events-config topic %q: llm-d's kv@$(POD_IP)@<model>", topic)
+	}
+	extra["kvtier_events_topic"] = kvEvents["topic"]
 	if g, w := mustJSON(got), mustJSON(readme); g != w {
-		t.Errorf("--kv-transfer-config\n  %s\nwant README.md's with kvtier_address on the chart's socket\n  %s", g, w)
+		t.Errorf("--kv-transfer-config\n  %s\nwant README.md's with kvtier_address on the chart's socket and kvtier_events_topic\n  %s", g, w)
 	}
 	if flagValue(c.Args, "--block-size") != "32" {
 		t.Errorf("--block-size %q: vllm-values.yaml's blockBytes is computed for 32", flagValue(c.Args, "--block-size"))
