@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -343,23 +344,52 @@ func (h *Hub) flush() {
 		h.publish(events, "")
 		return
 	}
+	ts := Timestamp(h.cfg.Now())
+	var encoded []topicGroup // NB: the engines of one namespace get one payload
 	for _, g := range h.st.engines.route(events, spaces) {
-		h.publish(g.events, g.topic)
+		var payload []byte
+		for _, e := range encoded {
+			if slices.Equal(e.places, g.places) {
+				payload = e.payload
+				break
+			}
+		}
+		if payload == nil {
+			if payload = h.encode(g.events, ts); payload == nil {
+				continue
+			}
+			g.payload = payload
+			encoded = append(encoded, g)
+		}
+		h.hand(payload, g.topic, len(g.events))
 	}
 }
 
 // publish encodes events as one batch under topic and hands it to the sink.
 func (h *Hub) publish(events []Event, topic string) {
-	b := Batch{TS: Timestamp(h.cfg.Now()), Events: events, DPRank: h.cfg.DPRank, HasDPRank: true}
+	if payload := h.encode(events, Timestamp(h.cfg.Now())); payload != nil {
+		h.hand(payload, topic, len(events))
+	}
+}
+
+// encode is events as one batch's payload; nil (counted, logged) when
+// they do not encode.
+func (h *Hub) encode(events []Event, ts float64) []byte {
+	b := Batch{TS: ts, Events: events, DPRank: h.cfg.DPRank, HasDPRank: true}
 	payload, err := EncodeBatchAs(&b, h.cfg.Encoding)
 	if err != nil {
 		h.cfg.Counters.EncodeErrors.Add(1)
 		h.cfg.Log.Error().Err(err).Int("events", len(b.Events)).Msg("events hub: batch dropped")
-		return
+		return nil
 	}
+	return payload
+}
+
+// hand numbers a batch's payload and hands it to the sink under topic.
+func (h *Hub) hand(payload []byte, topic string, events int) {
 	seq := h.st.seq
 	h.st.seq++
 	h.cfg.Counters.Batches.Add(1)
-	h.cfg.Counters.Events.Add(uint64(len(b.Events)))
+	h.cfg.Counters.Events.Add(uint64(events))
 	h.cfg.Sink.Publish(Entry{Seq: seq, Payload: payload, Topic: topic})
 }

@@ -94,10 +94,14 @@ func (t *engineTopics) topicsOf(ns messages.Namespace) []string {
 	return slices.Compact(out)
 }
 
-// topicGroup is one topic's events of a batch, in the order they came.
+// topicGroup is one topic's events of a batch, in the order they came,
+// and their places in the batch (groups with equal places have equal
+// payloads: encoded once).
 type topicGroup struct {
 	topic  string
-	events []Event
+	events  []Event
+	places  []int
+	payload []byte // its encoding, once made
 }
 
 // route groups a batch's events (spaces[i] is events[i]'s namespace) by
@@ -120,6 +124,7 @@ func (t *engineTopics) route(events []Event, spaces []messages.Namespace) []topi
 				groups = append(groups, topicGroup{topic: topic})
 			}
 			groups[j].events = append(groups[j].events, ev)
+			groups[j].places = append(groups[j].places, i)
 		}
 	}
 	return groups

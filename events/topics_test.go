@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -128,4 +129,53 @@ func TestHubTakesAnEnginesTopicFromItsOwnStream(t *testing.T) {
 	require.Len(t, b.Events, 1)
 	require.Equal(t, []int32{0, 1, 2, 3}, b.Events[0].TokenIDs)
 	require.NoError(t, actors.StopAndWait(ctx, system, pid))
+}
+
+// countingSink counts what a hub publishes.
+type countingSink struct {
+	batches, bytes int
+}
+
+func (s *countingSink) Publish(e Entry) {
+	s.batches++
+	s.bytes += len(e.Payload)
+}
+
+// BenchmarkHubEngineTopics: what announcing each block under every engine
+// of its namespace costs, against one topic for the node: the hub's time
+// per stored block and the batches and bytes it publishes per stored block,
+// with 0 (the node's topic), 1, 4 and 8 engines of one namespace.
+//
+//	go test -run '^$' -bench BenchmarkHubEngineTopics -benchtime 20000x ./events/
+func BenchmarkHubEngineTopics(b *testing.B) {
+	for _, engines := range []int{0, 1, 4, 8} {
+		b.Run(fmt.Sprintf("engines=%d", engines), func(b *testing.B) {
+			sink := &countingSink{}
+			system := actors.NewSystem(zerolog.Nop())
+			defer system.Shutdown()
+			hub := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, BatchWindow: time.Hour,
+				MaxBatchEvents: 64, Log: zerolog.Nop()}))
+			for i := range engines {
+				system.Root.Send(hub, &messages.EngineTopic{Session: uint64(i + 1), Namespace: "a",
+					Topic: fmt.Sprintf("kv@10.0.0.%d@llama", i+1)})
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b.ResetTimer()
+			for i := range b.N {
+				// NB: one block a store, 64 stores a batch (the hub's bound)
+				system.Root.Send(hub, stored(nsKey("a", fmt.Sprintf("%016x", i))))
+			}
+			reply := messages.NewReply[uint64]()
+			system.Root.Send(hub, &Flush{Reply: reply})
+			select {
+			case <-reply.C():
+			case <-ctx.Done():
+				b.Fatal("no answer to Flush")
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(sink.batches)/float64(b.N), "batches/block")
+			b.ReportMetric(float64(sink.bytes)/float64(b.N), "bytes/block")
+		})
+	}
 }
