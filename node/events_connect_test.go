@@ -32,35 +32,7 @@ func TestANodeInLLMDsTopology(t *testing.T) {
 	ports, err := freeport.Ports(2)
 	require.NoError(t, err)
 	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
-
-	routerCtx, routerCancel := context.WithCancel(ctx)
-	router := zmq4.NewSub(routerCtx)
-	defer func() { routerCancel(); _ = router.Close() }()
-	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@"))
-	require.NoError(t, router.Listen(routerAddr))
-	type topicBatch struct {
-		topic string
-		b     *events.Batch
-	}
-	heard := make(chan topicBatch, 64)
-	go func() {
-		for {
-			msg, err := router.Recv()
-			if err != nil {
-				if routerCtx.Err() != nil {
-					return
-				}
-				continue // a publisher's connection ended
-			}
-			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
-				select {
-				case heard <- topicBatch{string(msg.Frames[0]), b}:
-				case <-routerCtx.Done():
-					return
-				}
-			}
-		}
-	}()
+	heard := bindRouter(t, ctx, routerAddr)
 
 	node, err := Open(ctx, config.Config{PoolBytes: 16 * testBlock, BlockBytes: testBlock,
 		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "m",
@@ -130,34 +102,7 @@ func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
 	ports, err := freeport.Ports(1)
 	require.NoError(t, err)
 	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
-	routerCtx, routerCancel := context.WithCancel(ctx)
-	router := zmq4.NewSub(routerCtx)
-	defer func() { routerCancel(); _ = router.Close() }()
-	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@"))
-	require.NoError(t, router.Listen(routerAddr))
-	type heardBatch struct {
-		topic string
-		b     *events.Batch
-	}
-	heard := make(chan heardBatch, 256)
-	go func() {
-		for {
-			msg, err := router.Recv()
-			if err != nil {
-				if routerCtx.Err() != nil {
-					return
-				}
-				continue
-			}
-			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
-				select {
-				case heard <- heardBatch{string(msg.Frames[0]), b}:
-				case <-routerCtx.Done():
-					return
-				}
-			}
-		}
-	}()
+	heard := bindRouter(t, ctx, routerAddr)
 
 	dir := t.TempDir()
 	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
@@ -208,4 +153,43 @@ func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
 			}
 		}
 	}
+}
+
+// topicBatch is a batch a router heard, and the topic it came under.
+type topicBatch struct {
+	topic string
+	b     *events.Batch
+}
+
+// bindRouter binds a SUB at addr for every kv@ topic, as llm-d's router
+// does, and hands over what it hears until the test ends.
+func bindRouter(t *testing.T, ctx context.Context, addr string) <-chan topicBatch {
+	t.Helper()
+	routerCtx, routerCancel := context.WithCancel(ctx)
+	router := zmq4.NewSub(routerCtx)
+	require.NoError(t, router.SetOption(zmq4.OptionSubscribe, "kv@"))
+	require.NoError(t, router.Listen(addr))
+	heard := make(chan topicBatch, 256)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			msg, err := router.Recv()
+			if err != nil {
+				if routerCtx.Err() != nil {
+					return
+				}
+				continue // a publisher's connection ended
+			}
+			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
+				select {
+				case heard <- topicBatch{string(msg.Frames[0]), b}:
+				case <-routerCtx.Done():
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { routerCancel(); _ = router.Close(); <-done })
+	return heard
 }
