@@ -325,6 +325,12 @@ class KvtierManager(OffloadingManager):
         self._session_begun()
 
     def _check_hello(self, hello) -> None:
+        lacks = [name for name in ("batch", "credit", "packed_keys") if not getattr(hello, name, False)]
+        if lacks:
+            # NB: every kvtierd of this release serves them; the connector
+            # keeps no path for one that does not.
+            raise KvtierConfigError(f"kvtierd at {self._link_address()} does not serve {', '.join(lacks)}: "
+                                    "run the kvtierd of this kvtier release")
         self._spec.geometry.check(hello.block_bytes)
         if not hello.namespace:
             return
@@ -421,18 +427,14 @@ class KvtierManager(OffloadingManager):
 
     def _queue(self, op: str, settle: Optional[tuple] = None, quiet: bool = False, **fields) -> int:
         """Queues a call for the next flush; its reply, if settle is given,
-        is handed to _settle_reply, otherwise the daemon sends none. Quiet,
-        where the daemon reads batches: a reply only if the call fails, its
-        error settled by _refused (settle is then not kept)."""
-        c = self._link.client
-        if quiet and c.hello.batch:
+        is handed to _settle_reply, otherwise the daemon sends none. Quiet:
+        a reply only if the call fails, its error settled by _refused
+        (settle is then not kept)."""
+        if quiet:
             settle, fields["quiet"] = None, True
         elif settle is None:
             fields["noreply"] = True
-        if c.hello.batch:
-            rid, call = c.call(op, **fields)
-        else:
-            rid, call = c.frame(op, **fields)
+        rid, call = self._link.client.call(op, **fields)
         self._out.append(call)
         if settle is not None:
             self._keep.append(rid)
@@ -450,10 +452,7 @@ class KvtierManager(OffloadingManager):
             if send and self._out:
                 out, keep = self._out, self._keep
                 self._out, self._keep = [], []
-                if c.hello.batch:
-                    c.send_calls(out, keep)  # one frame for the lot
-                else:
-                    c.send_frames(out, keep)
+                c.send_calls(out, keep)  # one frame for the lot
             replies = c.take_replies(wait_ms)
         except KvtierError as e:
             self._lost(e)
@@ -809,10 +808,10 @@ class KvtierManager(OffloadingManager):
                                   evicted_keys=evicted + self._unwire(plan.evicted))
 
     def _quiet(self) -> bool:
-        """The daemon answers a call only when it fails (hello.batch): a
-        pin's or a commit's reply is then read only when it was refused."""
-        c = self._link.client
-        return c is not None and c.hello.batch
+        """A quiet call can be sent (the link is up): the daemon answers it
+        only when it fails, so a pin's or a commit's reply is read only when
+        it was refused."""
+        return self._link.client is not None
 
     def _forget_stored(self, b: _StoreBatch, keys: Iterable[OffloadKey]) -> None:
         """keys of b are settled: no longer this engine's writes (a later
@@ -823,10 +822,9 @@ class KvtierManager(OffloadingManager):
                 del stores[k]
 
     def _credit_on(self) -> bool:
-        """Stores go through credit: the daemon serves it and it is not
-        turned off (kvtier_store_credit: 0)."""
-        c = self._link.client
-        return self._credit_min > 0 and c is not None and c.hello.credit
+        """Stores go through credit: the link is up and credit is not turned
+        off (kvtier_store_credit: 0)."""
+        return self._credit_min > 0 and self._link.client is not None
 
     def _refill(self, short: int = 0) -> None:
         """Asks for credit up to the target (without waiting)."""

@@ -240,6 +240,26 @@ def test_the_engine_tells_kvtierd_the_topic_of_its_own_events(small_daemon):
         ["", "kv@10.0.0.9@llama"]
 
 
+def test_a_daemon_without_batch_credit_or_packed_keys_is_a_clear_error(small_daemon):
+    """The connector keeps no path for a kvtierd that lacks batches, credit
+    or packed keys (every kvtierd of this release serves them): a hello
+    without one is refused at the engine's start, naming what is missing."""
+    import dataclasses
+
+    from kvtier_bench.vllm_harness import kvtier_manager
+    from kvtier_vllm.layout import KvtierConfigError
+
+    kv = kvtier_manager(small_daemon.address, page_bytes=PAGE)
+    try:
+        hello = kv._link.client.hello
+        kv._check_hello(hello)  # this release's kvtierd
+        for lacking in ("batch", "credit", "packed_keys"):
+            with pytest.raises(KvtierConfigError, match=lacking):
+                kv._check_hello(dataclasses.replace(hello, **{lacking: False}))
+    finally:
+        kv.shutdown()
+
+
 def test_named_difference_a_looked_up_hit_is_leased_until_loaded(small_daemon):
     """Deliberate difference 1 (seed 001): kvtier leases a HIT to the
     request that saw it, so a store for another request cannot evict it
