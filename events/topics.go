@@ -98,7 +98,7 @@ func (t *engineTopics) topicsOf(ns messages.Namespace) []string {
 // and their places in the batch (groups with equal places have equal
 // payloads: encoded once).
 type topicGroup struct {
-	topic  string
+	topic   string
 	events  []Event
 	places  []int
 	payload []byte // its encoding, once made
