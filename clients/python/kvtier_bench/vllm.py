@@ -351,8 +351,8 @@ def kvtier_held(mgr, stray: List[int]):
         index = mgr._link.index
         if index is None:
             raise RuntimeError("kvtierd serves no residency index: the reach sample needs one")
-        mgr._namespace()
-        nsfp = mgr._nsfp
+        mgr._keys.namespace()
+        nsfp = mgr._keys.fp
         for k in known[len(word):]:  # NB: known only grows, in order
             word[k] = (fingerprint_key(nsfp, k) & mask) | STATE_CPU
         entries = {w for w in index.words(0) if w & 3 == STATE_CPU}

@@ -9,7 +9,8 @@ vLLM's ``OffloadingConnector`` loads this package's spec out of tree::
         "spec_module_path": "kvtier_vllm",
         "kvtier_address": "ipc:///run/kvtier/engine.sock"}}'
 
-The scheduler side (:mod:`.manager`) answers vLLM's per-key lookups from one
+The scheduler side (:mod:`.manager`, on :mod:`.session`, :mod:`.lookups`,
+:mod:`.stores`, :mod:`.credit`) answers vLLM's per-key lookups from one
 batched, leasing Lookup per request; the worker side (:mod:`.worker`) copies
 engine blocks to and from kvtier's shared-memory pool. :mod:`.layout` holds
 the pure parts both sides share (namespace, slot geometry, copy plans).
