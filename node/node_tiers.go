@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers"
@@ -79,13 +80,13 @@ func (n *Node) tierProps(w wiring) *actor.Props {
 func (n *Node) tieringProps(w wiring) *actor.Props {
 	var ts []tiering.Tier
 	for _, t := range n.tiers.opened {
-		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, PID: w.to("tier-" + t.name)})
+		ts = append(ts, tiering.Tier{Name: t.name, Kind: t.kind, Ref: fx.RefOf(w.to("tier-" + t.name))})
 	}
 	if pid := w.to("p2p"); pid != nil {
-		ts = append(ts, tiering.Tier{Name: n.peers.tierName(n.cfg.Peers), Kind: p2p.Kind, PID: pid, Batched: true, NoCascade: true})
+		ts = append(ts, tiering.Tier{Name: n.peers.tierName(n.cfg.Peers), Kind: p2p.Kind, Ref: fx.RefOf(pid), Batched: true, NoCascade: true})
 	}
 	return tiering.Props(tiering.Config{
-		CPU: w.to("cpu"), Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
+		CPU: fx.RefOf(w.to("cpu")), Tiers: ts, Slot: n.pool.Slot, Clock: n.cfg.Clock,
 		LookupDeadline: n.cfg.SecondaryLookupDeadline, CascadeQueue: n.cfg.CascadeQueue,
 		Log: n.cfg.Logger.With().Str("actor", "tiering").Logger(),
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/modeltime"
 )
@@ -38,6 +39,24 @@ func (l *Log) Respond(msg any)                { l.Resp = append(l.Resp, msg) }
 func (l *Log) After(_ time.Duration, msg any) supervision.Timer {
 	l.Armed = append(l.Armed, msg)
 	return l.timers.After(msg)
+}
+
+// Take records what a core decided in o (its fx.Out: sends, requests and
+// answers in order, deadlines armed), then resets o. NB: for the cores
+// that say what they decided as data; the others call the methods above.
+func (l *Log) Take(o *fx.Out) {
+	for _, s := range o.Sent {
+		if s.Kind == fx.Reply {
+			l.Resp = append(l.Resp, s.Msg)
+		} else {
+			l.Out = append(l.Out, Sent{s.To.PID(), s.Msg})
+		}
+	}
+	for _, d := range o.Deadlines {
+		l.Armed = append(l.Armed, d.Msg)
+	}
+	l.timers.Adopt(o.Deadlines)
+	o.Reset()
 }
 
 // Reset forgets what was sent and answered (before the next message).

@@ -10,6 +10,7 @@ package modeltime
 import (
 	"math/rand/v2"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/supervision"
 )
 
@@ -19,6 +20,7 @@ type Timers struct{ armed []*timer }
 type timer struct {
 	msg            any
 	stopped, fired bool
+	deadline       *fx.Deadline // adopted from a core's fx.Out; nil for After's
 }
 
 // Stop disarms the timer; it reports whether it did before it fired.
@@ -28,11 +30,26 @@ func (t *timer) Stop() bool {
 	return was
 }
 
+func (t *timer) isStopped() bool {
+	if t.deadline != nil {
+		return t.deadline.Stopped()
+	}
+	return t.stopped
+}
+
 // After arms a timer that, fired, hands back msg.
 func (ts *Timers) After(msg any) supervision.Timer {
 	t := &timer{msg: msg}
 	ts.armed = append(ts.armed, t)
 	return t
+}
+
+// Adopt arms the deadlines a core decided (its fx.Out's): stopped through
+// the core's own handle, fired here.
+func (ts *Timers) Adopt(ds []*fx.Deadline) {
+	for _, d := range ds {
+		ts.armed = append(ts.armed, &timer{msg: d.Msg, deadline: d})
+	}
 }
 
 // Fire picks a timer that has not fired yet and returns its message: an
@@ -41,7 +58,7 @@ func (ts *Timers) After(msg any) supervision.Timer {
 func (ts *Timers) Fire(rng *rand.Rand, settling bool) (any, bool) {
 	var live []*timer
 	for _, t := range ts.armed {
-		if !t.fired && (!t.stopped || settling || rng.IntN(10) == 0) {
+		if !t.fired && (!t.isStopped() || settling || rng.IntN(10) == 0) {
 			live = append(live, t)
 		}
 	}
@@ -50,5 +67,8 @@ func (ts *Timers) Fire(rng *rand.Rand, settling bool) (any, bool) {
 	}
 	t := live[rng.IntN(len(live))]
 	t.fired = true
+	if t.deadline != nil {
+		t.deadline.Fire()
+	}
 	return t.msg, true
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu"
@@ -85,7 +86,7 @@ func newRig(t *testing.T, answerLookups bool, tweak ...func(*stalledTier)) *rig 
 			}
 			return tier
 		})},
-		{Name: "tiering", Props: Props(Config{CPU: cpuPID, Tiers: []Tier{{Name: "slow", Kind: "obj", PID: tierPID}},
+		{Name: "tiering", Props: Props(Config{CPU: fx.RefOf(cpuPID), Tiers: []Tier{{Name: "slow", Kind: "obj", Ref: fx.RefOf(tierPID)}},
 			Slot: pool.Slot, Clock: clock, LookupDeadline: time.Second, PromotionTimeout: 5 * time.Second})},
 	}
 	spawned := make(chan map[string]*actor.PID, 1)

@@ -3,6 +3,7 @@ package tiering
 import (
 	"errors"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
@@ -23,7 +24,7 @@ type cascade struct {
 // cascade queues the newly committed keys for every tier, within each
 // tier's queue bound (the rest are shed and counted), and starts what the
 // in-flight bound allows.
-func (s *State) cascade(fx Effects, m *tieringmsg.Cascade) {
+func (s *State) cascade(o *fx.Out, m *tieringmsg.Cascade) {
 	if len(m.Keys) == 0 || len(m.Checksums) != len(m.Keys) {
 		return
 	}
@@ -39,13 +40,13 @@ func (s *State) cascade(fx Effects, m *tieringmsg.Cascade) {
 		for i := range n {
 			s.waiting[t] = append(s.waiting[t], cascadeItem{key: m.Keys[i], sum: m.Checksums[i]})
 		}
-		s.dispatch(fx, t)
+		s.dispatch(o, t)
 	}
 }
 
 // dispatch starts one cascade job for tier t with as many waiting blocks as
 // its in-flight bound allows: one pin request for all of them.
-func (s *State) dispatch(fx Effects, t int) {
+func (s *State) dispatch(o *fx.Out, t int) {
 	n := min(s.cfg.CascadeInFlight-s.queued[t], len(s.waiting[t]))
 	if n <= 0 {
 		return
@@ -62,14 +63,14 @@ func (s *State) dispatch(fx Effects, t int) {
 	}
 	s.cascades[c.id] = c
 	s.queued[t] += n
-	c.timer = fx.After(s.cfg.CascadeTimeout, &cascadeDeadline{job: ref.ID})
+	c.timer = o.After(s.cfg.CascadeTimeout, &cascadeDeadline{job: ref.ID})
 	keys := c.keys
-	s.request(fx, s.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: -1}, func(corr uint64) any {
+	s.request(o, s.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: -1}, func(corr uint64) any {
 		return &cpumsg.LeaseToPin{Corr: corr, Job: ref, Keys: keys, WantProv: true}
 	})
 }
 
-func (s *State) onPin(fx Effects, p pendingReply, m *cpumsg.PinResult) {
+func (s *State) onPin(o *fx.Out, p pendingReply, m *cpumsg.PinResult) {
 	c := p.cas
 	c.pinning--
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: c.id}
@@ -87,7 +88,7 @@ func (s *State) onPin(fx Effects, p pendingReply, m *cpumsg.PinResult) {
 		// one by one (all-or-nothing pins, so no pin was taken).
 		for i, k := range c.keys {
 			c.pinning++
-			s.request(fx, s.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: i}, func(corr uint64) any {
+			s.request(o, s.cfg.CPU, pendingReply{kind: replyPin, cas: c, idx: i}, func(corr uint64) any {
 				return &cpumsg.LeaseToPin{Corr: corr, Job: ref, Keys: []messages.Key{k}, WantProv: true}
 			})
 		}
@@ -103,15 +104,15 @@ func (s *State) onPin(fx Effects, p pendingReply, m *cpumsg.PinResult) {
 		if p.idx >= 0 {
 			keys = c.keys[p.idx : p.idx+1]
 		}
-		s.write(fx, c, keys, m.Slots, m.Prov)
+		s.write(o, c, keys, m.Slots, m.Prov)
 	}
-	s.maybeEndCascade(fx, c)
+	s.maybeEndCascade(o, c)
 }
 
 // write sends the tier one tiermsg.Write per pinned key, with the provenance
 // the CPU tier retained for it (prov: per key, or nil), stored in the
 // block's header so a promotion announces it in full.
-func (s *State) write(fx Effects, c *cascade, keys []messages.Key, slots []int, prov []*messages.Provenance) {
+func (s *State) write(o *fx.Out, c *cascade, keys []messages.Key, slots []int, prov []*messages.Provenance) {
 	tier := s.cfg.Tiers[c.tier]
 	for i, k := range keys {
 		c.outstanding++
@@ -120,13 +121,13 @@ func (s *State) write(fx Effects, c *cascade, keys []messages.Key, slots []int, 
 		if i < len(prov) {
 			p = prov[i]
 		}
-		s.request(fx, tier.PID, pendingReply{kind: replyWrite, cas: c, key: k}, func(corr uint64) any {
+		s.request(o, tier.Ref, pendingReply{kind: replyWrite, cas: c, key: k}, func(corr uint64) any {
 			return &tiermsg.Write{Corr: corr, Key: k, Src: src, Checksum: sum, Prov: p}
 		})
 	}
 }
 
-func (s *State) onWrite(fx Effects, p pendingReply, m *tiermsg.WriteResult) {
+func (s *State) onWrite(o *fx.Out, p pendingReply, m *tiermsg.WriteResult) {
 	c := p.cas
 	c.outstanding--
 	s.queued[c.tier]--
@@ -143,21 +144,21 @@ func (s *State) onWrite(fx Effects, p pendingReply, m *tiermsg.WriteResult) {
 	default:
 		s.stats.CascadeFailed[name]++
 	}
-	s.maybeEndCascade(fx, c)
+	s.maybeEndCascade(o, c)
 }
 
 // maybeEndCascade releases the job's pins once nothing of it is awaited.
-func (s *State) maybeEndCascade(fx Effects, c *cascade) {
+func (s *State) maybeEndCascade(o *fx.Out, c *cascade) {
 	if c.pinning > 0 || c.outstanding > 0 || s.cascades[c.id] != c {
 		return
 	}
 	c.timer.Stop()
 	delete(s.cascades, c.id)
-	s.release(fx, c.id)
-	s.dispatch(fx, c.tier)
+	s.release(o, c.id)
+	s.dispatch(o, c.tier)
 }
 
-func (s *State) reapCascade(fx Effects, id messages.JobID) {
+func (s *State) reapCascade(o *fx.Out, id messages.JobID) {
 	if c := s.cascades[id]; c != nil {
 		s.stalled(&c.job, &s.stats.CascadesReaped, "cascade", "writes_outstanding")
 	}

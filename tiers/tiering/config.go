@@ -3,7 +3,7 @@ package tiering
 import (
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/internal/defaults"
@@ -12,9 +12,9 @@ import (
 
 // Tier is one configured secondary tier.
 type Tier struct {
-	Name string     // in stats, metrics and TierFilter
-	Kind string     // tiers.KindFS, tiers.KindObj or p2p.Kind
-	PID  *actor.PID // its actor
+	Name string // in stats, metrics and TierFilter
+	Kind string // tiers.KindFS, tiers.KindObj or p2p.Kind
+	Ref  fx.Ref // its actor
 	// Batched tiers get a promotion as one tiermsg.ReadBatch (the P2P tier: one
 	// fetch round per peer); the others one tiermsg.Read per key.
 	Batched bool
@@ -24,7 +24,7 @@ type Tier struct {
 
 // Config is what the tiering actor needs from the node.
 type Config struct {
-	CPU   *actor.PID       // the CPU tier
+	CPU   fx.Ref           // the CPU tier
 	Tiers []Tier           // secondary tiers, in lookup order (at most 63)
 	Slot  func(int) []byte // slot bytes, handed to tier workers
 	Clock supervision.Clock

@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/fxlog"
@@ -28,15 +29,16 @@ type core struct {
 	cpu   *actor.PID
 	tiers []*actor.PID
 	fxlog.Log
+	out fx.Out // what the core decided, taken into the log
 }
 
 // newCore: tiers fs (per key) and peers (batched, never cascaded to).
 func newCore(t *testing.T, tweak ...func(*Config)) *core {
 	c := &core{t: t, clock: supervision.NewManualClock(time.Unix(1_700_000_000, 0)),
 		cpu: actor.NewPID("core", "cpu"), tiers: []*actor.PID{actor.NewPID("core", "fs"), actor.NewPID("core", "peers")}}
-	cfg := Config{CPU: c.cpu, Clock: c.clock, Log: zerolog.Nop(),
-		Tiers: []Tier{{Name: "fs", Kind: "fs", PID: c.tiers[0]},
-			{Name: "peers", Kind: "p2p", PID: c.tiers[1], Batched: true, NoCascade: true}},
+	cfg := Config{CPU: fx.RefOf(c.cpu), Clock: c.clock, Log: zerolog.Nop(),
+		Tiers: []Tier{{Name: "fs", Kind: "fs", Ref: fx.RefOf(c.tiers[0])},
+			{Name: "peers", Kind: "p2p", Ref: fx.RefOf(c.tiers[1]), Batched: true, NoCascade: true}},
 		Slot: func(i int) []byte { return make([]byte, 1+i) }}
 	for _, f := range tweak {
 		f(&cfg)
@@ -48,7 +50,8 @@ func newCore(t *testing.T, tweak ...func(*Config)) *core {
 // handle hands the core msg and returns what it sent doing so.
 func (c *core) handle(msg any) []fxlog.Sent {
 	c.Reset()
-	c.s.Handle(c, msg)
+	c.s.Handle(&c.out, msg)
+	c.Take(&c.out)
 	return c.Out
 }
 

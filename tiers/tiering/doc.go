@@ -10,12 +10,13 @@
 // holds), never reads another actor's fields, and never counts as engine
 // work: HasPendingWork ignores it (docs/DESIGN.md §3.1).
 //
-// Its decisions live in State, a core driven one message at a time with
-// its effects (requests, answers, timers) handed to an Effects: the actor
-// is a shell that gives it its context, and model_test.go drives it
-// through a seeded world instead.
+// Its decisions live in State, a core driven one message at a time that
+// writes what it decided (requests, answers, deadlines) into an fx.Out:
+// the actor is a shell that carries the Out out, and model_test.go drives
+// the core through a seeded world instead, reading its Outs.
 //
-// Files: actor.go (the core, its invariants, Handle; the actor shell), config.go,
+// Files: state.go (the core, its invariants, Handle), actor.go (the
+// shell, the only code here that touches the actor system), config.go,
 // lookup.go (asynchronous lookups, the negative cache), promote.go,
 // cascade.go, replies.go (which request a CPU or tier answer belongs to)
 // and stats.go.

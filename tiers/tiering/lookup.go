@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
@@ -64,7 +65,7 @@ type batch struct {
 // known about yet. With Prefix the keys are the tail of a prefix scan: the
 // scan stops at the first key known absent, and only the first key's
 // status matters to the engine (the rest answer MISS).
-func (s *State) asyncLookup(fx Effects, m *tieringmsg.AsyncLookup) {
+func (s *State) asyncLookup(o *fx.Out, m *tieringmsg.AsyncLookup) {
 	status := make([]messages.LookupStatus, len(m.Keys))
 	allowed := s.allowed(m.Req)
 	now := s.cfg.Clock.Now()
@@ -84,14 +85,14 @@ func (s *State) asyncLookup(fx Effects, m *tieringmsg.AsyncLookup) {
 		}
 	}
 	if len(start) > 0 {
-		s.startBatch(fx, m.Req, start, m.Prefix, startMask)
+		s.startBatch(o, m.Req, start, m.Prefix, startMask)
 	}
 	for _, st := range status {
 		if st == messages.Retry {
 			s.stats.Retries++
 		}
 	}
-	fx.Respond(&tieringmsg.AsyncLookupResult{Corr: m.Corr, Status: status})
+	o.Respond(&tieringmsg.AsyncLookupResult{Corr: m.Corr, Status: status})
 }
 
 // keyStatus is k's answer for a request allowed to load from allowed, and
@@ -121,7 +122,7 @@ func (s *State) keyStatus(k messages.Key, allowed uint64, now time.Time) (messag
 	return messages.Retry, ask
 }
 
-func (s *State) startBatch(fx Effects, req *messages.ReqContext, keys []messages.Key, prefix bool, mask uint64) {
+func (s *State) startBatch(o *fx.Out, req *messages.ReqContext, keys []messages.Key, prefix bool, mask uint64) {
 	s.corr++
 	b := &batch{id: s.corr, req: req, keys: keys, prefix: prefix, mask: mask, waiting: mask,
 		found: make([]uint64, len(keys)), corrs: map[int]uint64{}}
@@ -130,19 +131,19 @@ func (s *State) startBatch(fx Effects, req *messages.ReqContext, keys []messages
 		s.looking[k] = b
 	}
 	s.stats.LookupsStarted += uint64(len(keys))
-	b.timer = fx.After(s.cfg.LookupDeadline, &lookupDeadline{batch: b.id})
+	b.timer = o.After(s.cfg.LookupDeadline, &lookupDeadline{batch: b.id})
 	for i, t := range s.cfg.Tiers {
 		if mask&(1<<i) == 0 {
 			continue
 		}
-		s.request(fx, t.PID, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
+		s.request(o, t.Ref, pendingReply{kind: replyLookup, batch: b, tier: i}, func(corr uint64) any {
 			b.corrs[i] = corr
 			return &tiermsg.Lookup{Corr: corr, Keys: keys, Req: req}
 		})
 	}
 }
 
-func (s *State) onTierLookup(fx Effects, p pendingReply, m *tiermsg.LookupResult) {
+func (s *State) onTierLookup(o *fx.Out, p pendingReply, m *tiermsg.LookupResult) {
 	b := p.batch
 	if s.batches[b.id] != b || b.waiting&(1<<p.tier) == 0 {
 		return // resolved at its deadline already
@@ -163,7 +164,7 @@ func (s *State) onTierLookup(fx Effects, p pendingReply, m *tiermsg.LookupResult
 		}
 	}
 	if b.waiting == 0 {
-		s.resolve(fx, b)
+		s.resolve(o, b)
 	}
 }
 
@@ -171,7 +172,7 @@ func (s *State) onTierLookup(fx Effects, p pendingReply, m *tiermsg.LookupResult
 // configured order) that has it; the rest are cached as absent from the
 // tiers that answered. With prefix, promotion stops at the first key no
 // tier has.
-func (s *State) resolve(fx Effects, b *batch) {
+func (s *State) resolve(o *fx.Out, b *batch) {
 	b.timer.Stop()
 	delete(s.batches, b.id)
 	for _, corr := range b.corrs {
@@ -195,7 +196,7 @@ func (s *State) resolve(fx Effects, b *batch) {
 	}
 	for t := range s.cfg.Tiers {
 		if keys := byTier[t]; len(keys) > 0 {
-			s.promote(fx, b.req, t, keys)
+			s.promote(o, b.req, t, keys)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/modeltime"
@@ -80,6 +81,7 @@ type world struct {
 	cpuQueue []any // CPU-tier requests, processed in order
 	tierIO   []tierIO
 	timers   modeltime.Timers
+	out      fx.Out // what the core decided, carried out by carry
 
 	responses  []any
 	lookupCorr uint64
@@ -102,16 +104,31 @@ func newWorld(t *testing.T, seed uint64) *world {
 		w.free = append(w.free, i)
 	}
 	w.core = NewState(Config{
-		CPU: w.cpu,
-		Tiers: []Tier{{Name: "fs", Kind: "fs", PID: w.tiers[0]},
-			{Name: "peers", Kind: "p2p", PID: w.tiers[1], Batched: true, NoCascade: true}},
+		CPU: fx.RefOf(w.cpu),
+		Tiers: []Tier{{Name: "fs", Kind: "fs", Ref: fx.RefOf(w.tiers[0])},
+			{Name: "peers", Kind: "p2p", Ref: fx.RefOf(w.tiers[1]), Batched: true, NoCascade: true}},
 		Slot: func(i int) []byte { return w.slotBytes[i] }, Clock: w.clock,
 		CascadeQueue: 6, CascadeInFlight: 3, Log: zerolog.Nop(),
 	}.WithDefaults())
 	return w
 }
 
-// Effects: what the core does is checked as it does it.
+// What the core decided (its fx.Out) is checked message by message, in the
+// order it decided it.
+func (w *world) carry() {
+	for _, s := range w.out.Sent {
+		switch s.Kind {
+		case fx.Request:
+			w.Request(s.To.PID(), s.Msg)
+		case fx.Send:
+			w.Send(s.To.PID(), s.Msg)
+		case fx.Reply:
+			w.Respond(s.Msg)
+		}
+	}
+	w.timers.Adopt(w.out.Deadlines)
+	w.out.Reset()
+}
 
 func (w *world) Request(to *actor.PID, msg any) {
 	if to == w.cpu {
@@ -147,8 +164,6 @@ func (w *world) Send(to *actor.PID, msg any) {
 }
 
 func (w *world) Respond(msg any) { w.responses = append(w.responses, msg) }
-
-func (w *world) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
 
 func (w *world) tierIndex(pid *actor.PID) int {
 	for i, p := range w.tiers {
@@ -205,7 +220,8 @@ func containsKey(keys []messages.Key, k messages.Key) bool {
 // handle gives the core one message and checks the state it leaves.
 func (w *world) handle(msg any) {
 	w.responses = w.responses[:0]
-	w.core.Handle(w, msg)
+	w.core.Handle(&w.out, msg)
+	w.carry()
 	if m, ok := msg.(*tieringmsg.AsyncLookup); ok {
 		require.Len(w.t, w.responses, 1, "an AsyncLookup is answered at once, once")
 		r, ok := w.responses[0].(*tieringmsg.AsyncLookupResult)

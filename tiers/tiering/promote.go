@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
@@ -33,25 +34,25 @@ type readTask struct {
 // for cascades (maxInFlight) and lookups.
 const maxReadsPerTier = 64
 
-func (s *State) promote(fx Effects, req *messages.ReqContext, tier int, keys []messages.Key) {
+func (s *State) promote(o *fx.Out, req *messages.ReqContext, tier int, keys []messages.Key) {
 	ref := s.nextJob()
 	p := &promotion{job: job{id: ref.ID, tier: tier, keys: keys}, req: req}
 	s.proms[p.id] = p
 	for _, k := range keys {
 		s.promoting[k] = p
 	}
-	p.timer = fx.After(s.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
-	s.request(fx, s.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
+	p.timer = o.After(s.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
+	s.request(o, s.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
 		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
 	})
 }
 
-func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
+func (s *State) onReserve(o *fx.Out, p pendingReply, m *cpumsg.ReserveResult) {
 	prom := p.prom
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	if prom.reaped {
 		// Reaped while waiting: whatever was reserved is freed at once.
-		fx.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: ref})
+		o.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: ref})
 		return
 	}
 	if m.Err != nil {
@@ -78,7 +79,7 @@ func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
 	}
 	tier := s.cfg.Tiers[prom.tier]
 	if tier.Batched {
-		s.readBatch(fx, prom)
+		s.readBatch(o, prom)
 		return
 	}
 	for i, k := range prom.keys {
@@ -86,25 +87,25 @@ func (s *State) onReserve(fx Effects, p pendingReply, m *cpumsg.ReserveResult) {
 		prom.outstanding++
 		s.readQueue[prom.tier] = append(s.readQueue[prom.tier], readTask{prom: prom, idx: i})
 	}
-	s.pumpReads(fx, prom.tier)
+	s.pumpReads(o, prom.tier)
 }
 
 // pumpReads sends waiting promotion reads while tier t has read budget;
 // a waiting read of a reaped promotion is dropped, not sent.
-func (s *State) pumpReads(fx Effects, t int) {
+func (s *State) pumpReads(o *fx.Out, t int) {
 	for s.reading[t] < maxReadsPerTier && len(s.readQueue[t]) > 0 {
 		task := s.readQueue[t][0]
 		s.readQueue[t] = s.readQueue[t][1:]
 		prom := task.prom
 		if prom.reaped {
 			prom.outstanding--
-			s.finishReaped(fx, prom)
+			s.finishReaped(o, prom)
 			continue
 		}
 		s.reading[t]++
 		prom.issued++
 		k, dest := prom.keys[task.idx], s.cfg.Slot(prom.slots[task.idx])
-		s.request(fx, s.cfg.Tiers[t].PID, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
+		s.request(o, s.cfg.Tiers[t].Ref, pendingReply{kind: replyRead, prom: prom, idx: task.idx}, func(corr uint64) any {
 			return &tiermsg.Read{Corr: corr, Key: k, Dest: dest}
 		})
 	}
@@ -114,15 +115,15 @@ func (s *State) pumpReads(fx Effects, t int) {
 }
 
 // finishReaped ends a reaped promotion once nothing can write its slots.
-func (s *State) finishReaped(fx Effects, prom *promotion) {
+func (s *State) finishReaped(o *fx.Out, prom *promotion) {
 	if prom.outstanding == 0 {
-		s.release(fx, prom.id)
+		s.release(o, prom.id)
 		s.endPromotion(prom)
 	}
 }
 
 // readBatch asks a batched tier for the whole promotion at once.
-func (s *State) readBatch(fx Effects, prom *promotion) {
+func (s *State) readBatch(o *fx.Out, prom *promotion) {
 	dests := make([][]byte, len(prom.keys))
 	for i, k := range prom.keys {
 		s.promoting[k] = prom
@@ -130,13 +131,13 @@ func (s *State) readBatch(fx Effects, prom *promotion) {
 	}
 	prom.outstanding = len(prom.keys)
 	keys, slots := prom.keys, prom.slots
-	s.request(fx, s.cfg.Tiers[prom.tier].PID, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
+	s.request(o, s.cfg.Tiers[prom.tier].Ref, pendingReply{kind: replyReadBatch, prom: prom}, func(corr uint64) any {
 		return &tiermsg.ReadBatch{Corr: corr, Keys: keys, Slots: slots, Dests: dests}
 	})
 }
 
 // onReadBatch applies a batched tier's answer key by key, as onRead does.
-func (s *State) onReadBatch(fx Effects, p pendingReply, m *tiermsg.ReadBatchResult) {
+func (s *State) onReadBatch(o *fx.Out, p pendingReply, m *tiermsg.ReadBatchResult) {
 	prom := p.prom
 	for i, k := range prom.keys {
 		res := &tiermsg.ReadResult{Key: k, Err: fmt.Errorf("%w: no answer for the key", messages.ErrTierUnavailable)}
@@ -146,22 +147,22 @@ func (s *State) onReadBatch(fx Effects, p pendingReply, m *tiermsg.ReadBatchResu
 		if i < len(m.Prov) {
 			res.Prov = m.Prov[i]
 		}
-		s.readDone(fx, prom, i, res)
+		s.readDone(o, prom, i, res)
 	}
 }
 
-func (s *State) onRead(fx Effects, p pendingReply, m *tiermsg.ReadResult) {
+func (s *State) onRead(o *fx.Out, p pendingReply, m *tiermsg.ReadResult) {
 	prom := p.prom
 	prom.issued--
 	if !prom.reaped { // a reaped promotion gave its budget back when reaped
 		s.reading[prom.tier]--
 	}
-	s.readDone(fx, prom, p.idx, m)
-	s.pumpReads(fx, prom.tier)
+	s.readDone(o, prom, p.idx, m)
+	s.pumpReads(o, prom.tier)
 }
 
 // readDone records one key's read of a promotion; the last one commits it.
-func (s *State) readDone(fx Effects, prom *promotion, idx int, m *tiermsg.ReadResult) {
+func (s *State) readDone(o *fx.Out, prom *promotion, idx int, m *tiermsg.ReadResult) {
 	prom.outstanding--
 	tier := s.cfg.Tiers[prom.tier]
 	if m.Err == nil {
@@ -182,7 +183,7 @@ func (s *State) readDone(fx Effects, prom *promotion, idx int, m *tiermsg.ReadRe
 		s.stats.PromotionsFailed[tier.Name]++
 		s.markAbsent(m.Key, 1<<prom.tier, s.cfg.Clock.Now().Add(s.cfg.NegativeTTL))
 		if errors.Is(m.Err, messages.ErrInvalidBlock) || errors.Is(m.Err, messages.ErrChecksum) {
-			fx.Send(tier.PID, &tiermsg.Delete{Key: m.Key})
+			o.Send(tier.Ref, &tiermsg.Delete{Key: m.Key})
 		}
 		s.log.Warn().Err(m.Err).Str("tier", tier.Name).Msg("tiering: promotion read failed; key is a miss for this tier")
 	}
@@ -190,16 +191,16 @@ func (s *State) readDone(fx Effects, prom *promotion, idx int, m *tiermsg.ReadRe
 		return
 	}
 	if prom.reaped {
-		s.release(fx, prom.id)
+		s.release(o, prom.id)
 		s.endPromotion(prom)
 		return
 	}
-	s.commitPromotion(fx, prom)
+	s.commitPromotion(o, prom)
 }
 
 // commitPromotion makes the verified blocks readable and frees the slots of
 // the rest.
-func (s *State) commitPromotion(fx Effects, prom *promotion) {
+func (s *State) commitPromotion(o *fx.Out, prom *promotion) {
 	ref := messages.JobRef{Origin: messages.OriginTier, ID: prom.id}
 	var keys []messages.Key
 	var sums []uint32
@@ -215,13 +216,13 @@ func (s *State) commitPromotion(fx Effects, prom *promotion) {
 	if len(keys) > 0 {
 		tier := s.cfg.Tiers[prom.tier].Name
 		n := uint64(len(keys))
-		s.request(fx, s.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
+		s.request(o, s.cfg.CPU, pendingReply{kind: replyCommit, prom: prom}, func(corr uint64) any {
 			return &cpumsg.CommitSlots{Corr: corr, Job: ref, Keys: keys, OK: true, Checksums: sums, Ctx: prom.req, Prov: prov}
 		})
 		s.stats.Promoted[tier] += n
 	}
 	if len(keys) < len(prom.keys) {
-		s.release(fx, prom.id) // FIFO after the commit: frees only the failed keys
+		s.release(o, prom.id) // FIFO after the commit: frees only the failed keys
 	}
 	s.endPromotion(prom)
 }
@@ -236,11 +237,11 @@ func (s *State) endPromotion(prom *promotion) {
 	}
 }
 
-func (s *State) release(fx Effects, id messages.JobID) {
-	fx.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
+func (s *State) release(o *fx.Out, id messages.JobID) {
+	o.Request(s.cfg.CPU, &cpumsg.ReleaseJob{Job: messages.JobRef{Origin: messages.OriginTier, ID: id}})
 }
 
-func (s *State) reapPromotion(fx Effects, id messages.JobID) {
+func (s *State) reapPromotion(o *fx.Out, id messages.JobID) {
 	prom := s.proms[id]
 	if prom == nil || !s.stalled(&prom.job, &s.stats.PromotionsReaped, "promotion", "reads_outstanding") {
 		return
@@ -257,7 +258,7 @@ func (s *State) reapPromotion(fx Effects, id messages.JobID) {
 		// The reservation answer is still to come; onReserve frees it.
 		s.endPromotion(prom)
 	case prom.outstanding == 0:
-		s.release(fx, id)
+		s.release(o, id)
 		s.endPromotion(prom)
 	}
 	// Otherwise reads are still running into the reserved slots: the job
@@ -265,10 +266,10 @@ func (s *State) reapPromotion(fx Effects, id messages.JobID) {
 	// released by onRead when the last one returns.
 	// Its reads still waiting for budget are dropped (and it ends) here, and
 	// the budget it gave back goes to the promotions behind it.
-	s.pumpReads(fx, prom.tier)
+	s.pumpReads(o, prom.tier)
 }
 
-func (s *State) onCommitAck(_ Effects, p pendingReply, m *messages.Ack) {
+func (s *State) onCommitAck(_ *fx.Out, p pendingReply, m *messages.Ack) {
 	if m.Err != nil {
 		s.log.Error().Err(m.Err).Uint64("job", uint64(p.prom.id)).Msg("tiering: promotion commit refused")
 	}

@@ -1,8 +1,7 @@
 package tiering
 
 import (
-	"github.com/asynkron/protoactor-go/actor"
-
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -30,20 +29,20 @@ type pendingReply struct {
 	stats *statsGather
 }
 
-// request sends msg built with a fresh corr to pid, remembering what its
+// request sends msg built with a fresh corr to to, remembering what its
 // answer belongs to.
-func (s *State) request(fx Effects, pid *actor.PID, p pendingReply, build func(corr uint64) any) {
+func (s *State) request(o *fx.Out, to fx.Ref, p pendingReply, build func(corr uint64) any) {
 	s.corr++
 	s.pending[s.corr] = p
-	fx.Request(pid, build(s.corr))
+	o.Request(to, build(s.corr))
 }
 
 // answer hands reply m to on with what its request belongs to, once; an
 // answer nothing waits for (its batch resolved at a deadline, its corr
 // forgotten) is dropped here, so no handler sees it.
-func answer[M any](s *State, fx Effects, corr uint64, kind replyKind, m M, on func(Effects, pendingReply, M)) {
+func answer[M any](s *State, o *fx.Out, corr uint64, kind replyKind, m M, on func(*fx.Out, pendingReply, M)) {
 	if p, ok := s.take(corr, kind); ok {
-		on(fx, p, m)
+		on(o, p, m)
 	}
 }
 

@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 	"github.com/kvtier/kvtier/tiers/tiermsg"
@@ -12,7 +13,7 @@ type statsGather struct {
 	waiting int
 }
 
-func (s *State) gatherStats(fx Effects, m *tieringmsg.GetStats) {
+func (s *State) gatherStats(o *fx.Out, m *tieringmsg.GetStats) {
 	out := s.stats
 	out.Promoted, out.PromotionsFailed = cloneMap(s.stats.Promoted), cloneMap(s.stats.PromotionsFailed)
 	out.CascadeWritten, out.CascadeDropped, out.CascadeFailed = cloneMap(s.stats.CascadeWritten), cloneMap(s.stats.CascadeDropped), cloneMap(s.stats.CascadeFailed)
@@ -29,13 +30,13 @@ func (s *State) gatherStats(fx Effects, m *tieringmsg.GetStats) {
 	}
 	for i, t := range s.cfg.Tiers {
 		g.out.Tiers[i] = messages.SecondaryStats{Name: t.Name, Kind: t.Kind}
-		s.request(fx, t.PID, pendingReply{kind: replyStats, stats: g, tier: i}, func(corr uint64) any {
+		s.request(o, t.Ref, pendingReply{kind: replyStats, stats: g, tier: i}, func(corr uint64) any {
 			return &tiermsg.StatsQuery{Corr: corr}
 		})
 	}
 }
 
-func (s *State) onTierStats(_ Effects, p pendingReply, m *tiermsg.StatsReply) {
+func (s *State) onTierStats(_ *fx.Out, p pendingReply, m *tiermsg.StatsReply) {
 	p.stats.out.Tiers[p.tier] = m.Stats
 	if p.stats.waiting--; p.stats.waiting == 0 {
 		p.stats.reply.Answer(p.stats.out, nil)

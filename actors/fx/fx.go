@@ -1,0 +1,171 @@
+// Package fx is the one way an actor's core says what it decided: handed
+// one message, the core fills an Out — the messages to send, the requests
+// whose answers come back as messages, the answers to the message being
+// handled, and the deadlines to arm — addressed by Ref, never by an actor
+// context or PID. The actor's shell is the only code that touches the
+// actor system: it hands the core each message and carries the Out out
+// (Carry). Tests hand the core messages and read its Outs.
+//
+// It owns no actor and no state beyond one message's decisions.
+package fx
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/supervision"
+)
+
+// Ref is an actor a core addresses: opaque to the core (it can compare and
+// keep one, and name it in an Out), resolved by the shell.
+type Ref struct{ pid *actor.PID }
+
+// RefOf is the Ref of pid (the zero Ref for nil).
+func RefOf(pid *actor.PID) Ref { return Ref{pid: pid} }
+
+// PID is the actor r names, for shells and tests (nil for the zero Ref).
+func (r Ref) PID() *actor.PID { return r.pid }
+
+// IsZero reports whether r names no actor.
+func (r Ref) IsZero() bool { return r.pid == nil }
+
+func (r Ref) String() string {
+	if r.pid == nil {
+		return "nobody"
+	}
+	return r.pid.Id
+}
+
+// Kind is how a message leaves.
+type Kind uint8
+
+const (
+	// Send: a message the receiver does not answer.
+	Send Kind = iota + 1
+	// Request: a message whose answer comes back to the core as a message.
+	Request
+	// Reply: an answer to the sender of the message being handled.
+	Reply
+)
+
+// Sent is one message the core decided to send.
+type Sent struct {
+	Kind Kind
+	To   Ref // the zero Ref for a Reply: the sender of the handled message
+	Msg  any
+}
+
+// Deadline is a message the core has sent to itself once After has passed
+// on the shell's clock: a deadline that ends a batch or a job, never a
+// wait. Stopping it before it is carried out arms nothing.
+type Deadline struct {
+	After time.Duration
+	Msg   any
+
+	stopped, fired bool
+	timer          supervision.Timer // once armed
+}
+
+// Stop disarms d; it reports whether it stopped d before it fired.
+func (d *Deadline) Stop() bool {
+	was := !d.stopped && !d.fired
+	d.stopped = true
+	if d.timer != nil {
+		return d.timer.Stop()
+	}
+	return was
+}
+
+// Stopped reports whether d was stopped.
+func (d *Deadline) Stopped() bool { return d.stopped }
+
+// Fire marks d fired and returns its message: a model test's timer firing.
+func (d *Deadline) Fire() any {
+	d.fired = true
+	return d.Msg
+}
+
+// Out is what a core decided while handling one message, in order.
+type Out struct {
+	Sent      []Sent
+	Deadlines []*Deadline
+}
+
+// Send sends msg to to; no answer is expected.
+func (o *Out) Send(to Ref, msg any) { o.Sent = append(o.Sent, Sent{Send, to, msg}) }
+
+// Request sends msg to to; its answer comes back to the core as a message.
+func (o *Out) Request(to Ref, msg any) { o.Sent = append(o.Sent, Sent{Request, to, msg}) }
+
+// Respond answers the message being handled.
+func (o *Out) Respond(msg any) { o.Sent = append(o.Sent, Sent{Kind: Reply, Msg: msg}) }
+
+// After arms a deadline: msg comes back to the core once d has passed.
+func (o *Out) After(d time.Duration, msg any) *Deadline {
+	dl := &Deadline{After: d, Msg: msg}
+	o.Deadlines = append(o.Deadlines, dl)
+	return dl
+}
+
+// Reset empties o for the next message.
+func (o *Out) Reset() {
+	clear(o.Sent)
+	clear(o.Deadlines)
+	o.Sent, o.Deadlines = o.Sent[:0], o.Deadlines[:0]
+}
+
+// Carry carries out o through ctx, in order, arming its deadlines on clock
+// as messages to ctx's actor, then resets o. A send to the zero Ref is
+// dropped (an asker that is gone).
+func Carry(ctx actor.Context, clock supervision.Clock, o *Out) {
+	for _, s := range o.Sent {
+		switch {
+		case s.Kind == Reply:
+			ctx.Respond(s.Msg)
+		case s.To.pid == nil:
+		case s.Kind == Request:
+			ctx.Request(s.To.pid, s.Msg)
+		default:
+			ctx.Send(s.To.pid, s.Msg)
+		}
+	}
+	if len(o.Deadlines) > 0 {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		for _, d := range o.Deadlines {
+			if !d.stopped {
+				msg := d.Msg
+				d.timer = clock.AfterFunc(d.After, func() { root.Send(self, msg) })
+			}
+		}
+	}
+	o.Reset()
+}
+
+// Each is the messages of type M the core sent, in order.
+func Each[M any](o *Out) []M {
+	var got []M
+	for _, s := range o.Sent {
+		if m, ok := s.Msg.(M); ok {
+			got = append(got, m)
+		}
+	}
+	return got
+}
+
+// Only is the single message of type M in o, sent to to; an error says
+// what o held instead.
+func Only[M any](o *Out, to Ref) (M, error) {
+	var zero M
+	got := Each[M](o)
+	if len(got) != 1 {
+		return zero, fmt.Errorf("want one %T, got %d in %v", zero, len(got), o.Sent)
+	}
+	for _, s := range o.Sent {
+		if _, ok := s.Msg.(M); ok && s.To != to {
+			return zero, fmt.Errorf("%T sent to %v, want %v", s.Msg, s.To, to)
+		}
+	}
+	return got[0], nil
+}
