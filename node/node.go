@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/node/metrics"
@@ -170,10 +171,10 @@ func (n *Node) start(ctx context.Context, state *cpu.State) error {
 // bridgeProps builds the bridge.
 func (n *Node) bridgeProps(w wiring) *actor.Props {
 	return scheduler.Props(scheduler.Config{
-		CPU: w.to("cpu"), Slot: n.pool.Slot, Offload: &n.offload, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
+		CPU: fx.RefOf(w.to("cpu")), Slot: n.pool.Slot, Offload: &n.offload, Clock: n.cfg.Clock, LeaseTTL: n.cfg.LeaseTTL,
 		Workers: n.cfg.JobWorkers, LoadTimeout: n.cfg.LoadJobTimeout, StoreTimeout: n.cfg.StoreJobTimeout,
 		JobSeq: &atomic.Uint64{}, Counters: &scheduler.Counters{}, Restarts: &n.restarts,
-		Tiering: w.to("tiering"),
+		Tiering: fx.RefOf(w.to("tiering")),
 		Log:     n.cfg.Logger.With().Str("actor", "bridge").Logger(),
 	})
 }

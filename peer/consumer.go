@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
@@ -57,7 +56,7 @@ type outRound struct {
 	index  []int          // position of each asked key in the peermsg.Lookup
 	total  int            // keys in the peermsg.Lookup
 	corr   uint64         // the P2P tier's peermsg.Lookup / peermsg.Fetch
-	asker  *actor.PID
+	asker  fx.Ref
 	start  time.Time
 	wait   time.Duration     // the deadline to arm
 	timer  supervision.Timer // armed by the session
@@ -116,9 +115,9 @@ type consumed struct {
 	reset     string
 }
 
-// answer is a reply to the P2P tier (its asker may be gone: nil).
+// answer is a reply to the P2P tier (its asker may be gone: the zero Ref).
 type answer struct {
-	to  *actor.PID
+	to  fx.Ref
 	msg any
 }
 
@@ -133,7 +132,7 @@ type verifyChunk struct {
 
 func (o *consumed) drop(reason string) { o.drops = append(o.drops, reason) }
 func (o *consumed) send(f wire.Frame)  { o.frames = append(o.frames, f) }
-func (o *consumed) answer(to *actor.PID, m any) {
+func (o *consumed) answer(to fx.Ref, m any) {
 	o.answers = append(o.answers, answer{to: to, msg: m})
 }
 
@@ -144,7 +143,7 @@ func (c *consumer) arm(o *consumed, r *outRound, d time.Duration) {
 }
 
 // lookup starts a Lookup round for the keys in namespaces we share.
-func (c *consumer) lookup(m *peermsg.Lookup, asker *actor.PID, l linkNow) (o consumed) {
+func (c *consumer) lookup(m *peermsg.Lookup, asker fx.Ref, l linkNow) (o consumed) {
 	if !l.open() {
 		o.answer(asker, &peermsg.LookupResult{Corr: m.Corr, Node: c.node, Hits: make([]bool, len(m.Keys)),
 			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
@@ -243,7 +242,7 @@ func (c *consumer) end(r *outRound) {
 
 // startFetch checks a peermsg.Fetch of a leased round. It returns the round and
 // its fetch to announce to the transport, or nil and the peermsg.Fetch's answer.
-func (c *consumer) startFetch(m *peermsg.Fetch, asker *actor.PID, l linkNow) (*outRound, *outFetch, consumed) {
+func (c *consumer) startFetch(m *peermsg.Fetch, asker fx.Ref, l linkNow) (*outRound, *outFetch, consumed) {
 	var o consumed
 	fail := func(err error) (*outRound, *outFetch, consumed) {
 		o.answer(asker, &peermsg.FetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)), Err: err})
@@ -269,7 +268,7 @@ func (c *consumer) startFetch(m *peermsg.Fetch, asker *actor.PID, l linkNow) (*o
 // announced the fetch fails now; otherwise the Fetch goes out, and a
 // refusal fails it once the announced chunks are in (they still complete,
 // once, as canceled).
-func (c *consumer) fetching(r *outRound, f *outFetch, m *peermsg.Fetch, asker *actor.PID, announced int, err error) (o consumed) {
+func (c *consumer) fetching(r *outRound, f *outFetch, m *peermsg.Fetch, asker fx.Ref, announced int, err error) (o consumed) {
 	if err != nil && announced == 0 {
 		c.end(r)
 		o.answer(asker, &peermsg.FetchResult{Corr: m.Corr, Node: c.node, Round: m.Round, OK: make([]bool, len(m.Keys)),

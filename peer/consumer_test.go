@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
@@ -24,7 +25,7 @@ import (
 const halfChunk = ChunkBytes / 2
 
 var (
-	asker   = actor.NewPID("local", "p2p")
+	asker   = fx.RefOf(actor.NewPID("local", "p2p"))
 	readyAt = linkNow{epoch: 7, ready: true}
 )
 

@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/peermsg"
 	"github.com/kvtier/kvtier/peer/wire"
@@ -106,7 +107,7 @@ type (
 		chunk int
 		last  bool // the fetch's last chunk to complete
 		corr  uint64
-		asker *actor.PID
+		asker fx.Ref
 		c     rdma.Completion
 	}
 	verified struct {
@@ -158,7 +159,7 @@ func (s *Session) Receive(ctx actor.Context) {
 	case *inboundFrame:
 		s.onInboundFrame(ctx, m)
 	case *peermsg.Lookup:
-		s.carryOut(ctx, s.rounds.lookup(m, ctx.Sender(), s.linkNow()))
+		s.carryOut(ctx, s.rounds.lookup(m, fx.RefOf(ctx.Sender()), s.linkNow()))
 	case *peermsg.Fetch:
 		s.fetch(ctx, m)
 	case *peermsg.Release:
@@ -432,8 +433,8 @@ func (s *Session) carryOut(ctx actor.Context, o consumed) {
 		s.ctr.drop(reason)
 	}
 	for _, a := range o.answers {
-		if a.to != nil {
-			ctx.Send(a.to, a.msg)
+		if !a.to.IsZero() {
+			ctx.Send(a.to.PID(), a.msg)
 		}
 	}
 	for _, f := range o.frames {
@@ -478,20 +479,20 @@ func (s *Session) armRound(ctx actor.Context, r *outRound) {
 
 // fetch starts the data-plane transfer of leased hits into reserved slots.
 func (s *Session) fetch(ctx actor.Context, m *peermsg.Fetch) {
-	r, f, o := s.rounds.startFetch(m, ctx.Sender(), s.linkNow())
+	r, f, o := s.rounds.startFetch(m, fx.RefOf(ctx.Sender()), s.linkNow())
 	if r == nil {
 		s.carryOut(ctx, o)
 		return
 	}
 	announced, err := s.expectChunks(ctx, r.n, m.Corr, f)
-	s.carryOut(ctx, s.rounds.fetching(r, f, m, ctx.Sender(), announced, err))
+	s.carryOut(ctx, s.rounds.fetching(r, f, m, fx.RefOf(ctx.Sender()), announced, err))
 }
 
 // expectChunks announces the chunks of f to the transport, in order, until
 // one is refused: it returns how many were announced and the refusal. The
 // last announced chunk's completion reports itself as the fetch's last.
 func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetch) (int, error) {
-	self, root, asker := ctx.Self(), ctx.ActorSystem().Root, ctx.Sender()
+	self, root, asker := ctx.Self(), ctx.ActorSystem().Root, fx.RefOf(ctx.Sender())
 	last := newLastOf(f.chunks)
 	for i := range f.chunks {
 		lo, hi := chunkRange(i, len(f.keys), s.cfg.BlockBytes)

@@ -7,10 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/internal/cede"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
@@ -21,10 +21,11 @@ import (
 // Bridge is the core of the engine-facing actor: it serves the manager
 // API, owns the request and job registry, arms one deadline timer per job
 // and reaps jobs whose deadline passes. It is driven one message at a time
-// through Handle, with what it does outside itself (requests to the CPU
-// tier and the tiering actor, timers, checksums off the mailbox) handed to
-// an Effects; the actor is a shell around it (bridgeActor), and
-// bridge_model_test.go drives it through a seeded world instead.
+// through Handle, which writes what it decided outside itself (requests to
+// the CPU tier and the tiering actor, deadlines, checksums off the mailbox)
+// into an fx.Out; the actor is a shell that carries the Out out
+// (bridge_actor.go), and bridge_model_test.go drives the core through a
+// seeded world instead, reading its Outs.
 //
 // Invariants:
 //   - state is touched only inside Handle; CPU-tier answers come back as
@@ -71,7 +72,7 @@ type Bridge struct {
 // Config is what a Bridge needs from the node. The pointers survive actor
 // restarts: job ids are never reused, counters never go back.
 type Config struct {
-	CPU          *actor.PID        // the CPU tier
+	CPU          fx.Ref            // the CPU tier
 	Slot         func(int) []byte  // slot bytes, for checksums (read off the mailbox)
 	Offload      *actors.Offload   // where those reads run, tracked for the pool's unmapping (nil: untracked)
 	Clock        supervision.Clock // deadlines and leases
@@ -82,7 +83,7 @@ type Config struct {
 	JobSeq       *atomic.Uint64    // job id source
 	Counters     *Counters         // bridge counters
 	Restarts     *atomic.Uint64    // supervised restarts, for Stats
-	Tiering      *actor.PID        // the tiering actor; nil without secondary tiers (bridge_tiering.go)
+	Tiering      fx.Ref            // the tiering actor; the zero Ref without secondary tiers (bridge_tiering.go)
 	Log          zerolog.Logger    // structured logs
 }
 
@@ -216,20 +217,6 @@ type (
 // ErrRestarted answers calls in flight when the bridge restarted.
 var ErrRestarted = fmt.Errorf("%w: bridge restarted", messages.ErrClosed)
 
-// Props builds the bridge's props. incarnation counts how often the
-// producer ran, so a restarted bridge knows it is one.
-func Props(cfg Config) *actor.Props {
-	var incarnation atomic.Uint64
-	carry := new([]messages.Event)
-	return actor.PropsFromProducer(func() actor.Actor {
-		n := incarnation.Add(1)
-		// NB: each incarnation numbers its CPU-tier calls in a range of its
-		// own, so an answer to a call of the one before (still in the
-		// mailbox) never resumes a new call of another kind.
-		return &bridgeActor{b: newBridge(cfg, n, carry)}
-	}, actor.WithReceiverMiddleware(supervision.Faults))
-}
-
 // newBridge is the core of the bridge's incarnation-th incarnation; carry
 // is shared by all of them.
 func newBridge(cfg Config, incarnation uint64, carry *[]messages.Event) *Bridge {
@@ -237,88 +224,38 @@ func newBridge(cfg Config, incarnation uint64, carry *[]messages.Event) *Bridge 
 		restart: incarnation > 1, corr: (incarnation - 1) << 40, carry: carry}
 }
 
-// Effects is what the bridge's core does outside itself. Request's answer
-// comes back as a message to Handle; After sends the actor msg once d has
-// passed on its clock; Offload runs work off the mailbox (tracked, for the
-// pool's unmapping) and hands its result back to Handle as a message.
-type Effects interface {
-	Request(to *actor.PID, msg any)
-	Send(to *actor.PID, msg any)
-	After(d time.Duration, msg any) supervision.Timer
-	Offload(work func() any)
-}
-
-// bridgeActor is the bridge: a shell that hands each message to its core
-// with the actor's context as the effects.
-type bridgeActor struct{ b *Bridge }
-
-// Receive maps the lifecycle to the core and hands it everything else.
-func (a *bridgeActor) Receive(ctx actor.Context) {
-	fx := contextEffects{ctx: ctx, cfg: &a.b.cfg}
-	switch ctx.Message().(type) {
-	case *actor.Started:
-		a.b.started(fx)
-	case *actor.Restarting:
-		a.b.failInFlight()
-	case *actor.Stopping:
-		a.b.failHeld(messages.ErrClosed)
-	case *actor.Stopped, *actor.Restart:
-	default:
-		a.b.Handle(fx, ctx.Message())
-	}
-}
-
-// contextEffects carries out the core's effects through an actor context.
-type contextEffects struct {
-	ctx actor.Context
-	cfg *Config
-}
-
-func (e contextEffects) Request(to *actor.PID, msg any) { e.ctx.Request(to, msg) }
-func (e contextEffects) Send(to *actor.PID, msg any)    { e.ctx.Send(to, msg) }
-
-func (e contextEffects) After(d time.Duration, msg any) supervision.Timer {
-	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
-	return e.cfg.Clock.AfterFunc(d, func() { root.Send(self, msg) })
-}
-
-func (e contextEffects) Offload(work func() any) {
-	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
-	e.cfg.Offload.Go(func() { root.Send(self, work()) })
-}
-
 // Handle handles one message.
-func (b *Bridge) Handle(fx Effects, msg any) {
+func (b *Bridge) Handle(o *fx.Out, msg any) {
 	switch m := msg.(type) {
 	case *messages.Lookup, *messages.PrepareLoad, *messages.Touch, *messages.CompleteLoad,
 		*messages.PrepareStore, *messages.CompleteStore, *messages.JobDone, *messages.RequestFinished,
 		*messages.TakeEvents, *messages.HasPendingWork, *messages.Pause, *messages.Resume,
 		*messages.ResetCache, *messages.ReleaseSession, *messages.Grant, *messages.StoreCredited:
 		if b.order.admit(m) {
-			b.serve(fx, m)
+			b.serve(o, m)
 		}
 	case *messages.GetStats:
-		b.stats(fx, m)
+		b.stats(o, m)
 	case *messages.Shutdown:
-		b.shutdown(fx, m)
+		b.shutdown(o, m)
 	case *cpumsg.CreditGranted:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *cpumsg.CreditBound:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *jobDeadline:
-		b.deadline(fx, m)
+		b.deadline(o, m)
 	case *reapAt:
-		b.reapUpTo(fx, m.gen)
+		b.reapUpTo(o, m.gen)
 	case *checksummed:
-		b.commitChecksummed(fx, m)
+		b.commitChecksummed(o, m)
 	case *cpumsg.LookupResult:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *cpumsg.PinResult:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *cpumsg.ReserveResult:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *messages.Ack:
-		b.resumeAck(fx, m)
+		b.resumeAck(o, m)
 	case *cpumsg.TierEvents:
 		if _, asked := b.pending[m.Corr]; !asked {
 			// Drained for a TakeEvents the last restart failed: kept for the
@@ -326,67 +263,67 @@ func (b *Bridge) Handle(fx Effects, msg any) {
 			*b.carry = append(*b.carry, m.Events...)
 			return
 		}
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *cpumsg.TierStatsResult:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	case *tieringmsg.AsyncLookupResult:
-		b.resume(fx, m.Corr, m)
+		b.resume(o, m.Corr, m)
 	default:
 		b.cfg.Log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("bridge: unknown message dropped")
 	}
 }
 
 // serve handles an engine call admitted in its order (order.go).
-func (b *Bridge) serve(fx Effects, m any) {
+func (b *Bridge) serve(o *fx.Out, m any) {
 	switch m := m.(type) {
 	case *messages.Lookup:
-		b.lookup(fx, m)
+		b.lookup(o, m)
 	case *messages.PrepareLoad:
-		b.prepareLoad(fx, m)
+		b.prepareLoad(o, m)
 	case *messages.Touch:
-		b.touch(fx, m)
+		b.touch(o, m)
 	case *messages.CompleteLoad:
-		b.completeLoad(fx, m)
+		b.completeLoad(o, m)
 	case *messages.PrepareStore:
-		b.prepareStore(fx, m)
+		b.prepareStore(o, m)
 	case *messages.CompleteStore:
-		b.completeStore(fx, m)
+		b.completeStore(o, m)
 	case *messages.JobDone:
-		b.jobDone(fx, m)
+		b.jobDone(o, m)
 	case *messages.RequestFinished:
-		fx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
+		o.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
 		m.Reply.Answer(struct{}{}, nil)
 	case *messages.TakeEvents:
-		b.takeEvents(fx, m)
+		b.takeEvents(o, m)
 	case *messages.HasPendingWork:
 		// Only engine jobs need an engine step; peers, promotions, cascades
 		// and commits progress on their own (the contract: manager.go).
 		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
 	case *messages.Pause:
-		b.pause(fx, m)
+		b.pause(o, m)
 	case *messages.Resume:
 		b.paused = b.closed
 		m.Reply.Answer(struct{}{}, b.closedErr())
 	case *messages.ResetCache:
-		b.resetCache(fx, m)
+		b.resetCache(o, m)
 	case *messages.ReleaseSession:
-		b.releaseSession(fx, m)
+		b.releaseSession(o, m)
 	case *messages.Grant:
-		b.grant(fx, m)
+		b.grant(o, m)
 	case *messages.StoreCredited:
-		b.storeCredited(fx, m)
+		b.storeCredited(o, m)
 	}
 }
 
 // serveHeld re-admits the held calls in arrival order, once a commit was
 // sent to the CPU tier.
-func (b *Bridge) serveHeld(fx Effects) {
+func (b *Bridge) serveHeld(o *fx.Out) {
 	if b.order.waiting() == 0 {
 		return
 	}
 	for _, m := range b.order.release() {
 		if b.order.admit(m) {
-			b.serve(fx, m)
+			b.serve(o, m)
 		}
 	}
 }
@@ -399,12 +336,12 @@ func (b *Bridge) failHeld(err error) {
 	}
 }
 
-func (b *Bridge) started(fx Effects) {
+func (b *Bridge) started(o *fx.Out) {
 	if b.restart {
 		b.cfg.Log.Warn().Msg("bridge: restarted; releasing every engine lease, pin and write")
 		// NB: the engine may still be copying for jobs this incarnation never
 		// heard of: their slots stay unusable until no copy can be running.
-		fx.Send(b.cfg.CPU, &cpumsg.ReleaseOrigin{Origin: messages.OriginEngine,
+		o.Send(b.cfg.CPU, &cpumsg.ReleaseOrigin{Origin: messages.OriginEngine,
 			Quarantine: max(b.cfg.LoadTimeout, b.cfg.StoreTimeout)})
 	}
 }
@@ -436,19 +373,19 @@ func (b *Bridge) failInFlight() {
 	b.failHeld(ErrRestarted)
 }
 
-// ask sends a request built with a fresh correlation id to pid and parks p
+// ask sends a request built with a fresh correlation id to to and parks p
 // until its answer comes back (resume).
-func (b *Bridge) ask(fx Effects, pid *actor.PID, p pendingCall, build func(corr uint64) any) {
+func (b *Bridge) ask(o *fx.Out, to fx.Ref, p pendingCall, build func(corr uint64) any) {
 	b.corr++
 	b.pending[b.corr] = p
-	fx.Request(pid, build(b.corr))
+	o.Request(to, build(b.corr))
 }
 
 // resume carries on the call waiting for corr with its answer. An answer
 // of a type its call does not wait for is a bug in the other side's
 // protocol: the call fails with ErrInternal rather than panicking the
 // bridge.
-func (b *Bridge) resume(fx Effects, corr uint64, reply any) {
+func (b *Bridge) resume(o *fx.Out, corr uint64, reply any) {
 	p, ok := b.pending[corr]
 	if !ok {
 		return
@@ -457,7 +394,7 @@ func (b *Bridge) resume(fx Effects, corr uint64, reply any) {
 	switch r := reply.(type) {
 	case *cpumsg.LookupResult:
 		if p.kind == waitLease {
-			b.onLease(fx, p.lookup, r)
+			b.onLease(o, p.lookup, r)
 			return
 		}
 	case *tieringmsg.AsyncLookupResult:
@@ -472,13 +409,13 @@ func (b *Bridge) resume(fx Effects, corr uint64, reply any) {
 		}
 	case *cpumsg.ReserveResult:
 		if p.kind == waitReserve {
-			b.onReserve(fx, p, r)
+			b.onReserve(o, p, r)
 			return
 		}
 	case *messages.Ack:
 		switch p.kind {
 		case waitCommit:
-			b.commitLanded(fx, p.commit, r.Err)
+			b.commitLanded(o, p.commit, r.Err)
 			return
 		case waitClear:
 			p.reply.Answer(struct{}{}, r.Err)
@@ -501,14 +438,14 @@ func (b *Bridge) resume(fx Effects, corr uint64, reply any) {
 		}
 	case *cpumsg.CreditBound:
 		if p.kind == waitBind {
-			b.onBound(fx, p, r)
+			b.onBound(o, p, r)
 			return
 		}
 	}
 	b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", reply)).Msg("bridge: answered with the wrong type")
 	b.fail(p, fmt.Errorf("%w: answered %T", messages.ErrInternal, reply))
 	if p.kind == waitCommit {
-		b.drained(fx)
+		b.drained(o)
 	}
 }
 
@@ -539,14 +476,14 @@ func (b *Bridge) fail(p pendingCall, err error) {
 	}
 }
 
-func (b *Bridge) resumeAck(fx Effects, m *messages.Ack) {
+func (b *Bridge) resumeAck(o *fx.Out, m *messages.Ack) {
 	if m.Corr == 0 {
 		if m.Err != nil {
 			b.cfg.Log.Error().Err(m.Err).Msg("bridge: cpu tier refused a release")
 		}
 		return
 	}
-	b.resume(fx, m.Corr, m)
+	b.resume(o, m.Corr, m)
 }
 
 func (b *Bridge) closedErr() error {
@@ -572,7 +509,7 @@ func (b *Bridge) workers(req *messages.ReqContext) int {
 	return b.cfg.Workers
 }
 
-func (b *Bridge) lookup(fx Effects, m *messages.Lookup) {
+func (b *Bridge) lookup(o *fx.Out, m *messages.Lookup) {
 	if err := b.closedErr(); err != nil {
 		m.Reply.Answer(nil, err)
 		return
@@ -585,16 +522,16 @@ func (b *Bridge) lookup(fx Effects, m *messages.Lookup) {
 		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
 		return
 	}
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitLease, lookup: m}, func(corr uint64) any {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitLease, lookup: m}, func(corr uint64) any {
 		return &cpumsg.LookupAndLease{Corr: corr, Holder: m.Req.Holder(), Keys: m.Keys, Prefix: m.Prefix, TTL: b.cfg.LeaseTTL, WantSlots: m.WantSlots}
 	})
 }
 
-func (b *Bridge) onLease(fx Effects, m *messages.Lookup, r *cpumsg.LookupResult) {
+func (b *Bridge) onLease(o *fx.Out, m *messages.Lookup, r *cpumsg.LookupResult) {
 	if m.WantSlots {
 		m.Slots = r.Slots
 	}
-	b.answerLookup(fx, m, r.Status)
+	b.answerLookup(o, m, r.Status)
 }
 
 // admit checks an engine call that starts a job (the node open and not
@@ -630,16 +567,16 @@ func (b *Bridge) newJob(id messages.JobID, kind messages.JobKind, req *messages.
 	return j
 }
 
-func (b *Bridge) arm(fx Effects, j *job) {
+func (b *Bridge) arm(o *fx.Out, j *job) {
 	timeout := b.cfg.LoadTimeout
 	if j.kind == messages.JobStore {
 		timeout = b.cfg.StoreTimeout
 	}
-	j.timer = fx.After(timeout, &jobDeadline{id: j.id})
+	j.timer = o.After(timeout, &jobDeadline{id: j.id})
 	b.reg.add(j)
 }
 
-func (b *Bridge) prepareLoad(fx Effects, m *messages.PrepareLoad) {
+func (b *Bridge) prepareLoad(o *fx.Out, m *messages.PrepareLoad) {
 	id, err := b.admit(m.Keys)
 	if err != nil {
 		m.Reply.Answer(messages.LoadJob{}, err)
@@ -650,8 +587,8 @@ func (b *Bridge) prepareLoad(fx Effects, m *messages.PrepareLoad) {
 	// and it must find the job (its unpin reaches the CPU tier after the
 	// pin: that mailbox is FIFO from us). Its slots are known at the answer.
 	j := b.newJob(id, messages.JobLoad, m.Req, m.Keys, make([]int, len(m.Keys)))
-	b.arm(fx, j)
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitPin, load: m, job: j}, func(corr uint64) any {
+	b.arm(o, j)
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitPin, load: m, job: j}, func(corr uint64) any {
 		return &cpumsg.LeaseToPin{Corr: corr, Holder: m.Req.Holder(), Job: j.ref(), Keys: m.Keys, KeepRank: true}
 	})
 }
@@ -676,16 +613,16 @@ func (b *Bridge) refuseLoad(p pendingCall, err error) {
 	p.load.Reply.Answer(messages.LoadJob{}, err)
 }
 
-func (b *Bridge) touch(fx Effects, m *messages.Touch) {
+func (b *Bridge) touch(o *fx.Out, m *messages.Touch) {
 	if err := validKeys(m.Keys); err != nil {
 		m.Reply.Answer(struct{}{}, err)
 		return
 	}
-	fx.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
+	o.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
 	m.Reply.Answer(struct{}{}, nil)
 }
 
-func (b *Bridge) completeLoad(fx Effects, m *messages.CompleteLoad) {
+func (b *Bridge) completeLoad(o *fx.Out, m *messages.CompleteLoad) {
 	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobLoad, m.Keys)
 	if !ok {
 		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
@@ -694,14 +631,14 @@ func (b *Bridge) completeLoad(fx Effects, m *messages.CompleteLoad) {
 	for j, keys := range byJob {
 		// NB: the CPU tier's mailbox is FIFO from us, so any later call we
 		// forward sees these pins released; no need to await the ack.
-		fx.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
-		b.closeIfEmpty(fx, j)
+		o.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
+		b.closeIfEmpty(o, j)
 	}
 	m.Reply.Answer(struct{}{}, nil)
 }
 
-func (b *Bridge) prepareStore(fx Effects, m *messages.PrepareStore) {
-	err := b.askStoreSlots(fx, m.Keys, pendingCall{kind: waitReserve, store: m}, func(corr uint64, job messages.JobRef) any {
+func (b *Bridge) prepareStore(o *fx.Out, m *messages.PrepareStore) {
+	err := b.askStoreSlots(o, m.Keys, pendingCall{kind: waitReserve, store: m}, func(corr uint64, job messages.JobRef) any {
 		return &cpumsg.ReserveSlots{Corr: corr, Job: job, Keys: m.Keys}
 	})
 	if err != nil {
@@ -713,29 +650,29 @@ func (b *Bridge) prepareStore(fx Effects, m *messages.PrepareStore) {
 // slots (build makes the request, for the job's ref); the job is opening
 // until the answer, which p (given the job's id) carries on. An error is
 // the admission's: nothing was asked.
-func (b *Bridge) askStoreSlots(fx Effects, keys []messages.Key, p pendingCall, build func(corr uint64, job messages.JobRef) any) error {
+func (b *Bridge) askStoreSlots(o *fx.Out, keys []messages.Key, p pendingCall, build func(corr uint64, job messages.JobRef) any) error {
 	id, err := b.admit(keys)
 	if err != nil {
 		return err
 	}
 	b.opening[id] = struct{}{}
 	p.id = id
-	b.ask(fx, b.cfg.CPU, p, func(corr uint64) any {
+	b.ask(o, b.cfg.CPU, p, func(corr uint64) any {
 		return build(corr, messages.JobRef{Origin: messages.OriginEngine, ID: id})
 	})
 	return nil
 }
 
-func (b *Bridge) onReserve(fx Effects, p pendingCall, res *cpumsg.ReserveResult) {
+func (b *Bridge) onReserve(o *fx.Out, p pendingCall, res *cpumsg.ReserveResult) {
 	m := p.store
 	delete(b.opening, p.id)
-	defer b.drained(fx)
+	defer b.drained(o)
 	if res.Err != nil {
 		m.Reply.Answer(messages.StorePlan{}, res.Err)
 		return
 	}
 	plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
-	plan.Job, plan.Workers = b.openStore(fx, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
+	plan.Job, plan.Workers = b.openStore(o, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
 	m.Reply.Answer(plan, nil)
 }
 
@@ -743,7 +680,7 @@ func (b *Bridge) onReserve(fx Effects, p pendingCall, res *cpumsg.ReserveResult)
 // into slots, placed in the call's chain order for its stored event, and
 // returns the job's id and workers for the answer (0, 0 when there is no
 // key to write: no job).
-func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) (messages.JobID, int) {
+func (b *Bridge) openStore(o *fx.Out, id messages.JobID, req *messages.ReqContext, callKeys, keys []messages.Key, slots []int) (messages.JobID, int) {
 	if len(keys) == 0 {
 		return 0, 0
 	}
@@ -752,17 +689,17 @@ func (b *Bridge) openStore(fx Effects, id messages.JobID, req *messages.ReqConte
 	for i, p := range messages.Place(callKeys, keys, req.ParentBlockHash) {
 		j.place[keys[i]] = p
 	}
-	b.arm(fx, j)
+	b.arm(o, j)
 	if id <= b.reapedUpTo {
 		// NB: opened after its drain's deadline reaped the jobs issued
 		// before it: reaped too (its writes are never readable; the engine's
 		// completion finds no job).
-		b.reap(fx, j, "drain deadline")
+		b.reap(o, j, "drain deadline")
 	}
 	return id, len(j.reported)
 }
 
-func (b *Bridge) completeStore(fx Effects, m *messages.CompleteStore) {
+func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 	if len(m.Keys) == 0 {
 		m.Reply.Answer(struct{}{}, nil)
 		return
@@ -774,8 +711,8 @@ func (b *Bridge) completeStore(fx Effects, m *messages.CompleteStore) {
 	}
 	done := &storeCompletion{m: m, remaining: len(byJob)}
 	for j, keys := range byJob {
-		b.commit(fx, j, keys, m.OK, commitWaiter{store: done})
-		b.closeIfEmpty(fx, j)
+		b.commit(o, j, keys, m.OK, commitWaiter{store: done})
+		b.closeIfEmpty(o, j)
 	}
 }
 
@@ -783,10 +720,10 @@ func (b *Bridge) completeStore(fx Effects, m *messages.CompleteStore) {
 // off the mailbox first; then takes the CPU tier's answer.
 // Committed keys go in chain order with their placements, so a stored
 // event names parents before children.
-func (b *Bridge) commit(fx Effects, j *job, keys []messages.Key, ok bool, then commitWaiter) {
+func (b *Bridge) commit(o *fx.Out, j *job, keys []messages.Key, ok bool, then commitWaiter) {
 	b.commits++
 	if !ok {
-		b.sendCommit(fx, &commitCall{ref: j.ref(), req: j.req, keys: keys, then: then}, nil)
+		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: keys, then: then}, nil)
 		return
 	}
 	keys, place := j.placed(keys)
@@ -798,7 +735,7 @@ func (b *Bridge) commit(fx Effects, j *job, keys []messages.Key, ok bool, then c
 		slots[i] = j.slots[k]
 	}
 	ref, req, slot := j.ref(), j.req, b.cfg.Slot
-	fx.Offload(func() any {
+	o.Offload(func() any {
 		// NB: 2 MiB at memory speed is ~200 µs of one core at a step
 		// boundary; the budget lets a peer's lookup queued behind it run.
 		var budget cede.Budget
@@ -814,7 +751,7 @@ func (b *Bridge) commit(fx Effects, j *job, keys []messages.Key, ok bool, then c
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func (b *Bridge) commitChecksummed(fx Effects, m *checksummed) {
+func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 	if m.by != b {
 		// A previous incarnation's commit: this one never counted it, and
 		// the job's slots are quarantined by the CPU tier (ReleaseOrigin).
@@ -833,18 +770,18 @@ func (b *Bridge) commitChecksummed(fx Effects, m *checksummed) {
 	}
 	for m != nil {
 		b.commitNext = m.seq
-		b.sendCommit(fx, &commitCall{ref: m.job, req: m.req, keys: m.keys, ok: true, sums: m.sums, then: m.then}, m.pos)
+		b.sendCommit(o, &commitCall{ref: m.job, req: m.req, keys: m.keys, ok: true, sums: m.sums, then: m.then}, m.pos)
 		b.order.landed(m.keys)
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
 	}
-	b.serveHeld(fx)
+	b.serveHeld(o)
 }
 
 // sendCommit asks the CPU tier to commit c (place: its keys' placements);
 // the answer ends one in-flight commit (commitLanded).
-func (b *Bridge) sendCommit(fx Effects, c *commitCall, place []messages.Placement) {
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitCommit, commit: c}, func(corr uint64) any {
+func (b *Bridge) sendCommit(o *fx.Out, c *commitCall, place []messages.Placement) {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitCommit, commit: c}, func(corr uint64) any {
 		return &cpumsg.CommitSlots{Corr: corr, Job: c.ref, Keys: c.keys, OK: c.ok, Checksums: c.sums, Ctx: c.req, Place: place}
 	})
 }
@@ -852,13 +789,13 @@ func (b *Bridge) sendCommit(fx Effects, c *commitCall, place []messages.Placemen
 // commitLanded ends one in-flight commit (drains wait for them: a cleared
 // tier must not see a commit land after it): a readable one is cascaded
 // before the answer, so whoever it wakes sees the cascade queued.
-func (b *Bridge) commitLanded(fx Effects, c *commitCall, err error) {
+func (b *Bridge) commitLanded(o *fx.Out, c *commitCall, err error) {
 	b.commits--
 	if c.ok && err == nil {
-		b.cascade(fx, c.keys, c.sums, c.req)
+		b.cascade(o, c.keys, c.sums, c.req)
 	}
 	b.commitAnswered(c, err)
-	b.drained(fx)
+	b.drained(o)
 }
 
 // commitAnswered tells whoever waits for c how it went; a refusal nobody
@@ -870,16 +807,16 @@ func (b *Bridge) commitAnswered(c *commitCall, err error) {
 }
 
 // closeIfEmpty removes a job all of whose keys were claimed.
-func (b *Bridge) closeIfEmpty(fx Effects, j *job) {
+func (b *Bridge) closeIfEmpty(o *fx.Out, j *job) {
 	if len(j.open) > 0 || b.reg.jobs[j.id] != j {
 		return
 	}
 	b.reg.remove(j)
 	b.cfg.Counters.JobsCompleted++
-	b.drained(fx)
+	b.drained(o)
 }
 
-func (b *Bridge) jobDone(fx Effects, m *messages.JobDone) {
+func (b *Bridge) jobDone(o *fx.Out, m *messages.JobDone) {
 	j, ok := b.reg.jobs[m.Job]
 	if !ok {
 		b.cfg.Counters.LateReports++
@@ -905,13 +842,13 @@ func (b *Bridge) jobDone(fx Effects, m *messages.JobDone) {
 	// freed): an engine that stores then looks up sees a HIT, not a race
 	// with the checksum goroutine.
 	b.cfg.Counters.JobsCompleted++
-	b.finish(fx, j, j.allOK, commitWaiter{done: m})
+	b.finish(o, j, j.allOK, commitWaiter{done: m})
 }
 
 // finish releases what the job still holds: a load unpins, a store commits
 // (readable only if ok) — and removes it from the registry. then, if
 // anyone, gets the outcome once the CPU tier has applied it.
-func (b *Bridge) finish(fx Effects, j *job, ok bool, then commitWaiter) {
+func (b *Bridge) finish(o *fx.Out, j *job, ok bool, then commitWaiter) {
 	b.reg.remove(j)
 	keys := j.openKeys()
 	j.open = nil
@@ -919,30 +856,30 @@ func (b *Bridge) finish(fx Effects, j *job, ok bool, then commitWaiter) {
 	case j.kind == messages.JobLoad:
 		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
 		// pins released, so the answer need not wait for the ack.
-		fx.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
+		o.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
 		then.landed(nil)
 	case len(keys) > 0:
-		b.commit(fx, j, keys, ok, then)
+		b.commit(o, j, keys, ok, then)
 	default:
 		then.landed(nil)
 	}
-	b.drained(fx)
+	b.drained(o)
 }
 
-func (b *Bridge) deadline(fx Effects, m *jobDeadline) {
+func (b *Bridge) deadline(o *fx.Out, m *jobDeadline) {
 	j, ok := b.reg.jobs[m.id]
 	if !ok {
 		return // completed before its deadline; the timer lost the race to Stop
 	}
-	b.reap(fx, j, "deadline")
+	b.reap(o, j, "deadline")
 }
 
-func (b *Bridge) reap(fx Effects, j *job, why string) {
+func (b *Bridge) reap(o *fx.Out, j *job, why string) {
 	b.countReaped(j)
 	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
 		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
 		Str("why", why).Msg("bridge: stalled job reaped")
-	b.finish(fx, j, false, commitWaiter{})
+	b.finish(o, j, false, commitWaiter{})
 }
 
 func (b *Bridge) countReaped(j *job) {
@@ -953,8 +890,8 @@ func (b *Bridge) countReaped(j *job) {
 	}
 }
 
-func (b *Bridge) takeEvents(fx Effects, m *messages.TakeEvents) {
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitEvents, events: m}, func(corr uint64) any {
+func (b *Bridge) takeEvents(o *fx.Out, m *messages.TakeEvents) {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitEvents, events: m}, func(corr uint64) any {
 		return &cpumsg.TakeTierEvents{Corr: corr}
 	})
 }
@@ -971,16 +908,16 @@ func (b *Bridge) onEvents(m *messages.TakeEvents, r *cpumsg.TierEvents) {
 // onDrained parks w until no job with id ≤ the current highest remains
 // (at once if none does). With a reset generation, a reapAt for that
 // generation reaps the stragglers.
-func (b *Bridge) onDrained(fx Effects, w drainWaiter) {
+func (b *Bridge) onDrained(o *fx.Out, w drainWaiter) {
 	w.upTo = messages.JobID(b.cfg.JobSeq.Load())
 	b.waiters = append(b.waiters, w)
-	b.drained(fx)
+	b.drained(o)
 }
 
 // drained carries on the drain waiters whose jobs all ended, once no commit
 // is in flight: a clearing one clears the CPU tier, the others are
 // answered.
-func (b *Bridge) drained(fx Effects) {
+func (b *Bridge) drained(o *fx.Out) {
 	if len(b.waiters) == 0 || b.commits > 0 {
 		return
 	}
@@ -1000,7 +937,7 @@ func (b *Bridge) drained(fx Effects) {
 			w.timer.Stop()
 		}
 		if w.clear {
-			b.clearTier(fx, w.reply)
+			b.clearTier(o, w.reply)
 			continue
 		}
 		w.reply.Answer(struct{}{}, nil)
@@ -1024,7 +961,7 @@ func (b *Bridge) oldestJob() messages.JobID {
 	return oldest
 }
 
-func (b *Bridge) reapUpTo(fx Effects, gen uint64) {
+func (b *Bridge) reapUpTo(o *fx.Out, gen uint64) {
 	var upTo messages.JobID
 	for _, w := range b.waiters {
 		if w.gen == gen && w.upTo > upTo {
@@ -1034,37 +971,37 @@ func (b *Bridge) reapUpTo(fx Effects, gen uint64) {
 	b.reapedUpTo = max(b.reapedUpTo, upTo)
 	for id, j := range b.reg.jobs {
 		if id <= upTo {
-			b.reap(fx, j, "drain deadline")
+			b.reap(o, j, "drain deadline")
 		}
 	}
 }
 
 // drainBy parks a drain whose stragglers are reaped at deadline.
-func (b *Bridge) drainBy(fx Effects, deadline time.Time, reply messages.Reply[struct{}], clear bool) {
+func (b *Bridge) drainBy(o *fx.Out, deadline time.Time, reply messages.Reply[struct{}], clear bool) {
 	b.resetGen++
 	gen := b.resetGen
-	timer := fx.After(deadline.Sub(b.cfg.Clock.Now()), &reapAt{gen: gen})
-	b.onDrained(fx, drainWaiter{gen: gen, reply: reply, clear: clear, timer: timer})
+	timer := o.After(deadline.Sub(b.cfg.Clock.Now()), &reapAt{gen: gen})
+	b.onDrained(o, drainWaiter{gen: gen, reply: reply, clear: clear, timer: timer})
 }
 
-func (b *Bridge) clearTier(fx Effects, reply messages.Reply[struct{}]) {
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitClear, reply: reply}, func(corr uint64) any {
+func (b *Bridge) clearTier(o *fx.Out, reply messages.Reply[struct{}]) {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitClear, reply: reply}, func(corr uint64) any {
 		return &cpumsg.ClearTier{Corr: corr}
 	})
 }
 
-func (b *Bridge) pause(fx Effects, m *messages.Pause) {
+func (b *Bridge) pause(o *fx.Out, m *messages.Pause) {
 	b.paused = true
-	b.onDrained(fx, drainWaiter{reply: m.Reply, clear: m.ClearCache})
+	b.onDrained(o, drainWaiter{reply: m.Reply, clear: m.ClearCache})
 }
 
-func (b *Bridge) resetCache(fx Effects, m *messages.ResetCache) {
-	b.drainBy(fx, m.Deadline, m.Reply, true)
+func (b *Bridge) resetCache(o *fx.Out, m *messages.ResetCache) {
+	b.drainBy(o, m.Deadline, m.Reply, true)
 }
 
-func (b *Bridge) shutdown(fx Effects, m *messages.Shutdown) {
+func (b *Bridge) shutdown(o *fx.Out, m *messages.Shutdown) {
 	b.closed, b.paused = true, true
-	b.drainBy(fx, m.Deadline, m.Reply, false)
+	b.drainBy(o, m.Deadline, m.Reply, false)
 }
 
 // stats answers with the bridge's figures as of the call, merged with the
@@ -1072,9 +1009,9 @@ func (b *Bridge) shutdown(fx Effects, m *messages.Shutdown) {
 // the bridge sent before the call, so a job the bridge no longer counts
 // shows no pins it gave back; only a finished store whose commit is still
 // being checksummed can show write-pending slots for a moment.
-func (b *Bridge) stats(fx Effects, m *messages.GetStats) {
+func (b *Bridge) stats(o *fx.Out, m *messages.GetStats) {
 	c := &statsCall{m: m, counters: *b.cfg.Counters, jobs: len(b.reg.jobs), requests: len(b.reg.byReq), paused: b.paused}
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitStats, stats: c}, func(corr uint64) any {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitStats, stats: c}, func(corr uint64) any {
 		return &cpumsg.TierStats{Corr: corr}
 	})
 }
@@ -1097,16 +1034,16 @@ func (b *Bridge) onStats(c *statsCall, r *cpumsg.TierStatsResult) {
 // load unpins). Every CPU-tier release is sent before the answer, so a call
 // made after the answer sees them applied (the CPU mailbox is FIFO from us).
 // Cost: O(requests with jobs at the bridge), once per lost connection.
-func (b *Bridge) releaseSession(fx Effects, m *messages.ReleaseSession) {
+func (b *Bridge) releaseSession(o *fx.Out, m *messages.ReleaseSession) {
 	if m.Prefix == "" {
 		m.Reply.Answer(messages.SessionReleased{}, fmt.Errorf("%w: release of a session without a prefix", messages.ErrInternal))
 		return
 	}
 	for _, id := range m.Open {
-		fx.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
+		o.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: messages.Holder{Origin: messages.OriginEngine, ID: id}})
 	}
 	if m.Session != 0 {
-		fx.Send(b.cfg.CPU, &cpumsg.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
+		o.Send(b.cfg.CPU, &cpumsg.ReleaseCredit{Owner: creditOwner(m.Session), Quarantine: m.Quarantine})
 	}
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {
@@ -1129,9 +1066,9 @@ func (b *Bridge) releaseSession(fx Effects, m *messages.ReleaseSession) {
 	if len(refs) > 0 {
 		b.cfg.Log.Warn().Int("jobs", len(refs)).Str("session", m.Prefix).Dur("quarantine", m.Quarantine).
 			Msg("bridge: jobs of an ended engine session orphaned; their slots are freed after the quarantine")
-		fx.Send(b.cfg.CPU, &cpumsg.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
+		o.Send(b.cfg.CPU, &cpumsg.OrphanJobs{Jobs: refs, Quarantine: m.Quarantine})
 	}
-	b.drained(fx)
+	b.drained(o)
 
 	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
 }

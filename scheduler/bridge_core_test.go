@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/fxlog"
@@ -32,10 +33,8 @@ type rig struct {
 	cnt   Counters
 	seq   atomic.Uint64
 	fxlog.Log
-	offload []func() any
+	out fx.Out // what the core decided, taken into the log
 }
-
-func (r *rig) Offload(work func() any) { r.offload = append(r.offload, work) }
 
 // newRig: a bridge with a tiering actor (tiered) or without, two workers
 // per job by default.
@@ -45,7 +44,7 @@ func newRig(t *testing.T, tiered bool) *rig {
 		r.tier = actor.NewPID("core", "tiering")
 	}
 	slots := [][]byte{[]byte("slot zero"), []byte("slot one"), []byte("slot two"), []byte("slot three")}
-	r.b = newBridge(Config{CPU: r.cpu, Tiering: r.tier, Slot: func(i int) []byte { return slots[i] },
+	r.b = newBridge(Config{CPU: fx.RefOf(r.cpu), Tiering: fx.RefOf(r.tier), Slot: func(i int) []byte { return slots[i] },
 		Clock: r.clock, LeaseTTL: time.Minute, Workers: 2, LoadTimeout: time.Minute, StoreTimeout: time.Minute,
 		JobSeq: &r.seq, Counters: &r.cnt, Log: zerolog.Nop()}, 1, new([]messages.Event))
 	return r
@@ -53,15 +52,16 @@ func newRig(t *testing.T, tiered bool) *rig {
 
 func (r *rig) handle(msg any) []fxlog.Sent {
 	r.Reset()
-	r.b.Handle(r, msg)
+	r.b.Handle(&r.out, msg)
+	r.Take(&r.out)
 	return r.Out
 }
 
 // runOffloaded runs the checksums handed off so far and hands their
 // results back, in the order given.
 func (r *rig) runOffloaded(order ...int) []fxlog.Sent {
-	work := r.offload
-	r.offload = nil
+	work := r.Offloaded
+	r.Offloaded = nil
 	var out []fxlog.Sent
 	for _, i := range order {
 		out = append(out, r.handle(work[i]())...)
@@ -202,7 +202,7 @@ func TestAStoreCommitsWithTheSlotsChecksumsThenCascades(t *testing.T) {
 	done := messages.NewReply[struct{}]()
 	require.Empty(t, r.handle(&messages.CompleteStore{Req: req1, Keys: []messages.Key{k(1), k(2)}, OK: true, Reply: done}),
 		"checksummed off the mailbox first")
-	require.Len(t, r.offload, 1)
+	require.Len(t, r.Offloaded, 1)
 	commit := fxlog.One[*cpumsg.CommitSlots](t, r.runOffloaded(0), r.cpu)
 	require.True(t, commit.OK)
 	require.Equal(t, []messages.Key{k(1), k(2)}, commit.Keys)
@@ -226,7 +226,7 @@ func TestAFailedStoreIsCommittedUnreadableWithoutChecksumsOrCascade(t *testing.T
 	require.Empty(t, reports(true, 0))
 	commit := fxlog.One[*cpumsg.CommitSlots](t, reports(false, 1), r.cpu)
 	require.False(t, commit.OK, "one worker failed: never readable")
-	require.Empty(t, r.offload, "nothing to checksum")
+	require.Empty(t, r.Offloaded, "nothing to checksum")
 	require.Empty(t, r.handle(&messages.Ack{Corr: commit.Corr}), "nothing cascaded")
 }
 

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
@@ -14,12 +15,12 @@ func creditOwner(session uint64) messages.JobRef {
 	return messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(session)}
 }
 
-func (b *Bridge) grant(fx Effects, m *messages.Grant) {
+func (b *Bridge) grant(o *fx.Out, m *messages.Grant) {
 	if err := b.intakeErr(); err != nil {
 		m.Reply.Answer(messages.CreditGrant{}, err)
 		return
 	}
-	b.ask(fx, b.cfg.CPU, pendingCall{kind: waitGrant, grant: m}, func(corr uint64) any {
+	b.ask(o, b.cfg.CPU, pendingCall{kind: waitGrant, grant: m}, func(corr uint64) any {
 		return &cpumsg.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N}
 	})
 }
@@ -27,8 +28,8 @@ func (b *Bridge) grant(fx Effects, m *messages.Grant) {
 // storeCredited binds the credited slots to the keys the node does not hold
 // yet and opens one store job for those; its completion is the usual
 // CompleteStore (or JobDone).
-func (b *Bridge) storeCredited(fx Effects, m *messages.StoreCredited) {
-	err := b.askStoreSlots(fx, m.Keys, pendingCall{kind: waitBind, bind: m}, func(corr uint64, job messages.JobRef) any {
+func (b *Bridge) storeCredited(o *fx.Out, m *messages.StoreCredited) {
+	err := b.askStoreSlots(o, m.Keys, pendingCall{kind: waitBind, bind: m}, func(corr uint64, job messages.JobRef) any {
 		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: job, Keys: m.Keys, Slots: m.Slots}
 	})
 	if err != nil {
@@ -36,10 +37,10 @@ func (b *Bridge) storeCredited(fx Effects, m *messages.StoreCredited) {
 	}
 }
 
-func (b *Bridge) onBound(fx Effects, p pendingCall, r *cpumsg.CreditBound) {
+func (b *Bridge) onBound(o *fx.Out, p pendingCall, r *cpumsg.CreditBound) {
 	m := p.bind
 	delete(b.opening, p.id)
-	defer b.drained(fx)
+	defer b.drained(o)
 	if r.Err != nil {
 		m.Reply.Answer(messages.StoreBound{}, r.Err)
 		return
@@ -52,6 +53,6 @@ func (b *Bridge) onBound(fx Effects, p pendingCall, r *cpumsg.CreditBound) {
 		}
 	}
 	res := messages.StoreBound{Bound: r.Bound}
-	res.Job, res.Workers = b.openStore(fx, p.id, m.Req, m.Keys, keys, slots)
+	res.Job, res.Workers = b.openStore(o, p.id, m.Req, m.Keys, keys, slots)
 	m.Reply.Answer(res, nil)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/modeltime"
@@ -79,6 +80,7 @@ type bridgeWorld struct {
 	tierAsks []*tieringmsg.AsyncLookup
 	offload  []func() any
 	timers   modeltime.Timers
+	out      fx.Out // what the core decided, carried out by carry
 
 	calls    []*engineCall
 	current  *engineCall // the call being handed to the core, if any
@@ -105,15 +107,22 @@ func newBridgeWorld(t *testing.T, seed uint64) *bridgeWorld {
 		w.busyKeys[id] = map[messages.Key]bool{}
 	}
 	slot := make([]byte, 64)
-	w.b = newBridge(Config{CPU: w.cpu, Tiering: w.tier, Slot: func(int) []byte { return slot },
+	w.b = newBridge(Config{CPU: fx.RefOf(w.cpu), Tiering: fx.RefOf(w.tier), Slot: func(int) []byte { return slot },
 		Clock: w.clock, LeaseTTL: time.Minute, Workers: 1, LoadTimeout: time.Minute, StoreTimeout: time.Minute,
 		JobSeq: &w.seq, Counters: &w.cnt, Log: zerolog.Nop()}, 1, new([]messages.Event))
 	return w
 }
 
-// Effects.
-
-func (w *bridgeWorld) Request(to *actor.PID, msg any) { w.Send(to, msg) }
+// What the core decided (its fx.Out), checked message by message in the
+// order it decided it.
+func (w *bridgeWorld) carry() {
+	for _, s := range w.out.Sent {
+		w.Send(s.To.PID(), s.Msg)
+	}
+	w.timers.Adopt(w.out.Deadlines)
+	w.offload = append(w.offload, w.out.Offloads...)
+	w.out.Reset()
+}
 
 func (w *bridgeWorld) Send(to *actor.PID, msg any) {
 	switch to {
@@ -137,10 +146,6 @@ func (w *bridgeWorld) Send(to *actor.PID, msg any) {
 	}
 }
 
-func (w *bridgeWorld) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
-
-func (w *bridgeWorld) Offload(work func() any) { w.offload = append(w.offload, work) }
-
 func commitID(job messages.JobRef, keys []messages.Key) string {
 	return fmt.Sprint(job.ID, keys[0])
 }
@@ -154,7 +159,8 @@ func (w *bridgeWorld) handle(msg any) {
 			}
 		}
 	}
-	w.b.Handle(w, msg)
+	w.b.Handle(&w.out, msg)
+	w.carry()
 	w.collect()
 	for id := range w.b.reg.jobs {
 		require.Greater(w.t, id, w.reaped, "job %d runs past the deadline of a drain it was issued before", id)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
@@ -149,7 +150,7 @@ func TestBridgeFailsACallWhoseAnswerHasTheWrongTypeAndKeepsServing(t *testing.T)
 	defer system.Shutdown()
 	cpu := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &wrongTypeCPU{} }))
 	var seq atomic.Uint64
-	bridge := system.Root.Spawn(Props(Config{CPU: cpu, Clock: supervision.RealClock{}, LeaseTTL: time.Second,
+	bridge := system.Root.Spawn(Props(Config{CPU: fx.RefOf(cpu), Clock: supervision.RealClock{}, LeaseTTL: time.Second,
 		Workers: 1, LoadTimeout: time.Second, StoreTimeout: time.Second, JobSeq: &seq,
 		Counters: &Counters{}})) // a zero Log is disabled
 
@@ -201,7 +202,7 @@ func TestCompleteLoadRightBehindPrepareLoadFindsItsJob(t *testing.T) {
 	cpuPID := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return cpu }))
 	var seq atomic.Uint64
 	counters := &Counters{}
-	bridge := system.Root.Spawn(Props(Config{CPU: cpuPID, Clock: supervision.RealClock{}, LeaseTTL: time.Second,
+	bridge := system.Root.Spawn(Props(Config{CPU: fx.RefOf(cpuPID), Clock: supervision.RealClock{}, LeaseTTL: time.Second,
 		Workers: 1, LoadTimeout: time.Minute, StoreTimeout: time.Minute, JobSeq: &seq, Counters: counters}))
 
 	req := &messages.ReqContext{RequestID: "r"}

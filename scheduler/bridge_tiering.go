@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tiers/tiering/tieringmsg"
 )
@@ -15,8 +16,8 @@ import (
 // prefix scan keeps its semantics: the CPU stopped at its first non-HIT; if
 // that is a MISS, the tiering actor gets the tail and its answer for the
 // first key (RETRY or MISS) is the scan's stop, the rest stay MISS.
-func (b *Bridge) answerLookup(fx Effects, m *messages.Lookup, st []messages.LookupStatus) {
-	if b.cfg.Tiering == nil {
+func (b *Bridge) answerLookup(o *fx.Out, m *messages.Lookup, st []messages.LookupStatus) {
+	if b.cfg.Tiering.IsZero() {
 		m.Reply.Answer(st, nil)
 		return
 	}
@@ -46,7 +47,7 @@ func (b *Bridge) answerLookup(fx Effects, m *messages.Lookup, st []messages.Look
 	for j, i := range idx {
 		keys[j] = m.Keys[i]
 	}
-	b.ask(fx, b.cfg.Tiering, pendingCall{kind: waitTiering, lookup: m, tiering: &tieringAsk{st: st, idx: idx}}, func(corr uint64) any {
+	b.ask(o, b.cfg.Tiering, pendingCall{kind: waitTiering, lookup: m, tiering: &tieringAsk{st: st, idx: idx}}, func(corr uint64) any {
 		return &tieringmsg.AsyncLookup{Corr: corr, Req: m.Req, Keys: keys, Prefix: m.Prefix}
 	})
 }
@@ -64,9 +65,9 @@ func (b *Bridge) onTiering(m *messages.Lookup, t *tieringAsk, res *tieringmsg.As
 
 // cascade tells the tiering actor that keys became readable (fire and
 // forget).
-func (b *Bridge) cascade(fx Effects, keys []messages.Key, sums []uint32, req *messages.ReqContext) {
-	if b.cfg.Tiering == nil || len(keys) == 0 || len(sums) != len(keys) {
+func (b *Bridge) cascade(o *fx.Out, keys []messages.Key, sums []uint32, req *messages.ReqContext) {
+	if b.cfg.Tiering.IsZero() || len(keys) == 0 || len(sums) != len(keys) {
 		return
 	}
-	fx.Send(b.cfg.Tiering, &tieringmsg.Cascade{Keys: keys, Checksums: sums, Ctx: req})
+	o.Send(b.cfg.Tiering, &tieringmsg.Cascade{Keys: keys, Checksums: sums, Ctx: req})
 }

@@ -91,6 +91,9 @@ func (d *Deadline) Fire() any {
 type Out struct {
 	Sent      []Sent
 	Deadlines []*Deadline
+	// Offloads is work to run off the mailbox (a checksum over slot
+	// memory); each one's result comes back to the core as a message.
+	Offloads []func() any
 }
 
 // Send sends msg to to; no answer is expected.
@@ -109,17 +112,34 @@ func (o *Out) After(d time.Duration, msg any) *Deadline {
 	return dl
 }
 
+// Offload runs work off the mailbox; its result comes back as a message.
+func (o *Out) Offload(work func() any) { o.Offloads = append(o.Offloads, work) }
+
 // Reset empties o for the next message.
 func (o *Out) Reset() {
 	clear(o.Sent)
 	clear(o.Deadlines)
-	o.Sent, o.Deadlines = o.Sent[:0], o.Deadlines[:0]
+	clear(o.Offloads)
+	o.Sent, o.Deadlines, o.Offloads = o.Sent[:0], o.Deadlines[:0], o.Offloads[:0]
 }
 
-// Carry carries out o through ctx, in order, arming its deadlines on clock
-// as messages to ctx's actor, then resets o. A send to the zero Ref is
-// dropped (an asker that is gone).
-func Carry(ctx actor.Context, clock supervision.Clock, o *Out) {
+// Shell is what an actor's shell carries its core's Outs out with.
+type Shell struct {
+	Clock supervision.Clock // deadlines
+	// Go runs offloaded work off the mailbox (tracked: actors.Offload's Go,
+	// which runs nothing once the node is closing); nil: a goroutine of
+	// its own.
+	Go func(func()) bool
+}
+
+// Carry carries out o through ctx with clock (no offloads expected).
+func Carry(ctx actor.Context, clock supervision.Clock, o *Out) { Shell{Clock: clock}.Carry(ctx, o) }
+
+// Carry carries out o through ctx, in order: its messages, then its
+// deadlines armed as messages to ctx's actor, then its offloads, whose
+// results come back to ctx's actor; then resets o. A send to the zero Ref
+// is dropped (an asker that is gone).
+func (sh Shell) Carry(ctx actor.Context, o *Out) {
 	for _, s := range o.Sent {
 		switch {
 		case s.Kind == Reply:
@@ -131,12 +151,20 @@ func Carry(ctx actor.Context, clock supervision.Clock, o *Out) {
 			ctx.Send(s.To.pid, s.Msg)
 		}
 	}
-	if len(o.Deadlines) > 0 {
+	if len(o.Deadlines) > 0 || len(o.Offloads) > 0 {
 		self, root := ctx.Self(), ctx.ActorSystem().Root
 		for _, d := range o.Deadlines {
 			if !d.stopped {
 				msg := d.Msg
-				d.timer = clock.AfterFunc(d.After, func() { root.Send(self, msg) })
+				d.timer = sh.Clock.AfterFunc(d.After, func() { root.Send(self, msg) })
+			}
+		}
+		for _, work := range o.Offloads {
+			run := func() { root.Send(self, work()) }
+			if sh.Go != nil {
+				sh.Go(run)
+			} else {
+				go run()
 			}
 		}
 	}

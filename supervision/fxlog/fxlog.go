@@ -24,10 +24,13 @@ type Sent struct {
 // Log is the record. Embed it in a test's world to give the core
 // Request, Send, Respond and After.
 type Log struct {
-	Out    []Sent // requests and sends since the last Reset, in order
-	Resp   []any  // in-place answers since the last Reset
-	Armed  []any  // every deadline message armed, in order (never reset)
-	timers modeltime.Timers
+	Out   []Sent // requests and sends since the last Reset, in order
+	Resp  []any  // in-place answers since the last Reset
+	Armed []any  // every deadline message armed, in order (never reset)
+	// Offloaded is the work handed off the mailbox (Take), in order, until
+	// the test runs it.
+	Offloaded []func() any
+	timers    modeltime.Timers
 }
 
 func (l *Log) Request(to *actor.PID, msg any) { l.Out = append(l.Out, Sent{to, msg}) }
@@ -55,6 +58,7 @@ func (l *Log) Take(o *fx.Out) {
 	for _, d := range o.Deadlines {
 		l.Armed = append(l.Armed, d.Msg)
 	}
+	l.Offloaded = append(l.Offloaded, o.Offloads...)
 	l.timers.Adopt(o.Deadlines)
 	o.Reset()
 }
