@@ -5,7 +5,9 @@ Credit is sized by what the next step will store: the keys past the hits of
 the requests a step scanned and did not defer (their prefill's blocks,
 stored at the next step's ``build_connector_meta``). It is asked for without
 waiting before the forward pass; when it runs short anyway, one synchronous
-grant a step.
+grant a step. Credited slots sit empty out of the cache every engine shares,
+so once a step's stores took theirs, a refill asks only for the next
+step's: the credit held is about one step's stores, not two.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Credit:
         self.slots: List[int] = []    # reserved for our stores
         self.granting = 0             # asked for and not yet granted
         self.target = minimum         # what a refill asks up to
+        self._floor = minimum         # ... once this step's stores took theirs
         self._need_now = 0            # stores predicted for this step's meta
         self._need_next = 0           # ... for the next step's
         self._granted_now_step = -1   # the step credit was granted synchronously in
@@ -36,9 +39,12 @@ class Credit:
         return self.minimum > 0 and client is not None
 
     def take(self, n: int) -> List[int]:
-        """n slots off the credit (the caller checked there are n)."""
+        """n slots off the credit (the caller checked there are n). The
+        step's own stores are then covered: a refill asks only for the
+        next step's (credited slots sit empty, out of the cache)."""
         slots = self.slots[-n:]
         del self.slots[-n:]
+        self.target = max(self._floor, self.target - n)
         return slots
 
     def give(self, slots: Iterable[int]) -> None:
@@ -90,8 +96,15 @@ class Credit:
         need_next is the next step's. NB: asked for now, before this step's
         forward pass: the grant is back long before the next step's stores."""
         self._need_now, self._need_next = self._need_next, need_next
-        need = self._need_now + self._need_next
-        self.target = max(self.minimum, need + need // 8) if self.minimum > 0 else 0
+        self.target = self._with_margin(self._need_now + self._need_next)
+        # NB: a quarter's margin once the step's stores are covered: the
+        # prediction misses the requests deferred this step (their stores
+        # come later); an eighth made the scheduler wait on a grant more
+        # often (docs/PERFORMANCE.md, "Credit sized by the next step").
+        self._floor = max(self.minimum, need_next + need_next // 4) if self.minimum > 0 else 0
+
+    def _with_margin(self, need: int) -> int:
+        return max(self.minimum, need + need // 8) if self.minimum > 0 else 0
 
     def void(self) -> None:
         """The session is gone: its reserved slots with it."""

@@ -179,6 +179,21 @@ def test_credit_is_sized_by_the_next_steps_stores_with_a_margin():
     assert Credit(0).target == 0
 
 
+def test_once_a_steps_stores_took_theirs_credit_covers_the_next_steps_only():
+    c, out, client = Credit(64), Outbox(), _Client()
+    c.predict(400)  # the next step will store 400
+    c.predict(200)  # this step 400, the next 200
+    assert c.target == 675
+    c.slots = list(range(675))
+    c.take(400)
+    c.refill(out, client, epoch=1)
+    assert not out.frames, "275 in hand covers the next step's 200 and a quarter"
+    c.take(100)  # the step stored more than predicted
+    assert c.target == 250, "never below the next step's 200 and a quarter"
+    c.refill(out, client, epoch=1)
+    assert out.frames[0]["n"] == 75, "the old sizing (two steps' stores) asked for 500"
+
+
 def test_credit_refills_up_to_its_target_once_until_granted():
     c, out, client = Credit(64), Outbox(), _Client()
     c.refill(out, client, epoch=1)
