@@ -13,7 +13,6 @@ package deploy
 // run for real. The DaemonSet example parses as Kubernetes YAML.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
@@ -38,6 +37,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/proclog"
 )
 
 // imageUser is the image's numeric user and group.
@@ -230,13 +230,13 @@ func inRoot(cmd *exec.Cmd, root string) {
 
 // startInRoot starts /kvtierd args chrooted in root; a process the kernel
 // will not start that way (no user namespaces for us) skips the test.
-func startInRoot(t *testing.T, root string, args ...string) (*exec.Cmd, *logLines) {
+func startInRoot(t *testing.T, root string, args ...string) (*exec.Cmd, *proclog.Log) {
 	t.Helper()
 	cmd := exec.Command("/kvtierd", args...)
 	cmd.Dir = "/"
 	cmd.Env = []string{} // the image sets none
 	inRoot(cmd, root)
-	logs := newLogLines()
+	logs := proclog.New()
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		if os.Geteuid() != 0 && (errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSPC)) {
@@ -266,7 +266,14 @@ func TestBinaryRunsInAnEmptyRootAsTheImagesUser(t *testing.T) {
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", port))
 	cmd, logs := startInRoot(t, root, args...)
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// The wait for its first record ends, with the reason, if it exits first.
+	waitCtx, exitedEarly := context.WithCancelCause(ctx)
+	defer exitedEarly(nil)
+	go func() {
+		err := cmd.Wait()
+		exitedEarly(fmt.Errorf("kvtierd exited (%v)", err))
+		exited <- err
+	}()
 	defer func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
@@ -277,7 +284,7 @@ func TestBinaryRunsInAnEmptyRootAsTheImagesUser(t *testing.T) {
 		}
 	}()
 
-	rec, err := logs.waitJSON(ctx, exited, "kvtierd listening")
+	rec, err := logs.WaitJSON(waitCtx, "kvtierd listening")
 	require.NoError(t, err)
 	assert.Equal(t, "/dev/shm/kvtier.pool", rec["pool_path"])
 	assertReady(ctx, t, "http://"+rec["metrics_addr"].(string))
@@ -327,54 +334,6 @@ func assertReady(ctx context.Context, t *testing.T, base string) {
 		case <-ctx.Done():
 			t.Fatalf("%s/readyz never answered 200 (last: %v)", base, err)
 		case <-time.After(50 * time.Millisecond): // NB: a probe's period, as the kubelet's
-		}
-	}
-}
-
-// logLines collects a process's output and hands out its JSON log records.
-type logLines struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer
-	notify chan struct{} // capacity 1: more was written
-}
-
-func newLogLines() *logLines { return &logLines{notify: make(chan struct{}, 1)} }
-
-// Write implements io.Writer.
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf.Write(p)
-	select {
-	case l.notify <- struct{}{}:
-	default:
-	}
-	return len(p), nil
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// waitJSON returns the first JSON record whose message is msg, or an error
-// once the process exited or ctx ended without one.
-func (l *logLines) waitJSON(ctx context.Context, exited <-chan error, msg string) (map[string]any, error) {
-	for {
-		sc := bufio.NewScanner(strings.NewReader(l.String()))
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["message"] == msg {
-				return rec, nil
-			}
-		}
-		select {
-		case <-l.notify:
-		case err := <-exited:
-			return nil, fmt.Errorf("kvtierd exited (%v) before logging %q", err, msg)
-		case <-ctx.Done():
-			return nil, fmt.Errorf("no log line %q: %w", msg, ctx.Err())
 		}
 	}
 }

@@ -156,15 +156,8 @@ func publishUntil(t *testing.T, p *Publisher, seq uint64, payload []byte, r rece
 // when the test ends.
 func connectingPublisher(t *testing.T, addr, topic string) *Publisher {
 	t.Helper()
-	p, err := Listen(PublisherConfig{Endpoint: addr, Mode: ModeConnect, Topic: topic, Linger: -1,
+	return listenUntilCleanup(t, PublisherConfig{Endpoint: addr, Mode: ModeConnect, Topic: topic, Linger: -1,
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, Log: zerolog.Nop()})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, p.Close(ctx))
-	})
-	return p
 }
 
 // addrs are the loopback addresses each test runs on: a tcp port picked

@@ -196,8 +196,15 @@ func TestRingKeepsNewestWithinBounds(t *testing.T) {
 // listen starts a publisher on loopback ephemeral ports.
 func listen(t *testing.T, buffer int) *Publisher {
 	t.Helper()
-	p, err := Listen(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0",
+	return listenUntilCleanup(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Replay: "tcp://127.0.0.1:0",
 		Topic: "kv@t@m", BufferBatches: buffer, Linger: -1, Log: zerolog.Nop()})
+}
+
+// listenUntilCleanup starts a publisher with cfg, closed when the test
+// ends.
+func listenUntilCleanup(t *testing.T, cfg PublisherConfig) *Publisher {
+	t.Helper()
+	p, err := Listen(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

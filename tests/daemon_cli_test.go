@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/internal/testutil/proclog"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 )
 
 // startDaemonEnv is startDaemon with env added to a copy of this process's
@@ -37,7 +40,7 @@ func startDaemonEnv(t *testing.T, bin string, env []string, as *syscall.Credenti
 // did not stop it.
 func launchDaemon(t *testing.T, cmd *exec.Cmd) *daemon {
 	t.Helper()
-	d := &daemon{cmd: cmd, stderr: newLineLog(), exited: make(chan struct{})}
+	d := &daemon{cmd: cmd, stderr: proclog.New(), exited: make(chan struct{})}
 	d.cmd.Stderr = d.stderr
 	d.cmd.WaitDelay = waitDelay
 	require.NoError(t, d.cmd.Start())
@@ -69,15 +72,6 @@ func cleanEnv() []string {
 	return out
 }
 
-// shortTempDir is a temporary directory whose socket paths fit sun_path.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "kvtierd-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // TestDaemonDefaultEngineSocket: given no engine address, kvtierd serves on
 // the default one. A second daemon there fails at start naming the address
 // and leaves the first serving; once the first is killed (its socket file
@@ -86,7 +80,7 @@ func TestDaemonDefaultEngineSocket(t *testing.T) {
 	bin := buildDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	dir := shortTempDir(t)
+	dir := testnet.SocketDir(t)
 	// The default rule for a user: the directory kvtier-<uid> under
 	// $TMPDIR. Root's default is /run/kvtier, which tests leave alone: as
 	// root the daemons run as nobody, or, where that cannot be,
@@ -110,7 +104,7 @@ func TestDaemonDefaultEngineSocket(t *testing.T) {
 	}
 
 	first := start()
-	rec, err := first.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err := first.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err)
 	require.Equal(t, addr, rec["engine_listen"])
 	if uid != 0 {
@@ -124,7 +118,7 @@ func TestDaemonDefaultEngineSocket(t *testing.T) {
 	exit, err := second.wait(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, exit, "a second daemon on a live socket fails at start")
-	rec, err = second.stderr.waitJSON(ctx, "cannot serve engines")
+	rec, err = second.stderr.WaitJSON(ctx, "cannot serve engines")
 	require.NoError(t, err)
 	require.Contains(t, rec["error"], "another kvtierd serves "+addr+"; give --engine-listen")
 	c, err := net.Dial("unix", sock)
@@ -137,7 +131,7 @@ func TestDaemonDefaultEngineSocket(t *testing.T) {
 	require.NoError(t, err, "a killed daemon leaves its socket file")
 
 	third := start()
-	rec, err = third.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err = third.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err, "a stale socket does not stop a restart")
 	require.Equal(t, addr, rec["engine_listen"])
 	c, err = net.Dial("unix", sock)
@@ -187,7 +181,7 @@ func TestDaemonEnvironment(t *testing.T) {
 
 	d := startDaemonEnv(t, bin, []string{"KVTIER_POOL_BYTES=16MiB", "KVTIER_BLOCK_BYTES=256KiB", "KVTIER_ENGINE_LISTEN=none"}, nil,
 		"--config", file, "--block-bytes", "64KiB", "--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
-	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err := d.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err)
 	require.EqualValues(t, 16<<20, rec["pool_bytes"], "the environment over the file")
 	require.EqualValues(t, 64<<10, rec["block_bytes"], "the flag over the environment")
@@ -209,7 +203,7 @@ func TestDaemonEnvironment(t *testing.T) {
 	exit, err = bad.wait(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, exit, "a mistyped variable is a bad config")
-	rec, err = bad.stderr.waitJSON(ctx, "bad configuration")
+	rec, err = bad.stderr.WaitJSON(ctx, "bad configuration")
 	require.NoError(t, err)
 	require.Contains(t, rec["error"], "KVTIER_POOL_BYTE: no config key spells it (did you mean KVTIER_POOL_BYTES?)")
 }

@@ -3,11 +3,9 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,13 +16,14 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/kvtier/kvtier/internal/testutil/proclog"
 )
 
 func TestMain(m *testing.M) {
@@ -110,71 +109,10 @@ func poolPath(t *testing.T) string {
 	return p
 }
 
-// lineLog collects a process's stderr line by line for waiters.
-type lineLog struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer // partial last line
-	lines  []string
-	notify chan struct{} // poked (cap 1) when a line arrives
-}
-
-func newLineLog() *lineLog { return &lineLog{notify: make(chan struct{}, 1)} }
-
-// Write implements io.Writer.
-func (l *lineLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	l.buf.Write(p)
-	added := false
-	for {
-		i := bytes.IndexByte(l.buf.Bytes(), '\n')
-		if i < 0 {
-			break
-		}
-		l.lines = append(l.lines, string(l.buf.Next(i + 1)[:i]))
-		added = true
-	}
-	l.mu.Unlock()
-	if added {
-		select {
-		case l.notify <- struct{}{}:
-		default:
-		}
-	}
-	return len(p), nil
-}
-
-// String is everything written so far.
-func (l *lineLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n") + "\n" + l.buf.String()
-}
-
-// waitJSON returns the first JSON log line whose message is msg.
-func (l *lineLog) waitJSON(ctx context.Context, msg string) (map[string]any, error) {
-	for next := 0; ; {
-		l.mu.Lock()
-		lines := l.lines[next:]
-		next = len(l.lines)
-		l.mu.Unlock()
-		for _, line := range lines {
-			var rec map[string]any
-			if json.Unmarshal([]byte(line), &rec) == nil && rec["message"] == msg {
-				return rec, nil
-			}
-		}
-		select {
-		case <-l.notify:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for log line %q: %w", msg, ctx.Err())
-		}
-	}
-}
-
 // daemon is a running kvtierd.
 type daemon struct {
 	cmd    *exec.Cmd
-	stderr *lineLog
+	stderr *proclog.Log
 	exited chan struct{} // closed once Wait returned
 	err    error         // Wait's result, set before exited closes
 }
@@ -245,7 +183,7 @@ func TestDaemonServesMetricsAndShutsDown(t *testing.T) {
 		"--engine-listen", "none", // no default socket shared with other runs
 	)
 
-	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err := d.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err)
 	addr, _ := rec["metrics_addr"].(string)
 	require.NotEmpty(t, addr, "listening line has metrics_addr: %v", rec)
@@ -290,7 +228,7 @@ func TestDaemonServesMetricsAndShutsDown(t *testing.T) {
 	require.Equal(t, 0, exit, "clean shutdown exits 0")
 	_, err = os.Stat(pool)
 	require.ErrorIs(t, err, os.ErrNotExist, "pool file removed on shutdown")
-	_, err = d.stderr.waitJSON(ctx, "kvtierd stopped")
+	_, err = d.stderr.WaitJSON(ctx, "kvtierd stopped")
 	require.NoError(t, err)
 }
 
@@ -323,7 +261,7 @@ func TestDaemonRejectsBadConfig(t *testing.T) {
 			exit, err := d.wait(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 2, exit, "bad config exits 2; stderr:\n%s", d.stderr)
-			rec, err := d.stderr.waitJSON(ctx, "bad configuration")
+			rec, err := d.stderr.WaitJSON(ctx, "bad configuration")
 			require.NoError(t, err)
 			msg, _ := rec["error"].(string)
 			require.Contains(t, msg, "bad config")
@@ -345,7 +283,7 @@ func TestDaemonOpenFailureExits2(t *testing.T) {
 	exit, err := d.wait(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, exit, "failed Open exits 2; stderr:\n%s", d.stderr)
-	rec, err := d.stderr.waitJSON(ctx, "cannot open node")
+	rec, err := d.stderr.WaitJSON(ctx, "cannot open node")
 	require.NoError(t, err)
 	require.Contains(t, rec["error"], "pool")
 }

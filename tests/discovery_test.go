@@ -170,7 +170,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	exit, err := dup.wait(ctx)
 	require.NoError(t, err)
 	require.NotZero(t, exit, "stderr:\n%s", dup.stderr)
-	rec, err := dup.stderr.waitJSON(ctx, "cannot open node")
+	rec, err := dup.stderr.WaitJSON(ctx, "cannot open node")
 	require.NoError(t, err)
 	require.Contains(t, rec["error"], "already registered")
 
@@ -199,7 +199,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	for _, p := range fleet {
 		p.waitMetric(t, ctx, "kvtier_discovery_members", 2)
 		p.waitMetric(t, ctx, `kvtier_peer_ready{peer="c"}`, 0)
-		_, err := p.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
+		_, err := p.stderr.WaitJSON(ctx, "peer: discovered member left; no longer dialed")
 		require.NoError(t, err)
 	}
 	// NB: a bound for a loaded 2-core machine, not a timing: etcd expires
@@ -236,7 +236,7 @@ func TestDiscoveryFleetJoinsLeavesAndOutlivesEtcd(t *testing.T) {
 	a.storeBlocks(t, ctx, onA2)
 	b.fetchVerified(t, ctx, "b-from-a-without-etcd", onA2)
 	for _, p := range fleet {
-		_, err := p.stderr.waitJSON(ctx, "peer discovery: registration lost; registering again under a new lease")
+		_, err := p.stderr.WaitJSON(ctx, "peer discovery: registration lost; registering again under a new lease")
 		require.NoError(t, err)
 	}
 	require.Equal(t, 1.0, b.metric(t, ctx, `kvtier_peer_ready{peer="a"}`))
@@ -276,7 +276,7 @@ func TestDiscoveryFrozenMemberIsLetGoWhenItLeavesEtcd(t *testing.T) {
 	etcd.Lapse(t, "/kvtier/nodes/a")
 	b.waitMetric(t, ctx, "kvtier_discovery_members", 0)
 	b.waitMetric(t, ctx, `kvtier_peer_ready{peer="a"}`, 0) // no answer to the probe: let go
-	_, err := b.stderr.waitJSON(ctx, "peer: discovered member left; no longer dialed")
+	_, err := b.stderr.WaitJSON(ctx, "peer: discovered member left; no longer dialed")
 	require.NoError(t, err)
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))

@@ -86,7 +86,7 @@ func (d *daemon) terminate(t *testing.T, what string) {
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
 	require.True(t, awaitClosed(t, d.exited, exitBound, what+" after SIGTERM"), "stderr:\n%s", d.stderr)
 	require.Equal(t, 0, d.cmd.ProcessState.ExitCode(), "%s exits cleanly; stderr:\n%s", what, d.stderr)
-	if rec, err := d.stderr.waitJSON(context.Background(), "node closed"); err == nil {
+	if rec, err := d.stderr.WaitJSON(context.Background(), "node closed"); err == nil {
 		t.Logf("%s: shutdown took %.3f s", what, rec["shutdown_seconds"])
 	}
 }
@@ -117,7 +117,7 @@ func TestLifecyclePausedDaemonServesPeersAndShutsDownUnderLoad(t *testing.T) {
 
 	pool := a.cmd.Args[2] // --pool-path's value
 	a.terminate(t, "producer under peer load")
-	_, err = a.stderr.waitJSON(ctx, "kvtier peers drained")
+	_, err = a.stderr.WaitJSON(ctx, "kvtier peers drained")
 	require.NoError(t, err)
 	_, err = os.Stat(pool)
 	require.ErrorIs(t, err, os.ErrNotExist, "the producer removed its pool")

@@ -32,7 +32,7 @@ func TestNixlTwoDaemonsFetchVerified(t *testing.T) {
 	bin := buildDaemonNixl(t)
 	a := startPeerDaemon(t, ctx, bin, "a", "--peer-transport", "nixl")
 	b := startPeerDaemon(t, ctx, bin, "b", "--peer-transport", "nixl", "--peer", "a="+a.peer)
-	rec, err := b.stderr.waitJSON(ctx, "kvtier peers: data plane backend nixl")
+	rec, err := b.stderr.WaitJSON(ctx, "kvtier peers: data plane backend nixl")
 	require.NoError(t, err)
 	require.Equal(t, "UCX", rec["backend"], "the startup line names the backend")
 	b.waitPeerReady(t, ctx, "a")

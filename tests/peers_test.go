@@ -75,7 +75,7 @@ func startPeerDaemon(t *testing.T, ctx context.Context, bin, id string, extra ..
 		"--log-format", "json", "--node-id", id, "--peer-listen", "tcp://127.0.0.1:0", "--peer-secret-file", secret,
 		"--pool-bytes", "64MiB", "--block-bytes", "64KiB"}, extra...)
 	d := startDaemon(t, bin, args...)
-	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err := d.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err)
 	p := &peerDaemon{daemon: d, engine: engine, peer: rec["peer_listen"].(string), metrics: rec["metrics_addr"].(string)}
 	p.eng = dialTest(t, ctx, engine)

@@ -32,7 +32,7 @@ func standalone(t *testing.T, ctx context.Context, extra ...string) (d *daemon, 
 	args := append([]string{"--pool-path", poolPath(t), "--engine-listen", engine, "--block-bytes", "256KiB",
 		"--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	d = startDaemon(t, buildDaemon(t), args...)
-	rec, err := d.stderr.waitJSON(ctx, "kvtierd listening")
+	rec, err := d.stderr.WaitJSON(ctx, "kvtierd listening")
 	require.NoError(t, err)
 	require.Equal(t, engine, rec["engine_listen"])
 	return d, engine, rec["metrics_addr"].(string)
@@ -146,7 +146,7 @@ func TestKilledEngineIsReleasedAfterGrace(t *testing.T) {
 	t.Logf("killed the engine holding %d write-pending, %d pinned, %d leased slots, %d jobs",
 		held.WritePending, held.Pinned, held.Leased, held.JobsInFlight)
 
-	rec, err := d.stderr.waitJSON(ctx, "engine session released")
+	rec, err := d.stderr.WaitJSON(ctx, "engine session released")
 	require.NoError(t, err)
 	require.Equal(t, "lost", rec["reason"])
 	s, err := observer.Stats(ctx)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 )
@@ -153,16 +153,14 @@ func statusKeys(ids ...byte) []messages.Key {
 func TestStatusOfADaemonWaitingForItsFirstEngine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "kvst") // NB: short: a unix socket path has 108 bytes
-	require.NoError(t, err)
-	defer os.RemoveAll(dir)
-	addr := "unix://" + filepath.Join(dir, "e.sock")
+	addr := "unix://" + filepath.Join(testnet.SocketDir(t), "e.sock")
 	waitCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		_, err := kvtier.AwaitEngineBlockBytes(waitCtx, kvtier.Config{EngineListen: addr})
 		done <- err
 	}()
+	var err error
 	for {
 		_, err = runCLI(t, "status", addr, "--timeout", "5s")
 		if err == nil || !strings.HasPrefix(err.Error(), "no kvtierd at ") {

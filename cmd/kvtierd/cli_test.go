@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/internal/version"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -217,21 +218,12 @@ func TestEnsureSocketDir(t *testing.T) {
 	}
 }
 
-// shortSocketDir is a directory whose socket paths fit sun_path.
-func shortSocketDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "kvtierd-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // TestLiveSocketStopsTheDaemonStaleOneDoesNot: with real sockets, a live
 // listener on the engine address is refused with the operator's message;
 // the file a dead listener left is not (the endpoint replaces it).
 func TestLiveSocketStopsTheDaemonStaleOneDoesNot(t *testing.T) {
 	for _, scheme := range []string{"unix://", "ipc://"} {
-		path := filepath.Join(shortSocketDir(t), "engine.sock")
+		path := filepath.Join(testnet.SocketDir(t), "engine.sock")
 		addr := scheme + path
 		require.NoError(t, prepareEngineListen(addr, ""), "no file yet")
 
@@ -258,7 +250,7 @@ func TestDefaultSocketDirIsCreated(t *testing.T) {
 	if os.Geteuid() == 0 {
 		t.Skip("root's default is /run/kvtier (TestEnsureSocketDir covers the directory)")
 	}
-	tmp := shortSocketDir(t)
+	tmp := testnet.SocketDir(t)
 	t.Setenv("TMPDIR", tmp)
 	t.Setenv(config.EnvAddress, "")
 	addr := config.DefaultEngineAddress()

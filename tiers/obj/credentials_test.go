@@ -103,6 +103,30 @@ func refused(t *testing.T, c *obj.Minio) string {
 // root keys with a session token are refused with that code: the token
 // reached the server. The same keys without one are accepted.
 
+// assertSessionTokenSent asserts that a chain client of s has the root keys
+// with token as their session token, and that the token goes with its
+// requests.
+func assertSessionTokenSent(t *testing.T, s *objtest.Server, token string, msgAndArgs ...any) {
+	t.Helper()
+	c := chainClient(t, s)
+	v, err := c.Raw().GetCreds()
+	require.NoError(t, err)
+	assert.Equal(t, credentials.Value{AccessKeyID: objtest.AccessKey, SecretAccessKey: objtest.SecretKey,
+		SessionToken: token, SignerType: credentials.SignatureV4}, v, msgAndArgs...)
+	assert.Equal(t, "InvalidToken", refused(t, c), "the token went with the request")
+}
+
+// assertRootKeysWithToken asserts that c's credentials, from the chain, are
+// the root keys with token as their session token.
+func assertRootKeysWithToken(t *testing.T, c *obj.Minio, token string, msgAndArgs ...any) {
+	t.Helper()
+	v, err := c.Raw().GetCreds()
+	require.NoError(t, err)
+	assert.Equal(t, objtest.AccessKey, v.AccessKeyID)
+	assert.Equal(t, objtest.SecretKey, v.SecretAccessKey)
+	assert.Equal(t, token, v.SessionToken, msgAndArgs...)
+}
+
 func TestCredentialsFromSharedFileProfile(t *testing.T) {
 	s := objtest.Start(t, bucket)
 	cleanAWSEnv(t)
@@ -127,13 +151,7 @@ aws_session_token = file-session-token
 	roundTrip(t, chainClient(t, s), "from-profile")
 
 	t.Setenv("AWS_PROFILE", "kvtier-session")
-	c := chainClient(t, s)
-	v, err := c.Raw().GetCreds()
-	require.NoError(t, err)
-	assert.Equal(t, credentials.Value{AccessKeyID: objtest.AccessKey, SecretAccessKey: objtest.SecretKey,
-		SessionToken: "file-session-token", SignerType: credentials.SignatureV4}, v,
-		"the profile's session token is handed to the client")
-	assert.Equal(t, "InvalidToken", refused(t, c), "the token went with the request")
+	assertSessionTokenSent(t, s, "file-session-token", "the profile's session token is handed to the client")
 
 	t.Setenv("AWS_PROFILE", "")
 	assert.Equal(t, "SignatureDoesNotMatch", refused(t, chainClient(t, s)), "the default profile's secret is wrong")
@@ -147,12 +165,7 @@ func TestCredentialsFromEnvironment(t *testing.T) {
 	roundTrip(t, chainClient(t, s), "from-env")
 
 	t.Setenv("AWS_SESSION_TOKEN", "env-session-token")
-	c := chainClient(t, s)
-	v, err := c.Raw().GetCreds()
-	require.NoError(t, err)
-	assert.Equal(t, credentials.Value{AccessKeyID: objtest.AccessKey, SecretAccessKey: objtest.SecretKey,
-		SessionToken: "env-session-token", SignerType: credentials.SignatureV4}, v)
-	assert.Equal(t, "InvalidToken", refused(t, c), "the token went with the request")
+	assertSessionTokenSent(t, s, "env-session-token")
 	t.Setenv("AWS_SESSION_TOKEN", "")
 
 	// The environment comes before the file: a file's right keys do not
@@ -254,11 +267,7 @@ func TestCredentialsFromWebIdentityExchangedAtSTS(t *testing.T) {
 	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1")
 
 	c := chainClient(t, s)
-	v, err := c.Raw().GetCreds()
-	require.NoError(t, err)
-	assert.Equal(t, objtest.AccessKey, v.AccessKeyID)
-	assert.Equal(t, objtest.SecretKey, v.SecretAccessKey)
-	assert.Equal(t, "sts-session-1", v.SessionToken, "STS's session token is handed to the client")
+	assertRootKeysWithToken(t, c, "sts-session-1", "STS's session token is handed to the client")
 	form := sts.form(0)
 	assert.Equal(t, "AssumeRoleWithWebIdentity", form.Get("Action"))
 	assert.Equal(t, "projected-sa-token", form.Get("WebIdentityToken"), "the token file's content")
@@ -320,11 +329,7 @@ func TestCredentialsFromInstanceMetadata(t *testing.T) {
 	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.URL)
 
 	c := chainClient(t, s)
-	v, err := c.Raw().GetCreds()
-	require.NoError(t, err)
-	assert.Equal(t, objtest.AccessKey, v.AccessKeyID)
-	assert.Equal(t, objtest.SecretKey, v.SecretAccessKey)
-	assert.Equal(t, "imds-session-1", v.SessionToken, "the role's session token is handed to the client")
+	assertRootKeysWithToken(t, c, "imds-session-1", "the role's session token is handed to the client")
 	roundTrip(t, c, "from-imds")
 	assert.Equal(t, int32(2), served.Load(), "fetched again once stale")
 	roundTrip(t, c, "still-from-imds")

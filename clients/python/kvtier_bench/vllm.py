@@ -563,13 +563,19 @@ def bench_share(args) -> Dict[str, object]:
             "cases": cases, "restart": restarts}
 
 
+def _workload_args(p, cpu_blocks_help=None) -> None:
+    """The workload of a trace-driven command: the trace, how much of it,
+    and the node's CPU capacity in blocks."""
+    p.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
+    p.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
+    p.add_argument("--cpu-blocks", type=int, default=20000, help=cpu_blocks_help)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvtier_bench.vllm")
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manager", help="scheduler side: kvtier vs vLLM's native manager")
-    m.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
-    m.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
-    m.add_argument("--cpu-blocks", type=int, default=20000)
+    _workload_args(m)
     m.add_argument("--per-step", type=int, default=16, help="requests admitted per step")
     m.add_argument("--repo", default=".", help="where to build kvtierd if not on PATH")
     m.add_argument("--transport", choices=("ipc", "unix"), default="ipc", help="kvtierd's engine socket")
@@ -584,9 +590,7 @@ def main(argv=None) -> int:
                    help="leave the trace in the garbage collector's generations (vLLM freezes its start-up heap)")
     m.add_argument("--json", action="store_true")
     sh = sub.add_parser("share", help="N engines: one shared kvtierd vs N partitioned native caches")
-    sh.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
-    sh.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
-    sh.add_argument("--cpu-blocks", type=int, default=20000, help="the node's CPU capacity, all engines together")
+    _workload_args(sh, "the node's CPU capacity, all engines together")
     sh.add_argument("--engines", type=int, nargs="+", default=[2, 4, 8])
     sh.add_argument("--restart-engines", type=int, nargs="*", default=[2, 4, 8],
                     help="engine counts of the restart case (engine 0 restarts halfway)")
@@ -597,9 +601,7 @@ def main(argv=None) -> int:
                     help="each kvtier manager's kvtier_store_credit (default: the connector's, 64)")
     sh.add_argument("--json", action="store_true")
     en = sub.add_parser("engines", help="N engine processes on one kvtierd: steps, step ratios, kvtierd CPU per call")
-    en.add_argument("--trace", default="testdata/traces/conversation_trace.jsonl")
-    en.add_argument("--limit", type=int, default=0, help="first N requests (0: all)")
-    en.add_argument("--cpu-blocks", type=int, default=20000, help="the node's CPU capacity, all engines together")
+    _workload_args(en, "the node's CPU capacity, all engines together")
     en.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4, 8])
     en.add_argument("--per-step", type=int, default=16, help="requests admitted per step, per engine")
     en.add_argument("--preempt-every", type=int, default=50)

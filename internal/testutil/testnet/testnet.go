@@ -1,11 +1,13 @@
 // Package testnet holds the listeners tests stand up in place of a peer: one
 // that hands each accepted connection to the test, and one that accepts and
-// then never speaks; and a connected loopback pair. Every goroutine it starts ends by the time the test's
-// cleanups have run, so goleak checks stay meaningful.
+// then never speaks; a connected loopback pair; and a directory short
+// enough for unix sockets. Every goroutine it starts ends by the time the
+// test's cleanups have run, so goleak checks stay meaningful.
 package testnet
 
 import (
 	"net"
+	"os"
 	"testing"
 )
 
@@ -81,6 +83,19 @@ func Pair(t testing.TB) (dialed, accepted net.Conn) {
 	}
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 	return a, b
+}
+
+// SocketDir is a new temporary directory whose unix socket paths fit
+// sun_path (108 bytes), which t.TempDir's, named after the test, may not;
+// it is removed when the test ends.
+func SocketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvtier-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 // acceptAll calls handle with each connection ln accepts until Accept

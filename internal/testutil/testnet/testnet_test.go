@@ -1,7 +1,10 @@
 package testnet
 
 import (
+	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -87,5 +90,16 @@ func TestPairIsConnected(t *testing.T) {
 	_ = b.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := b.Read(buf); err != nil || buf[0] != 'x' {
 		t.Fatalf("read %q, %v", buf, err)
+	}
+}
+
+func TestSocketDirFitsASocketAndIsRemoved(t *testing.T) {
+	var dir string
+	t.Run("use", func(t *testing.T) {
+		dir = SocketDir(t)
+		Listen(t, "unix", filepath.Join(dir, "engine.sock"))
+	})
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s after the test: %v, want it removed", dir, err)
 	}
 }
