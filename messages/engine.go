@@ -43,6 +43,14 @@ func (r Reply[T]) Answer(v T, err error) {
 	}
 }
 
+// AnswerAny is Answer for a caller that holds the answer untyped (an
+// actor's shell delivering its core's answers, in order with its
+// messages); a v that is not a T answers T's zero value.
+func (r Reply[T]) AnswerAny(v any, err error) {
+	t, _ := v.(T)
+	r.Answer(t, err)
+}
+
 // C is where NewReply's answer arrives (nil, never ready, for a ReplyFunc
 // or the zero Reply).
 func (r Reply[T]) C() <-chan Result[T] { return r.ch }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
@@ -147,7 +148,7 @@ func defaultDataListen(control string) string {
 // p2pProps builds the P2P tier.
 func (n *Node) p2pProps(w wiring) *actor.Props {
 	return p2p.Props(p2p.Config{Name: n.peers.tierName(n.cfg.Peers), HoldTimeout: n.cfg.Peers.HoldTimeout,
-		Directory: n.cfg.Peers.Directory, Tiering: w.to("tiering"), Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})
+		Directory: n.cfg.Peers.Directory, Tiering: fx.RefOf(w.to("tiering")), Clock: n.cfg.Clock, Log: n.cfg.Logger.With().Str("actor", "p2p").Logger()})
 }
 
 // peersProps builds the peer control plane (its sessions send to the CPU

@@ -163,17 +163,17 @@ type storeCompletion struct {
 
 // landed answers whoever waited, once the CPU tier applied the commit (err:
 // its refusal). It reports whether anyone did.
-func (w commitWaiter) landed(err error) bool {
+func (w commitWaiter) landed(o *fx.Out, err error) bool {
 	switch {
 	case w.store != nil:
 		if err != nil && w.store.firstErr == nil {
 			w.store.firstErr = err
 		}
 		if w.store.remaining--; w.store.remaining == 0 {
-			w.store.m.Reply.Answer(struct{}{}, w.store.firstErr)
+			reply(o, w.store.m.Reply, struct{}{}, w.store.firstErr)
 		}
 	case w.done != nil:
-		w.done.Reply.Answer(struct{}{}, err)
+		reply(o, w.done.Reply, struct{}{}, err)
 	default:
 		return false
 	}
@@ -292,18 +292,18 @@ func (b *Bridge) serve(o *fx.Out, m any) {
 		b.jobDone(o, m)
 	case *messages.RequestFinished:
 		o.Send(b.cfg.CPU, &cpumsg.ReleaseHolder{Holder: m.Req.Holder()})
-		m.Reply.Answer(struct{}{}, nil)
+		reply(o, m.Reply, struct{}{}, nil)
 	case *messages.TakeEvents:
 		b.takeEvents(o, m)
 	case *messages.HasPendingWork:
 		// Only engine jobs need an engine step; peers, promotions, cascades
 		// and commits progress on their own (the contract: manager.go).
-		m.Reply.Answer(len(b.reg.jobs) > 0, nil)
+		reply(o, m.Reply, len(b.reg.jobs) > 0, nil)
 	case *messages.Pause:
 		b.pause(o, m)
 	case *messages.Resume:
 		b.paused = b.closed
-		m.Reply.Answer(struct{}{}, b.closedErr())
+		reply(o, m.Reply, struct{}{}, b.closedErr())
 	case *messages.ResetCache:
 		b.resetCache(o, m)
 	case *messages.ReleaseSession:
@@ -330,9 +330,9 @@ func (b *Bridge) serveHeld(o *fx.Out) {
 
 // failHeld answers every held call with err: the incarnation that held
 // them is going away.
-func (b *Bridge) failHeld(err error) {
+func (b *Bridge) failHeld(o *fx.Out, err error) {
 	for _, m := range b.order.release() {
-		failCall(m, err)
+		failCall(o, m, err)
 	}
 }
 
@@ -350,9 +350,9 @@ func (b *Bridge) started(o *fx.Out) {
 // and every held call with ErrRestarted, and stops the job timers: the
 // incarnation that owned them is going away (its answers would come to
 // the next one, which knows none of them).
-func (b *Bridge) failInFlight() {
+func (b *Bridge) failInFlight(o *fx.Out) {
 	for _, p := range b.pending {
-		b.fail(p, ErrRestarted)
+		b.fail(o, p, ErrRestarted)
 	}
 	b.pending = map[uint64]pendingCall{}
 	for _, j := range b.reg.jobs {
@@ -361,17 +361,23 @@ func (b *Bridge) failInFlight() {
 		}
 	}
 	for _, w := range b.waiters {
-		w.reply.Answer(struct{}{}, ErrRestarted)
+		reply(o, w.reply, struct{}{}, ErrRestarted)
 	}
 	b.waiters = nil
 	// NB: parked commits were checksummed for this incarnation and wait for
 	// an earlier one: nothing else would ever answer their callers.
 	for _, m := range b.parked {
-		m.then.landed(ErrRestarted)
+		m.then.landed(o, ErrRestarted)
 	}
 	b.parked = nil
-	b.failHeld(ErrRestarted)
+	b.failHeld(o, ErrRestarted)
 }
+
+// reply answers a call the core held, through o: in order with the
+// messages decided before it, so a caller that waits on the answer finds
+// them sent (an idle probe answered before the commits it waited for were
+// sent saw blocks still pending).
+func reply[T any](o *fx.Out, r messages.Reply[T], v T, err error) { o.Answer(r, v, err) }
 
 // ask sends a request built with a fresh correlation id to to and parks p
 // until its answer comes back (resume).
@@ -385,13 +391,13 @@ func (b *Bridge) ask(o *fx.Out, to fx.Ref, p pendingCall, build func(corr uint64
 // of a type its call does not wait for is a bug in the other side's
 // protocol: the call fails with ErrInternal rather than panicking the
 // bridge.
-func (b *Bridge) resume(o *fx.Out, corr uint64, reply any) {
+func (b *Bridge) resume(o *fx.Out, corr uint64, ans any) {
 	p, ok := b.pending[corr]
 	if !ok {
 		return
 	}
 	delete(b.pending, corr)
-	switch r := reply.(type) {
+	switch r := ans.(type) {
 	case *cpumsg.LookupResult:
 		if p.kind == waitLease {
 			b.onLease(o, p.lookup, r)
@@ -399,12 +405,12 @@ func (b *Bridge) resume(o *fx.Out, corr uint64, reply any) {
 		}
 	case *tieringmsg.AsyncLookupResult:
 		if p.kind == waitTiering {
-			b.onTiering(p.lookup, p.tiering, r)
+			b.onTiering(o, p.lookup, p.tiering, r)
 			return
 		}
 	case *cpumsg.PinResult:
 		if p.kind == waitPin {
-			b.onPin(p, r)
+			b.onPin(o, p, r)
 			return
 		}
 	case *cpumsg.ReserveResult:
@@ -418,22 +424,22 @@ func (b *Bridge) resume(o *fx.Out, corr uint64, reply any) {
 			b.commitLanded(o, p.commit, r.Err)
 			return
 		case waitClear:
-			p.reply.Answer(struct{}{}, r.Err)
+			reply(o, p.reply, struct{}{}, r.Err)
 			return
 		}
 	case *cpumsg.TierEvents:
 		if p.kind == waitEvents {
-			b.onEvents(p.events, r)
+			b.onEvents(o, p.events, r)
 			return
 		}
 	case *cpumsg.TierStatsResult:
 		if p.kind == waitStats {
-			b.onStats(p.stats, r)
+			b.onStats(o, p.stats, r)
 			return
 		}
 	case *cpumsg.CreditGranted:
 		if p.kind == waitGrant {
-			p.grant.Reply.Answer(messages.CreditGrant{Slots: r.Slots, Evicted: r.Evicted}, nil)
+			reply(o, p.grant.Reply, messages.CreditGrant{Slots: r.Slots, Evicted: r.Evicted}, nil)
 			return
 		}
 	case *cpumsg.CreditBound:
@@ -442,37 +448,37 @@ func (b *Bridge) resume(o *fx.Out, corr uint64, reply any) {
 			return
 		}
 	}
-	b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", reply)).Msg("bridge: answered with the wrong type")
-	b.fail(p, fmt.Errorf("%w: answered %T", messages.ErrInternal, reply))
+	b.cfg.Log.Error().Str("got", fmt.Sprintf("%T", ans)).Msg("bridge: answered with the wrong type")
+	b.fail(o, p, fmt.Errorf("%w: answered %T", messages.ErrInternal, ans))
 	if p.kind == waitCommit {
 		b.drained(o)
 	}
 }
 
 // fail answers the call p carries on with err.
-func (b *Bridge) fail(p pendingCall, err error) {
+func (b *Bridge) fail(o *fx.Out, p pendingCall, err error) {
 	switch p.kind {
 	case waitLease, waitTiering:
-		p.lookup.Reply.Answer(nil, err)
+		reply(o, p.lookup.Reply, nil, err)
 	case waitPin:
-		b.refuseLoad(p, err)
+		b.refuseLoad(o, p, err)
 	case waitReserve:
 		delete(b.opening, p.id)
-		p.store.Reply.Answer(messages.StorePlan{}, err)
+		reply(o, p.store.Reply, messages.StorePlan{}, err)
 	case waitCommit:
 		b.commits--
-		b.commitAnswered(p.commit, err)
+		b.commitAnswered(o, p.commit, err)
 	case waitEvents:
-		p.events.Reply.Answer(nil, err)
+		reply(o, p.events.Reply, nil, err)
 	case waitClear:
-		p.reply.Answer(struct{}{}, err)
+		reply(o, p.reply, struct{}{}, err)
 	case waitStats:
-		p.stats.m.Reply.Answer(messages.Stats{}, err)
+		reply(o, p.stats.m.Reply, messages.Stats{}, err)
 	case waitGrant:
-		p.grant.Reply.Answer(messages.CreditGrant{}, err)
+		reply(o, p.grant.Reply, messages.CreditGrant{}, err)
 	case waitBind:
 		delete(b.opening, p.id)
-		p.bind.Reply.Answer(messages.StoreBound{}, err)
+		reply(o, p.bind.Reply, messages.StoreBound{}, err)
 	}
 }
 
@@ -511,15 +517,15 @@ func (b *Bridge) workers(req *messages.ReqContext) int {
 
 func (b *Bridge) lookup(o *fx.Out, m *messages.Lookup) {
 	if err := b.closedErr(); err != nil {
-		m.Reply.Answer(nil, err)
+		reply(o, m.Reply, nil, err)
 		return
 	}
 	if err := validKeys(m.Keys); err != nil {
-		m.Reply.Answer(nil, err)
+		reply(o, m.Reply, nil, err)
 		return
 	}
 	if b.paused { // a paused node takes no engine intake: everything is a miss
-		m.Reply.Answer(make([]messages.LookupStatus, len(m.Keys)), nil)
+		reply(o, m.Reply, make([]messages.LookupStatus, len(m.Keys)), nil)
 		return
 	}
 	b.ask(o, b.cfg.CPU, pendingCall{kind: waitLease, lookup: m}, func(corr uint64) any {
@@ -579,7 +585,7 @@ func (b *Bridge) arm(o *fx.Out, j *job) {
 func (b *Bridge) prepareLoad(o *fx.Out, m *messages.PrepareLoad) {
 	id, err := b.admit(m.Keys)
 	if err != nil {
-		m.Reply.Answer(messages.LoadJob{}, err)
+		reply(o, m.Reply, messages.LoadJob{}, err)
 		return
 	}
 	// NB: the job is registered before the CPU tier answers: an engine that
@@ -593,39 +599,39 @@ func (b *Bridge) prepareLoad(o *fx.Out, m *messages.PrepareLoad) {
 	})
 }
 
-func (b *Bridge) onPin(p pendingCall, res *cpumsg.PinResult) {
+func (b *Bridge) onPin(o *fx.Out, p pendingCall, res *cpumsg.PinResult) {
 	if res.Err != nil {
-		b.refuseLoad(p, res.Err)
+		b.refuseLoad(o, p, res.Err)
 		return
 	}
 	for i, k := range p.load.Keys {
 		p.job.slots[k] = res.Slots[i]
 	}
-	p.load.Reply.Answer(messages.LoadJob{ID: p.job.id, Slots: res.Slots, Workers: len(p.job.reported)}, nil)
+	reply(o, p.load.Reply, messages.LoadJob{ID: p.job.id, Slots: res.Slots, Workers: len(p.job.reported)}, nil)
 }
 
 // refuseLoad ends a load the CPU tier could not pin: its job goes (unless
 // a completion or its deadline took it already) and the call fails.
-func (b *Bridge) refuseLoad(p pendingCall, err error) {
+func (b *Bridge) refuseLoad(o *fx.Out, p pendingCall, err error) {
 	if b.reg.jobs[p.job.id] == p.job {
 		b.reg.remove(p.job)
 	}
-	p.load.Reply.Answer(messages.LoadJob{}, err)
+	reply(o, p.load.Reply, messages.LoadJob{}, err)
 }
 
 func (b *Bridge) touch(o *fx.Out, m *messages.Touch) {
 	if err := validKeys(m.Keys); err != nil {
-		m.Reply.Answer(struct{}{}, err)
+		reply(o, m.Reply, struct{}{}, err)
 		return
 	}
 	o.Send(b.cfg.CPU, &cpumsg.TouchKeys{Keys: m.Keys})
-	m.Reply.Answer(struct{}{}, nil)
+	reply(o, m.Reply, struct{}{}, nil)
 }
 
 func (b *Bridge) completeLoad(o *fx.Out, m *messages.CompleteLoad) {
 	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobLoad, m.Keys)
 	if !ok {
-		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
+		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
 		return
 	}
 	for j, keys := range byJob {
@@ -634,7 +640,7 @@ func (b *Bridge) completeLoad(o *fx.Out, m *messages.CompleteLoad) {
 		o.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
 		b.closeIfEmpty(o, j)
 	}
-	m.Reply.Answer(struct{}{}, nil)
+	reply(o, m.Reply, struct{}{}, nil)
 }
 
 func (b *Bridge) prepareStore(o *fx.Out, m *messages.PrepareStore) {
@@ -642,7 +648,7 @@ func (b *Bridge) prepareStore(o *fx.Out, m *messages.PrepareStore) {
 		return &cpumsg.ReserveSlots{Corr: corr, Job: job, Keys: m.Keys}
 	})
 	if err != nil {
-		m.Reply.Answer(messages.StorePlan{}, err)
+		reply(o, m.Reply, messages.StorePlan{}, err)
 	}
 }
 
@@ -668,12 +674,12 @@ func (b *Bridge) onReserve(o *fx.Out, p pendingCall, res *cpumsg.ReserveResult) 
 	delete(b.opening, p.id)
 	defer b.drained(o)
 	if res.Err != nil {
-		m.Reply.Answer(messages.StorePlan{}, res.Err)
+		reply(o, m.Reply, messages.StorePlan{}, res.Err)
 		return
 	}
 	plan := messages.StorePlan{ToStore: res.ToStore, Slots: res.Slots, Evicted: res.Evicted}
 	plan.Job, plan.Workers = b.openStore(o, p.id, m.Req, m.Keys, res.ToStore, res.Slots)
-	m.Reply.Answer(plan, nil)
+	reply(o, m.Reply, plan, nil)
 }
 
 // openStore registers store job id writing keys (of the call's callKeys)
@@ -701,12 +707,12 @@ func (b *Bridge) openStore(o *fx.Out, id messages.JobID, req *messages.ReqContex
 
 func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 	if len(m.Keys) == 0 {
-		m.Reply.Answer(struct{}{}, nil)
+		reply(o, m.Reply, struct{}{}, nil)
 		return
 	}
 	byJob, missing, ok := b.reg.claim(m.Req.RequestID, messages.JobStore, m.Keys)
 	if !ok {
-		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotPending, missing))
+		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotPending, missing))
 		return
 	}
 	done := &storeCompletion{m: m, remaining: len(byJob)}
@@ -758,7 +764,7 @@ func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 		// The engine call that waited on it is answered now, not at its
 		// deadline.
 		b.cfg.Log.Warn().Uint64("job", uint64(m.job.ID)).Msg("bridge: commit of a previous incarnation dropped")
-		m.then.landed(ErrRestarted)
+		m.then.landed(o, ErrRestarted)
 		return
 	}
 	if m.seq != b.commitNext+1 {
@@ -794,14 +800,14 @@ func (b *Bridge) commitLanded(o *fx.Out, c *commitCall, err error) {
 	if c.ok && err == nil {
 		b.cascade(o, c.keys, c.sums, c.req)
 	}
-	b.commitAnswered(c, err)
+	b.commitAnswered(o, c, err)
 	b.drained(o)
 }
 
 // commitAnswered tells whoever waits for c how it went; a refusal nobody
 // waits for is logged.
-func (b *Bridge) commitAnswered(c *commitCall, err error) {
-	if !c.then.landed(err) && err != nil {
+func (b *Bridge) commitAnswered(o *fx.Out, c *commitCall, err error) {
+	if !c.then.landed(o, err) && err != nil {
 		b.cfg.Log.Error().Err(err).Uint64("job", uint64(c.ref.ID)).Msg("bridge: commit refused")
 	}
 }
@@ -820,22 +826,22 @@ func (b *Bridge) jobDone(o *fx.Out, m *messages.JobDone) {
 	j, ok := b.reg.jobs[m.Job]
 	if !ok {
 		b.cfg.Counters.LateReports++
-		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: %d", messages.ErrUnknownJob, m.Job))
+		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: %d", messages.ErrUnknownJob, m.Job))
 		return
 	}
 	if m.Worker < 0 || m.Worker >= len(j.reported) {
-		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: worker %d of %d for job %d", messages.ErrBadWorker, m.Worker, len(j.reported), m.Job))
+		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: worker %d of %d for job %d", messages.ErrBadWorker, m.Worker, len(j.reported), m.Job))
 		return
 	}
 	if j.reported[m.Worker] {
 		b.cfg.Counters.LateReports++
-		m.Reply.Answer(struct{}{}, fmt.Errorf("%w: worker %d already reported job %d", messages.ErrBadWorker, m.Worker, m.Job))
+		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: worker %d already reported job %d", messages.ErrBadWorker, m.Worker, m.Job))
 		return
 	}
 	j.reported[m.Worker], j.allOK = true, j.allOK && m.OK
 	j.nReports++
 	if j.nReports < len(j.reported) {
-		m.Reply.Answer(struct{}{}, nil)
+		reply(o, m.Reply, struct{}{}, nil)
 		return
 	}
 	// The last report is answered once the job's blocks are readable (or
@@ -857,11 +863,11 @@ func (b *Bridge) finish(o *fx.Out, j *job, ok bool, then commitWaiter) {
 		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
 		// pins released, so the answer need not wait for the ack.
 		o.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
-		then.landed(nil)
+		then.landed(o, nil)
 	case len(keys) > 0:
 		b.commit(o, j, keys, ok, then)
 	default:
-		then.landed(nil)
+		then.landed(o, nil)
 	}
 	b.drained(o)
 }
@@ -896,13 +902,13 @@ func (b *Bridge) takeEvents(o *fx.Out, m *messages.TakeEvents) {
 	})
 }
 
-func (b *Bridge) onEvents(m *messages.TakeEvents, r *cpumsg.TierEvents) {
+func (b *Bridge) onEvents(o *fx.Out, m *messages.TakeEvents, r *cpumsg.TierEvents) {
 	events := r.Events
 	if len(*b.carry) > 0 {
 		events = append(*b.carry, events...)
 		*b.carry = nil
 	}
-	m.Reply.Answer(events, nil)
+	reply(o, m.Reply, events, nil)
 }
 
 // onDrained parks w until no job with id ≤ the current highest remains
@@ -940,7 +946,7 @@ func (b *Bridge) drained(o *fx.Out) {
 			b.clearTier(o, w.reply)
 			continue
 		}
-		w.reply.Answer(struct{}{}, nil)
+		reply(o, w.reply, struct{}{}, nil)
 	}
 }
 
@@ -1016,7 +1022,7 @@ func (b *Bridge) stats(o *fx.Out, m *messages.GetStats) {
 	})
 }
 
-func (b *Bridge) onStats(c *statsCall, r *cpumsg.TierStatsResult) {
+func (b *Bridge) onStats(o *fx.Out, c *statsCall, r *cpumsg.TierStatsResult) {
 	s := r.Stats
 	s.JobsInFlight, s.Requests, s.Paused = c.jobs, c.requests, c.paused
 	s.JobsCompleted, s.JobsReapedLoad, s.JobsReapedStore, s.LateReports =
@@ -1024,7 +1030,7 @@ func (b *Bridge) onStats(c *statsCall, r *cpumsg.TierStatsResult) {
 	if b.cfg.Restarts != nil {
 		s.ActorRestarts = b.cfg.Restarts.Load()
 	}
-	c.m.Reply.Answer(s, nil)
+	reply(o, c.m.Reply, s, nil)
 }
 
 // releaseSession ends what a lost engine connection held (standalone mode,
@@ -1036,7 +1042,7 @@ func (b *Bridge) onStats(c *statsCall, r *cpumsg.TierStatsResult) {
 // Cost: O(requests with jobs at the bridge), once per lost connection.
 func (b *Bridge) releaseSession(o *fx.Out, m *messages.ReleaseSession) {
 	if m.Prefix == "" {
-		m.Reply.Answer(messages.SessionReleased{}, fmt.Errorf("%w: release of a session without a prefix", messages.ErrInternal))
+		reply(o, m.Reply, messages.SessionReleased{}, fmt.Errorf("%w: release of a session without a prefix", messages.ErrInternal))
 		return
 	}
 	for _, id := range m.Open {
@@ -1070,5 +1076,5 @@ func (b *Bridge) releaseSession(o *fx.Out, m *messages.ReleaseSession) {
 	}
 	b.drained(o)
 
-	m.Reply.Answer(messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
+	reply(o, m.Reply, messages.SessionReleased{Requests: len(m.Open), Jobs: len(doomed)}, nil)
 }

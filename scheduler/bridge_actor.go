@@ -39,9 +39,9 @@ func (a *bridgeActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.b.started(&a.out)
 	case *actor.Restarting:
-		a.b.failInFlight()
+		a.b.failInFlight(&a.out)
 	case *actor.Stopping:
-		a.b.failHeld(messages.ErrClosed)
+		a.b.failHeld(&a.out, messages.ErrClosed)
 	case *actor.Stopped, *actor.Restart:
 	default:
 		a.b.Handle(&a.out, ctx.Message())

@@ -17,7 +17,7 @@ func creditOwner(session uint64) messages.JobRef {
 
 func (b *Bridge) grant(o *fx.Out, m *messages.Grant) {
 	if err := b.intakeErr(); err != nil {
-		m.Reply.Answer(messages.CreditGrant{}, err)
+		reply(o, m.Reply, messages.CreditGrant{}, err)
 		return
 	}
 	b.ask(o, b.cfg.CPU, pendingCall{kind: waitGrant, grant: m}, func(corr uint64) any {
@@ -33,7 +33,7 @@ func (b *Bridge) storeCredited(o *fx.Out, m *messages.StoreCredited) {
 		return &cpumsg.BindCredit{Corr: corr, Owner: creditOwner(m.Session), Job: job, Keys: m.Keys, Slots: m.Slots}
 	})
 	if err != nil {
-		m.Reply.Answer(messages.StoreBound{}, err)
+		reply(o, m.Reply, messages.StoreBound{}, err)
 	}
 }
 
@@ -42,7 +42,7 @@ func (b *Bridge) onBound(o *fx.Out, p pendingCall, r *cpumsg.CreditBound) {
 	delete(b.opening, p.id)
 	defer b.drained(o)
 	if r.Err != nil {
-		m.Reply.Answer(messages.StoreBound{}, r.Err)
+		reply(o, m.Reply, messages.StoreBound{}, r.Err)
 		return
 	}
 	var keys []messages.Key
@@ -54,5 +54,5 @@ func (b *Bridge) onBound(o *fx.Out, p pendingCall, r *cpumsg.CreditBound) {
 	}
 	res := messages.StoreBound{Bound: r.Bound}
 	res.Job, res.Workers = b.openStore(o, p.id, m.Req, m.Keys, keys, slots)
-	m.Reply.Answer(res, nil)
+	reply(o, m.Reply, res, nil)
 }

@@ -117,6 +117,10 @@ func newBridgeWorld(t *testing.T, seed uint64) *bridgeWorld {
 // order it decided it.
 func (w *bridgeWorld) carry() {
 	for _, s := range w.out.Sent {
+		if s.Kind == fx.Answer {
+			s.Reply.AnswerAny(s.Msg, s.Err)
+			continue
+		}
 		w.Send(s.To.PID(), s.Msg)
 	}
 	w.timers.Adopt(w.out.Deadlines)
@@ -578,7 +582,8 @@ func TestBridgeRestartAnswersParkedCommits(t *testing.T) {
 	w.offload = w.offload[:1]
 	w.handle(second)
 	require.Len(t, w.b.parked, 1, "the second commit waits for the first")
-	w.b.failInFlight()
+	w.b.failInFlight(&w.out)
+	w.carry()
 	w.collect()
 	require.Equal(t, 1, stores[1].answers, "the parked commit's completion is answered by the restart")
 	require.Zero(t, stores[0].answers, "the first is still being checksummed")

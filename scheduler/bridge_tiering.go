@@ -18,7 +18,7 @@ import (
 // first key (RETRY or MISS) is the scan's stop, the rest stay MISS.
 func (b *Bridge) answerLookup(o *fx.Out, m *messages.Lookup, st []messages.LookupStatus) {
 	if b.cfg.Tiering.IsZero() {
-		m.Reply.Answer(st, nil)
+		reply(o, m.Reply, st, nil)
 		return
 	}
 	var idx []int
@@ -40,7 +40,7 @@ func (b *Bridge) answerLookup(o *fx.Out, m *messages.Lookup, st []messages.Looku
 		}
 	}
 	if len(idx) == 0 {
-		m.Reply.Answer(st, nil)
+		reply(o, m.Reply, st, nil)
 		return
 	}
 	keys := make([]messages.Key, len(idx))
@@ -54,13 +54,13 @@ func (b *Bridge) answerLookup(o *fx.Out, m *messages.Lookup, st []messages.Looku
 
 // onTiering answers the Lookup with the tiering actor's statuses in place
 // of its MISS keys'.
-func (b *Bridge) onTiering(m *messages.Lookup, t *tieringAsk, res *tieringmsg.AsyncLookupResult) {
+func (b *Bridge) onTiering(o *fx.Out, m *messages.Lookup, t *tieringAsk, res *tieringmsg.AsyncLookupResult) {
 	for j, i := range t.idx {
 		if j < len(res.Status) {
 			t.st[i] = res.Status[j]
 		}
 	}
-	m.Reply.Answer(t.st, nil)
+	reply(o, m.Reply, t.st, nil)
 }
 
 // cascade tells the tiering actor that keys became readable (fire and

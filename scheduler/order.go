@@ -1,6 +1,9 @@
 package scheduler
 
-import "github.com/kvtier/kvtier/messages"
+import (
+	"github.com/kvtier/kvtier/actors/fx"
+	"github.com/kvtier/kvtier/messages"
+)
 
 // callOrder makes engine calls take effect in the order the bridge received
 // them, although a commit's checksum runs off the mailbox: between a
@@ -150,36 +153,36 @@ func (o *callOrder) release() []any {
 // waiting is the number of held calls.
 func (o *callOrder) waiting() int { return len(o.held) }
 
-// failCall answers a held call with err.
-func failCall(m any, err error) {
+// failCall answers a held call with err, through out.
+func failCall(out *fx.Out, m any, err error) {
 	switch m := m.(type) {
 	case *messages.Lookup:
-		m.Reply.Answer(nil, err)
+		reply(out, m.Reply, nil, err)
 	case *messages.PrepareLoad:
-		m.Reply.Answer(messages.LoadJob{}, err)
+		reply(out, m.Reply, messages.LoadJob{}, err)
 	case *messages.Touch:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.CompleteLoad:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.PrepareStore:
-		m.Reply.Answer(messages.StorePlan{}, err)
+		reply(out, m.Reply, messages.StorePlan{}, err)
 	case *messages.CompleteStore:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.StoreCredited:
-		m.Reply.Answer(messages.StoreBound{}, err)
+		reply(out, m.Reply, messages.StoreBound{}, err)
 	case *messages.RequestFinished:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.TakeEvents:
-		m.Reply.Answer(nil, err)
+		reply(out, m.Reply, nil, err)
 	case *messages.HasPendingWork:
-		m.Reply.Answer(false, err)
+		reply(out, m.Reply, false, err)
 	case *messages.Pause:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.Resume:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.ResetCache:
-		m.Reply.Answer(struct{}{}, err)
+		reply(out, m.Reply, struct{}{}, err)
 	case *messages.ReleaseSession:
-		m.Reply.Answer(messages.SessionReleased{}, err)
+		reply(out, m.Reply, messages.SessionReleased{}, err)
 	}
 }

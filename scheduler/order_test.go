@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -170,8 +171,13 @@ func TestFailCallAnswersEveryHeldKind(t *testing.T) {
 	lookup := &messages.Lookup{Reply: messages.NewReply[[]messages.LookupStatus]()}
 	load := &messages.PrepareLoad{Reply: messages.NewReply[messages.LoadJob]()}
 	release := &messages.ReleaseSession{Reply: messages.NewReply[messages.SessionReleased]()}
+	var out fx.Out
 	for _, m := range []any{lookup, load, release} {
-		failCall(m, ErrRestarted)
+		failCall(&out, m, ErrRestarted)
+	}
+	require.Empty(t, lookup.Reply.C(), "answered through the Out, in its order")
+	for _, s := range out.Sent {
+		s.Reply.AnswerAny(s.Msg, s.Err)
 	}
 	require.ErrorIs(t, (<-lookup.Reply.C()).Err, ErrRestarted)
 	require.ErrorIs(t, (<-load.Reply.C()).Err, ErrRestarted)

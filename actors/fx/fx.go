@@ -48,13 +48,21 @@ const (
 	Request
 	// Reply: an answer to the sender of the message being handled.
 	Reply
+	// Answer: an answer to a call the core held (a messages.Reply), given
+	// when what the call waited for came.
+	Answer
 )
+
+// Replier is a held call's answer handle: a messages.Reply.
+type Replier interface{ AnswerAny(v any, err error) }
 
 // Sent is one message the core decided to send.
 type Sent struct {
-	Kind Kind
-	To   Ref // the zero Ref for a Reply: the sender of the handled message
-	Msg  any
+	Kind  Kind
+	To    Ref // the zero Ref for a Reply or an Answer
+	Msg   any
+	Err   error   // an Answer's error
+	Reply Replier // an Answer's call
 }
 
 // Deadline is a message the core has sent to itself once After has passed
@@ -97,13 +105,21 @@ type Out struct {
 }
 
 // Send sends msg to to; no answer is expected.
-func (o *Out) Send(to Ref, msg any) { o.Sent = append(o.Sent, Sent{Send, to, msg}) }
+func (o *Out) Send(to Ref, msg any) { o.Sent = append(o.Sent, Sent{Kind: Send, To: to, Msg: msg}) }
 
 // Request sends msg to to; its answer comes back to the core as a message.
-func (o *Out) Request(to Ref, msg any) { o.Sent = append(o.Sent, Sent{Request, to, msg}) }
+func (o *Out) Request(to Ref, msg any) {
+	o.Sent = append(o.Sent, Sent{Kind: Request, To: to, Msg: msg})
+}
 
 // Respond answers the message being handled.
 func (o *Out) Respond(msg any) { o.Sent = append(o.Sent, Sent{Kind: Reply, Msg: msg}) }
+
+// Answer answers a call the core held, in order with the messages around
+// it: whoever waits on it sees what the core sent before it as sent.
+func (o *Out) Answer(to Replier, v any, err error) {
+	o.Sent = append(o.Sent, Sent{Kind: Answer, Msg: v, Err: err, Reply: to})
+}
 
 // After arms a deadline: msg comes back to the core once d has passed.
 func (o *Out) After(d time.Duration, msg any) *Deadline {
@@ -144,6 +160,8 @@ func (sh Shell) Carry(ctx actor.Context, o *Out) {
 		switch {
 		case s.Kind == Reply:
 			ctx.Respond(s.Msg)
+		case s.Kind == Answer:
+			s.Reply.AnswerAny(s.Msg, s.Err)
 		case s.To.pid == nil:
 		case s.Kind == Request:
 			ctx.Request(s.To.pid, s.Msg)

@@ -45,13 +45,17 @@ func (l *Log) After(_ time.Duration, msg any) supervision.Timer {
 }
 
 // Take records what a core decided in o (its fx.Out: sends, requests and
-// answers in order, deadlines armed), then resets o. NB: for the cores
+// replies in order, deadlines armed), delivers its answers to held calls,
+// then resets o. NB: for the cores
 // that say what they decided as data; the others call the methods above.
 func (l *Log) Take(o *fx.Out) {
 	for _, s := range o.Sent {
-		if s.Kind == fx.Reply {
+		switch s.Kind {
+		case fx.Reply:
 			l.Resp = append(l.Resp, s.Msg)
-		} else {
+		case fx.Answer:
+			s.Reply.AnswerAny(s.Msg, s.Err) // NB: the test reads it from the call's Reply
+		default:
 			l.Out = append(l.Out, Sent{s.To.PID(), s.Msg})
 		}
 	}

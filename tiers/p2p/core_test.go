@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
@@ -28,24 +29,23 @@ type core struct {
 	s       *State
 	tiering *actor.PID
 	fxlog.Log
-}
-
-func (c *core) Sender() *actor.PID { return c.tiering }
-
-func (c *core) Watch(string, uint64, events.SubscriberConfig) func() {
-	c.t.Fatal("a watcher without a directory")
-	return nil
+	out Out // what the core decided, taken into the log
 }
 
 func newCore(t *testing.T) *core {
 	c := &core{t: t, tiering: actor.NewPID("core", "tiering")}
-	c.s = NewState(Config{Tiering: c.tiering, Log: zerolog.Nop()}.WithDefaults())
+	c.s = NewState(Config{Tiering: fx.RefOf(c.tiering), Log: zerolog.Nop()}.WithDefaults())
 	return c
 }
 
+// handle hands the core msg, from the tiering actor, and returns what it
+// sent doing so.
 func (c *core) handle(msg any) []fxlog.Sent {
 	c.Reset()
-	c.s.Handle(c, msg)
+	c.s.Handle(&c.out, fx.RefOf(c.tiering), msg)
+	require.Empty(c.t, c.out.Watches, "a watcher without a directory")
+	require.Empty(c.t, c.out.Unwatches, "a watcher without a directory")
+	c.Take(&c.out.Out)
 	return c.Out
 }
 
@@ -263,4 +263,65 @@ func TestAFailedPeerAnswerHoldsNothing(t *testing.T) {
 	require.Equal(t, []bool{false}, answered[*tiermsg.LookupResult](t, c, out).Found)
 	require.Empty(t, releases(out), "a failed round holds nothing at the producer")
 	require.Empty(t, c.s.held)
+}
+
+// The directory's event watchers are the core's decisions, run by the
+// shell: one per peer whose session is up and whose addresses are known,
+// a fresh generation each time it is (re)started, the old one stopped and
+// its late events ignored.
+func TestAWatcherRunsOnlyWhileItsPeerIsUpAndAnOldGenerationIsIgnored(t *testing.T) {
+	s := NewState(Config{Directory: true, Log: zerolog.Nop()}.WithDefaults())
+	var o Out
+	handle := func(msg any) {
+		o.Reset()
+		s.Handle(&o, fx.Ref{}, msg)
+	}
+	start := func(gen uint64, cfg events.SubscriberConfig) []watchStart {
+		return []watchStart{{watchKey{"a", gen}, cfg}}
+	}
+	pub := events.SubscriberConfig{Endpoint: "tcp://a:1", ReplayFrom: -1}
+
+	handle(&peer.EventsAt{Node: "a", Endpoint: pub.Endpoint})
+	require.Empty(t, o.Watches, "a is not up")
+	handle(&peer.Up{Node: "a", Session: actor.NewPID("core", "session-a")})
+	require.Equal(t, start(1, pub), o.Watches)
+	require.Empty(t, o.Unwatches)
+
+	// New addresses restart the watcher: a new generation, the old one stopped.
+	withReplay := events.SubscriberConfig{Endpoint: pub.Endpoint, Replay: "tcp://a:2", ReplayFrom: 0}
+	handle(&peer.EventsAt{Node: "a", Endpoint: pub.Endpoint, Replay: withReplay.Replay})
+	require.Equal(t, []watchKey{{"a", 1}}, o.Unwatches)
+	require.Equal(t, start(2, withReplay), o.Watches)
+	handle(&eventBatch{node: "a", gen: 1, batch: batch(stored(messages.MediumCPU, 1))})
+	require.Empty(t, s.dir.peers["a"].keys, "the stopped generation's batch is ignored")
+	handle(&eventBatch{node: "a", gen: 2, batch: batch(stored(messages.MediumCPU, 1))})
+	require.Len(t, s.dir.peers["a"].keys, 1)
+
+	// A failed stream is watched again after a back-off, with a fresh set.
+	handle(&watchEnded{node: "a", gen: 2, err: errors.New("gone")})
+	require.Empty(t, o.Unwatches, "it ended on its own")
+	require.Len(t, o.Deadlines, 1)
+	retry := o.Deadlines[0].Msg
+	handle(retry)
+	require.Equal(t, []watchKey{{"a", 2}}, o.Unwatches)
+	require.Equal(t, start(3, withReplay), o.Watches)
+
+	handle(&peer.Down{Node: "a", Reason: "gone"})
+	require.Equal(t, []watchKey{{"a", 3}}, o.Unwatches, "no watcher while its session is down")
+	require.Empty(t, o.Watches)
+	handle(&rewatch{node: "a", gen: 3})
+	require.Empty(t, o.Watches, "a late back-off of a peer that left")
+	require.Empty(t, o.Unwatches)
+}
+
+// A watcher stopped in the Out that would start it is never started: the
+// shell's stops all name watchers already running.
+func TestAWatcherStoppedInTheOutThatStartsItIsNeverStarted(t *testing.T) {
+	var o Out
+	o.watch(watchKey{"a", 1}, events.SubscriberConfig{})
+	o.watch(watchKey{"b", 2}, events.SubscriberConfig{})
+	o.unwatch(watchKey{"a", 1})
+	o.unwatch(watchKey{"c", 3})
+	require.Equal(t, []watchStart{{watchKey: watchKey{"b", 2}}}, o.Watches)
+	require.Equal(t, []watchKey{{"c", 3}}, o.Unwatches)
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/peermsg"
@@ -78,13 +78,13 @@ type world struct {
 	nextRnd  uint64
 
 	calls    []sessionCall
-	sender   *actor.PID
 	corr     uint64
 	asked    map[uint64]*tierCall // the tiering actor's corr → its call
 	answered map[uint64]int
 	found    []messages.Key // keys some lookup found, for reads to ask
 	handling *tierCall      // the read being handled, whose fetches go out now
 	timers   modeltime.Timers
+	out      Out // what the core decided, carried out by carry
 	probes   []messages.Reply[[]bool]
 }
 
@@ -96,7 +96,26 @@ func newWorld(t *testing.T, seed uint64) *world {
 	return w
 }
 
-// Effects: what the core does is checked as it does it.
+// What the core decided (its Out) is checked message by message, in the
+// order it decided it.
+func (w *world) carry() {
+	require.Empty(w.t, w.out.Watches, "a watcher without a directory")
+	require.Empty(w.t, w.out.Unwatches, "a watcher without a directory")
+	for _, s := range w.out.Sent {
+		switch s.Kind {
+		case fx.Request:
+			w.Request(s.To.PID(), s.Msg)
+		case fx.Send:
+			w.Send(s.To.PID(), s.Msg)
+		case fx.Reply:
+			w.Respond(s.Msg)
+		case fx.Answer:
+			s.Reply.AnswerAny(s.Msg, s.Err)
+		}
+	}
+	w.timers.Adopt(w.out.Deadlines)
+	w.out.Reset()
+}
 
 func (w *world) Request(to *actor.PID, msg any) {
 	node := w.nodeOf(to)
@@ -139,15 +158,6 @@ func (w *world) Respond(msg any) {
 	default:
 		w.t.Fatalf("unexpected answer %T", msg)
 	}
-}
-
-func (w *world) Sender() *actor.PID { return w.sender }
-
-func (w *world) After(_ time.Duration, msg any) supervision.Timer { return w.timers.After(msg) }
-
-func (w *world) Watch(string, uint64, events.SubscriberConfig) func() {
-	w.t.Fatal("a watcher without a directory")
-	return nil
 }
 
 func (w *world) nodeOf(pid *actor.PID) string {
@@ -194,9 +204,8 @@ func (w *world) answer(msg any) {
 }
 
 func (w *world) handle(from *actor.PID, msg any) {
-	w.sender = from
-	w.core.Handle(w, msg)
-	w.sender = nil
+	w.core.Handle(&w.out, fx.RefOf(from), msg)
+	w.carry()
 }
 
 func (w *world) step() {

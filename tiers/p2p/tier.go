@@ -1,28 +1,12 @@
-// Package p2p is the tier face of kvtier's peers: it answers the tiering
-// actor's secondary-tier contract (tiers/contract.go) by asking the peer
-// sessions (peer/) concurrently, taking the first peer that holds each key,
-// and fetching a whole promotion from each peer in one round
-// (tiermsg.ReadBatch).
-//
-// It owns which peer a key is fetched from and how long an unused lookup
-// lease is held. It never touches sockets, the data plane or slot memory
-// (the sessions and the transport do), and never the CPU tier's state.
-//
-// Its decisions live in State, a core driven one message at a time with
-// its effects (requests to sessions, answers, timers, event watchers)
-// handed to an Effects; Tier, the actor, is a shell that gives it its
-// context, and model_test.go drives it through a seeded world instead.
 package p2p
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
-	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/internal/defaults"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer"
@@ -51,9 +35,9 @@ type Config struct {
 	// The peers' event addresses come from the plane (peer.EventsAt).
 	Directory bool
 	// Tiering is the tiering actor, told (tieringmsg.TierRefreshed) when a peer comes
-	// up, so keys it cached as absent from the peers are asked again; nil:
-	// not told.
-	Tiering *actor.PID
+	// up, so keys it cached as absent from the peers are asked again; the
+	// zero Ref: not told.
+	Tiering fx.Ref
 	Clock   supervision.Clock
 	Log     zerolog.Logger
 }
@@ -82,9 +66,10 @@ func (c Config) WithDefaults() Config {
 }
 
 // State is the P2P tier's core: its decisions, driven one message at a
-// time through Handle, with what it does outside itself (requests to the
-// sessions, answers, timers, event watchers) handed to an Effects. Tier,
-// the actor, is a shell around it; tests drive it directly.
+// time through Handle, which writes what it decided (requests to the
+// sessions, answers, deadlines, event watchers to start and stop) into an
+// Out. Tier, the actor, is a shell that carries the Out out; tests drive
+// the core directly and read its Outs.
 //
 // Invariants:
 //   - every tiermsg.Lookup and tiermsg.ReadBatch is answered exactly once; a read
@@ -117,13 +102,13 @@ type State struct {
 
 type peerRef struct {
 	node string
-	pid  *actor.PID
+	ref  fx.Ref // its session
 }
 
 // asked is one peermsg.Lookup in flight.
 type asked struct {
 	l   *lookup
-	pid *actor.PID
+	ref fx.Ref // the session asked
 }
 
 type roundID struct {
@@ -134,34 +119,34 @@ type roundID struct {
 // lookup is one tiermsg.Lookup waiting for its peers.
 type lookup struct {
 	corr    uint64 // the tiering actor's
-	asker   *actor.PID
+	asker   fx.Ref
 	keys    []messages.Key
 	found   []bool
 	waiting int
 	done    bool
-	timer   supervision.Timer
+	timer   *fx.Deadline
 }
 
 // hit is a key leased at one producer for one round.
 type hit struct {
 	round    roundID
-	pid      *actor.PID
+	ref      fx.Ref // the producer's session
 	checksum uint32
 	prov     *messages.Provenance // what the producer sent of the block's origin
 }
 
 // heldRound counts the keys a round still holds for us.
 type heldRound struct {
-	pid   *actor.PID
+	ref   fx.Ref         // the producer's session
 	keys  []messages.Key // keys held for us (some may have moved on)
 	seq   uint64
-	timer supervision.Timer
+	timer *fx.Deadline
 }
 
 // read is one tiermsg.ReadBatch, fetched in one round per producer.
 type read struct {
 	corr    uint64
-	asker   *actor.PID
+	asker   fx.Ref
 	res     *tiermsg.ReadBatchResult
 	waiting int
 }
@@ -182,39 +167,25 @@ type (
 	}
 )
 
-// Effects is what the core does outside itself. Request's answer comes
-// back as a message to Handle; Respond answers the message being handled,
-// whose sender is Sender; After sends the actor msg once d has passed on
-// its clock; Watch follows a peer's event stream (cfg) until cancel,
-// sending what it reads back as eventBatch, replayDone and watchEnded
-// messages marked with node and gen.
-type Effects interface {
-	Request(to *actor.PID, msg any)
-	Send(to *actor.PID, msg any)
-	Respond(msg any)
-	Sender() *actor.PID
-	After(d time.Duration, msg any) supervision.Timer
-	Watch(node string, gen uint64, cfg events.SubscriberConfig) (cancel func())
+// Out is what the core decided while handling one message: its messages
+// and deadlines (fx.Out) and the peers' event watchers to stop and start,
+// which the shell runs and holds (a watcher follows a peer's event
+// stream, sending what it reads back as eventBatch, replayDone and
+// watchEnded messages marked with its node and gen). The shell stops
+// before it starts: a watcher stopped in the Out that would start it is
+// never started (unwatch), so every stop names one already running.
+type Out struct {
+	fx.Out
+	Watches   []watchStart // watchers to start, in order
+	Unwatches []watchKey   // watchers started by an earlier Out, to stop
 }
 
-// Tier is the P2P tier actor: a shell that hands each message to its
-// State with the actor's context as the effects, and owns the watcher
-// goroutines, waited for when it stops.
-type Tier struct {
-	state    *State
-	watchers sync.WaitGroup
-}
-
-// Props returns the tier's props. Its state outlives a restart (the
-// producer hands the supervisor the same Tier): the peers that are up, the
-// rounds held at producers and, above all, the reads in flight, whose
-// slots only the sessions' answers may free — a fresh incarnation would
-// know none of them, strand those promotions and never hear PeerUp again.
-// A panic is injected (chaos) or a bug: the state is as the last completed
-// message left it, or as far as the failed one got.
-func Props(cfg Config) *actor.Props {
-	a := &Tier{state: NewState(cfg.WithDefaults())}
-	return actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithReceiverMiddleware(supervision.Faults))
+// Reset empties o for the next message.
+func (o *Out) Reset() {
+	o.Out.Reset()
+	clear(o.Watches)
+	clear(o.Unwatches)
+	o.Watches, o.Unwatches = o.Watches[:0], o.Unwatches[:0]
 }
 
 // NewState is the core for cfg (defaults already filled).
@@ -228,73 +199,60 @@ func NewState(cfg Config) *State {
 	return t
 }
 
-// Receive hands every message but the lifecycle's to the core; stopped,
-// it cancels the event watchers and waits for them: none outlives it.
-func (a *Tier) Receive(ctx actor.Context) {
-	switch ctx.Message().(type) {
-	case *actor.Stopped:
-		a.state.stopAllWatches()
-		a.watchers.Wait()
-		return
-	case *actor.Started, *actor.Restarting, *actor.Stopping, *actor.Restart:
-		return
-	}
-	a.state.Handle(contextEffects{ctx: ctx, clock: a.state.cfg.Clock, watchers: &a.watchers}, ctx.Message())
-}
-
-// Handle handles one message.
-func (t *State) Handle(fx Effects, msg any) {
+// Handle handles one message, sent by from (the zero Ref: by nobody that
+// waits for an answer).
+func (t *State) Handle(o *Out, from fx.Ref, msg any) {
 	switch m := msg.(type) {
 	case *peer.Up:
 		t.up(m)
-		t.startWatch(fx, m.Node) // NB: a new session may be a restarted peer: its stream starts over
-		if t.cfg.Tiering != nil {
-			fx.Send(t.cfg.Tiering, &tieringmsg.TierRefreshed{Tier: t.cfg.Name})
+		t.startWatch(o, m.Node) // NB: a new session may be a restarted peer: its stream starts over
+		if !t.cfg.Tiering.IsZero() {
+			o.Send(t.cfg.Tiering, &tieringmsg.TierRefreshed{Tier: t.cfg.Name})
 		}
-		t.wake()
+		t.wake(o)
 	case *peermsg.AwaitPeers:
 		t.waiters = append(t.waiters, m)
-		t.wake()
+		t.wake(o)
 	case *peer.Down:
-		t.down(m)
+		t.down(o, m)
 	case *peer.EventsAt:
-		t.setAddrs(fx, m)
+		t.setAddrs(o, m)
 	case *eventBatch:
 		t.onEventBatch(m)
 	case *replayDone:
 		t.onReplayDone(m)
 	case *watchEnded:
-		t.onWatchEnded(fx, m)
+		t.onWatchEnded(o, m)
 	case *rewatch:
-		t.onRewatch(fx, m)
+		t.onRewatch(o, m)
 	case *tiermsg.Lookup:
-		t.lookup(fx, m)
+		t.lookup(o, from, m)
 	case *peermsg.LookupResult:
 		if p, ok := t.probes[m.Corr]; ok {
-			t.onProbe(fx, m, p)
+			t.onProbe(o, m, p)
 			return
 		}
-		t.onLookup(fx, m)
+		t.onLookup(o, m)
 	case *peermsg.Probe:
-		t.probe(fx, m)
+		t.probe(o, m)
 	case *lookupDeadline:
 		if l := t.pendingLookup(m.corr); l != nil {
-			t.answerLookup(fx, l)
+			t.answerLookup(o, l)
 		}
 	case *holdExpired:
 		if h := t.rounds[m.round]; h != nil && h.seq == m.seq {
-			t.releaseRound(fx, m.round)
+			t.releaseRound(o, m.round)
 		}
 	case *tiermsg.ReadBatch:
-		t.read(fx, m)
+		t.read(o, from, m)
 	case *peermsg.FetchResult:
-		t.onFetch(fx, m)
+		t.onFetch(o, m)
 	case *tiermsg.Read:
 		// Only batched reads are served: a promotion from peers is a round.
-		fx.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
+		o.Respond(&tiermsg.ReadResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier reads in batches", messages.ErrTierUnavailable)})
 	case *tiermsg.Write:
 		// Peers are never a cascade target: they hold their own engines' blocks.
-		fx.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
+		o.Respond(&tiermsg.WriteResult{Corr: m.Corr, Key: m.Key, Err: fmt.Errorf("%w: p2p tier takes no writes", messages.ErrTierUnavailable)})
 	case *tiermsg.Delete:
 		// A bad copy came from a peer's pool; nothing of ours to delete.
 	case *tiermsg.StatsQuery:
@@ -304,26 +262,26 @@ func (t *State) Handle(fx Effects, msg any) {
 		if t.dir != nil {
 			st.DirectoryKeys, st.DirectoryBytes = t.dir.size()
 		}
-		fx.Respond(&tiermsg.StatsReply{Corr: m.Corr, Stats: st})
+		o.Respond(&tiermsg.StatsReply{Corr: m.Corr, Stats: st})
 	}
 }
 
 func (t *State) up(m *peer.Up) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
-			t.peers[i].pid = m.Session
+			t.peers[i].ref = fx.RefOf(m.Session)
 			return
 		}
 	}
-	t.peers = append(t.peers, peerRef{node: m.Node, pid: m.Session})
+	t.peers = append(t.peers, peerRef{node: m.Node, ref: fx.RefOf(m.Session)})
 }
 
 // wake answers the peermsg.AwaitPeers whose nodes are all ready.
-func (t *State) wake() {
+func (t *State) wake(o *Out) {
 	kept := t.waiters[:0]
 	for _, w := range t.waiters {
 		if t.allUp(w.Nodes) {
-			w.Reply.Answer(struct{}{}, nil)
+			reply(&o.Out, w.Reply, struct{}{}, nil)
 		} else {
 			kept = append(kept, w)
 		}
@@ -349,14 +307,14 @@ func (t *State) isUp(node string) bool {
 	return false
 }
 
-func (t *State) down(m *peer.Down) {
+func (t *State) down(o *Out, m *peer.Down) {
 	for i, p := range t.peers {
 		if p.node == m.Node {
 			t.peers = append(t.peers[:i], t.peers[i+1:]...)
 			break
 		}
 	}
-	t.stopWatch(m.Node)
+	t.stopWatch(o, m.Node)
 	if t.dir != nil {
 		t.dir.forget(m.Node)
 	}
@@ -368,26 +326,26 @@ func (t *State) down(m *peer.Down) {
 // lookup asks the peers that may hold the keys (every ready one, or those
 // the directory names) at once; a key is found at the first peer whose
 // answer has it.
-func (t *State) lookup(fx Effects, m *tiermsg.Lookup) {
+func (t *State) lookup(o *Out, from fx.Ref, m *tiermsg.Lookup) {
 	t.stats.Lookups += uint64(len(m.Keys))
 	t.stats.LookupCalls++
-	l := &lookup{corr: m.Corr, asker: fx.Sender(), keys: m.Keys, found: make([]bool, len(m.Keys))}
+	l := &lookup{corr: m.Corr, asker: from, keys: m.Keys, found: make([]bool, len(m.Keys))}
 	peers := t.eligible(m.Req)
 	if t.dir != nil && (m.Req == nil || len(m.Req.PeerSources) == 0) {
 		peers = t.dir.holders(peers, m.Keys)
 	}
 	t.stats.PeerAsks += uint64(len(peers))
 	if len(peers) == 0 || len(m.Keys) == 0 {
-		fx.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: l.found})
+		o.Respond(&tiermsg.LookupResult{Corr: m.Corr, Found: l.found})
 		return
 	}
 	l.waiting = len(peers)
 	for _, p := range peers {
 		t.corr++
-		t.lookups[t.corr] = asked{l: l, pid: p.pid}
-		fx.Request(p.pid, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
+		t.lookups[t.corr] = asked{l: l, ref: p.ref}
+		o.Request(p.ref, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
 	}
-	l.timer = fx.After(t.cfg.LookupTimeout, &lookupDeadline{corr: t.corr})
+	l.timer = o.After(t.cfg.LookupTimeout, &lookupDeadline{corr: t.corr})
 }
 
 // eligible are the ready peers req may fetch from (its PeerSources, or all).
@@ -414,7 +372,7 @@ func (t *State) pendingLookup(corr uint64) *lookup {
 	return a.l
 }
 
-func (t *State) onLookup(fx Effects, m *peermsg.LookupResult) {
+func (t *State) onLookup(o *Out, m *peermsg.LookupResult) {
 	a, ok := t.lookups[m.Corr]
 	if !ok {
 		return
@@ -429,7 +387,7 @@ func (t *State) onLookup(fx Effects, m *peermsg.LookupResult) {
 				continue
 			}
 			l.found[i] = true
-			h := &hit{round: rid, pid: a.pid, checksum: m.Checksums[i]}
+			h := &hit{round: rid, ref: a.ref, checksum: m.Checksums[i]}
 			if i < len(m.Prov) {
 				h.prov = m.Prov[i]
 			}
@@ -439,23 +397,23 @@ func (t *State) onLookup(fx Effects, m *peermsg.LookupResult) {
 	}
 	if len(used) > 0 {
 		t.seq++
-		h := &heldRound{pid: a.pid, keys: used, seq: t.seq}
-		h.timer = fx.After(t.cfg.HoldTimeout, &holdExpired{round: rid, seq: t.seq})
+		h := &heldRound{ref: a.ref, keys: used, seq: t.seq}
+		h.timer = o.After(t.cfg.HoldTimeout, &holdExpired{round: rid, seq: t.seq})
 		t.rounds[rid] = h
 	} else if m.Err == nil && anyHit(m.Hits) {
 		// Hits nobody wants (another peer was first, or too late): free them now.
-		fx.Send(a.pid, &peermsg.Release{Round: m.Round})
+		o.Send(a.ref, &peermsg.Release{Round: m.Round})
 	}
 	if l.done {
 		return
 	}
 	l.waiting--
 	if l.waiting == 0 || allTrue(l.found) {
-		t.answerLookup(fx, l)
+		t.answerLookup(o, l)
 	}
 }
 
-func (t *State) answerLookup(fx Effects, l *lookup) {
+func (t *State) answerLookup(o *Out, l *lookup) {
 	l.done = true
 	if l.timer != nil {
 		l.timer.Stop()
@@ -467,26 +425,20 @@ func (t *State) answerLookup(fx Effects, l *lookup) {
 		}
 	}
 	t.stats.Found += uint64(n)
-	t.send(fx, l.asker, &tiermsg.LookupResult{Corr: l.corr, Found: l.found})
+	o.Send(l.asker, &tiermsg.LookupResult{Corr: l.corr, Found: l.found}) // NB: an asker that is gone is the zero Ref: dropped
 	// NB: entries of peers yet to answer stay until their answer (every
 	// session answers every round, within its round deadline); onLookup
 	// then releases their hits.
 }
 
-func (t *State) send(fx Effects, to *actor.PID, msg any) {
-	if to != nil {
-		fx.Send(to, msg)
-	}
-}
-
 // releaseRound gives a held round back to its producer.
-func (t *State) releaseRound(fx Effects, rid roundID) {
+func (t *State) releaseRound(o *Out, rid roundID) {
 	h := t.rounds[rid]
 	if h == nil {
 		return
 	}
 	t.forget(rid, h)
-	fx.Send(h.pid, &peermsg.Release{Round: rid.round})
+	o.Send(h.ref, &peermsg.Release{Round: rid.round})
 }
 
 // forget drops a held round and its keys: O(the round's keys).
@@ -503,12 +455,12 @@ func (t *State) forget(rid roundID, h *heldRound) {
 // --- read ---------------------------------------------------------------------
 
 // read fetches a promotion: one peermsg.Fetch per producer round.
-func (t *State) read(fx Effects, m *tiermsg.ReadBatch) {
+func (t *State) read(o *Out, from fx.Ref, m *tiermsg.ReadBatch) {
 	n := len(m.Keys)
-	r := &read{corr: m.Corr, asker: fx.Sender(), res: &tiermsg.ReadBatchResult{Corr: m.Corr,
+	r := &read{corr: m.Corr, asker: from, res: &tiermsg.ReadBatchResult{Corr: m.Corr,
 		Checksums: make([]uint32, n), Errs: make([]error, n), Source: make([]string, n), Prov: make([]*messages.Provenance, n)}}
 	type part struct {
-		pid   *actor.PID
+		ref   fx.Ref
 		f     *fetch
 		keys  []messages.Key
 		slots []int
@@ -523,7 +475,7 @@ func (t *State) read(fx Effects, m *tiermsg.ReadBatch) {
 		}
 		p := parts[h.round]
 		if p == nil {
-			p = &part{pid: h.pid, f: &fetch{read: r}}
+			p = &part{ref: h.ref, f: &fetch{read: r}}
 			parts[h.round] = p
 			order = append(order, h.round)
 		}
@@ -542,14 +494,14 @@ func (t *State) read(fx Effects, m *tiermsg.ReadBatch) {
 		t.corr++
 		t.fetches[t.corr] = p.f
 		r.waiting++
-		fx.Request(p.pid, &peermsg.Fetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
+		o.Request(p.ref, &peermsg.Fetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
 	}
 	if r.waiting == 0 {
-		t.answerRead(fx, r)
+		t.answerRead(o, r)
 	}
 }
 
-func (t *State) onFetch(fx Effects, m *peermsg.FetchResult) {
+func (t *State) onFetch(o *Out, m *peermsg.FetchResult) {
 	f := t.fetches[m.Corr]
 	if f == nil {
 		return
@@ -568,11 +520,11 @@ func (t *State) onFetch(fx Effects, m *peermsg.FetchResult) {
 	}
 	r.waiting--
 	if r.waiting == 0 {
-		t.answerRead(fx, r)
+		t.answerRead(o, r)
 	}
 }
 
-func (t *State) answerRead(fx Effects, r *read) {
+func (t *State) answerRead(o *Out, r *read) {
 	for _, err := range r.res.Errs {
 		if err == nil {
 			t.stats.Reads++
@@ -580,7 +532,7 @@ func (t *State) answerRead(fx Effects, r *read) {
 			t.stats.ReadFailures++
 		}
 	}
-	t.send(fx, r.asker, r.res)
+	o.Send(r.asker, r.res) // NB: an asker that is gone is the zero Ref: dropped
 }
 
 func anyHit(hits []bool) bool {
@@ -602,28 +554,32 @@ func allTrue(bs []bool) bool {
 }
 
 // probe asks one peer directly (peermsg.Probe).
-func (t *State) probe(fx Effects, m *peermsg.Probe) {
+func (t *State) probe(o *Out, m *peermsg.Probe) {
 	for _, p := range t.peers {
 		if p.node == m.Node {
 			t.corr++
-			t.probes[t.corr] = probeReq{m: m, pid: p.pid}
-			fx.Request(p.pid, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
+			t.probes[t.corr] = probeReq{m: m, ref: p.ref}
+			o.Request(p.ref, &peermsg.Lookup{Corr: t.corr, Keys: m.Keys})
 			return
 		}
 	}
-	m.Reply.Answer(nil, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, m.Node))
+	reply(&o.Out, m.Reply, nil, fmt.Errorf("%w: %s", messages.ErrPeerUnavailable, m.Node))
 }
 
 // probeReq is a peermsg.Probe in flight and the session it asked.
 type probeReq struct {
 	m   *peermsg.Probe
-	pid *actor.PID
+	ref fx.Ref
 }
 
-func (t *State) onProbe(fx Effects, m *peermsg.LookupResult, p probeReq) {
+func (t *State) onProbe(o *Out, m *peermsg.LookupResult, p probeReq) {
 	delete(t.probes, m.Corr)
 	if m.Err == nil && anyHit(m.Hits) {
-		fx.Send(p.pid, &peermsg.Release{Round: m.Round})
+		o.Send(p.ref, &peermsg.Release{Round: m.Round})
 	}
-	p.m.Reply.Answer(m.Hits, m.Err)
+	reply(&o.Out, p.m.Reply, m.Hits, m.Err)
 }
+
+// reply answers a call the core held, through o: in order with the
+// messages decided before it.
+func reply[T any](o *fx.Out, r messages.Reply[T], v T, err error) { o.Answer(r, v, err) }

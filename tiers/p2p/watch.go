@@ -8,17 +8,15 @@ package p2p
 // peer's session is up and its event addresses are known; it is canceled
 // when the session goes down, and restarted after a back-off when its
 // stream fails.
+//
+// The core decides which watchers run (an Out's Watches and Unwatches); the
+// shell (actor.go) runs them and holds their cancel funcs.
 
 import (
-	"context"
-	"sync"
 	"time"
-
-	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/peer"
-	"github.com/kvtier/kvtier/supervision"
 )
 
 // watchRetry is how long a failed stream waits before it is subscribed to
@@ -49,58 +47,82 @@ type (
 	}
 )
 
-// watchers are the running watcher goroutines.
+// watchers are the watchers the core has started and not stopped.
 type watchers struct {
 	addrs   map[string]peer.EventsAt
-	running map[string]*watcher
+	running map[string]uint64 // node → its watcher's gen
 	gen     uint64
 }
 
-type watcher struct {
-	gen    uint64
-	cancel func()
+func newWatchers() *watchers {
+	return &watchers{addrs: map[string]peer.EventsAt{}, running: map[string]uint64{}}
 }
 
-func newWatchers() *watchers {
-	return &watchers{addrs: map[string]peer.EventsAt{}, running: map[string]*watcher{}}
+// watchKey names one watcher: a peer's, of one generation.
+type watchKey struct {
+	node string
+	gen  uint64
+}
+
+// watchStart is a watcher to start: it follows the stream cfg names.
+type watchStart struct {
+	watchKey
+	cfg events.SubscriberConfig
+}
+
+// watch starts the watcher k following cfg.
+func (o *Out) watch(k watchKey, cfg events.SubscriberConfig) {
+	o.Watches = append(o.Watches, watchStart{k, cfg})
+}
+
+// unwatch stops the watcher k; one this Out would start is not started.
+func (o *Out) unwatch(k watchKey) {
+	for i, w := range o.Watches {
+		if w.watchKey == k {
+			o.Watches = append(o.Watches[:i], o.Watches[i+1:]...)
+			return
+		}
+	}
+	o.Unwatches = append(o.Unwatches, k)
 }
 
 // setAddrs records where node publishes; it restarts a running watcher.
-func (t *State) setAddrs(fx Effects, m *peer.EventsAt) {
+func (t *State) setAddrs(o *Out, m *peer.EventsAt) {
 	t.watch.addrs[m.Node] = *m
 	if t.isUp(m.Node) {
-		t.startWatch(fx, m.Node)
+		t.startWatch(o, m.Node)
 	}
 }
 
 // startWatch (re)starts node's watcher and its directory set.
-func (t *State) startWatch(fx Effects, node string) {
+func (t *State) startWatch(o *Out, node string) {
 	w := t.watch
 	addr, ok := w.addrs[node]
 	if !ok || t.dir == nil {
 		return
 	}
-	t.stopWatch(node)
+	t.stopWatch(o, node)
 	t.dir.watch(node)
 	w.gen++
 	cfg := events.SubscriberConfig{Endpoint: addr.Endpoint, Replay: addr.Replay, ReplayFrom: -1}
 	if addr.Replay != "" {
 		cfg.ReplayFrom = 0
 	}
-	w.running[node] = &watcher{gen: w.gen, cancel: fx.Watch(node, w.gen, cfg)}
+	w.running[node] = w.gen
+	o.watch(watchKey{node: node, gen: w.gen}, cfg)
 }
 
 // stopWatch cancels node's watcher, if any (it exits on its own).
-func (t *State) stopWatch(node string) {
-	if r := t.watch.running[node]; r != nil {
-		r.cancel()
+func (t *State) stopWatch(o *Out, node string) {
+	if gen, ok := t.watch.running[node]; ok {
+		o.unwatch(watchKey{node: node, gen: gen})
 		delete(t.watch.running, node)
 	}
 }
 
 func (t *State) current(node string, gen uint64) bool {
-	r := t.watch.running[node]
-	return r != nil && r.gen == gen
+	g, ok := t.watch.running[node]
+	return ok && g == gen
 }
 
 func (t *State) onEventBatch(m *eventBatch) {
@@ -120,7 +142,7 @@ func (t *State) onReplayDone(m *replayDone) {
 // onWatchEnded: the stream failed (the peer's publisher went away, or sent
 // what could not be decoded). The set is kept but marked incomplete, and
 // the watcher is started again, with a fresh set, after a back-off.
-func (t *State) onWatchEnded(fx Effects, m *watchEnded) {
+func (t *State) onWatchEnded(o *Out, m *watchEnded) {
 	if !t.current(m.node, m.gen) {
 		return
 	}
@@ -128,59 +150,11 @@ func (t *State) onWatchEnded(fx Effects, m *watchEnded) {
 	if p := t.dir.peers[m.node]; p != nil {
 		p.complete = false
 	}
-	fx.After(watchRetry, &rewatch{node: m.node, gen: m.gen})
+	o.After(watchRetry, &rewatch{node: m.node, gen: m.gen})
 }
 
-func (t *State) onRewatch(fx Effects, m *rewatch) {
+func (t *State) onRewatch(o *Out, m *rewatch) {
 	if t.current(m.node, m.gen) && t.isUp(m.node) {
-		t.startWatch(fx, m.node)
+		t.startWatch(o, m.node)
 	}
-}
-
-// stopAllWatches cancels every watcher: the tier is stopping (the shell
-// waits for them to end).
-func (t *State) stopAllWatches() {
-	for node := range t.watch.running {
-		t.stopWatch(node)
-	}
-}
-
-// contextEffects carries out the core's effects through an actor context;
-// its watcher goroutines are counted in watchers.
-type contextEffects struct {
-	ctx      actor.Context
-	clock    supervision.Clock
-	watchers *sync.WaitGroup
-}
-
-func (e contextEffects) Request(to *actor.PID, msg any) { e.ctx.Request(to, msg) }
-func (e contextEffects) Send(to *actor.PID, msg any)    { e.ctx.Send(to, msg) }
-func (e contextEffects) Respond(msg any)                { e.ctx.Respond(msg) }
-func (e contextEffects) Sender() *actor.PID             { return e.ctx.Sender() }
-
-func (e contextEffects) After(d time.Duration, msg any) supervision.Timer {
-	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
-	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
-}
-
-// Watch subscribes to a peer's event stream in a goroutine that sends
-// every batch to the tier, until cancel.
-func (e contextEffects) Watch(node string, gen uint64, cfg events.SubscriberConfig) func() {
-	self, root := e.ctx.Self(), e.ctx.ActorSystem().Root
-	sub, cancel := context.WithCancel(context.Background())
-	if cfg.Replay != "" {
-		cfg.Replayed = func(delivered int) { root.Send(self, &replayDone{node: node, gen: gen, delivered: delivered}) }
-	}
-	e.watchers.Add(1)
-	go func() {
-		defer e.watchers.Done()
-		err := events.Subscribe(sub, cfg, func(d events.Delivery) error {
-			root.Send(self, &eventBatch{node: node, gen: gen, seq: d.Seq, missed: d.Missed, batch: d.Batch})
-			return nil
-		})
-		if sub.Err() == nil {
-			root.Send(self, &watchEnded{node: node, gen: gen, err: err})
-		}
-	}()
-	return cancel
 }

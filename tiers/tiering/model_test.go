@@ -124,6 +124,8 @@ func (w *world) carry() {
 			w.Send(s.To.PID(), s.Msg)
 		case fx.Reply:
 			w.Respond(s.Msg)
+		case fx.Answer:
+			s.Reply.AnswerAny(s.Msg, s.Err)
 		}
 	}
 	w.timers.Adopt(w.out.Deadlines)

@@ -29,6 +29,12 @@ type pendingReply struct {
 	stats *statsGather
 }
 
+// reply answers a call the core held, through o: in order with the
+// messages decided before it, so a caller that waits on the answer finds
+// them sent (an idle probe answered before the commits it waited for were
+// sent saw blocks still pending).
+func reply[T any](o *fx.Out, r messages.Reply[T], v T, err error) { o.Answer(r, v, err) }
+
 // request sends msg built with a fresh corr to to, remembering what its
 // answer belongs to.
 func (s *State) request(o *fx.Out, to fx.Ref, p pendingReply, build func(corr uint64) any) {

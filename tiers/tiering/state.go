@@ -122,7 +122,7 @@ func (s *State) Handle(o *fx.Out, msg any) {
 		s.log.Warn().Str("type", fmt.Sprintf("%T", m)).Msg("tiering: unknown message dropped")
 		return
 	}
-	s.wakeIdle()
+	s.wakeIdle(o)
 }
 
 func (s *State) busy() bool {
@@ -137,12 +137,12 @@ func (s *State) busy() bool {
 	return false
 }
 
-func (s *State) wakeIdle() {
+func (s *State) wakeIdle(o *fx.Out) {
 	if len(s.waiters) == 0 || s.busy() {
 		return
 	}
 	for _, w := range s.waiters {
-		w.Answer(struct{}{}, nil)
+		reply(o, w, struct{}{}, nil)
 	}
 	s.waiters = nil
 }

@@ -25,7 +25,7 @@ func (s *State) gatherStats(o *fx.Out, m *tieringmsg.GetStats) {
 	out.Tiers = make([]messages.SecondaryStats, len(s.cfg.Tiers))
 	g := &statsGather{reply: m.Reply, out: out, waiting: len(s.cfg.Tiers)}
 	if g.waiting == 0 {
-		m.Reply.Answer(out, nil)
+		reply(o, m.Reply, out, nil)
 		return
 	}
 	for i, t := range s.cfg.Tiers {
@@ -36,10 +36,10 @@ func (s *State) gatherStats(o *fx.Out, m *tieringmsg.GetStats) {
 	}
 }
 
-func (s *State) onTierStats(_ *fx.Out, p pendingReply, m *tiermsg.StatsReply) {
+func (s *State) onTierStats(o *fx.Out, p pendingReply, m *tiermsg.StatsReply) {
 	p.stats.out.Tiers[p.tier] = m.Stats
 	if p.stats.waiting--; p.stats.waiting == 0 {
-		p.stats.reply.Answer(p.stats.out, nil)
+		reply(o, p.stats.reply, p.stats.out, nil)
 	}
 }
 
