@@ -147,10 +147,10 @@ class Lookups:
         if a is not None:
             # A HIT holds (leased) until the lookup TTL; anything else is
             # this step's answer only (a block may be promoted or stored by
-            # the next).
-            if a.generation == self.generation and clock - a.at <= self._ttl and (
-                    a.status == HIT or a.step == step):
-                return _RESULT[a.status]
+            # the next). NB: unpacked, not read by name: per key, per step.
+            st, _, at_step, at, gen = a
+            if gen == self.generation and clock - at <= self._ttl and (st == HIT or at_step == step):
+                return _RESULT[st]
             del r.answers[key]  # stale: ask again
         if key in self._writing:
             return LookupResult.HIT_PENDING  # this engine is writing it
