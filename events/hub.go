@@ -76,6 +76,11 @@ type HubConfig struct {
 	// LearnWait bounds how long a stored event waits for its engine's
 	// announcement; ≤ 0 = DefaultLearnWait.
 	LearnWait time.Duration
+	// Resident is the tier asked for the blocks an engine joining under a
+	// topic new to its namespace can load already (*messages.ResidentOf;
+	// the CPU tier): they are announced again under that topic only. nil:
+	// an engine is told of what happens after it came, no more.
+	Resident *actor.PID
 }
 
 // DefaultLearnWait is how long a stored block waits for its token ids by
@@ -101,14 +106,19 @@ type Counters struct {
 	Filled          atomic.Uint64 // stored blocks announced with learned token ids
 	AwaitedTokens   atomic.Uint64 // stored events that waited for their engine's announcement
 	TokensLate      atomic.Uint64 // ... of which the wait ran out (announced without them)
+	Reannounced     atomic.Uint64 // resident blocks announced again to an engine that joined after them
 }
 
 type hubState struct {
-	tr          *Translator
-	seq         uint64 // next sequence number
-	pending     []Event
-	pendingNS   []messages.Namespace // each pending event's key namespace ("": every namespace's, a clear)
-	engines     engineTopics
+	tr        *Translator
+	seq       uint64 // next sequence number
+	pending   []Event
+	pendingNS []messages.Namespace // each pending event's key namespace ("": every namespace's, a clear)
+	engines   engineTopics
+	// told is, per engine topic whose resident blocks were asked for, the
+	// blocks announced under it already (the stored event its topic was
+	// learned from): left out of the answer.
+	told        map[engineTopic][]messages.Key
 	flushQueued bool
 	window      *time.Timer // armed while a batch gathers (BatchWindow > 0)
 	warned      bool        // a placeholder was logged once
@@ -176,7 +186,11 @@ func (h *Hub) Receive(ctx actor.Context) {
 	case *Learn:
 		h.learn(ctx, m)
 	case *messages.EngineTopic:
-		h.st.engines.apply(m)
+		if h.st.engines.apply(m) {
+			h.askResident(ctx, m.Namespace, m.Topic)
+		}
+	case *messages.Resident:
+		h.reannounce(m)
 	case waitOver, *waitOver:
 		h.release(ctx, false)
 	case flushBatch, *flushBatch:
@@ -273,8 +287,8 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	if l := h.st.tr.Learned; l != nil && e.Kind == messages.BlockStored && len(e.Keys) > 0 {
 		// NB: an engine's own stream named the topic of a block it stored:
 		// the engine's namespace goes out under that topic from now on.
-		if topic := l.TopicOf(e.Keys[0].Hash); topic != "" {
-			h.st.engines.learned(e.Keys[0].Namespace, topic)
+		if topic := l.TopicOf(e.Keys[0].Hash); topic != "" && h.st.engines.learned(e.Keys[0].Namespace, topic) {
+			h.askResident(ctx, e.Keys[0].Namespace, topic, e.Keys...)
 		}
 	}
 	if len(h.st.engines.byNS) == 0 {
@@ -284,6 +298,51 @@ func (h *Hub) apply(ctx actor.Context, e *messages.Event) {
 	for _, part := range splitByNamespace(e) {
 		h.translate(ctx, part, namespaceOf(part))
 	}
+}
+
+// askResident asks the resident tier for the blocks of ns, to announce
+// them under topic (but told, announced there already): an engine that
+// came after them can load them too.
+func (h *Hub) askResident(ctx actor.Context, ns messages.Namespace, topic string, told ...messages.Key) {
+	if h.cfg.Resident == nil {
+		return
+	}
+	if len(told) > 0 {
+		if h.st.told == nil {
+			h.st.told = map[engineTopic][]messages.Key{}
+		}
+		h.st.told[engineTopic{ns, topic}] = told
+	}
+	ctx.Request(h.cfg.Resident, &messages.ResidentOf{Namespace: ns, Topic: topic})
+}
+
+// reannounce announces the resident blocks m names under m's topic only,
+// after what was pending (which went out under the topic already). Blocks
+// the translator no longer holds announced are left out; the translator's
+// own record does not change (they are announced, once, already).
+func (h *Hub) reannounce(m *messages.Resident) {
+	ns := namespaceOf(&m.Event)
+	et := engineTopic{ns, m.Topic}
+	told := h.st.told[et]
+	delete(h.st.told, et)
+	if !h.st.engines.has(ns, m.Topic) {
+		return // the engine left meanwhile
+	}
+	wire := h.st.tr.Restate(&m.Event, told...)
+	if len(wire) == 0 {
+		return
+	}
+	h.flush()
+	blocks := 0
+	for _, ev := range wire {
+		blocks += len(ev.BlockHashes)
+	}
+	for len(wire) > 0 {
+		take := min(h.cfg.MaxBatchEvents, len(wire))
+		h.publish(wire[:take], m.Topic)
+		wire = wire[take:]
+	}
+	h.cfg.Counters.Reannounced.Add(uint64(blocks))
 }
 
 // translate turns e (keys of namespace ns; "" for a clear) into wire

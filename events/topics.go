@@ -21,8 +21,10 @@ type engineTopic struct {
 }
 
 // apply records what m says of its session: its namespace and topic, or
-// that it is gone.
-func (t *engineTopics) apply(m *messages.EngineTopic) {
+// that it is gone. It reports whether the namespace has a topic it had not
+// (an engine under a topic new to the namespace: its blocks so far are to
+// be announced there).
+func (t *engineTopics) apply(m *messages.EngineTopic) bool {
 	if old, ok := t.bySession[m.Session]; ok {
 		delete(t.bySession, m.Session)
 		if n := t.byNS[old.ns][old.topic] - 1; n > 0 {
@@ -35,17 +37,19 @@ func (t *engineTopics) apply(m *messages.EngineTopic) {
 		}
 	}
 	if m.Gone || m.Topic == "" || m.Namespace == "" {
-		return
+		return false
 	}
 	if t.bySession == nil {
 		t.bySession = map[uint64]engineTopic{}
 	}
 	et := engineTopic{ns: m.Namespace, topic: m.Topic}
 	t.bySession[m.Session] = et
-	t.add(et)
+	return t.add(et)
 }
 
-func (t *engineTopics) add(et engineTopic) {
+// add counts one more engine of et's namespace under et's topic; true
+// when it is the first.
+func (t *engineTopics) add(et engineTopic) bool {
 	if t.byNS == nil {
 		t.byNS = map[messages.Namespace]map[string]int{}
 	}
@@ -53,21 +57,28 @@ func (t *engineTopics) add(et engineTopic) {
 		t.byNS[et.ns] = map[string]int{}
 	}
 	t.byNS[et.ns][et.topic]++
+	return t.byNS[et.ns][et.topic] == 1
+}
+
+// has reports whether some engine of ns goes by topic.
+func (t *engineTopics) has(ns messages.Namespace, topic string) bool {
+	return t.byNS[ns][topic] > 0
 }
 
 // learned records that the engine publishing its own events under topic
 // stored blocks of namespace ns (kept for the hub's life: its stream
-// names no session).
-func (t *engineTopics) learned(ns messages.Namespace, topic string) {
+// names no session). It reports whether the namespace has a topic it had
+// not.
+func (t *engineTopics) learned(ns messages.Namespace, topic string) bool {
 	et := engineTopic{ns: ns, topic: topic}
 	if ns == "" || t.fromLearn[et] {
-		return
+		return false
 	}
 	if t.fromLearn == nil {
 		t.fromLearn = map[engineTopic]bool{}
 	}
 	t.fromLearn[et] = true
-	t.add(et)
+	return t.add(et)
 }
 
 // topicsOf is where events of namespace ns go, sorted: its engines'

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -178,4 +179,120 @@ func BenchmarkHubEngineTopics(b *testing.B) {
 			b.ReportMetric(float64(sink.bytes)/float64(b.N), "bytes/block")
 		})
 	}
+}
+
+// resident stands in for the CPU tier: it answers a ResidentOf with the
+// blocks of its namespace it was given, then says it did (its answer is
+// in the hub's mailbox by then).
+type resident struct {
+	held  map[messages.Namespace]messages.Event
+	asked chan *messages.ResidentOf
+}
+
+func (r *resident) Receive(ctx actor.Context) {
+	if m, ok := ctx.Message().(*messages.ResidentOf); ok {
+		ctx.Respond(&messages.Resident{Topic: m.Topic, Event: r.held[m.Namespace]})
+		r.asked <- m
+	}
+}
+
+// heldEvent is the CPU tier's answer for keys of one chain: each with its
+// provenance, as State.Resident gives it.
+func heldEvent(keys ...messages.Key) messages.Event {
+	c := ctxOf(len(keys), "")
+	place := messages.Place(keys, keys, nil)
+	prov := make([]*messages.Provenance, len(keys))
+	for i := range keys {
+		prov[i] = messages.NewProvenance(c, place[i])
+	}
+	return messages.Event{Kind: messages.BlockStored, Medium: messages.MediumCPU, Keys: keys, Prov: prov}
+}
+
+// An engine that joins after blocks of its namespace were announced is
+// told of those the CPU tier still holds, under its topic only, once per
+// topic new to the namespace; blocks the hub never announced (or no
+// longer does) are left out, the hub's own record does not change (a
+// later removal goes out once per topic), and an engine gone before the
+// answer came is told nothing.
+func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
+	sink := make(chanSink, 64)
+	system := actors.NewSystem(zerolog.Nop())
+	defer system.Shutdown()
+	a1, a2, b1 := nsKey("a", "a1"), nsKey("a", "a2"), nsKey("b", "b1")
+	tier := &resident{asked: make(chan *messages.ResidentOf, 8), held: map[messages.Namespace]messages.Event{
+		"a": heldEvent(a1, a2, nsKey("a", "a9")), // a9: never announced
+		"c": heldEvent(nsKey("c", "c1")),
+	}}
+	tierPID := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return tier }))
+	counters := &Counters{}
+	hub := system.Root.Spawn(HubProps(HubConfig{Format: HashInt, Sink: sink, BatchWindow: time.Hour, Log: zerolog.Nop(),
+		Resident: tierPID, Counters: counters}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	send := func(m any) { system.Root.Send(hub, m) }
+	batch := func() map[string]map[string]int {
+		flush(ctx, t, system, hub)
+		got := map[string]map[string]int{}
+		for {
+			select {
+			case e := <-sink:
+				b, err := DecodeBatch(e.Payload)
+				require.NoError(t, err)
+				if got[e.Topic] == nil {
+					got[e.Topic] = map[string]int{}
+				}
+				for _, ev := range b.Events {
+					got[e.Topic][ev.Type] += max(len(ev.BlockHashes), 1)
+					if ev.Type == TypeBlockStored {
+						require.NotEmpty(t, ev.TokenIDs, "announced with its tokens, not as a placeholder")
+					}
+				}
+			default:
+				return got
+			}
+		}
+	}
+	joined := func(want messages.ResidentOf) {
+		t.Helper()
+		select {
+		case got := <-tier.asked:
+			require.Equal(t, want, *got)
+		case <-ctx.Done():
+			t.Fatal("the CPU tier was not asked")
+		}
+	}
+
+	chain := func(keys ...messages.Key) *messages.Event {
+		return &messages.Event{Kind: messages.BlockStored, Medium: "CPU", Keys: keys, Ctx: ctxOf(len(keys), ""),
+			Place: messages.Place(keys, keys, nil)}
+	}
+	send(chain(a1, a2))
+	send(chain(b1))
+	require.Equal(t, map[string]map[string]int{"": {TypeBlockStored: 3}}, batch(), "no engine yet: the node's topic")
+
+	send(&messages.EngineTopic{Session: 1, Namespace: "a", Topic: "kv@pod1@model-a"})
+	joined(messages.ResidentOf{Namespace: "a", Topic: "kv@pod1@model-a"})
+	require.Equal(t, map[string]map[string]int{"kv@pod1@model-a": {TypeBlockStored: 2}}, batch(),
+		"the blocks it can load already, under its topic only")
+	require.Equal(t, uint64(2), counters.Reannounced.Load())
+
+	send(&messages.EngineTopic{Session: 2, Namespace: "a", Topic: "kv@pod1@model-a"})
+	require.Empty(t, batch(), "a second engine under a topic the namespace has: nothing to tell")
+	require.Empty(t, tier.asked)
+
+	send(&messages.EngineTopic{Session: 3, Namespace: "a", Topic: "kv@pod3@model-a"})
+	joined(messages.ResidentOf{Namespace: "a", Topic: "kv@pod3@model-a"})
+	require.Equal(t, map[string]map[string]int{"kv@pod3@model-a": {TypeBlockStored: 2}}, batch())
+
+	send(&messages.Event{Kind: messages.BlockRemoved, Medium: "CPU", Keys: []messages.Key{a1}})
+	require.Equal(t, map[string]map[string]int{
+		"kv@pod1@model-a": {TypeBlockRemoved: 1},
+		"kv@pod3@model-a": {TypeBlockRemoved: 1},
+	}, batch(), "announcing again changed nothing of the hub's record")
+
+	send(&messages.EngineTopic{Session: 4, Namespace: "c", Topic: "kv@pod4@model-c"})
+	send(&messages.EngineTopic{Session: 4, Gone: true})
+	joined(messages.ResidentOf{Namespace: "c", Topic: "kv@pod4@model-c"})
+	require.Empty(t, batch(), "the engine left before the answer came")
+	require.NoError(t, actors.StopAndWait(ctx, system, hub))
 }

@@ -286,6 +286,34 @@ func (t *Translator) Apply(e *messages.Event) []Event {
 	return nil
 }
 
+// Restate is the wire events of e's stored blocks that the translator
+// holds announced, but skip, without recording anything: the same blocks
+// announced again, for a listener that came after them.
+func (t *Translator) Restate(e *messages.Event, skip ...messages.Key) []Event {
+	if e.Kind != messages.BlockStored {
+		return nil
+	}
+	med := e.Medium
+	if med == "" {
+		med = messages.MediumCPU
+	}
+	m := t.media[med]
+	if m == nil {
+		return nil
+	}
+	skipped := make(map[messages.Key]struct{}, len(skip))
+	for _, k := range skip {
+		skipped[k] = struct{}{}
+	}
+	var out []*block
+	for i, k := range e.Keys {
+		if _, told := skipped[k]; m.copies[k] > 0 && !told {
+			out = append(out, &block{med: med, key: k, owner: e.Ownership, locality: e.Locality, src: t.sourceOf(e, i)})
+		}
+	}
+	return t.storedEvents(out)
+}
+
 func (m *medium) startWrite(owner string, k messages.Key) {
 	c := copyOf{owner, k}
 	if _, dup := m.writes[c]; !dup {

@@ -193,3 +193,87 @@ func bindRouter(t *testing.T, ctx context.Context, addr string) <-chan topicBatc
 	t.Cleanup(func() { routerCancel(); _ = router.Close(); <-done })
 	return heard
 }
+
+// TestAnEngineThatJoinsLaterIsCreditedForWhatTheNodeHolds: a pod that
+// comes to a node whose CPU tier is warm (a restart, a rollout) is told of
+// the blocks of its namespace the node already holds, under its own topic
+// only; the pod that stored them is not told twice.
+func TestAnEngineThatJoinsLaterIsCreditedForWhatTheNodeHolds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ports, err := freeport.Ports(1)
+	require.NoError(t, err)
+	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
+	heard := bindRouter(t, ctx, routerAddr)
+	dir := t.TempDir()
+	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
+		PoolPath: filepath.Join(dir, "pool"), EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
+		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "kvtier"}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, node.Close(ctx)) }()
+	dial := func(pod string) *client.Client {
+		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: pod, Topic: "kv@" + pod + "@llama"})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		// NB: its first keyed call tells the node its namespace.
+		_, err = c.Lookup(ctx, &messages.ReqContext{RequestID: "hello-" + pod}, keys(1000), true)
+		require.NoError(t, err)
+		return c
+	}
+	// hear gathers the stored blocks each topic got until quiet.
+	hear := func() map[string]int {
+		_, err := node.FlushEvents(ctx)
+		require.NoError(t, err)
+		got := map[string]int{}
+		for {
+			select {
+			case h := <-heard:
+				for _, ev := range h.b.Events {
+					if ev.Type == events.TypeBlockStored {
+						got[h.topic] += len(ev.BlockHashes)
+					}
+				}
+			case <-time.After(200 * time.Millisecond): // NB: quiet for a while: nothing more on its way
+				return got
+			}
+		}
+	}
+
+	first := dial("10.0.0.1")
+	// Store until the router heard a round (a PUB's first messages are
+	// lost until the subscriber joined); every round is held afterwards.
+	stored := 0
+	for i := 0; ; i++ {
+		require.NoError(t, ctx.Err(), "the router heard nothing")
+		ks := keys(2*i+1, 2*i+2)
+		req := &messages.ReqContext{RequestID: fmt.Sprint("w", i)}
+		_, err := first.PrepareStore(ctx, req, ks)
+		require.NoError(t, err)
+		require.NoError(t, first.CompleteStore(ctx, req, ks, true))
+		require.NoError(t, first.RequestFinished(ctx, req))
+		stored += len(ks)
+		if hear()["kv@10.0.0.1@llama"] > 0 {
+			break
+		}
+	}
+
+	dial("10.0.0.2")
+	got := map[string]int{}
+	for got["kv@10.0.0.2@llama"] < stored {
+		select {
+		case h := <-heard:
+			for _, ev := range h.b.Events {
+				if ev.Type == events.TypeBlockStored {
+					got[h.topic] += len(ev.BlockHashes)
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("the new pod heard %d of the %d blocks the node holds", got["kv@10.0.0.2@llama"], stored)
+		}
+	}
+	for topic, n := range hear() { // NB: whatever else was on its way
+		got[topic] += n
+	}
+	require.Equal(t, map[string]int{"kv@10.0.0.2@llama": stored}, got,
+		"the new pod hears every block the node holds, once; the first pod nothing again")
+}

@@ -62,7 +62,8 @@ func (n *Node) hubProps(w wiring) *actor.Props {
 		BatchWindow: n.cfg.Events.BatchWindow, Encoding: encoding,
 		Now: n.cfg.Clock.Now, Counters: &n.events.counters,
 		LearnCapacity: n.learnCapacity(), LearnWait: n.cfg.Events.LearnWait,
-		Log: n.cfg.Logger.With().Str("actor", "events").Logger(),
+		Resident: w.to("cpu"), // NB: spawned after the hub: asked only once engines come
+		Log:      n.cfg.Logger.With().Str("actor", "events").Logger(),
 	})
 }
 

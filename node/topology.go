@@ -61,7 +61,7 @@ type component struct {
 // table is the node's topology. Its order breaks ties in spawn order.
 var table = []component{
 	{name: "events", role: "KV-event hub: batches the tiers' events, publishes and replays them",
-		enabled: func(c config.Config) bool { return c.Events.Enabled() }, build: (*Node).hubProps},
+		notifies: []string{"cpu"}, enabled: func(c config.Config) bool { return c.Events.Enabled() }, build: (*Node).hubProps},
 	{name: "cpu", role: "CPU tier: slots, leases, pins, eviction",
 		sends: []string{"events"}, build: (*Node).cpuProps},
 	{name: tierPattern, role: "secondary tier (%s): its blocks and I/O workers",

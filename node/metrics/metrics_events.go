@@ -29,6 +29,7 @@ func RegisterEvents(reg *prometheus.Registry, c *events.Counters, dropped *atomi
 		counter("events_learned_filled_total", "Stored blocks announced with token ids learned from their engine's events.", &c.Filled),
 		counter("events_awaited_tokens_total", "Stored events that waited for their engine's announcement of their token ids.", &c.AwaitedTokens),
 		counter("events_tokens_late_total", "Stored events whose wait for their engine's token ids ran out (announced without them).", &c.TokensLate),
+		counter("events_reannounced_total", "Resident CPU blocks announced again under the topic of an engine that joined after them.", &c.Reannounced),
 		counter("events_dropped_total", "Event batches dropped because the publisher's queue was full.", dropped),
 	)
 }

@@ -75,3 +75,65 @@ func (s *State) ProvenanceOf(keys []messages.Key, status []messages.LookupStatus
 	}
 	return out
 }
+
+// Resident is every readable block of ns, parents before their children
+// (a block whose parent the tier does not hold starts a chain), with each
+// one's retained provenance (nil where unknown): what a router needs to
+// credit an engine that came after the blocks did (messages.ResidentOf).
+// O(slots); it copies keys and provenance references, never slot bytes.
+func (s *State) Resident(ns messages.Namespace) ([]messages.Key, []*messages.Provenance) {
+	var idxs []int
+	byHash := map[string]int{} // a held block's hash → its place in idxs
+	for idx := range s.slots {
+		sl := &s.slots[idx]
+		if sl.state == slotReady && sl.key.Namespace == ns && !IsQuarantineKey(sl.key) {
+			byHash[sl.key.Hash] = len(idxs)
+			idxs = append(idxs, idx)
+		}
+	}
+	children := make(map[int][]int, len(idxs)) // place → the places whose parent it is
+	var roots []int
+	for i, idx := range idxs {
+		if parent, ok := s.slots[idx].prov.parentHash(); ok {
+			if p, held := byHash[parent]; held && p != i {
+				children[p] = append(children[p], i)
+				continue
+			}
+		}
+		roots = append(roots, i)
+	}
+	keys := make([]messages.Key, 0, len(idxs))
+	prov := make([]*messages.Provenance, 0, len(idxs))
+	seen := make([]bool, len(idxs))
+	emit := func(i int) {
+		seen[i] = true
+		keys = append(keys, s.slots[idxs[i]].key)
+		prov = append(prov, s.slots[idxs[i]].prov.resolve())
+	}
+	// NB: depth first, with an explicit stack: a chain is as long as a
+	// prompt's blocks, and a cycle (hashes that are no prefix chain) ends
+	// where it meets a block already emitted.
+	walk := func(root int) {
+		stack := []int{root}
+		for len(stack) > 0 {
+			i := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if seen[i] {
+				continue
+			}
+			emit(i)
+			for c := len(children[i]) - 1; c >= 0; c-- {
+				stack = append(stack, children[i][c])
+			}
+		}
+	}
+	for _, r := range roots {
+		walk(r)
+	}
+	for i := range idxs { // blocks on a cycle of parents: no root reaches them
+		if !seen[i] {
+			walk(i)
+		}
+	}
+	return keys, prov
+}

@@ -120,3 +120,38 @@ func TestActorAnswersAndAnnouncesProvenance(t *testing.T) {
 	require.Len(t, te.Events, 1)
 	assert.Equal(t, messages.BlockStored, te.Events[0].Kind)
 }
+
+// Resident lists the readable blocks of one namespace, parents before
+// their children whatever slots they sit in, with their provenance: a
+// write still pending, another namespace's block and a block dropped are
+// left out.
+func TestResidentListsANamespacesReadyBlocksParentsFirst(t *testing.T) {
+	s, _ := newTestState(t, 8)
+	ctx := provCtx(3)
+	// The chain's tail is committed first, so it sits in an earlier slot.
+	call := ks(0, 1, 2)
+	for _, part := range [][]messages.Key{call[2:], call[:2]} {
+		res, err := s.Reserve(j1, part)
+		require.NoError(t, err)
+		require.NoError(t, s.CommitProv(j1, res.ToStore, true, make([]uint32, len(part)), ProvSource{
+			Ctx: ctx, Place: messages.Place(call, res.ToStore, ctx.ParentBlockHash)}))
+	}
+	other := messages.Key{Namespace: "other", Hash: "o1"}
+	res, err := s.Reserve(j2, []messages.Key{other, tk(3), tk(4)})
+	require.NoError(t, err)
+	require.NoError(t, s.CommitProv(j2, res.ToStore[:2], true, make([]uint32, 2), ProvSource{}))
+	// tk(4) stays write-pending.
+
+	keys, prov := s.Resident(tk(0).Namespace)
+	require.Len(t, keys, 4)
+	require.Equal(t, call, keys[:3], "the chain, parent first")
+	require.Equal(t, tk(3), keys[3], "a block of no known parent starts its own chain")
+	require.Equal(t, []int32{4, 5, 6, 7}, prov[1].TokenIDs)
+	require.Nil(t, prov[3], "no provenance known")
+
+	require.True(t, s.Drop(tk(1)))
+	keys, _ = s.Resident(tk(0).Namespace)
+	require.ElementsMatch(t, ks(0, 2, 3), keys, "a dropped block is not resident")
+	keys, _ = s.Resident("other")
+	require.Equal(t, []messages.Key{other}, keys)
+}
