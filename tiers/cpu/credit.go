@@ -88,6 +88,9 @@ func (s *State) Bind(owner, job messages.JobRef, keys []messages.Key, slots []in
 		delete(s.index, sl.key)
 		sl.key, sl.writer = k, job
 		s.index[k] = idx
+		if s.obs != nil {
+			s.obs.Writing(k)
+		}
 		delete(mine, idx)
 		if s.reserved[job] == nil {
 			s.reserved[job] = map[int]struct{}{}

@@ -112,34 +112,55 @@ func TestReleaseCreditFreesIt(t *testing.T) {
 }
 
 // recorder is an Observer keeping what it heard.
-type recorder struct{ readable, gone []messages.Key }
+type recorder struct{ writing, readable, gone []messages.Key }
 
+func (r *recorder) Writing(k messages.Key)  { r.writing = append(r.writing, k) }
 func (r *recorder) Readable(k messages.Key) { r.readable = append(r.readable, k) }
 func (r *recorder) Gone(k messages.Key)     { r.gone = append(r.gone, k) }
 
-// The observer hears exactly the keys that become readable and those that
-// stop being readable: a commit, an eviction, a drop, a clear (pinned or
-// not); never a write that fails, a credited slot or a quarantined copy.
-func TestObserverHearsReadableAndGone(t *testing.T) {
-	s, _ := newTestState(t, 4)
+// The observer hears exactly the keys that begin to be written (a
+// reservation, a credited slot bound), those that become readable, and
+// those that stop being either: a commit, a write that fails or is
+// orphaned, an eviction, a drop, a clear (pinned or not); never a credited
+// slot's placeholder or a quarantined copy.
+func TestObserverHearsWritingReadableAndGone(t *testing.T) {
+	s, _ := newTestState(t, 6)
 	rec := &recorder{}
 	s.SetObserver(rec)
 	store(t, s, j1, ks(0, 1, 2)...)
 	res, err := s.Reserve(j2, ks(3))
 	require.NoError(t, err)
 	require.NoError(t, s.Commit(j2, res.ToStore, false, nil))
+	assert.Equal(t, ks(0, 1, 2, 3), rec.writing, "every write begun")
 	assert.Equal(t, ks(0, 1, 2), rec.readable, "a failed write is never readable")
-	slots, evicted := s.Grant(credA, 2)
-	require.Len(t, slots, 2)
-	assert.Equal(t, evicted, rec.gone, "the grant's eviction")
-	assert.True(t, s.Drop(tk(2)))
-	s.LookupAndLease(hA, ks(1), false, time.Minute)
-	_, err = s.LeaseToPin(hA, j1, ks(1))
+	assert.Equal(t, ks(3), rec.gone, "a failed write is gone")
+
+	rec.gone = nil
+	slots, evicted := s.Grant(credA, 4)
+	require.Len(t, slots, 4)
+	assert.Equal(t, evicted, rec.gone, "the grant's eviction; its placeholders are not heard")
+	assert.Len(t, rec.writing, 4, "nor written")
+	_, err = s.Bind(credA, engineJob(3), ks(4), slots[:1])
+	require.NoError(t, err)
+	assert.Equal(t, tk(4), rec.writing[4], "a bound credited slot is written")
+	s.OrphanJob(engineJob(3))
+	assert.Equal(t, tk(4), rec.gone[len(rec.gone)-1], "an orphaned write is gone")
+
+	rec.gone = nil
+	kept := []messages.Key{}
+	for _, k := range ks(0, 1, 2) {
+		if _, held := s.index[k]; held {
+			kept = append(kept, k)
+		}
+	}
+	require.NotEmpty(t, kept)
+	s.LookupAndLease(hA, kept[:1], false, time.Minute)
+	_, err = s.LeaseToPin(hA, j1, kept[:1])
 	require.NoError(t, err)
 	s.Clear()
-	assert.ElementsMatch(t, ks(0, 1, 2), rec.gone, "evicted, dropped, cleared while pinned")
-	require.NoError(t, s.Unpin(j1, ks(1)))
-	assert.Len(t, rec.gone, 3, "the quarantined copy's free is not a second Gone")
+	assert.ElementsMatch(t, kept, rec.gone, "cleared while pinned, or not")
+	require.NoError(t, s.Unpin(j1, kept[:1]))
+	assert.Len(t, rec.gone, len(kept), "the quarantined copy's free is not a second Gone")
 	assert.Len(t, rec.readable, 3)
 	checkInv(t, s)
 }

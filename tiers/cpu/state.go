@@ -109,13 +109,21 @@ func NewState(n int, policy string, now func() time.Time) (*State, error) {
 	return s, nil
 }
 
-// Observer hears every key that becomes readable in the tier and every
-// readable key that leaves it (evicted, dropped, cleared, freed), in order,
-// inside the owning actor: the residency index engines read (cpu.Residency).
+// Observer hears every key that begins to be written into the tier, every
+// key that becomes readable in it and every written or readable key that
+// leaves it (evicted, dropped, cleared, freed, its write abandoned), in
+// order, inside the owning actor: the residency index engines read, where
+// a key being written tells an engine to ask (and wait a step) rather than
+// recompute it.
 type Observer interface {
+	Writing(k messages.Key)
 	Readable(k messages.Key)
 	Gone(k messages.Key)
 }
+
+// observable reports whether k is a block's key, not a placeholder of a
+// credited or quarantined slot.
+func observable(k messages.Key) bool { return !IsCreditKey(k) && !IsQuarantineKey(k) }
 
 // SetObserver installs o (nil: none). It hears only changes made from now on.
 func (s *State) SetObserver(o Observer) { s.obs = o }
@@ -463,6 +471,9 @@ func (s *State) OrphanJob(job messages.JobRef) (aborted []messages.Key) {
 			continue
 		}
 		aborted = append(aborted, sl.key)
+		if s.obs != nil && observable(sl.key) {
+			s.obs.Gone(sl.key)
+		}
 		delete(s.index, sl.key)
 		sl.key = quarantineKey(idx)
 		s.index[sl.key] = idx
@@ -800,6 +811,9 @@ func (s *State) allocate(k messages.Key, job messages.JobRef) int {
 	s.free = s.free[:len(s.free)-1]
 	s.slots[idx] = slot{key: k, state: slotWritePending, writer: job}
 	s.index[k] = idx
+	if s.obs != nil && observable(k) {
+		s.obs.Writing(k)
+	}
 	if s.reserved[job] == nil {
 		s.reserved[job] = map[int]struct{}{}
 	}
@@ -833,9 +847,11 @@ func (s *State) freeSlot(idx int) {
 	if s.slots[idx].touched {
 		s.policy.Remove(idx) // a write that never committed leaves its rank
 	}
-	if sl := &s.slots[idx]; sl.state == slotReady {
-		s.ready--
-		if s.obs != nil && !IsQuarantineKey(sl.key) {
+	if sl := &s.slots[idx]; sl.state == slotReady || sl.state == slotWritePending {
+		if sl.state == slotReady {
+			s.ready--
+		}
+		if s.obs != nil && observable(sl.key) {
 			s.obs.Gone(sl.key)
 		}
 	}

@@ -27,7 +27,7 @@ ENTRIES_PER_BUCKET = 8
 STATE_NONE = 0
 STATE_CPU = 1  # held in CPU memory, readable
 STATE_SECONDARY = 2  # held in a secondary tier
-STATE_RESERVED = 3
+STATE_WRITING = 3  # being written into CPU memory: ask the daemon, do not recompute
 
 MASK64 = (1 << 64) - 1
 _KEY_MASK = MASK64 & ~3  # the fingerprint bits of an entry
@@ -172,7 +172,7 @@ class Residency:
         self._tables = tuple((n - 1, off, unpack) for off, n in spans)
 
     def state(self, fp):
-        """The key's state (0 none, 1 CPU, 2 secondary)."""
+        """The key's state (0 none, 1 CPU, 2 secondary, 3 being written)."""
         fpm = fp & _KEY_MASK
         if not fpm:
             return STATE_NONE
@@ -206,8 +206,14 @@ class Residency:
     def held_cpu(self, nsfp, key):
         """Whether the first region holds the vLLM OffloadKey ``key`` in CPU
         memory (state 1): ``state(fingerprint_key(nsfp, key)) == 1`` for an
-        index whose first region is the CPU tier's, in one call with the
-        fingerprint inlined — the scheduler asks this per key."""
+        index whose first region is the CPU tier's — the scheduler asks
+        this per key of a store."""
+        return self._cpu(nsfp, key)[0] == STATE_CPU
+
+    def _cpu(self, nsfp, key):
+        """The state of the vLLM OffloadKey ``key`` in the first region (0,
+        1 readable, 3 being written) and its fingerprint, in one call with
+        the fingerprint inlined: the scheduler asks this per key."""
         if len(key) == 36:
             a, b, c, d = _HASH32(key)
             x = a ^ b ^ c ^ d ^ nsfp ^ ((_GROUP_BE(key, 32)[0] * _GROUP_MUL) & MASK64)
@@ -220,16 +226,24 @@ class Residency:
         else:
             fp = fingerprint_key(nsfp, key)
         mask, base, unpack = self._tables[0]
-        s1 = (fp & _KEY_MASK) | STATE_CPU
+        k = fp & _KEY_MASK
         b1 = fp & mask
-        if s1 in unpack(self._mm, base + (b1 << 6)):
-            return True
+        w = unpack(self._mm, base + (b1 << 6))
+        if k | STATE_CPU in w:
+            return STATE_CPU, fp
+        if k | STATE_WRITING in w:
+            return STATE_WRITING, fp
         b2 = (fp >> 32) & mask
         if b2 == b1:
             if not mask:
-                return False
+                return STATE_NONE, fp
             b2 = b1 ^ 1
-        return s1 in unpack(self._mm, base + (b2 << 6))
+        w = unpack(self._mm, base + (b2 << 6))
+        if k | STATE_CPU in w:
+            return STATE_CPU, fp
+        if k | STATE_WRITING in w:
+            return STATE_WRITING, fp
+        return STATE_NONE, fp
 
     def not_held_cpu(self, nsfp, keys):
         """The vLLM OffloadKeys among keys that the first region does not
@@ -242,14 +256,14 @@ class Residency:
 
     def held(self, nsfp, key):
         """0 when no region holds the vLLM OffloadKey ``key``, else its
-        state: 1 in CPU memory (the first region), 2 in a secondary tier
-        (the regions after it). The scheduler's per-key test, inlined."""
-        if self.held_cpu(nsfp, key):
-            return STATE_CPU
-        if len(self._tables) == 1:
-            return STATE_NONE
-        st = self.state(fingerprint_key(nsfp, key))
-        return st if st != STATE_CPU else STATE_NONE
+        state: 1 in CPU memory, 3 being written into it (the first region),
+        2 in a secondary tier (the regions after it). The scheduler's
+        per-key test."""
+        st, fp = self._cpu(nsfp, key)
+        if st or len(self._tables) == 1:
+            return st
+        st = self.state(fp)
+        return st if st == STATE_SECONDARY else STATE_NONE
 
     def words(self, region):
         """Every entry word of a region, one aligned 8-byte load each (for

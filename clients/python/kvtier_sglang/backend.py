@@ -57,7 +57,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvtier_client import HIT, HIT_PENDING, RETRY, Client, KvtierError, Request, default_address
-from kvtier_client.residency import STATE_NONE, Residency, fingerprint, ns_fingerprint
+from kvtier_client.residency import STATE_NONE, STATE_SECONDARY, Residency, fingerprint, ns_fingerprint
 
 log = logging.getLogger("kvtier_sglang")
 
@@ -403,7 +403,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 st = index.state(fingerprint(self._nsfp, h, g))
                 if st == STATE_NONE:
                     break
-                secondary |= st != 1
+                secondary |= st == STATE_SECONDARY  # NB: not a page being written (3)
                 n += 1
             if n == 0:
                 return 0

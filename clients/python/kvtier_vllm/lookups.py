@@ -8,13 +8,18 @@ block until its load's pin). Per request, the Lookup runs through three
 phases (:class:`Phase`); every answer belongs to a *generation* of lookups,
 which a lost session or ``reset_cache`` ends: answers, asks and replies of
 an older generation are void.
+
+The index holds a key being written (state 3) as well as a readable one:
+a key whose store this engine completed is asked about, not recomputed,
+while its commit is still landing, and so is a key another engine is
+writing (kvtierd answers it pending, as vLLM's own tier answers a block
+it is still writing).
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
@@ -89,7 +94,7 @@ class RequestState:
 
 
 class Lookups:
-    """The requests' lookup state and the keys whose commits are landing."""
+    """The requests' lookup state."""
 
     def __init__(self, chunk_tokens: int, ttl: float, single_group: bool, keys: Keys,
                  session: "Session", writing: Dict[OffloadKey, StoreBatch]):
@@ -102,11 +107,6 @@ class Lookups:
         self.read_this_step = False        # a lookup found its answer missing and read
         self.reqs: Dict[str, RequestState] = {}
         self.generation = 0
-        # Keys whose commit was sent, until the residency index holds them
-        # (monotonic time sent): asked about, never a MISS from the index.
-        # Oldest first: a step drops the expired from the front, and a
-        # lookup the landed key it meets — no step probes every key in flight.
-        self.committing: "OrderedDict[OffloadKey, float]" = OrderedDict()
         self.scanned: List[RequestState] = []  # requests whose scan began this step
 
     def req(self, ctx: ReqContext) -> RequestState:
@@ -164,12 +164,10 @@ class Lookups:
         index = link.index
         if index is None:
             return self._find_now(key, ctx, step)
-        committing = self.committing
-        if not index.held(self._keys.fp, key):
-            if key not in committing and client.hello.index_complete:  # type: ignore[union-attr]
-                return LookupResult.MISS  # nothing asked: the index covers every tier
-        elif committing:
-            committing.pop(key, None)  # its commit landed
+        # NB: a key being written (an engine's store, its commit still
+        # landing; a promotion) is in the index too: asked, never a MISS.
+        if not index.held(self._keys.fp, key) and client.hello.index_complete:  # type: ignore[union-attr]
+            return LookupResult.MISS  # nothing asked: the index covers every tier
         if not r.asking:
             r.collect(key)
         elif not self.read_this_step:
@@ -244,29 +242,6 @@ class Lookups:
                 return None
             slots.append(a.slot)
         return slots
-
-    def committed(self, keys: List[OffloadKey], now: float) -> None:
-        committing = self.committing
-        for k in keys:
-            committing[k] = now
-            committing.move_to_end(k)
-
-    def prune_committing(self, oldest: float) -> None:
-        """A commit has landed once the residency index holds its key (a
-        lookup then asks the daemon, as for any held key, and drops the key
-        from here); until then the key is asked about too. NB: not a count
-        of steps: under load a commit (checksummed off the daemon's mailbox)
-        can take longer than a few steps, and a MISS from the index
-        meanwhile recomputes a prefix the engine just stored. One sent
-        before oldest failed, or its link did: dropped from the front of
-        the oldest-first order, so a step costs the keys that expired, not
-        the keys in flight."""
-        committing = self.committing
-        while committing:
-            key, sent = next(iter(committing.items()))
-            if sent >= oldest:
-                return
-            del committing[key]
 
     def forget_deferred(self) -> None:
         """Forgets the answers that said "ask again" (RETRY, HIT_PENDING):

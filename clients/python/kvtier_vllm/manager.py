@@ -156,7 +156,6 @@ class KvtierManager(OffloadingManager):
     def _voided(self) -> None:
         """The session is gone: its leases, stores and credit with it."""
         self._lookups.void()
-        self._lookups.committing.clear()
         self._stores.void()
         self._credit.void()
 
@@ -314,7 +313,7 @@ class KvtierManager(OffloadingManager):
             self._settle(b)
 
     def _settle(self, b: StoreBatch) -> None:
-        self._stores.settle(b, self._link.epoch, self._credit, self._lookups, self._commit)
+        self._stores.settle(b, self._link.epoch, self._credit, self._commit)
 
     def _commit(self, b: StoreBatch, keys: List[OffloadKey], ok: bool) -> None:
         if self._s.up():
@@ -349,8 +348,6 @@ class KvtierManager(OffloadingManager):
         # NB: credit is refilled after a step's stores (at its first
         # completion): the next step's stores find it there, so the peak of
         # recent steps, with a margin, is enough.
-        if self._lookups.committing:
-            self._lookups.prune_committing(time.monotonic() - self._link.timeout)
         if self._stores.awaiting and self._stores.overdue(self._link.timeout):
             self._s.lost(KvtierError("LINK_TIMEOUT", f"no store reply within {self._link.timeout}s"))
             return
@@ -395,5 +392,5 @@ class KvtierManager(OffloadingManager):
     def state_sizes(self) -> Dict[str, int]:
         """How much per-request and per-store state the manager holds."""
         return {"requests": len(self._lookups.reqs), "stores": len(self._stores.batches),
-                "committing": len(self._lookups.committing), "calls": len(self._s.out.awaited),
+                "calls": len(self._s.out.awaited),
                 "queued": len(self._s.out.frames), "credit": len(self._credit.slots)}

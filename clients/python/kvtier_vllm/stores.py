@@ -19,7 +19,6 @@ from vllm.v1.kv_offload.base import OffloadKey
 
 from .calls import StoreBatch, StoreCall
 from .credit import Credit
-from .lookups import Lookups
 
 log = logging.getLogger("kvtier_vllm")
 
@@ -76,18 +75,18 @@ class Stores:
                 self.awaiting[id(b)] = b
         return ready
 
-    def settle(self, b: StoreBatch, epoch: int, credit: Credit, lookups: Lookups,
-               commit: Commit) -> None:
+    def settle(self, b: StoreBatch, epoch: int, credit: Credit, commit: Commit) -> None:
         """Completions of a batch whose bound keys are known: bound keys are
         committed (or freed); a duplicate's slot returns to the credit (its
         copy is over). A refused batch's slots are not ours: dropped.
 
         NB: a completed key stays in batches (a lookup answers HIT_PENDING)
-        until this settles it. Dropped at its completion, it was neither
-        this engine's write nor committing until the daemon's answer came —
-        later than the worker's completion on a loaded box — and the index
-        did not hold it yet: a lookup answered MISS and recomputed a prefix
-        the engine had just stored."""
+        until this settles it: dropped at its completion, before the daemon
+        had even bound it (its answer comes later than the worker's
+        completion on a loaded box), it was neither this engine's write nor
+        in the index, and a lookup answered MISS and recomputed a prefix the
+        engine had just stored. Once bound, the index holds it as being
+        written until its commit lands."""
         if b.bound is None and b.epoch == epoch:
             return
         self.awaiting.pop(id(b), None)
@@ -101,8 +100,6 @@ class Stores:
         for ks, ok in b.deferred:
             self._forget(b, ks)
             bound = [k for k in ks if b.bound[pos[k]]]
-            if ok:
-                lookups.committed(bound, time.monotonic())
             if bound:
                 commit(b, bound, ok)
             if not b.failed:

@@ -81,6 +81,12 @@ def finish(proc, path):
     assert not os.path.exists(path), "the writer's Close left the file"
 
 
+def fixed_state(i):
+    """Key i's state in the writer's fixed index: odd keys in a secondary
+    tier, even keys readable in CPU memory or (every other) being written."""
+    return 2 if i % 2 else (3 if i % 4 == 2 else 1)
+
+
 def test_fixed_index(writer_bin, tmp_path):
     path = str(tmp_path / "residency")
     proc = start(writer_bin, path, "--mode", "fixed")
@@ -88,12 +94,13 @@ def test_fixed_index(writer_bin, tmp_path):
         with Residency(path) as r:
             assert r.regions == 2 and r.generation != 0
             for i, fp in enumerate(key_fps()):
-                assert r.state(fp) == (1 if i % 2 == 0 else 2), i
+                assert r.state(fp) == fixed_state(i), i
             nsfp = ns_fingerprint(NS)
             for i in range(NKEYS):
                 assert r.state(fingerprint(nsfp, sha(f"absent-{i}"), i % 2)) == 0, i
                 key = sha(str(i)) + (i % 2).to_bytes(4, "big")
-                assert r.state(fingerprint_key(nsfp, key)) in (1, 2)
+                assert r.state(fingerprint_key(nsfp, key)) in (1, 2, 3)
+                assert r.held(nsfp, key) == fixed_state(i), "held answers the state"
             assert r.state(0) == 0 and r.state(3) == 0
     finally:
         finish(proc, path)
@@ -178,6 +185,8 @@ def test_held_cpu_agrees_with_state(writer_bin, tmp_path):
             for k in keys:
                 assert r.held_cpu(nsfp, k) == (r.state(fingerprint_key(nsfp, k)) == 1), k
             assert r.not_held_cpu(nsfp, keys) == [k for k in keys if r.state(fingerprint_key(nsfp, k)) != 1]
-            assert sum(r.held_cpu(nsfp, k) for k in keys) == (NKEYS + 1) // 2  # the even keys, in region 0
+            assert sum(r.held_cpu(nsfp, k) for k in keys) == (NKEYS + 3) // 4  # keys 0, 4, 8, ...: readable
+            for k in keys:
+                assert r.held(nsfp, k) == r.state(fingerprint_key(nsfp, k)), k
     finally:
         finish(proc, path)

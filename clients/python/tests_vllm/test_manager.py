@@ -446,6 +446,37 @@ def test_a_stored_key_is_asked_about_however_late_its_commit_lands(daemon_factor
         kv.shutdown()
 
 
+def test_a_block_another_engine_is_writing_is_waited_for_not_recomputed(daemon_factory):
+    """Engine B looks up a prefix engine A is still writing into the shared
+    kvtierd: the residency index holds it as being written, so B asks
+    kvtierd (RETRY, as vLLM's own tier answers a block it is still writing)
+    step after step, never MISS (a recompute of what A is about to
+    store); once A's store lands, B's lookup is a HIT."""
+    from kvtier_bench.vllm_harness import chained_keys, kvtier_manager
+    from vllm.v1.kv_offload.base import LookupResult
+
+    d, a, _ = credited(daemon_factory, 16)
+    b = kvtier_manager(d.address, page_bytes=PAGE, extra={"kvtier_store_credit": 16})
+    try:
+        keys = chained_keys([7, 8, 9])
+        w = new_request("w", keys, {"kvtier": a})
+        assert a.prepare_store(keys, w.ctx["kvtier"]).keys_to_store == keys
+        a.settle()  # bound: kvtierd writes them, the index says so
+        r = new_request("r", keys, {"kvtier": b})
+        for step in range(4):
+            res = b.lookup(keys[0], r.ctx["kvtier"])
+            assert res is LookupResult.RETRY, f"step {step}: {res}"
+            b.on_schedule_end(None)
+            b.settle()  # kvtierd answered: still being written
+        a.complete_store(keys, w.ctx["kvtier"])
+        a.on_request_finished(w.ctx["kvtier"])
+        a.settle()
+        steps_until_hit(b, keys[0], r.ctx["kvtier"])
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
 def test_a_completed_store_is_pending_until_the_daemon_says_what_it_bound(daemon_factory):
     """The worker's completion comes before the daemon's answer to the
     store (which says which keys it bound): on a loaded box the answer is

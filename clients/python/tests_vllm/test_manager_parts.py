@@ -95,29 +95,20 @@ def test_deferred_answers_are_forgotten_hits_kept():
     assert list(r.answers) == [_key(1)]
 
 
-def test_the_committing_keys_expire_oldest_first():
-    lk = _lookups()
-    lk.committed([_key(1), _key(2)], now=1.0)
-    lk.committed([_key(3)], now=5.0)
-    lk.committed([_key(1)], now=6.0)  # committed again: moves to the back
-    lk.prune_committing(oldest=4.0)
-    assert list(lk.committing) == [_key(3), _key(1)]
-
-
 def _store(stores: Stores, keys, slots):
     return stores.bind(keys, slots, {"id": "a"}, epoch=1)
 
 
-def _settle_all(stores, batches, credit, lookups):
+def _settle_all(stores, batches, credit):
     commits = []
     for b in batches:
-        stores.settle(b, 1, credit, lookups, lambda b, ks, ok: commits.append((ks, ok)))
+        stores.settle(b, 1, credit, lambda b, ks, ok: commits.append((ks, ok)))
     return commits
 
 
 def test_a_store_settles_the_same_whichever_half_comes_first():
     for answer_first in (True, False):
-        stores, credit, lk = Stores(), Credit(8), _lookups()
+        stores, credit = Stores(), Credit(8)
         keys = [_key(i) for i in range(3)]
         b = _store(stores, keys, [10, 11, 12])
         reply = {"bound": [True, False, True]}  # key 1: another engine stored it meanwhile
@@ -132,30 +123,29 @@ def test_a_store_settles_the_same_whichever_half_comes_first():
             assert all(k in stores.batches for k in keys), "HIT_PENDING until the answer"
             stores.answered(StoreCall(b), reply)
             ready = [b]
-        commits = _settle_all(stores, ready, credit, lk)
+        commits = _settle_all(stores, ready, credit)
         assert commits == [([keys[0], keys[2]], True)], answer_first
         assert credit.slots == [11], "the duplicate's slot returns to the credit"
         assert not stores.batches and not stores.awaiting
-        assert list(lk.committing) == [keys[0], keys[2]]
 
 
 def test_a_refused_store_commits_nothing_and_keeps_no_slot():
-    stores, credit, lk = Stores(), Credit(8), _lookups()
+    stores, credit = Stores(), Credit(8)
     keys = [_key(1), _key(2)]
     b = _store(stores, keys, [3, 4])
     stores.answered(StoreCall(b), {"err": {"code": "FULL"}})
     assert stores.refused == 1
-    assert _settle_all(stores, stores.complete(keys, True), credit, lk) == []
+    assert _settle_all(stores, stores.complete(keys, True), credit) == []
     assert credit.slots == [] and not stores.batches
 
 
 def test_a_store_of_an_older_session_is_forgotten():
-    stores, credit, lk = Stores(), Credit(8), _lookups()
+    stores, credit = Stores(), Credit(8)
     keys = [_key(1)]
     b = _store(stores, keys, [3])
     stores.complete(keys, True)
     commits = []
-    stores.settle(b, 2, credit, lk, lambda b, ks, ok: commits.append(ks))  # the link's epoch moved on
+    stores.settle(b, 2, credit, lambda b, ks, ok: commits.append(ks))  # the link's epoch moved on
     assert commits == [] and not stores.batches and not stores.awaiting
 
 

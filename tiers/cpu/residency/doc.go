@@ -48,7 +48,9 @@
 // Regions follow at offset 192 (a multiple of 64), each right after the
 // previous. A bucket is 64 bytes: 8 entries of u64. Entry 0 is empty;
 // otherwise it is (fp &^ 3) | state, state 1 (held in CPU memory, readable),
-// 2 (held in a secondary tier) or 3 (reserved).
+// 2 (held in a secondary tier) or 3 (being written into CPU memory: an
+// engine asks the daemon, which answers it pending, rather than recompute
+// it; the CPU tier's region only).
 //
 // A key's fingerprint (Fingerprint) is 64 bits whose high 62 are never all
 // zero. Its buckets are b1 = fp & (nbuckets-1) and b2 = (fp>>32) &

@@ -6,10 +6,10 @@ import (
 	"github.com/kvtier/kvtier/messages"
 )
 
-// Keys publishes a tier's readable keys into one region: a tier's
-// decision core (the CPU tier's State, the fs tier's Index) calls Readable
-// and Gone as keys come and go, inside the actor that owns it — the
-// region's one writer.
+// Keys publishes a tier's keys into one region: a tier's decision core
+// (the CPU tier's State, the fs tier's Index) calls Writing, Readable and
+// Gone as keys come and go, inside the actor that owns it — the region's
+// one writer.
 //
 // The index is a hint: a key it lacks (withdrawn, or dropped because its
 // buckets were full) costs an engine a recompute; a key it still shows
@@ -31,6 +31,10 @@ func NewKeys(region *Region, state uint8) *Keys {
 
 // Readable publishes k.
 func (x *Keys) Readable(k messages.Key) { x.region.Publish(x.fingerprint(k), x.state) }
+
+// Writing publishes k as being written (StateWriting): an engine asks the
+// daemon about it, and waits, rather than recompute it.
+func (x *Keys) Writing(k messages.Key) { x.region.Publish(x.fingerprint(k), StateWriting) }
 
 // Gone withdraws k.
 func (x *Keys) Gone(k messages.Key) { x.region.Withdraw(x.fingerprint(k)) }

@@ -10,7 +10,7 @@ const (
 	StateNone      uint8 = 0 // not in the index
 	StateCPU       uint8 = 1 // held in CPU memory, readable
 	StateSecondary uint8 = 2 // held in a secondary tier
-	StateReserved  uint8 = 3 // reserved for a future tier
+	StateWriting   uint8 = 3 // being written into CPU memory: ask the daemon, do not recompute
 )
 
 // table is the read side of one region: its entry words and bucket mask.
@@ -105,7 +105,7 @@ func (r *Region) Overflow() uint64 { return atomic.LoadUint64(r.overflow) }
 // 1..3 or an fp that is not a fingerprint (high 62 bits zero).
 func (r *Region) Publish(fp uint64, state uint8) bool {
 	key := fp &^ stateMask
-	if key == 0 || state == StateNone || state > StateReserved {
+	if key == 0 || state == StateNone || state > StateWriting {
 		return false
 	}
 	slot, fresh := r.slotFor(fp, key)

@@ -74,7 +74,7 @@ func fixed(path string, in *bufio.Reader) error {
 		return err
 	}
 	for i, fp := range fingerprints() {
-		if !idx.Region(i%2).Publish(fp, uint8(1+i%2)) {
+		if !idx.Region(i%2).Publish(fp, fixedState(i)) {
 			idx.Close()
 			return fmt.Errorf("key %d dropped", i)
 		}
@@ -82,6 +82,19 @@ func fixed(path string, in *bufio.Reader) error {
 	fmt.Println("ready")
 	io.Copy(io.Discard, in)
 	return idx.Close()
+}
+
+// fixedState is test key i's state in the fixed index: odd keys held in a
+// secondary tier (region 1); even keys in region 0, readable, or every
+// other one being written.
+func fixedState(i int) uint8 {
+	switch {
+	case i%2 == 1:
+		return residency.StateSecondary
+	case i%4 == 2:
+		return residency.StateWriting
+	}
+	return residency.StateCPU
 }
 
 func churn(path string, iterations int, in *bufio.Reader) error {
