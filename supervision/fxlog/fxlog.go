@@ -1,17 +1,16 @@
-// Package fxlog records what an actor's core does through its Effects —
-// requests and sends in order, in-place answers, the deadlines it arms —
-// for scenario tests that hand the core one message and check exactly
-// what it did. It owns no clock and drives nothing: the test does.
+// Package fxlog records what an actor's core decided (its fx.Out) —
+// requests and sends in order, in-place answers, the deadlines it arms, the
+// work it offloads — for scenario tests that hand the core one message and
+// check exactly what it did. It owns no clock and drives nothing: the test
+// does.
 package fxlog
 
 import (
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/actors/fx"
-	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/supervision/modeltime"
 )
 
@@ -21,8 +20,8 @@ type Sent struct {
 	Msg any
 }
 
-// Log is the record. Embed it in a test's world to give the core
-// Request, Send, Respond and After.
+// Log is the record. Embed it in a test's world and Take each Out the
+// core fills.
 type Log struct {
 	Out   []Sent // requests and sends since the last Reset, in order
 	Resp  []any  // in-place answers since the last Reset
@@ -33,21 +32,9 @@ type Log struct {
 	timers    modeltime.Timers
 }
 
-func (l *Log) Request(to *actor.PID, msg any) { l.Out = append(l.Out, Sent{to, msg}) }
-func (l *Log) Send(to *actor.PID, msg any)    { l.Out = append(l.Out, Sent{to, msg}) }
-func (l *Log) Respond(msg any)                { l.Resp = append(l.Resp, msg) }
-
-// After records the deadline msg; the test hands it back when it wants it
-// to fire.
-func (l *Log) After(_ time.Duration, msg any) supervision.Timer {
-	l.Armed = append(l.Armed, msg)
-	return l.timers.After(msg)
-}
-
 // Take records what a core decided in o (its fx.Out: sends, requests and
 // replies in order, deadlines armed), delivers its answers to held calls,
-// then resets o. NB: for the cores
-// that say what they decided as data; the others call the methods above.
+// then resets o.
 func (l *Log) Take(o *fx.Out) {
 	for _, s := range o.Sent {
 		switch s.Kind {
