@@ -99,27 +99,11 @@ func tokensOf(a int) []int32 {
 func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ports, err := freeport.Ports(1)
-	require.NoError(t, err)
-	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
-	heard := bindRouter(t, ctx, routerAddr)
-
-	dir := t.TempDir()
-	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
-		PoolPath: filepath.Join(dir, "pool"), EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
-		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "kvtier"}})
-	require.NoError(t, err)
+	node, heard := openRoutedNode(t, ctx)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
 	engines := map[string]*client.Client{}
 	for _, pod := range []string{"10.0.0.1", "10.0.0.2"} {
-		topic := "kv@" + pod + "@llama"
-		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: pod, Topic: topic})
-		require.NoError(t, err)
-		defer c.Close(ctx) //nolint:errcheck // the node closes anyway
-		engines[topic] = c
-		// NB: its first keyed call tells the node its namespace.
-		_, err = c.Lookup(ctx, &messages.ReqContext{RequestID: "hello-" + pod}, keys(1000), true)
-		require.NoError(t, err)
+		engines["kv@"+pod+"@llama"] = dialEngine(t, ctx, node, pod)
 	}
 	// Round i stores blocks 2i+1, 2i+2 through the first engine until the
 	// router heard a round under both topics (a PUB's first messages are
@@ -128,13 +112,8 @@ func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; len(seen) < 2; i++ {
 		require.NoError(t, ctx.Err(), "the router heard only %v", seen)
-		ks := keys(2*i+1, 2*i+2)
-		req := &messages.ReqContext{RequestID: fmt.Sprint("w", i)}
-		_, err := writer.PrepareStore(ctx, req, ks)
-		require.NoError(t, err)
-		require.NoError(t, writer.CompleteStore(ctx, req, ks, true))
-		require.NoError(t, writer.RequestFinished(ctx, req))
-		_, err = node.FlushEvents(ctx)
+		storeRound(t, ctx, writer, i)
+		_, err := node.FlushEvents(ctx)
 		require.NoError(t, err)
 		deadline := time.After(100 * time.Millisecond) // NB: the slow joiner's pace
 	drain:
@@ -153,6 +132,49 @@ func TestEachEngineIsCreditedUnderItsOwnTopic(t *testing.T) {
 			}
 		}
 	}
+}
+
+// openRoutedNode opens a node whose engines dial it on a unix socket and
+// whose events go to a router bound the llm-d way (events.mode: connect),
+// and returns it with what the router hears. The caller closes the node.
+func openRoutedNode(t *testing.T, ctx context.Context) (*Node, <-chan topicBatch) {
+	t.Helper()
+	ports, err := freeport.Ports(1)
+	require.NoError(t, err)
+	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
+	heard := bindRouter(t, ctx, routerAddr)
+	dir := t.TempDir()
+	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
+		PoolPath: filepath.Join(dir, "pool"), EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
+		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "kvtier"}})
+	require.NoError(t, err)
+	return node, heard
+}
+
+// dialEngine connects pod's engine to node, with the topic of its own KV
+// events (kv@<pod>@llama) in its hello, until the test ends.
+func dialEngine(t *testing.T, ctx context.Context, node *Node, pod string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: pod, Topic: "kv@" + pod + "@llama"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) }) // NB: the node closes it anyway
+	// NB: its first keyed call tells the node its namespace.
+	_, err = c.Lookup(ctx, &messages.ReqContext{RequestID: "hello-" + pod}, keys(1000), true)
+	require.NoError(t, err)
+	return c
+}
+
+// storeRound stores blocks 2i+1 and 2i+2 through c, as request w<i>, and
+// returns their keys.
+func storeRound(t *testing.T, ctx context.Context, c *client.Client, i int) []messages.Key {
+	t.Helper()
+	ks := keys(2*i+1, 2*i+2)
+	req := &messages.ReqContext{RequestID: fmt.Sprint("w", i)}
+	_, err := c.PrepareStore(ctx, req, ks)
+	require.NoError(t, err)
+	require.NoError(t, c.CompleteStore(ctx, req, ks, true))
+	require.NoError(t, c.RequestFinished(ctx, req))
+	return ks
 }
 
 // topicBatch is a batch a router heard, and the topic it came under.
@@ -201,25 +223,8 @@ func bindRouter(t *testing.T, ctx context.Context, addr string) <-chan topicBatc
 func TestAnEngineThatJoinsLaterIsCreditedForWhatTheNodeHolds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ports, err := freeport.Ports(1)
-	require.NoError(t, err)
-	routerAddr := fmt.Sprintf("tcp://127.0.0.1:%d", ports[0])
-	heard := bindRouter(t, ctx, routerAddr)
-	dir := t.TempDir()
-	node, err := Open(ctx, config.Config{PoolBytes: 64 * testBlock, BlockBytes: testBlock,
-		PoolPath: filepath.Join(dir, "pool"), EngineListen: "unix://" + filepath.Join(dir, "engine.sock"),
-		Events: config.EventsConfig{Endpoint: routerAddr, Mode: events.ModeConnect, NodeID: "n1", Model: "kvtier"}})
-	require.NoError(t, err)
+	node, heard := openRoutedNode(t, ctx)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	dial := func(pod string) *client.Client {
-		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: pod, Topic: "kv@" + pod + "@llama"})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
-		// NB: its first keyed call tells the node its namespace.
-		_, err = c.Lookup(ctx, &messages.ReqContext{RequestID: "hello-" + pod}, keys(1000), true)
-		require.NoError(t, err)
-		return c
-	}
 	// hear gathers the stored blocks each topic got until quiet.
 	hear := func() map[string]int {
 		_, err := node.FlushEvents(ctx)
@@ -239,25 +244,19 @@ func TestAnEngineThatJoinsLaterIsCreditedForWhatTheNodeHolds(t *testing.T) {
 		}
 	}
 
-	first := dial("10.0.0.1")
+	first := dialEngine(t, ctx, node, "10.0.0.1")
 	// Store until the router heard a round (a PUB's first messages are
 	// lost until the subscriber joined); every round is held afterwards.
 	stored := 0
 	for i := 0; ; i++ {
 		require.NoError(t, ctx.Err(), "the router heard nothing")
-		ks := keys(2*i+1, 2*i+2)
-		req := &messages.ReqContext{RequestID: fmt.Sprint("w", i)}
-		_, err := first.PrepareStore(ctx, req, ks)
-		require.NoError(t, err)
-		require.NoError(t, first.CompleteStore(ctx, req, ks, true))
-		require.NoError(t, first.RequestFinished(ctx, req))
-		stored += len(ks)
+		stored += len(storeRound(t, ctx, first, i))
 		if hear()["kv@10.0.0.1@llama"] > 0 {
 			break
 		}
 	}
 
-	dial("10.0.0.2")
+	dialEngine(t, ctx, node, "10.0.0.2")
 	got := map[string]int{}
 	for got["kv@10.0.0.2@llama"] < stored {
 		select {

@@ -116,17 +116,17 @@ func newBridgeWorld(t *testing.T, seed uint64) *bridgeWorld {
 // What the core decided (its fx.Out), checked message by message in the
 // order it decided it.
 func (w *bridgeWorld) carry() {
-	for _, s := range w.out.Sent {
-		if s.Kind == fx.Answer {
-			s.Reply.AnswerAny(s.Msg, s.Err)
-			continue
-		}
-		w.Send(s.To.PID(), s.Msg)
-	}
-	w.timers.Adopt(w.out.Deadlines)
 	w.offload = append(w.offload, w.out.Offloads...)
-	w.out.Reset()
+	w.timers.Carry(&w.out, w)
 }
+
+// Request is a Send here: the world queues both for the actor they went to,
+// which answers (or not) in its own time.
+func (w *bridgeWorld) Request(to *actor.PID, msg any) { w.Send(to, msg) }
+
+// Respond fails: the bridge answers engine calls it held (fx.Answer), never
+// in place.
+func (w *bridgeWorld) Respond(msg any) { w.t.Fatalf("an in-place answer %T", msg) }
 
 func (w *bridgeWorld) Send(to *actor.PID, msg any) {
 	switch to {

@@ -2,13 +2,16 @@
 // and steps, and the deadlines — the timers an actor's core arms through
 // its Effects, kept as data and fired when the test says, in a random
 // order — stopped ones too, now and then, as a real timer can fire just as
-// it is stopped. It owns no clock: a test that needs time to pass advances
-// its own. The world itself (what a step does, what settled means) is the
-// test's.
+// it is stopped — and Carry, which hands the world what a core decided and
+// keeps its deadlines. It owns no clock: a test that needs time to pass
+// advances its own. The world itself (what a step does, what settled
+// means) is the test's.
 package modeltime
 
 import (
 	"math/rand/v2"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/supervision"
@@ -50,6 +53,35 @@ func (ts *Timers) Adopt(ds []*fx.Deadline) {
 	for _, d := range ds {
 		ts.armed = append(ts.armed, &timer{msg: d.Msg, deadline: d})
 	}
+}
+
+// World is what a model test's world does with each message its core
+// sent: checks it and keeps it to answer or deliver later.
+type World interface {
+	Request(to *actor.PID, msg any)
+	Send(to *actor.PID, msg any)
+	Respond(msg any) // an answer to the message being handled
+}
+
+// Carry hands what a core decided in o (its fx.Out) to w message by
+// message, in the order the core decided it, answers the calls it held,
+// adopts its deadlines, then resets o. o's offloads are the world's to
+// take before.
+func (ts *Timers) Carry(o *fx.Out, w World) {
+	for _, s := range o.Sent {
+		switch s.Kind {
+		case fx.Request:
+			w.Request(s.To.PID(), s.Msg)
+		case fx.Send:
+			w.Send(s.To.PID(), s.Msg)
+		case fx.Reply:
+			w.Respond(s.Msg)
+		case fx.Answer:
+			s.Reply.AnswerAny(s.Msg, s.Err)
+		}
+	}
+	ts.Adopt(o.Deadlines)
+	o.Reset()
 }
 
 // Fire picks a timer that has not fired yet and returns its message: an

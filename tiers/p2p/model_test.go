@@ -101,20 +101,7 @@ func newWorld(t *testing.T, seed uint64) *world {
 func (w *world) carry() {
 	require.Empty(w.t, w.out.Watches, "a watcher without a directory")
 	require.Empty(w.t, w.out.Unwatches, "a watcher without a directory")
-	for _, s := range w.out.Sent {
-		switch s.Kind {
-		case fx.Request:
-			w.Request(s.To.PID(), s.Msg)
-		case fx.Send:
-			w.Send(s.To.PID(), s.Msg)
-		case fx.Reply:
-			w.Respond(s.Msg)
-		case fx.Answer:
-			s.Reply.AnswerAny(s.Msg, s.Err)
-		}
-	}
-	w.timers.Adopt(w.out.Deadlines)
-	w.out.Reset()
+	w.timers.Carry(&w.out.Out, w)
 }
 
 func (w *world) Request(to *actor.PID, msg any) {

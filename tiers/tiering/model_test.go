@@ -81,7 +81,7 @@ type world struct {
 	cpuQueue []any // CPU-tier requests, processed in order
 	tierIO   []tierIO
 	timers   modeltime.Timers
-	out      fx.Out // what the core decided, carried out by carry
+	out      fx.Out // what the core decided, carried out by timers.Carry
 
 	responses  []any
 	lookupCorr uint64
@@ -111,25 +111,6 @@ func newWorld(t *testing.T, seed uint64) *world {
 		CascadeQueue: 6, CascadeInFlight: 3, Log: zerolog.Nop(),
 	}.WithDefaults())
 	return w
-}
-
-// What the core decided (its fx.Out) is checked message by message, in the
-// order it decided it.
-func (w *world) carry() {
-	for _, s := range w.out.Sent {
-		switch s.Kind {
-		case fx.Request:
-			w.Request(s.To.PID(), s.Msg)
-		case fx.Send:
-			w.Send(s.To.PID(), s.Msg)
-		case fx.Reply:
-			w.Respond(s.Msg)
-		case fx.Answer:
-			s.Reply.AnswerAny(s.Msg, s.Err)
-		}
-	}
-	w.timers.Adopt(w.out.Deadlines)
-	w.out.Reset()
 }
 
 func (w *world) Request(to *actor.PID, msg any) {
@@ -223,7 +204,7 @@ func containsKey(keys []messages.Key, k messages.Key) bool {
 func (w *world) handle(msg any) {
 	w.responses = w.responses[:0]
 	w.core.Handle(&w.out, msg)
-	w.carry()
+	w.timers.Carry(&w.out, w) // checked message by message, in the order the core decided it
 	if m, ok := msg.(*tieringmsg.AsyncLookup); ok {
 		require.Len(w.t, w.responses, 1, "an AsyncLookup is answered at once, once")
 		r, ok := w.responses[0].(*tieringmsg.AsyncLookupResult)
