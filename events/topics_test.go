@@ -24,6 +24,33 @@ func nsKey(ns messages.Namespace, h string) messages.Key {
 	return messages.Key{Namespace: ns, Hash: h}
 }
 
+// byTopic closes the hub's open batch and returns what each topic got: the
+// number of blocks in each event type; each event is checked first.
+func byTopic(ctx context.Context, t *testing.T, system *actor.ActorSystem, hub *actor.PID, sink chanSink,
+	check ...func(Event)) map[string]map[string]int {
+	t.Helper()
+	flush(ctx, t, system, hub)
+	got := map[string]map[string]int{}
+	for {
+		select {
+		case e := <-sink:
+			b, err := DecodeBatch(e.Payload)
+			require.NoError(t, err)
+			if got[e.Topic] == nil {
+				got[e.Topic] = map[string]int{}
+			}
+			for _, ev := range b.Events {
+				for _, c := range check {
+					c(ev)
+				}
+				got[e.Topic][ev.Type] += max(len(ev.BlockHashes), 1)
+			}
+		default:
+			return got
+		}
+	}
+}
+
 // Engines that declared their events' topic are told of the blocks of
 // their key namespace, each under its own topic: two engines of one model
 // both get its blocks, another model's engine only its own, a namespace
@@ -39,27 +66,7 @@ func TestHubAnnouncesEachEnginesBlocksUnderItsTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	send := func(m any) { system.Root.Send(hub, m) }
-	// batch closes the open batch and returns what each topic got: the
-	// number of blocks in each event type.
-	batch := func() map[string]map[string]int {
-		flush(ctx, t, system, hub)
-		got := map[string]map[string]int{}
-		for {
-			select {
-			case e := <-sink:
-				b, err := DecodeBatch(e.Payload)
-				require.NoError(t, err)
-				if got[e.Topic] == nil {
-					got[e.Topic] = map[string]int{}
-				}
-				for _, ev := range b.Events {
-					got[e.Topic][ev.Type] += max(len(ev.BlockHashes), 1)
-				}
-			default:
-				return got
-			}
-		}
-	}
+	batch := func() map[string]map[string]int { return byTopic(ctx, t, system, hub, sink) }
 
 	send(&messages.EngineTopic{Session: 1, Namespace: "a", Topic: "kv@pod1@model-a"})
 	send(&messages.EngineTopic{Session: 2, Namespace: "a", Topic: "kv@pod2@model-a"})
@@ -231,26 +238,11 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 	defer cancel()
 	send := func(m any) { system.Root.Send(hub, m) }
 	batch := func() map[string]map[string]int {
-		flush(ctx, t, system, hub)
-		got := map[string]map[string]int{}
-		for {
-			select {
-			case e := <-sink:
-				b, err := DecodeBatch(e.Payload)
-				require.NoError(t, err)
-				if got[e.Topic] == nil {
-					got[e.Topic] = map[string]int{}
-				}
-				for _, ev := range b.Events {
-					got[e.Topic][ev.Type] += max(len(ev.BlockHashes), 1)
-					if ev.Type == TypeBlockStored {
-						require.NotEmpty(t, ev.TokenIDs, "announced with its tokens, not as a placeholder")
-					}
-				}
-			default:
-				return got
+		return byTopic(ctx, t, system, hub, sink, func(ev Event) {
+			if ev.Type == TypeBlockStored {
+				require.NotEmpty(t, ev.TokenIDs, "announced with its tokens, not as a placeholder")
 			}
-		}
+		})
 	}
 	joined := func(want messages.ResidentOf) {
 		t.Helper()
