@@ -18,7 +18,7 @@ import (
 // An engine that never waits in its scheduler step, in vLLM's real call
 // order: its stores go into credited slots, its request ends before its
 // store completes (the completion does not re-open the request), the
-// residency index shows the block once it is readable, a lookup answers the
+// residency index shows the block being written, then readable, a lookup answers the
 // HIT's slot, a duplicate store leaves its slot in the credit, and the
 // session's credit is freed only after the quarantine.
 func TestCreditedStoresInVLLMsOrder(t *testing.T) {
@@ -43,7 +43,7 @@ func TestCreditedStoresInVLLMsOrder(t *testing.T) {
 	bound, err := c.StoreCredited(ctx, w, keys, grant.Slots[:2])
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, true}, bound.Bound)
-	require.Equal(t, residency.StateNone, idx.State(residency.KeyFingerprint(keys[0])), "a write in flight is not readable")
+	require.Equal(t, residency.StateWriting, idx.State(residency.KeyFingerprint(keys[0])), "a write in flight is shown being written, not readable")
 
 	require.NoError(t, c.RequestFinished(ctx, w))
 	require.NoError(t, c.CompleteStore(ctx, w, keys, true), "a late completion lands")

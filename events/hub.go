@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // Hub is the events actor: tiers send it their events (*messages.Event),
@@ -77,7 +78,7 @@ type HubConfig struct {
 	// announcement; ≤ 0 = DefaultLearnWait.
 	LearnWait time.Duration
 	// Resident is the tier asked for the blocks an engine joining under a
-	// topic new to its namespace can load already (*messages.ResidentOf;
+	// topic new to its namespace can load already (*cpumsg.ResidentOf;
 	// the CPU tier): they are announced again under that topic only. nil:
 	// an engine is told of what happens after it came, no more.
 	Resident *actor.PID
@@ -189,7 +190,7 @@ func (h *Hub) Receive(ctx actor.Context) {
 		if h.st.engines.apply(m) {
 			h.askResident(ctx, m.Namespace, m.Topic)
 		}
-	case *messages.Resident:
+	case *cpumsg.Resident:
 		h.reannounce(m)
 	case waitOver, *waitOver:
 		h.release(ctx, false)
@@ -313,14 +314,14 @@ func (h *Hub) askResident(ctx actor.Context, ns messages.Namespace, topic string
 		}
 		h.st.told[engineTopic{ns, topic}] = told
 	}
-	ctx.Request(h.cfg.Resident, &messages.ResidentOf{Namespace: ns, Topic: topic})
+	ctx.Request(h.cfg.Resident, &cpumsg.ResidentOf{Namespace: ns, Topic: topic})
 }
 
 // reannounce announces the resident blocks m names under m's topic only,
 // after what was pending (which went out under the topic already). Blocks
 // the translator no longer holds announced are left out; the translator's
 // own record does not change (they are announced, once, already).
-func (h *Hub) reannounce(m *messages.Resident) {
+func (h *Hub) reannounce(m *cpumsg.Resident) {
 	ns := namespaceOf(&m.Event)
 	et := engineTopic{ns, m.Topic}
 	told := h.st.told[et]

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvtier/kvtier/actors"
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/cpu/cpumsg"
 )
 
 // stored is a CPU BlockStored event of keys.
@@ -193,12 +194,12 @@ func BenchmarkHubEngineTopics(b *testing.B) {
 // in the hub's mailbox by then).
 type resident struct {
 	held  map[messages.Namespace]messages.Event
-	asked chan *messages.ResidentOf
+	asked chan *cpumsg.ResidentOf
 }
 
 func (r *resident) Receive(ctx actor.Context) {
-	if m, ok := ctx.Message().(*messages.ResidentOf); ok {
-		ctx.Respond(&messages.Resident{Topic: m.Topic, Event: r.held[m.Namespace]})
+	if m, ok := ctx.Message().(*cpumsg.ResidentOf); ok {
+		ctx.Respond(&cpumsg.Resident{Topic: m.Topic, Event: r.held[m.Namespace]})
 		r.asked <- m
 	}
 }
@@ -226,7 +227,7 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 	system := actors.NewSystem(zerolog.Nop())
 	defer system.Shutdown()
 	a1, a2, b1 := nsKey("a", "a1"), nsKey("a", "a2"), nsKey("b", "b1")
-	tier := &resident{asked: make(chan *messages.ResidentOf, 8), held: map[messages.Namespace]messages.Event{
+	tier := &resident{asked: make(chan *cpumsg.ResidentOf, 8), held: map[messages.Namespace]messages.Event{
 		"a": heldEvent(a1, a2, nsKey("a", "a9")), // a9: never announced
 		"c": heldEvent(nsKey("c", "c1")),
 	}}
@@ -244,7 +245,7 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 			}
 		})
 	}
-	joined := func(want messages.ResidentOf) {
+	joined := func(want cpumsg.ResidentOf) {
 		t.Helper()
 		select {
 		case got := <-tier.asked:
@@ -263,7 +264,7 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 	require.Equal(t, map[string]map[string]int{"": {TypeBlockStored: 3}}, batch(), "no engine yet: the node's topic")
 
 	send(&messages.EngineTopic{Session: 1, Namespace: "a", Topic: "kv@pod1@model-a"})
-	joined(messages.ResidentOf{Namespace: "a", Topic: "kv@pod1@model-a"})
+	joined(cpumsg.ResidentOf{Namespace: "a", Topic: "kv@pod1@model-a"})
 	require.Equal(t, map[string]map[string]int{"kv@pod1@model-a": {TypeBlockStored: 2}}, batch(),
 		"the blocks it can load already, under its topic only")
 	require.Equal(t, uint64(2), counters.Reannounced.Load())
@@ -273,7 +274,7 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 	require.Empty(t, tier.asked)
 
 	send(&messages.EngineTopic{Session: 3, Namespace: "a", Topic: "kv@pod3@model-a"})
-	joined(messages.ResidentOf{Namespace: "a", Topic: "kv@pod3@model-a"})
+	joined(cpumsg.ResidentOf{Namespace: "a", Topic: "kv@pod3@model-a"})
 	require.Equal(t, map[string]map[string]int{"kv@pod3@model-a": {TypeBlockStored: 2}}, batch())
 
 	send(&messages.Event{Kind: messages.BlockRemoved, Medium: "CPU", Keys: []messages.Key{a1}})
@@ -284,7 +285,7 @@ func TestHubAnnouncesTheResidentBlocksToAnEngineThatJoinsLater(t *testing.T) {
 
 	send(&messages.EngineTopic{Session: 4, Namespace: "c", Topic: "kv@pod4@model-c"})
 	send(&messages.EngineTopic{Session: 4, Gone: true})
-	joined(messages.ResidentOf{Namespace: "c", Topic: "kv@pod4@model-c"})
+	joined(cpumsg.ResidentOf{Namespace: "c", Topic: "kv@pod4@model-c"})
 	require.Empty(t, batch(), "the engine left before the answer came")
 	require.NoError(t, actors.StopAndWait(ctx, system, hub))
 }

@@ -52,24 +52,6 @@ type EngineTopic struct {
 	Gone      bool      // the session ended
 }
 
-// ResidentOf asks a tier (the CPU tier) for the blocks of Namespace it
-// holds readable now, for an engine that just joined under Topic: the
-// event hub re-announces them under that topic only, so a router credits
-// a pod that came after the blocks did. The answer is a *Resident, sent
-// to the asker in order with the tier's own events.
-type ResidentOf struct {
-	Namespace Namespace // the joining engine's key namespace
-	Topic     string    // the joining engine's topic, echoed in the answer
-}
-
-// Resident answers ResidentOf: Event is a BlockStored of every block of
-// the namespace the tier held then, parents before their children, with
-// each block's retained provenance (Prov).
-type Resident struct {
-	Topic string
-	Event Event
-}
-
 // Event is a tier event. Stored events carry the request context of the job
 // that produced them (nil only when the producer had none, e.g. a peer that
 // sent no provenance).

@@ -156,11 +156,11 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.events, a.dropped = nil, 0
 	case *cpumsg.TierStats:
 		ctx.Respond(&cpumsg.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
-	case *messages.ResidentOf:
+	case *cpumsg.ResidentOf:
 		// NB: answered to the hub in order with this tier's events to it: a
 		// block stored or removed after this answer reaches the hub after it.
 		keys, prov := a.state.Resident(m.Namespace)
-		ctx.Respond(&messages.Resident{Topic: m.Topic, Event: messages.Event{
+		ctx.Respond(&cpumsg.Resident{Topic: m.Topic, Event: messages.Event{
 			Kind: messages.BlockStored, Keys: keys, Prov: prov, Medium: messages.MediumCPU, At: a.now()}})
 	case *messages.TierInventory:
 		m.Reply.Answer(messages.InventoryResult{Medium: messages.MediumCPU, Keys: a.state.ReadyKeys()}, nil)

@@ -79,7 +79,7 @@ func (s *State) ProvenanceOf(keys []messages.Key, status []messages.LookupStatus
 // Resident is every readable block of ns, parents before their children
 // (a block whose parent the tier does not hold starts a chain), with each
 // one's retained provenance (nil where unknown): what a router needs to
-// credit an engine that came after the blocks did (messages.ResidentOf).
+// credit an engine that came after the blocks did (cpumsg.ResidentOf).
 // O(slots); it copies keys and provenance references, never slot bytes.
 func (s *State) Resident(ns messages.Namespace) ([]messages.Key, []*messages.Provenance) {
 	var idxs []int

@@ -20,6 +20,8 @@ import (
 type Message interface{ cpuMessage() }
 
 func (*LookupAndLease) cpuMessage()  {}
+func (*ResidentOf) cpuMessage()      {}
+func (*Resident) cpuMessage()        {}
 func (*LookupResult) cpuMessage()    {}
 func (*LeaseToPin) cpuMessage()      {}
 func (*PinResult) cpuMessage()       {}
@@ -260,4 +262,22 @@ type TierStats struct {
 type TierStatsResult struct {
 	Corr  uint64         // from the request
 	Stats messages.Stats // pool gauges and tier counters
+}
+
+// ResidentOf asks the CPU tier (from the KV-event hub) for the blocks of
+// Namespace it holds readable now, for an engine that just joined under Topic: the
+// event hub re-announces them under that topic only, so a router credits
+// a pod that came after the blocks did. The answer is a *Resident, sent
+// to the asker in order with the tier's own events.
+type ResidentOf struct {
+	Namespace messages.Namespace // the joining engine's key namespace
+	Topic     string             // the joining engine's topic, echoed in the answer
+}
+
+// Resident answers ResidentOf: Event is a BlockStored of every block of
+// the namespace the tier held then, parents before their children, with
+// each block's retained provenance (Prov).
+type Resident struct {
+	Topic string
+	Event messages.Event
 }
