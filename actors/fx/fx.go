@@ -1,8 +1,8 @@
 // Package fx is the one way an actor's core says what it decided: handed
 // one message, the core fills an Out — the messages to send, the requests
-// whose answers come back as messages, the answers to the message being
-// handled, and the deadlines to arm — addressed by Ref, never by an actor
-// context or PID. The actor's shell is the only code that touches the
+// whose answers come back as messages, the answer to the message being
+// handled and to calls it held, the deadlines to arm and the work to run
+// off the mailbox — addressed by Ref, never by an actor context or PID. The actor's shell is the only code that touches the
 // actor system: it hands the core each message and carries the Out out
 // (Carry). Tests hand the core messages and read its Outs.
 //
