@@ -13,7 +13,10 @@ import (
 
 // embedded is the in-process Manager: each call is one message to the
 // bridge carrying a buffered reply channel, awaited with the caller's
-// deadline (or the node's call timeout when ctx has none).
+// deadline (or the node's call timeout when ctx has none). Its methods
+// are generated from the op table (embedded_gen.go) but for the two here
+// that do more than carry the call: a lookup's latency, a reset's drain
+// deadline.
 type embedded struct{ node *Node }
 
 var _ Manager = (*embedded)(nil)
@@ -65,6 +68,7 @@ func (m *embedded) intake() error {
 	}
 }
 
+// Lookup implements engine.Manager, observing its latency.
 func (m *embedded) Lookup(ctx context.Context, req *messages.ReqContext, keys []messages.Key, prefix bool) ([]messages.LookupStatus, error) {
 	if err := m.intake(); err != nil {
 		return nil, err
@@ -77,97 +81,14 @@ func (m *embedded) Lookup(ctx context.Context, req *messages.ReqContext, keys []
 	return st, err
 }
 
-func (m *embedded) PrepareLoad(ctx context.Context, req *messages.ReqContext, keys []messages.Key) (messages.LoadJob, error) {
-	if err := m.intake(); err != nil {
-		return messages.LoadJob{}, err
-	}
-	return call(ctx, m.node, func(r messages.Reply[messages.LoadJob]) any {
-		return &messages.PrepareLoad{Req: req, Keys: keys, Reply: r}
-	})
-}
-
-func (m *embedded) Touch(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.Touch{Req: req, Keys: keys, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) CompleteLoad(ctx context.Context, req *messages.ReqContext, keys []messages.Key) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.CompleteLoad{Req: req, Keys: keys, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) PrepareStore(ctx context.Context, req *messages.ReqContext, keys []messages.Key) (messages.StorePlan, error) {
-	if err := m.intake(); err != nil {
-		return messages.StorePlan{}, err
-	}
-	return call(ctx, m.node, func(r messages.Reply[messages.StorePlan]) any {
-		return &messages.PrepareStore{Req: req, Keys: keys, Reply: r}
-	})
-}
-
-func (m *embedded) CompleteStore(ctx context.Context, req *messages.ReqContext, keys []messages.Key, ok bool) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.CompleteStore{Req: req, Keys: keys, OK: ok, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) JobDone(ctx context.Context, job messages.JobID, worker int, ok bool) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.JobDone{Job: job, Worker: worker, OK: ok, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) RequestFinished(ctx context.Context, req *messages.ReqContext) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.RequestFinished{Req: req, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) TakeEvents(ctx context.Context) ([]messages.Event, error) {
-	return call(ctx, m.node, func(r messages.Reply[[]messages.Event]) any {
-		return &messages.TakeEvents{Reply: r}
-	})
-}
-
-func (m *embedded) HasPendingWork(ctx context.Context) (bool, error) {
-	return call(ctx, m.node, func(r messages.Reply[bool]) any {
-		return &messages.HasPendingWork{Reply: r}
-	})
-}
-
-func (m *embedded) Pause(ctx context.Context, clearCache bool) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.Pause{ClearCache: clearCache, Reply: r}
-	})
-	return err
-}
-
-func (m *embedded) Resume(ctx context.Context) error {
-	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
-		return &messages.Resume{Reply: r}
-	})
-	return err
-}
-
+// ResetCache implements engine.Manager: the drain ends before ctx's
+// deadline, on the node's clock.
 func (m *embedded) ResetCache(ctx context.Context) error {
 	deadline := m.node.drainDeadline(ctx)
 	_, err := call(ctx, m.node, func(r messages.Reply[struct{}]) any {
 		return &messages.ResetCache{Deadline: deadline, Reply: r}
 	})
 	return err
-}
-
-func (m *embedded) Stats(ctx context.Context) (messages.Stats, error) {
-	return call(ctx, m.node, func(r messages.Reply[messages.Stats]) any {
-		return &messages.GetStats{Reply: r}
-	})
 }
 
 func (m *embedded) Pool() SlotMemory { return m.node.pool }

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"maps"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -12,9 +13,22 @@ import (
 // routes: for each engine op, the bridge message a decoded call becomes
 // and how the bridge's answer fills the wire reply (whose fields the op's
 // row in scheduler/wire's op table encodes). hello, ping, bye and batch
-// are the session's own (actor.go), not routed. One row per op: adding an
-// engine op adds one here.
-var routes = map[wire.Op]func(c *call){
+// are the session's own (actor.go), not routed. The routes of calls that
+// only carry the call are generated from the op table (routes_gen.go);
+// ownRoutes are those that do more, and the credit calls beyond
+// engine.Manager.
+var routes = func() map[wire.Op]func(c *call) {
+	all := maps.Clone(generatedRoutes)
+	for op, r := range ownRoutes {
+		if _, dup := all[op]; dup {
+			panic("endpoint: op " + op.String() + " has a generated route and its own")
+		}
+		all[op] = r
+	}
+	return all
+}()
+
+var ownRoutes = map[wire.Op]func(c *call){
 	wire.OpLookup: func(c *call) {
 		var lk *messages.Lookup
 		s := c.s
@@ -42,53 +56,6 @@ var routes = map[wire.Op]func(c *call){
 			return &messages.StoreCredited{Req: c.req, Session: c.s.id, Keys: c.q.Keys, Slots: c.q.Slots, Reply: r}
 		}, func(rp *wire.Reply, v messages.StoreBound) { rp.Job, rp.Bound, rp.Workers = v.Job, v.Bound, v.Workers })
 	},
-	wire.OpPrepareLoad: func(c *call) {
-		via(c, func(r messages.Reply[messages.LoadJob]) any {
-			return &messages.PrepareLoad{Req: c.req, Keys: c.q.Keys, Reply: r}
-		}, func(rp *wire.Reply, v messages.LoadJob) { rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers })
-	},
-	wire.OpTouch: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any { return &messages.Touch{Req: c.req, Keys: c.q.Keys, Reply: r} }, noFill)
-	},
-	wire.OpCompleteLoad: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any {
-			return &messages.CompleteLoad{Req: c.req, Keys: c.q.Keys, Reply: r}
-		}, noFill)
-	},
-	wire.OpPrepareStore: func(c *call) {
-		via(c, func(r messages.Reply[messages.StorePlan]) any {
-			return &messages.PrepareStore{Req: c.req, Keys: c.q.Keys, Reply: r}
-		}, func(rp *wire.Reply, v messages.StorePlan) {
-			rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
-		})
-	},
-	wire.OpCompleteStore: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any {
-			return &messages.CompleteStore{Req: c.req, Keys: c.q.Keys, OK: c.q.OK, Reply: r}
-		}, noFill)
-	},
-	wire.OpJobDone: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any {
-			return &messages.JobDone{Job: c.q.Job, Worker: c.q.Worker, OK: c.q.OK, Reply: r}
-		}, noFill)
-	},
-	wire.OpRequestFinished: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any { return &messages.RequestFinished{Req: c.req, Reply: r} }, noFill)
-	},
-	wire.OpTakeEvents: func(c *call) {
-		via(c, func(r messages.Reply[[]messages.Event]) any { return &messages.TakeEvents{Reply: r} },
-			func(rp *wire.Reply, v []messages.Event) { rp.Events = v })
-	},
-	wire.OpHasPendingWork: func(c *call) {
-		via(c, func(r messages.Reply[bool]) any { return &messages.HasPendingWork{Reply: r} },
-			func(rp *wire.Reply, v bool) { rp.Pending = v })
-	},
-	wire.OpPause: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any { return &messages.Pause{ClearCache: c.q.Clear, Reply: r} }, noFill)
-	},
-	wire.OpResume: func(c *call) {
-		via(c, func(r messages.Reply[struct{}]) any { return &messages.Resume{Reply: r} }, noFill)
-	},
 	wire.OpResetCache: func(c *call) {
 		// As the embedded manager does: the drain ends (and reaps) before
 		// the caller's deadline, on the node's clock.
@@ -107,6 +74,24 @@ var routes = map[wire.Op]func(c *call){
 			})
 	},
 }
+
+// The fills of the kinds of answer the generated routes carry
+// (scheduler/wire/ops.go, type result): each writes a successful reply's
+// fields from the bridge's answer.
+
+func noFill(*wire.Reply, struct{}) {}
+
+func fillLoadJob(rp *wire.Reply, v messages.LoadJob) {
+	rp.Job, rp.Slots, rp.Workers = v.ID, v.Slots, v.Workers
+}
+
+func fillStorePlan(rp *wire.Reply, v messages.StorePlan) {
+	rp.Job, rp.Slots, rp.Workers, rp.ToStore, rp.Evicted = v.Job, v.Slots, v.Workers, v.ToStore, v.Evicted
+}
+
+func fillEvents(rp *wire.Reply, v []messages.Event) { rp.Events = v }
+
+func fillPending(rp *wire.Reply, v bool) { rp.Pending = v }
 
 // call is one decoded engine call on its way to the bridge: what a route
 // reads. It lives for the route's run, inside the endpoint actor.
@@ -149,8 +134,6 @@ func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Repl
 	})
 	c.ctx.Send(a.ep.cfg.Bridge, build(reply))
 }
-
-func noFill(*wire.Reply, struct{}) {}
 
 // countLookup adds a lookup's keys and HITs to its session's counts (in
 // the endpoint actor, as its answer is encoded).
