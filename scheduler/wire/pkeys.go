@@ -167,7 +167,7 @@ func (p *packedKeys) keys(max int) ([]messages.Key, error) {
 		return nil, fmt.Errorf("groups: %d bytes for %d keys (want %d)", len(p.groups), n, 4*n)
 	}
 	keys := make([]messages.Key, n)
-	ns, groups := messages.Namespace(p.ns), p.seen[pkGroups]
+	ns, groups := canonicalNamespace(p.ns), p.seen[pkGroups]
 	var chunk string
 	for i := range keys {
 		// NB: the hashes are copied out of the frame hashesPerCopy at a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -130,4 +131,22 @@ func BenchmarkDecodeLookup2000(b *testing.B) {
 			}
 		})
 	}
+}
+
+// Keys decoded from different calls, packed or listed, share one copy of
+// their namespace, so the tiers' maps compare namespaces by pointer; a
+// namespace of its own keeps its own bytes.
+func TestDecodedNamespacesShareOneCopy(t *testing.T) {
+	decode := func(packed bool, keys []messages.Key) messages.Namespace {
+		frame := EncodeRequest(&Request{Op: OpLookup, ID: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys, PackedKeys: packed})
+		q, err := DecodeRequest(frame)
+		require.NoError(t, err)
+		return q.Keys[0].Namespace
+	}
+	first, second := decode(true, testKeys(3)), decode(false, testKeys(2))
+	require.Equal(t, first, second)
+	require.Same(t, unsafe.StringData(string(first)), unsafe.StringData(string(second)), "two calls' keys hold two copies of one namespace")
+	other := testKeys(1)
+	other[0].Namespace = "another-model"
+	require.Equal(t, messages.Namespace("another-model"), decode(true, other))
 }

@@ -319,7 +319,7 @@ func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
 	}
 	// NB: keys of one call nearly always share a namespace: reuse the string.
 	if string(ns) != *lastNS {
-		*lastNS = string(ns)
+		*lastNS = string(canonicalNamespace(string(ns)))
 	}
 	// NB: an empty hash decodes; the node refuses it with ErrBadKey, as it
 	// does in process. A hash too long to be one is refused here, as BAD_KEY.
