@@ -137,11 +137,44 @@ func Prefix(k messages.Key, length int, sum uint32, p *messages.Provenance) (pre
 	return prefix, dropped
 }
 
-// Check verifies that a decoded header describes k's block of length
-// bytes (ErrInvalidBlock otherwise).
+// Errors of block sizes.
+var (
+	// ErrSize: a block of no bytes or of more than the tier's bound (a
+	// write, refused before anything is stored), or a read into a
+	// destination whose length is not the stored block's (the stored copy
+	// is sound and stays: it is another namespace's or another caller's
+	// geometry, not damage). It is a messages.ErrBadRequest, never an
+	// ErrInvalidBlock: nothing is removed for it.
+	ErrSize = fmt.Errorf("%w: block size", messages.ErrBadRequest)
+)
+
+// MaxBlockBytes bounds a stored block's length whatever a tier's own
+// bound: 1 GiB (a peer handshake's bound too).
+const MaxBlockBytes = 1 << 30
+
+// AnyLength, as Check's length, checks the key only: a caller that does
+// not know the block's length yet (a start-up scan, an announcement).
+const AnyLength = -1
+
+// CheckLength checks that a block of n bytes may be stored by a tier whose
+// bound is max (ErrSize otherwise).
+func CheckLength(n, max int) error {
+	if n < 1 || n > max {
+		return fmt.Errorf("%w: a block of %d bytes (1..%d stored)", ErrSize, n, max)
+	}
+	return nil
+}
+
+// Check verifies that a decoded header describes k's block, of length
+// bytes unless length is AnyLength. Another key is ErrInvalidBlock (the
+// copy is not what its name says); a sound copy of another length is
+// ErrSize (the destination is wrong, not the copy).
 func (h Header) Check(k messages.Key, length int) error {
-	if h.Key != k || h.Length != int64(length) {
+	switch {
+	case h.Key != k || h.Length < 1:
 		return fmt.Errorf("%w: %v: stored copy holds %v of %d bytes", messages.ErrInvalidBlock, k, h.Key, h.Length)
+	case length != AnyLength && h.Length != int64(length):
+		return fmt.Errorf("%w: %v: the stored block is %d bytes, the destination %d", ErrSize, k, h.Length, length)
 	}
 	return nil
 }
@@ -152,6 +185,13 @@ func (h Header) Check(k messages.Key, length int) error {
 func SizeFits(size int64, blockBytes int) bool {
 	min := int64(HeaderSize + blockBytes)
 	return size >= min && size <= min+MaxProvenance
+}
+
+// Fits reports whether an object of size bytes can be a stored block of 1
+// to maxBlock bytes: what a listing or a HEAD checks of a tier that stores
+// blocks of any size up to its bound.
+func Fits(size int64, maxBlock int) bool {
+	return size >= HeaderSize+1 && size <= int64(HeaderSize+MaxProvenance)+int64(maxBlock)
 }
 
 // Storable reports whether key fits the format.

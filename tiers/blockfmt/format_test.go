@@ -52,6 +52,35 @@ func TestPrefixRoundTripsHeaderAndProvenance(t *testing.T) {
 	assert.Equal(t, &messages.Provenance{BlockSize: 16}, got)
 }
 
+// A sound copy read into a destination of another length is ErrSize (the
+// caller's mistake, the copy kept), never ErrInvalidBlock (the copy removed);
+// another key is ErrInvalidBlock.
+func TestCheckTellsSizeFromDamage(t *testing.T) {
+	pre, _ := Prefix(k, 12288, 1, prov())
+	h, err := Decode(pre)
+	require.NoError(t, err)
+	require.NoError(t, h.Check(k, 12288))
+	require.NoError(t, h.Check(k, AnyLength))
+	err = h.Check(k, 4096)
+	require.ErrorIs(t, err, ErrSize)
+	require.ErrorIs(t, err, messages.ErrBadRequest)
+	require.NotErrorIs(t, err, messages.ErrInvalidBlock)
+	other := k
+	other.Group++
+	require.ErrorIs(t, h.Check(other, 12288), messages.ErrInvalidBlock)
+	require.ErrorIs(t, h.Check(other, AnyLength), messages.ErrInvalidBlock)
+
+	require.NoError(t, CheckLength(1, 4096))
+	require.NoError(t, CheckLength(4096, 4096))
+	require.ErrorIs(t, CheckLength(0, 4096), ErrSize)
+	require.ErrorIs(t, CheckLength(4097, 4096), ErrSize)
+
+	assert.True(t, Fits(h.Size(), 12288))
+	assert.True(t, Fits(HeaderSize+1, 12288))
+	assert.False(t, Fits(HeaderSize, 12288))
+	assert.False(t, Fits(HeaderSize+MaxProvenance+12289, 12288))
+}
+
 func TestOversizedProvenanceIsLeftOut(t *testing.T) {
 	p := prov()
 	p.TokenIDs = make([]int32, messages.MaxProvenanceTokens+1)

@@ -13,8 +13,9 @@
 // root/segments/<16-hex id>.seg (segformat.go). A segment has two regions:
 // entries at its start, each a block's header and provenance (what a
 // block file holds but the block) and where its block is; and the blocks,
-// each at a block-size-aligned offset, so a block's write covers whole
-// page-cache folios as a sequential file's would. Every read is verified
+// of any length up to the tier's bound (one segment holds every
+// namespace's sizes), a block of whole pages at a page-aligned offset, so
+// its write covers whole page-cache folios as a sequential file's would. Every read is verified
 // as a block file's is. The actor reserves each record at the ends of the
 // one active segment's two regions (segLog, in Receive); an I/O worker
 // writes the block, then its entry, with pwrite, no lock held, several

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // The tier's KV events (docs/PROTOCOL.md, "KV events"): medium STORAGE,
@@ -92,7 +93,9 @@ func (a *Actor) introduce(ctx actor.Context) {
 		a.gone(ctx, slices.Collect(maps.Keys(in.pending)))
 		return
 	}
-	self, root, n, gen := ctx.Self(), ctx.ActorSystem().Root, a.t.cfg.BlockBytes, in.gen
+	// NB: any length: blocks of several sizes share the tier; the scan
+	// checked each is within the bound, and a read checks it whole.
+	self, root, n, gen := ctx.Self(), ctx.ActorSystem().Root, blockfmt.AnyLength, in.gen
 	reads := make([]func() (*messages.Provenance, error), len(batch))
 	at := make([]*record, len(batch))
 	for i, k := range batch {

@@ -16,8 +16,11 @@ import (
 // version 2; version 1 segments (earlier builds) are still read, recovered
 // and evicted, never written to.
 //
-// Version 2: the blocks at block-size-aligned offsets, their headers in an
-// entry region of their own at the file's start.
+// Version 2: the blocks in a data region, their headers in an entry region
+// of their own at the file's start. A segment holds blocks of any length
+// (each entry's header says its block's); blocks of one length lie at
+// block-size-aligned offsets, as every segment written before blocks had
+// several sizes does.
 //
 //	off        size  field
 //	  0           8  magic "KVTSEG02"
@@ -33,8 +36,13 @@ import (
 //	                 a block file holds but the block — padded to a
 //	                 multiple of 8 bytes; ends before D (the rest of it is
 //	                 a hole)
-//	  D           …  the data region: block i of the segment at
-//	                 D + i × block size
+//	  D           …  the data region: the blocks in the order of their
+//	                 entries, back to back, except that a block whose
+//	                 length is a multiple of 4 KiB starts at a multiple of
+//	                 4 KiB (the bytes skipped are a hole); so blocks of one
+//	                 size S lie at D + i × S. A reader takes a block's
+//	                 place from its entry and checks only that it lies in
+//	                 the region: no earlier reader needed more
 //	end     8 × n    sealed segments only: the footer, n entry offsets
 //	                 (ascending: the records written whole and live at seal)
 //	          8      where the entries end

@@ -231,9 +231,10 @@ func fileOf(t *testing.T, path string) ([]byte, bool) {
 
 // checkRecs checks that every record the scan returned can be served from
 // the segment (of size bytes, header head): a blockfmt.Storable key, its entry in
-// the entry region and its block in a whole slot of the data region, before
-// the blocks' end (version 2), or its record before the records' end
-// (version 1) — both within the file, before any footer.
+// the entry region and its block (of 1..fuzzBlock bytes: blocks of any size
+// within the bound) in the data region, before the blocks' end (version 2),
+// or its record before the records' end (version 1) — both within the
+// file, before any footer.
 func checkRecs(t *testing.T, head segHead, seg segFound, size int64) {
 	t.Helper()
 	require.LessOrEqual(t, seg.end, size)
@@ -242,14 +243,15 @@ func checkRecs(t *testing.T, head segHead, seg segFound, size int64) {
 		require.GreaterOrEqual(t, r.off, int64(segHeaderSize), "%+v", r)
 		if head.version == segV1 {
 			require.Zero(t, r.data, "a version 1 record's block is behind its header")
-			require.GreaterOrEqual(t, r.size, int64(headerSize+fuzzBlock), "%+v", r)
+			require.True(t, r.length >= 1 && r.length <= fuzzBlock, "%+v: a length within the bound", r)
+			require.GreaterOrEqual(t, r.size, headerSize+r.length, "%+v", r)
 			require.LessOrEqual(t, r.off+r.size, seg.end, "%+v: before the records' end", r)
 			continue
 		}
 		require.GreaterOrEqual(t, r.data, head.dataBase, "%+v", r)
 		require.Zero(t, head.dataBase%segPage, "a data region on a page of its own")
-		require.Zero(t, (r.data-head.dataBase)%fuzzBlock, "%+v: a whole slot", r)
-		require.LessOrEqual(t, r.data+fuzzBlock, seg.end, "%+v: before the blocks' end", r)
+		require.True(t, r.length >= 1 && r.length <= fuzzBlock, "%+v: a length within the bound", r)
+		require.LessOrEqual(t, r.data+r.length, seg.end, "%+v: before the blocks' end", r)
 		require.LessOrEqual(t, r.off+r.size, head.dataBase, "%+v: in the entry region", r)
 	}
 }

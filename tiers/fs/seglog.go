@@ -164,8 +164,13 @@ func (x *segLog) beginWrite(k messages.Key, entry, block int64) (*segWrite, erro
 		return nil, errBusy
 	}
 	cost := entry + block + segEntrySize
-	if a := x.active; a != nil && !a.empty() && (a.size+cost > x.target || a.entries+entry > a.dataBase) {
+	if a := x.active; a != nil && !a.empty() && (a.size+cost+a.pad(block) > x.target || a.entries+entry > a.dataBase) {
 		x.roll()
+	}
+	var pad int64
+	if x.active != nil {
+		pad = x.active.pad(block)
+		cost += pad
 	}
 	need := cost
 	if x.active == nil {
@@ -194,14 +199,27 @@ func (x *segLog) beginWrite(k messages.Key, entry, block int64) (*segWrite, erro
 	a := x.active
 	// NB: every write carries the segment header until one that did
 	// landed: a first write that failed would leave the file without one.
-	w.rec, w.header = &record{seg: a, off: a.entries, size: entry, data: a.end}, !a.headed
+	w.rec, w.header = &record{seg: a, off: a.entries, size: entry, data: a.end + pad}, !a.headed
 	a.entries += entry
-	a.end += block
+	a.end += pad + block
 	a.size += cost
 	a.inflight++
 	x.used += cost
 	x.entries[k] = w.rec
 	return w, nil
+}
+
+// pad is the room left unused before a block of block bytes reserved
+// next in s: blocks of several sizes share a segment, and one that is whole
+// filesystem blocks starts at a filesystem block's start (a write of whole,
+// aligned pages is the fast one, segformat.go), the others back to back.
+// Blocks of one size a multiple of segPage never pad, so a segment of them
+// is laid out as one of a single size always was.
+func (s *segment) pad(block int64) int64 {
+	if block%segPage != 0 {
+		return 0
+	}
+	return (segPage - (s.end-s.dataBase)%segPage) % segPage
 }
 
 // endWrite ends w: its block readable with ok; without, forgotten (its

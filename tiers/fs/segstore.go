@@ -132,11 +132,12 @@ func (s *Store) removePath(path string) error {
 }
 
 // segRec is a record the scan found: key's entry of size bytes at off and
-// its block at data (version 2), or (version 1) its stored block of size
-// bytes at off.
+// its block of length bytes at data (version 2), or (version 1) its stored
+// block of size bytes at off.
 type segRec struct {
 	key             messages.Key
 	off, size, data int64
+	length          int64
 }
 
 // segFound is a segment the start-up scan found.
@@ -159,7 +160,7 @@ type segFound struct {
 // header is bad, or that holds no valid record, is removed (Removed); a
 // record whose header is bad in a sealed segment is left out (Removed).
 // Files that are not segments are left alone (Skipped).
-func (s *Store) ScanSegments(blockBytes int, res *ScanResult) ([]segFound, uint64, error) {
+func (s *Store) ScanSegments(maxBlock int, res *ScanResult) ([]segFound, uint64, error) {
 	dir := filepath.Join(s.root, segDirName)
 	if err := s.fs.MkdirAll(dir); err != nil {
 		return nil, 0, ioErr("mkdir segments", err)
@@ -178,7 +179,7 @@ func (s *Store) ScanSegments(blockBytes int, res *ScanResult) ([]segFound, uint6
 			continue
 		}
 		maxID = max(maxID, id)
-		seg, keep, err := s.scanSegment(id, info.Size(), blockBytes, res)
+		seg, keep, err := s.scanSegment(id, info.Size(), maxBlock, res)
 		if err != nil {
 			// NB: unreadable now (EMFILE, EIO): left for the next start,
 			// neither served nor removed.
@@ -209,17 +210,23 @@ func compareU64(a, b uint64) int {
 }
 
 // segScan is one segment file being scanned: its header, size and the
-// tier's block size.
+// tier's bound on a block's length (its blocks may be of any length up to
+// it: one segment holds blocks of every namespace's size).
 type segScan struct {
-	f     File
-	head  segHead
-	size  int64
-	block int
+	f        File
+	head     segHead
+	size     int64
+	maxBlock int
+}
+
+// length checks a header's block length against the bound.
+func (sc segScan) length(h blockfmt.Header) bool {
+	return h.Length >= 1 && h.Length <= int64(sc.maxBlock)
 }
 
 // scanSegment reads segment id (size bytes): keep is false when it is to
 // be removed; an error when it could not be opened or its header read.
-func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResult) (seg segFound, keep bool, err error) {
+func (s *Store) scanSegment(id uint64, size int64, maxBlock int, res *ScanResult) (seg segFound, keep bool, err error) {
 	f, err := s.fs.Open(s.segPath(id))
 	if err != nil {
 		return segFound{}, false, err
@@ -236,7 +243,7 @@ func (s *Store) scanSegment(id uint64, size int64, blockBytes int, res *ScanResu
 	if !ok || head.id != id || (head.version == segV2 && head.dataBase%segPage != 0) {
 		return segFound{}, false, nil
 	}
-	sc := segScan{f: f, head: head, size: size, block: blockBytes}
+	sc := segScan{f: f, head: head, size: size, maxBlock: maxBlock}
 	seg = segFound{id: id, size: size}
 	offs, entriesEnd, end, ok, err := readFooter(f, head, size)
 	if err != nil {
@@ -324,23 +331,26 @@ func readFull(f File, b []byte, off int64) error {
 }
 
 // recordAt reads and checks the header of the version 1 record at off,
-// which must end by limit and hold a block of the tier's size.
+// which must end by limit and hold a block within the tier's bound.
 func (sc segScan) recordAt(off, limit int64) (segRec, error) {
 	var buf [headerSize]byte
 	h, _, err := readRawHeader(sc.f, off, buf[:], segOffset(off))
 	switch {
 	case err != nil:
 		return segRec{}, err
-	case h.Length != int64(sc.block) || off+h.Size() > limit:
+	case !sc.length(h) || off+h.Size() > limit:
 		return segRec{}, fmt.Errorf("%w: segment offset %d: record of %d bytes (block %d) past %d",
 			messages.ErrInvalidBlock, off, h.Size(), h.Length, limit)
 	}
-	return segRec{key: h.Key, off: off, size: h.Size()}, nil
+	return segRec{key: h.Key, off: off, size: h.Size(), length: h.Length}, nil
 }
 
 // entryAt reads and checks the version 2 entry at off, which must end by
-// entriesEnd, and whose block of the tier's size must lie in a slot of the
-// data region ending by end. An entry that decodes but names no such block
+// entriesEnd, and whose block, of a length within the tier's bound, must
+// lie in the data region ending by end. (Blocks of one length lie at
+// multiples of it from the region's start, as they always did; blocks of
+// several lengths lie back to back, so the offset is checked against the
+// region's bounds only: the header and the block's checksum say the rest.) An entry that decodes but names no such block
 // is returned with its offset and size (and an error): a walk goes on after
 // it.
 func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
@@ -353,12 +363,12 @@ func (sc segScan) entryAt(off, entriesEnd, end int64) (segRec, error) {
 	if off+size > entriesEnd {
 		return segRec{}, fmt.Errorf("%w: segment offset %d: entry of %d bytes past %d", messages.ErrInvalidBlock, off, size, entriesEnd)
 	}
-	block, base := int64(sc.block), sc.head.dataBase
-	if h.Length != block || data < base || (data-base)%block != 0 || data > end-block {
-		return segRec{off: off, size: size}, fmt.Errorf("%w: segment offset %d: a block of %d bytes at %d, out of the slots of %d-byte blocks from %d to %d",
-			messages.ErrInvalidBlock, off, h.Length, data, block, base, end)
+	base := sc.head.dataBase
+	if !sc.length(h) || data < base || data > end-h.Length {
+		return segRec{off: off, size: size}, fmt.Errorf("%w: segment offset %d: a block of %d bytes at %d, out of the data region from %d to %d (blocks of 1..%d bytes)",
+			messages.ErrInvalidBlock, off, h.Length, data, base, end, sc.maxBlock)
 	}
-	return segRec{key: h.Key, off: off, size: size, data: data}, nil
+	return segRec{key: h.Key, off: off, size: size, data: data, length: h.Length}, nil
 }
 
 // segOffset names a record by its offset in errors.
@@ -376,7 +386,7 @@ func (o segOffset) String() string { return fmt.Sprintf("segment offset %d", int
 // header that does not decode or a record cut short. Everything after the
 // last good record is the torn tail.
 func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFound, bool) {
-	buf := make([]byte, sc.block)
+	var buf []byte // NB: grown to the longest block walked, not to the bound
 	limit := sc.size
 	off, entriesEnd, good := int64(segHeaderSize), int64(segHeaderSize), int64(segHeaderSize)
 	if sc.head.version == segV2 {
@@ -386,7 +396,7 @@ func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFo
 	extent := entriesEnd // version 2: where the entry region's bytes end
 	var failed error
 	for off < limit {
-		r, err := sc.walkOne(off, buf)
+		r, err := sc.walkOne(off, &buf)
 		if err != nil && r.size == 0 && errors.Is(err, messages.ErrInvalidBlock) && sc.head.version == segV2 {
 			next, found, ext, rerr := sc.resync(off + entryAlign)
 			extent = max(extent, ext)
@@ -464,9 +474,10 @@ func (s *Store) recoverSegment(sc segScan, seg segFound, res *ScanResult) (segFo
 
 // walkOne reads and verifies whole (header, provenance, block) the record
 // (version 2: entry and block) at off of a segment being recovered, into
-// buf. A header that does not decode or (version 1) a record cut short
+// *buf (grown to the block's length when shorter). A header that does not
+// decode or (version 1) a record cut short
 // returns no size: the walk stops there.
-func (sc segScan) walkOne(off int64, buf []byte) (segRec, error) {
+func (sc segScan) walkOne(off int64, buf *[]byte) (segRec, error) {
 	var r segRec
 	var err error
 	if sc.head.version == segV1 {
@@ -478,17 +489,21 @@ func (sc segScan) walkOne(off int64, buf []byte) (segRec, error) {
 		return r, err // NB: with its size when the walk can go on after it
 	}
 	var h blockfmt.Header
+	n := int(r.length)
 	if r.data == 0 {
-		h, _, err = readHeader(sc.f, off, r.key, sc.block)
+		h, _, err = readHeader(sc.f, off, r.key, n)
 	} else {
-		h, _, err = readEntry(sc.f, off, r.data, r.key, sc.block)
+		h, _, err = readEntry(sc.f, off, r.data, r.key, n)
 	}
 	if err == nil {
 		at := r.data
 		if at == 0 {
 			at = off + h.BlockOffset()
 		}
-		err = readVerify(sc.f, at, buf, h.Sum, h.Key)
+		if cap(*buf) < n {
+			*buf = make([]byte, n)
+		}
+		err = readVerify(sc.f, at, (*buf)[:n], h.Sum, h.Key)
 	}
 	return r, err
 }
@@ -497,7 +512,7 @@ func (sc segScan) walkOne(off int64, buf []byte) (segRec, error) {
 // 2), or its record's.
 func (sc segScan) recordEnd(r segRec) int64 {
 	if r.data != 0 {
-		return r.data + int64(sc.block)
+		return r.data + r.length
 	}
 	return r.off + r.size
 }
@@ -512,7 +527,7 @@ func (sc segScan) recordEnd(r segRec) int64 {
 func (sc segScan) resync(from int64) (next int64, found bool, extent int64, err error) {
 	const span = entryHead + headerSize // what a candidate's checks read
 	chunk := make([]byte, 64<<10+span)
-	base, block := sc.head.dataBase, int64(sc.block)
+	base := sc.head.dataBase
 	for at := from; at < base; at += int64(len(chunk) - span) {
 		n, err := sc.f.ReadAt(chunk[:min(int64(len(chunk)), base-at)], at)
 		if err != nil && !errors.Is(err, io.EOF) {
@@ -524,7 +539,7 @@ func (sc segScan) resync(from int64) (next int64, found bool, extent int64, err 
 		}
 		for i := 0; i+span <= len(b); i += entryAlign {
 			data, ok := decodeEntryHead(b[i:])
-			if !ok || data < base || (data-base)%block != 0 {
+			if !ok || data < base {
 				continue
 			}
 			if _, err := blockfmt.Decode(b[i+entryHead : i+span]); err == nil {

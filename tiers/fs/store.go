@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -34,6 +35,10 @@ type Store struct {
 	fsync  bool
 	tmpSeq atomic.Uint64
 	segs   *fileCache // segment files kept open between operations
+	// maxBlock bounds the blocks served (0: blockfmt.MaxBlockBytes): a
+	// header naming a longer one is not a block of this tier (its bound
+	// was lowered since), whatever its file's size.
+	maxBlock int
 }
 
 // NewStore serves blocks under root through fsys; with fsync every write
@@ -126,7 +131,9 @@ func ioErr(op string, err error) error {
 // length len(dest), provenance section intact, CRC32C of the bytes as
 // recorded. It returns the checksum and the stored provenance (nil when the
 // file has none). A file that fails a check is ErrInvalidBlock (the caller
-// removes it); a missing file is ErrNotFound.
+// removes it); a missing file is ErrNotFound; a sound block of another
+// length than len(dest) is blockfmt.ErrSize, with dest untouched (the
+// header is checked before a byte of the block is read).
 func (s *Store) Read(k messages.Key, dest []byte) (sum uint32, p *messages.Provenance, err error) {
 	return s.readAt(storedAt{path: s.Path(k)}, k, dest)
 }
@@ -211,6 +218,9 @@ func (s *Store) open(at storedAt, k messages.Key, n int) (f File, release func()
 		h, p, err = readEntry(f, at.off, at.data, k, n)
 	} else {
 		h, p, err = readHeader(f, at.off, k, n)
+	}
+	if err == nil && h.Length > int64(cmp.Or(s.maxBlock, blockfmt.MaxBlockBytes)) {
+		err = fmt.Errorf("%w: %v: a block of %d bytes, over the tier's bound %d", messages.ErrInvalidBlock, k, h.Length, s.maxBlock)
 	}
 	if err != nil {
 		release()
@@ -345,11 +355,12 @@ type ScanResult struct {
 // Scan walks the root and lists the block files, oldest first (the
 // segments directory is not its to read). Temporary
 // files (a write interrupted by a crash), block files whose name does not
-// parse and block files whose size cannot be header, provenance and
-// blockBytes are removed and counted: they can never be served. Headers
+// parse and block files whose size cannot be header, provenance and a
+// block of 1 to maxBlock bytes (blocks of several sizes share a tier) are
+// removed and counted: they can never be served. Headers
 // are verified by the tier's start-up announcements (or on read), block
 // checksums on read. A missing root is created.
-func (s *Store) Scan(blockBytes int) (ScanResult, error) {
+func (s *Store) Scan(maxBlock int) (ScanResult, error) {
 	var res ScanResult
 	if err := s.fs.MkdirAll(s.root); err != nil {
 		return res, ioErr("mkdir root", err)
@@ -367,7 +378,7 @@ func (s *Store) Scan(blockBytes int) (ScanResult, error) {
 			res.Skipped++
 			continue
 		}
-		if err := s.scanNamespace(ns, filepath.Join(s.root, nd.Name()), blockBytes, &res); err != nil {
+		if err := s.scanNamespace(ns, filepath.Join(s.root, nd.Name()), maxBlock, &res); err != nil {
 			return res, err
 		}
 	}
@@ -375,7 +386,7 @@ func (s *Store) Scan(blockBytes int) (ScanResult, error) {
 	return res, nil
 }
 
-func (s *Store) scanNamespace(ns messages.Namespace, dir string, blockBytes int, res *ScanResult) error {
+func (s *Store) scanNamespace(ns messages.Namespace, dir string, maxBlock int, res *ScanResult) error {
 	shards, err := s.fs.ReadDir(dir)
 	if err != nil {
 		return ioErr("read dir", err)
@@ -391,13 +402,13 @@ func (s *Store) scanNamespace(ns messages.Namespace, dir string, blockBytes int,
 			return ioErr("read dir", err)
 		}
 		for _, f := range files {
-			s.scanFile(ns, shardDir, sd.Name(), f, blockBytes, res)
+			s.scanFile(ns, shardDir, sd.Name(), f, maxBlock, res)
 		}
 	}
 	return nil
 }
 
-func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry, blockBytes int, res *ScanResult) {
+func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry, maxBlock int, res *ScanResult) {
 	name := f.Name()
 	full := filepath.Join(dir, name)
 	if !f.Type().IsRegular() {
@@ -416,7 +427,7 @@ func (s *Store) scanFile(ns messages.Namespace, dir, shard string, f fs.DirEntry
 	}
 	hash, group, ok := blockfmt.ParseFileName(name)
 	info, err := f.Info()
-	if !ok || err != nil || !blockfmt.SizeFits(info.Size(), blockBytes) || blockfmt.ShardOf(name) != shard {
+	if !ok || err != nil || !blockfmt.Fits(info.Size(), maxBlock) || blockfmt.ShardOf(name) != shard {
 		if s.fs.Remove(full) == nil {
 			res.Removed++
 		}

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -40,8 +41,13 @@ func TestStoreRoundTripAndValidation(t *testing.T) {
 	require.ErrorIs(t, err, messages.ErrChecksum, "a slot that does not match its committed checksum is never written")
 	_, _, err = s.Read(benchKey(2), dst)
 	require.ErrorIs(t, err, messages.ErrNotFound)
-	_, _, err = s.Read(k, make([]byte, 999))
-	require.ErrorIs(t, err, messages.ErrInvalidBlock, "wrong length")
+	short := bytes.Repeat([]byte{0xee}, 999)
+	_, _, err = s.Read(k, short)
+	require.ErrorIs(t, err, blockfmt.ErrSize, "a destination of another length")
+	require.NotErrorIs(t, err, messages.ErrInvalidBlock, "the copy is sound")
+	require.Equal(t, bytes.Repeat([]byte{0xee}, 999), short, "nothing read into it")
+	_, _, err = s.Read(k, dst)
+	require.NoError(t, err, "the copy is still there")
 
 	// A file copied under another key's name is refused: the header names the key.
 	data, err := os.ReadFile(s.Path(k))

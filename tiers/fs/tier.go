@@ -21,14 +21,22 @@ import (
 
 // Config configures an fs tier.
 type Config struct {
-	Name       string // tier name in stats and filters (default "fs")
-	Root       string // directory of the blocks (created if absent)
-	Capacity   int64  // byte capacity including headers (and segment overhead); 0 = unbounded
-	BlockBytes int    // the node's block size: blocks of any other size are invalid
-	Fsync      bool   // sync each block (file or segment record) before it is readable
-	Workers    int    // I/O goroutines (default 4)
-	Queue      int    // I/O operations waiting for a goroutine before writes are shed (default 256)
-	FS         FS     // nil: the real filesystem
+	Name     string // tier name in stats and filters (default "fs")
+	Root     string // directory of the blocks (created if absent)
+	Capacity int64  // byte capacity including headers (and segment overhead); 0 = unbounded
+	// MaxBlockBytes bounds the blocks the tier stores: any length from 1
+	// to it (blocks of several sizes, one per namespace, share a tier);
+	// a write of another length is ErrSize, and a copy found at start
+	// that cannot be one is removed. 0: BlockBytes, else
+	// blockfmt.MaxBlockBytes.
+	MaxBlockBytes int
+	// BlockBytes is the bound's older name (when the node had one block
+	// size): the bound when MaxBlockBytes is 0.
+	BlockBytes int
+	Fsync      bool // sync each block (file or segment record) before it is readable
+	Workers    int  // I/O goroutines (default 4)
+	Queue      int  // I/O operations waiting for a goroutine before writes are shed (default 256)
+	FS         FS   // nil: the real filesystem
 	// Layout is how blocks are kept: "segments" (DefaultLayout: packed
 	// into append-only segment files; block files found in the root are
 	// read through) or "files" (one file per block). See doc.go.
@@ -82,8 +90,11 @@ func ValidLayout(layout string) error {
 // segments (segments layout) if the capacity shrank since they were
 // written. It runs before the actor starts, off any mailbox.
 func Open(cfg Config) (*Tier, error) {
-	if cfg.Root == "" || cfg.BlockBytes <= 0 {
-		return nil, fmt.Errorf("%w: fs tier needs a root and a block size", messages.ErrBadConfig)
+	if cfg.Root == "" {
+		return nil, fmt.Errorf("%w: fs tier needs a root", messages.ErrBadConfig)
+	}
+	if cfg.MaxBlockBytes < 0 || cfg.BlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
+		return nil, fmt.Errorf("%w: fs tier block bound %d: want 1..%d", messages.ErrBadConfig, cfg.maxBlock(), blockfmt.MaxBlockBytes)
 	}
 	if err := ValidLayout(cfg.Layout); err != nil {
 		return nil, err
@@ -101,6 +112,7 @@ func Open(cfg Config) (*Tier, error) {
 		SegmentBytes: DefaultSegmentBytes,
 	})
 	t := &Tier{cfg: cfg, store: NewStore(cfg.FS, cfg.Root, cfg.Fsync)}
+	t.store.maxBlock = cfg.maxBlock()
 	start := time.Now()
 	var over int
 	var err error
@@ -128,6 +140,17 @@ func Open(cfg Config) (*Tier, error) {
 	return t, nil
 }
 
+// maxBlock is the longest block the tier stores.
+func (c Config) maxBlock() int {
+	switch {
+	case c.MaxBlockBytes > 0:
+		return c.MaxBlockBytes
+	case c.BlockBytes > 0:
+		return c.BlockBytes
+	}
+	return blockfmt.MaxBlockBytes
+}
+
 // keepNewest decides which of sizes (oldest first) a capacity keeps: the
 // newest that fit (all when capacity is 0).
 func keepNewest(sizes []int64, capacity int64) []bool {
@@ -144,7 +167,7 @@ func keepNewest(sizes []int64, capacity int64) []bool {
 // openFiles rebuilds the files layout's index; it returns how many block
 // files the capacity left out (removed).
 func (t *Tier) openFiles() (int, error) {
-	res, err := t.store.Scan(t.cfg.BlockBytes)
+	res, err := t.store.Scan(t.cfg.maxBlock())
 	if err != nil {
 		return 0, err
 	}
@@ -187,11 +210,11 @@ type unitFound struct {
 // the block files under the root; it returns how many units the capacity
 // (or newer copies of all their blocks) left out (removed).
 func (t *Tier) openSegments() (int, error) {
-	res, err := t.store.Scan(t.cfg.BlockBytes)
+	res, err := t.store.Scan(t.cfg.maxBlock())
 	if err != nil {
 		return 0, err
 	}
-	found, maxID, err := t.store.ScanSegments(t.cfg.BlockBytes, &res)
+	found, maxID, err := t.store.ScanSegments(t.cfg.maxBlock(), &res)
 	if err != nil {
 		return 0, err
 	}
@@ -480,11 +503,10 @@ func (a *Actor) write(ctx actor.Context, m *tiermsg.Write) {
 		respond(err)
 		return
 	}
-	if n := a.t.cfg.BlockBytes; n > 0 && len(m.Src) != n {
-		// NB: never stored: the scan drops any block of another size, and
-		// in a segment it would shift the slots of every block after it.
+	if err := blockfmt.CheckLength(len(m.Src), a.t.cfg.maxBlock()); err != nil {
+		// NB: never stored: the start-up scan would drop it.
 		a.t.stats.WriteFailures++
-		respond(fmt.Errorf("%w: %v: a block of %d bytes, this tier's are %d", messages.ErrBadRequest, m.Key, len(m.Src), n))
+		respond(fmt.Errorf("%v: %w", m.Key, err))
 		return
 	}
 	if a.t.workers.Queued() >= a.t.cfg.Queue {

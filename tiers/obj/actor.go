@@ -246,6 +246,11 @@ func (a *Actor) write(ctx actor.Context, m *tiermsg.Write) {
 		respond(err)
 		return
 	}
+	if err := blockfmt.CheckLength(len(m.Src), a.t.cfg.maxBlock()); err != nil {
+		a.stats.WriteFailures++
+		respond(fmt.Errorf("%v: %w", m.Key, err))
+		return
+	}
 	_, busy := a.writing[m.Key]
 	_, gone := a.deleting[m.Key]
 	switch {
@@ -318,7 +323,7 @@ func (a *Actor) submit(ctx actor.Context, o *op) bool {
 		d := opDone{op: o}
 		switch o.kind {
 		case opHead:
-			d.found, d.err = t.store.Head(c, o.key, t.cfg.BlockBytes)
+			d.found, d.err = t.store.Head(c, o.key, t.cfg.maxBlock())
 		case opGet:
 			d.sum, d.prov, d.err = t.store.Read(c, o.key, o.buf)
 		case opPut:

@@ -10,6 +10,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // class is what an S3 call's outcome means for the tier.
@@ -33,6 +34,10 @@ func classify(err error) class {
 		return classOK
 	case errors.Is(err, messages.ErrInvalidBlock), errors.Is(err, messages.ErrChecksum):
 		return classInvalid
+	case errors.Is(err, blockfmt.ErrSize):
+		// NB: a sound object read into a destination of another length:
+		// the caller's error, the copy kept, nothing worth a retry.
+		return classPermanent
 	case errors.Is(err, messages.ErrNotFound):
 		return classNotFound
 	case errors.Is(err, ErrNoBucket), errors.Is(err, ErrAccessDenied), // refused credentials fail every call

@@ -45,15 +45,17 @@ func (s *Store) Write(ctx context.Context, k messages.Key, src []byte, sum uint3
 // size exactly header + provenance + block. It returns the checksum and the
 // stored provenance (nil when the object has none). A copy that fails a
 // check (its size included) is ErrInvalidBlock; a missing one ErrNotFound;
-// a body cut short by the network errShortBody (transient).
+// a body cut short by the network errShortBody (transient); a sound copy of
+// another length than len(dest) blockfmt.ErrSize, dest untouched (the
+// header is checked before a byte of the block is read).
 func (s *Store) Read(ctx context.Context, k messages.Key, dest []byte) (uint32, *messages.Provenance, error) {
 	body, size, err := s.c.Get(ctx, s.Name(k))
 	if err != nil {
 		return 0, nil, err
 	}
 	defer body.Close()
-	if !blockfmt.SizeFits(size, len(dest)) {
-		return 0, nil, fmt.Errorf("%w: %v: object of %d bytes, want %d plus provenance", messages.ErrInvalidBlock, k, size, blockfmt.HeaderSize+len(dest))
+	if !blockfmt.Fits(size, blockfmt.MaxBlockBytes) {
+		return 0, nil, fmt.Errorf("%w: %v: object of %d bytes, no stored block's size", messages.ErrInvalidBlock, k, size)
 	}
 	var hdr [blockfmt.HeaderSize]byte
 	if _, err := io.ReadFull(body, hdr[:]); err != nil {
@@ -63,11 +65,13 @@ func (s *Store) Read(ctx context.Context, k messages.Key, dest []byte) (uint32, 
 	if err != nil {
 		return 0, nil, fmt.Errorf("%v: %w", k, err)
 	}
-	if err := h.Check(k, len(dest)); err != nil {
-		return 0, nil, err
-	}
+	// NB: the object's own consistency first: a copy that is damaged is
+	// invalid whatever the destination.
 	if h.Size() != size {
 		return 0, nil, fmt.Errorf("%w: %v: object of %d bytes, its header says %d", messages.ErrInvalidBlock, k, size, h.Size())
+	}
+	if err := h.Check(k, len(dest)); err != nil {
+		return 0, nil, err
 	}
 	section := make([]byte, h.ProvLen)
 	if _, err := io.ReadFull(body, section); err != nil {
@@ -105,9 +109,9 @@ func shortOr(k messages.Key, what string, err error) error {
 	return fmt.Errorf("obj get %v: %s: %w", k, what, err)
 }
 
-// Head reports whether k's object exists with a size a block of
-// blockBytes can have (header, provenance within its bound, block).
-func (s *Store) Head(ctx context.Context, k messages.Key, blockBytes int) (bool, error) {
+// Head reports whether k's object exists with a size a block of 1 to
+// maxBlock bytes can have (header, provenance within its bound, block).
+func (s *Store) Head(ctx context.Context, k messages.Key, maxBlock int) (bool, error) {
 	size, err := s.c.Head(ctx, s.Name(k))
 	if errors.Is(err, messages.ErrNotFound) {
 		return false, nil
@@ -115,7 +119,7 @@ func (s *Store) Head(ctx context.Context, k messages.Key, blockBytes int) (bool,
 	if err != nil {
 		return false, err
 	}
-	return blockfmt.SizeFits(size, blockBytes), nil
+	return blockfmt.Fits(size, maxBlock), nil
 }
 
 // Remove deletes k's object; a missing one is not an error.

@@ -13,16 +13,24 @@ import (
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/supervision"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 )
 
 // Config configures an obj tier.
 type Config struct {
-	Name       string   // tier name in stats and filters (default "obj")
-	Endpoint   Endpoint // where the store is (ignored with Client set)
-	Prefix     string   // prepended to every object name ("node-a/")
-	BlockBytes int      // the node's block size: objects of any other size are invalid
-	Workers    int      // concurrent S3 calls (default 16)
-	Queue      int      // writes queued or running before more are shed (default 256)
+	Name     string   // tier name in stats and filters (default "obj")
+	Endpoint Endpoint // where the store is (ignored with Client set)
+	Prefix   string   // prepended to every object name ("node-a/")
+	// MaxBlockBytes bounds the blocks the tier stores: any length from 1
+	// to it (blocks of several sizes, one per namespace, share a bucket); a
+	// write of another length is ErrSize, and an object that cannot hold
+	// one is not found. 0: BlockBytes, else blockfmt.MaxBlockBytes.
+	MaxBlockBytes int
+	// BlockBytes is the bound's older name (when the node had one block
+	// size): the bound when MaxBlockBytes is 0.
+	BlockBytes int
+	Workers    int // concurrent S3 calls (default 16)
+	Queue      int // writes queued or running before more are shed (default 256)
 	// MaxLookupKeys bounds the keys one tiermsg.Lookup HEADs (default 256);
 	// keys past it are answered absent.
 	MaxLookupKeys int
@@ -70,6 +78,17 @@ const (
 	DefaultLocality       = "REMOTE"
 )
 
+// maxBlock is the longest block the tier stores.
+func (c Config) maxBlock() int {
+	switch {
+	case c.MaxBlockBytes > 0:
+		return c.MaxBlockBytes
+	case c.BlockBytes > 0:
+		return c.BlockBytes
+	}
+	return blockfmt.MaxBlockBytes
+}
+
 func (c Config) withDefaults() Config {
 	defaults.FillNonPositive(&c, Config{
 		Name:           tiers.KindObj,
@@ -108,8 +127,8 @@ type Tier struct {
 // only makes the tier start unhealthy.
 func Open(cfg Config) (*Tier, error) {
 	cfg = cfg.withDefaults()
-	if cfg.BlockBytes <= 0 {
-		return nil, fmt.Errorf("%w: obj tier needs a block size", messages.ErrBadConfig)
+	if cfg.MaxBlockBytes < 0 || cfg.BlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
+		return nil, fmt.Errorf("%w: obj tier block bound %d: want 1..%d", messages.ErrBadConfig, cfg.maxBlock(), blockfmt.MaxBlockBytes)
 	}
 	if strings.HasPrefix(cfg.Prefix, "/") {
 		return nil, fmt.Errorf("%w: obj tier prefix %q must not start with /", messages.ErrBadConfig, cfg.Prefix)
