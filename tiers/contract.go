@@ -12,11 +12,14 @@ package tiers
 //	tiermsg.Read{Key, Dest}         → tiermsg.ReadResult{Checksum} | Err
 //	    Reads the block into Dest (a slot the caller reserved) and verifies
 //	    its stored CRC32C; a block that fails any check is removed, counted,
-//	    and answered ErrInvalidBlock: never served.
+//	    and answered ErrInvalidBlock: never served. A Dest of another
+//	    length than the stored block's is blockfmt.ErrSize: nothing is
+//	    removed, Dest is untouched.
 //	tiermsg.Write{Key, Src, Checksum} → tiermsg.WriteResult | Err
 //	    Verifies Src against Checksum, then stores it so that a reader sees
 //	    either nothing or the whole block (atomic publish). Full → ErrTierFull;
-//	    queue full or unhealthy → ErrTierUnavailable (shed, counted).
+//	    queue full or unhealthy → ErrTierUnavailable (shed, counted). A Src
+//	    of no bytes or over the tier's MaxBlockBytes is blockfmt.ErrSize.
 //	tiermsg.Delete{Key}             (no reply) removes a bad copy.
 //	tiermsg.StatsQuery              → tiermsg.StatsReply{SecondaryStats}
 //
