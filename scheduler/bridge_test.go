@@ -54,6 +54,12 @@ func TestRegistryClaimsEachKeyOnceFromTheJobThatOwnsIt(t *testing.T) {
 	}{
 		{"one job, all keys", []call{{"r", messages.JobStore, []messages.Key{k(0), k(1)}, true}},
 			map[messages.JobID]int{1: 0, 2: 1}},
+		{"one job, all keys, out of order", []call{{"r", messages.JobStore, []messages.Key{k(1), k(0)}, true}},
+			map[messages.JobID]int{1: 0, 2: 1}},
+		{"a whole job's keys after one of them was claimed", []call{
+			{"r", messages.JobStore, []messages.Key{k(0)}, true},
+			{"r", messages.JobStore, []messages.Key{k(0), k(1)}, false}},
+			map[messages.JobID]int{1: 1, 2: 1}},
 		{"keys of two jobs of one request", []call{{"r", messages.JobStore, []messages.Key{k(0), k(2)}, true}},
 			map[messages.JobID]int{1: 1, 2: 0}},
 		{"a second completion of the same key is refused", []call{

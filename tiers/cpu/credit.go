@@ -109,15 +109,14 @@ func (s *State) checkCredit(owner messages.JobRef, keys []messages.Key, slots []
 		return fmt.Errorf("%w: %d keys, %d slots", messages.ErrBadRequest, len(keys), len(slots))
 	}
 	mine := s.reserved[owner]
-	named := make(map[int]struct{}, len(slots))
+	s.named.next(len(s.slots))
 	for _, idx := range slots {
 		if _, ok := mine[idx]; !ok || idx < 0 || idx >= len(s.slots) || !IsCreditKey(s.slots[idx].key) {
 			return fmt.Errorf("%w: slot %d is not this session's credit", messages.ErrBadRequest, idx)
 		}
-		if _, twice := named[idx]; twice {
+		if s.named.twice(idx) {
 			return fmt.Errorf("%w: slot %d named twice", messages.ErrBadRequest, idx)
 		}
-		named[idx] = struct{}{}
 	}
 	return nil
 }

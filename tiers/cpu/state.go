@@ -75,6 +75,7 @@ type State struct {
 
 	obs Observer // told when a key becomes readable or stops being so; nil: nobody
 
+	named       marks           // the slots a call named so far (CommitProv, Bind): scratch
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
 	ready       int
@@ -369,16 +370,14 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 	}
 	mine := s.reserved[job]
 	idxs := make([]int, len(keys))
-	named := make(map[int]struct{}, len(keys))
+	s.named.next(len(s.slots))
 	for i, k := range keys {
 		idx, found := s.index[k]
 		_, r := mine[idx]
-		_, twice := named[idx]
-		if !found || !r || twice || s.slots[idx].state != slotWritePending {
+		if !found || !r || s.slots[idx].state != slotWritePending || s.named.twice(idx) {
 			return fmt.Errorf("%w: %v", messages.ErrNotPending, k)
 		}
 		idxs[i] = idx
-		named[idx] = struct{}{}
 	}
 	for i, idx := range idxs {
 		delete(mine, idx)
@@ -876,4 +875,32 @@ func (h *expiryHeap) Pop() any {
 	e := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return e
+}
+
+// marks tells whether a call named a slot before, without a set per call:
+// a slot is marked with the call's generation.
+type marks struct {
+	gen uint32
+	at  []uint32 // slot → the generation that last marked it
+}
+
+// next starts a call over n slots.
+func (m *marks) next(n int) {
+	if len(m.at) != n {
+		m.at = make([]uint32, n)
+	}
+	m.gen++
+	if m.gen == 0 { // NB: wrapped: a stale mark could read as this call's
+		clear(m.at)
+		m.gen = 1
+	}
+}
+
+// twice marks idx and reports whether this call had marked it already.
+func (m *marks) twice(idx int) bool {
+	if m.at[idx] == m.gen {
+		return true
+	}
+	m.at[idx] = m.gen
+	return false
 }
