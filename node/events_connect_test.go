@@ -225,54 +225,81 @@ func TestAnEngineThatJoinsLaterIsCreditedForWhatTheNodeHolds(t *testing.T) {
 	defer cancel()
 	node, heard := openRoutedNode(t, ctx)
 	defer func() { require.NoError(t, node.Close(ctx)) }()
-	// hear gathers the stored blocks each topic got until quiet.
-	hear := func() map[string]int {
+	// hear counts, per topic, the stored blocks the router hears (by their
+	// wire hash) until it heard every key of until under topic. The node
+	// publishes on one socket, in order: by then whatever it sent before
+	// is in too.
+	hear := func(got map[string]map[uint64]int, topic string, until []messages.Key) {
 		_, err := node.FlushEvents(ctx)
 		require.NoError(t, err)
-		got := map[string]int{}
-		for {
+		want := map[uint64]bool{}
+		for _, k := range until {
+			want[events.WireHash(k.Hash, events.HashInt).Int] = true
+		}
+		for len(want) > 0 {
 			select {
 			case h := <-heard:
 				for _, ev := range h.b.Events {
-					if ev.Type == events.TypeBlockStored {
-						got[h.topic] += len(ev.BlockHashes)
+					if ev.Type != events.TypeBlockStored {
+						continue
+					}
+					for _, hh := range ev.BlockHashes {
+						if got[h.topic] == nil {
+							got[h.topic] = map[uint64]int{}
+						}
+						got[h.topic][hh.Int]++
+						if h.topic == topic {
+							delete(want, hh.Int)
+						}
 					}
 				}
-			case <-time.After(200 * time.Millisecond): // NB: quiet for a while: nothing more on its way
-				return got
+			case <-ctx.Done():
+				t.Fatalf("%s never heard %d of its keys; heard %v", topic, len(want), got)
 			}
 		}
 	}
 
 	first := dialEngine(t, ctx, node, "10.0.0.1")
 	// Store until the router heard a round (a PUB's first messages are
-	// lost until the subscriber joined); every round is held afterwards.
-	stored := 0
+	// lost until the subscriber joined; 100 ms is only the pace of the
+	// tries), then one more, which it hears for sure: once it has, nothing
+	// of the first pod's is still on its way.
+	var stored []messages.Key
 	for i := 0; ; i++ {
 		require.NoError(t, ctx.Err(), "the router heard nothing")
-		stored += len(storeRound(t, ctx, first, i))
-		if hear()["kv@10.0.0.1@llama"] > 0 {
-			break
+		stored = append(stored, storeRound(t, ctx, first, i)...)
+		_, err := node.FlushEvents(ctx)
+		require.NoError(t, err)
+		select {
+		case <-heard:
+		case <-time.After(100 * time.Millisecond):
+			continue
 		}
+		break
 	}
+	sentinel := storeRound(t, ctx, first, 1000)
+	stored = append(stored, sentinel...)
+	hear(map[string]map[uint64]int{}, "kv@10.0.0.1@llama", sentinel)
 
 	dialEngine(t, ctx, node, "10.0.0.2")
-	got := map[string]int{}
-	for got["kv@10.0.0.2@llama"] < stored {
-		select {
-		case h := <-heard:
-			for _, ev := range h.b.Events {
-				if ev.Type == events.TypeBlockStored {
-					got[h.topic] += len(ev.BlockHashes)
-				}
-			}
-		case <-ctx.Done():
-			t.Fatalf("the new pod heard %d of the %d blocks the node holds", got["kv@10.0.0.2@llama"], stored)
+	got := map[string]map[uint64]int{}
+	hear(got, "kv@10.0.0.2@llama", stored)
+	// A last round by the first pod, announced to both: when the first pod
+	// heard it, anything the node sent it before (a repeat of what it
+	// stored) is in.
+	last := storeRound(t, ctx, first, 1001)
+	hear(got, "kv@10.0.0.1@llama", last)
+
+	want := map[string]map[uint64]int{"kv@10.0.0.1@llama": {}, "kv@10.0.0.2@llama": {}}
+	for _, k := range stored {
+		want["kv@10.0.0.2@llama"][events.WireHash(k.Hash, events.HashInt).Int] = 1
+	}
+	for _, k := range last {
+		h := events.WireHash(k.Hash, events.HashInt).Int
+		want["kv@10.0.0.1@llama"][h] = 1
+		if n, ok := got["kv@10.0.0.2@llama"][h]; ok { // NB: its part of that flush may come after
+			want["kv@10.0.0.2@llama"][h] = n
 		}
 	}
-	for topic, n := range hear() { // NB: whatever else was on its way
-		got[topic] += n
-	}
-	require.Equal(t, map[string]int{"kv@10.0.0.2@llama": stored}, got,
-		"the new pod hears every block the node holds, once; the first pod nothing again")
+	require.Equal(t, want, got, "the new pod hears every block the node holds, once; the first pod nothing again")
 }
