@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/kvtier/kvtier/messages"
 )
@@ -12,8 +11,10 @@ import (
 // trip (docs/PROTOCOL.md, "Slot credit").
 //
 // A credited slot is write-pending under a placeholder key no lookup can
-// name, reserved by the credit's owner (OriginCredit): it is never evicted,
-// never looked up and never given to anyone else. Bind moves a credited
+// name and the index does not hold, reserved by the credit's owner
+// (OriginCredit): it is never evicted, never looked up and never given to
+// anyone else. (The index once held a placeholder per slot, each its own
+// string: a grant and a bind paid three map writes per slot for them.) Bind moves a credited
 // slot to a store job's write of a real key; a key the tier already holds
 // leaves its slot in the credit (the engine's copy into it is wasted, never
 // readable). ReleaseCredit frees what is left once no copy can be running.
@@ -22,12 +23,13 @@ import (
 // NUL byte, which no layout namespace (hex) contains.
 const creditNS messages.Namespace = "\x00credit"
 
-func creditKey(idx int) messages.Key {
-	return messages.Key{Namespace: creditNS, Hash: strconv.Itoa(idx)}
-}
+// creditPlaceholder is every credited slot's key.
+var creditPlaceholder = messages.Key{Namespace: creditNS}
 
-// IsCreditKey reports a placeholder key of a credited slot.
-func IsCreditKey(k messages.Key) bool { return k.Namespace == creditNS }
+// IsCreditKey reports the placeholder key of a credited slot. Its hash is
+// empty, which no valid key's is (messages.Key.Validate), so no engine's
+// key is taken for it, whatever its namespace.
+func IsCreditKey(k messages.Key) bool { return k.Hash == "" && k.Namespace == creditNS }
 
 // CreditLimit bounds every session's credit together: credited slots are
 // taken from the cache all engines share, so their total must not grow
@@ -62,8 +64,7 @@ func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []mess
 	}
 	slots = make([]int, n)
 	for i := range slots {
-		next := s.free[len(s.free)-1]
-		slots[i] = s.allocate(creditKey(next), owner)
+		slots[i] = s.allocate(creditPlaceholder, owner)
 	}
 	return slots, evicted
 }
@@ -85,7 +86,6 @@ func (s *State) Bind(owner, job messages.JobRef, keys []messages.Key, slots []in
 		}
 		idx := slots[i]
 		sl := &s.slots[idx]
-		delete(s.index, sl.key)
 		sl.key, sl.writer = k, job
 		s.index[k] = idx
 		if s.obs != nil {

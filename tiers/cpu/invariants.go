@@ -42,13 +42,20 @@ func (s *State) CheckInvariants() error {
 	if nLeases != s.nLeases {
 		bad("%d leases counted, %d held", s.nLeases, nLeases)
 	}
-	evictable, pinned, leased, ready, ranked := 0, 0, 0, 0, 0
+	evictable, pinned, leased, ready, ranked, credited := 0, 0, 0, 0, 0, 0
 	for idx := range s.slots {
 		sl := &s.slots[idx]
 		if (sl.state == slotFree) != inFree[idx] {
 			bad("slot %d state %d, in free list %v", idx, sl.state, inFree[idx])
 		}
-		if sl.state != slotFree {
+		switch {
+		case sl.state == slotFree:
+		case IsCreditKey(sl.key):
+			credited++
+			if sl.key != creditPlaceholder || sl.state != slotWritePending {
+				bad("credited slot %d holds %v in state %d", idx, sl.key, sl.state)
+			}
+		default:
 			if got, ok := s.index[sl.key]; !ok || got != idx {
 				bad("slot %d key %v not indexed to it", idx, sl.key)
 			}
@@ -83,8 +90,8 @@ func (s *State) CheckInvariants() error {
 			leased++
 		}
 	}
-	if len(s.index) != len(s.slots)-len(s.free) {
-		bad("index has %d keys, %d slots in use", len(s.index), len(s.slots)-len(s.free))
+	if len(s.index) != len(s.slots)-len(s.free)-credited {
+		bad("index has %d keys, %d slots in use, %d of them credited", len(s.index), len(s.slots)-len(s.free), credited)
 	}
 	if n := s.policy.Len(); n != ready+ranked {
 		bad("policy holds %d slots, %d ready and %d touched while written", n, ready, ranked)

@@ -11,7 +11,9 @@ import (
 )
 
 // Invariants of State (checked by CheckInvariants in tests and after a restart):
-//   - index[k] = s  ⇔  slots[s].state ≠ free and slots[s].key = k.
+//   - index[k] = s  ⇔  slots[s].state ≠ free, slots[s].key = k and k is not
+//     the credit placeholder (a credited slot is found by its owner's
+//     reservation, never by key).
 //   - free holds exactly the free slots, each once.
 //   - slots[s].pins = Σ over jobs of pins[job][s]; pins > 0 only when ready.
 //   - slots[s].leases = number of live lease entries on s; leases > 0 only when ready.
@@ -260,7 +262,7 @@ func (s *State) Touch(keys []messages.Key) {
 		case !ok:
 		case s.slots[idx].state == slotReady || s.slots[idx].touched:
 			s.policy.Access(idx)
-		case IsCreditKey(k) || IsQuarantineKey(k):
+		case IsQuarantineKey(k):
 		default:
 			s.slots[idx].touched = true
 			s.policy.Insert(idx, k)
@@ -809,7 +811,9 @@ func (s *State) allocate(k messages.Key, job messages.JobRef) int {
 	idx := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
 	s.slots[idx] = slot{key: k, state: slotWritePending, writer: job}
-	s.index[k] = idx
+	if !IsCreditKey(k) {
+		s.index[k] = idx
+	}
 	if s.obs != nil && observable(k) {
 		s.obs.Writing(k)
 	}
@@ -854,7 +858,9 @@ func (s *State) freeSlot(idx int) {
 			s.obs.Gone(sl.key)
 		}
 	}
-	delete(s.index, s.slots[idx].key)
+	if k := s.slots[idx].key; !IsCreditKey(k) {
+		delete(s.index, k)
+	}
 	s.slots[idx] = slot{}
 	s.free = append(s.free, idx)
 }
