@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,17 +29,7 @@ import (
 // on engineClock.
 func openStandalone(t *testing.T, ctx context.Context, engineClock supervision.Clock) *kvtier.Node {
 	t.Helper()
-	dir := t.TempDir()
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
-		EngineGrace: 10 * time.Second, EngineClock: engineClock})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, node.Close(ctx))
-	})
-	return node
+	return openEngineTestNode(t, ctx, "ipc", kvtier.Config{EngineClock: engineClock})
 }
 
 func TestLifecycleIdleEngineSessionArmsNoTimer(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/testutil/testclose"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/supervision"
@@ -135,12 +136,29 @@ func TestAnEndedSessionsJobsAreQuarantined(t *testing.T) {
 // the returned manual clock; closed at the test's end.
 func openEngineNode(t *testing.T, ctx context.Context, transport string, slots int) (*kvtier.Node, *supervision.ManualClock) {
 	t.Helper()
-	dir := t.TempDir()
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: int64(slots) * 4096,
-		BlockBytes: 4096, EngineListen: transport + "://" + filepath.Join(dir, "engine.sock"),
-		EngineGrace: 10 * time.Second, Clock: clock})
+	return openEngineTestNode(t, ctx, transport, kvtier.Config{PoolBytes: int64(slots) * 4096, Clock: clock}), clock
+}
+
+// openEngineTestNode is the one way this package's engine tests open a
+// node, so that they differ only in what they set in cfg (clocks, slots,
+// engine_poll): it fills in a fresh directory's pool (16 slots of 4 KiB
+// unless cfg.PoolBytes says otherwise) and engine socket on transport
+// ("ipc" or "unix"), and a 10 s engine grace. The node is closed, and its
+// close checked, at the test's end.
+func openEngineTestNode(t *testing.T, ctx context.Context, transport string, cfg kvtier.Config) *kvtier.Node {
+	t.Helper()
+	dir := t.TempDir()
+	if cfg.PoolBytes == 0 {
+		cfg.PoolBytes = 16 * 4096
+	}
+	cfg.PoolPath = filepath.Join(dir, "pool")
+	cfg.BlockBytes = 4096
+	cfg.EngineListen = transport + "://" + filepath.Join(dir, "engine.sock")
+	cfg.EngineGrace = 10 * time.Second
+	node, err := kvtier.Open(ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, node.Close(context.Background())) })
-	return node, clock
+	testclose.AtCleanup(t, 30*time.Second, node.Close)
+	require.Equal(t, cfg.EngineListen, node.EngineAddr(), "the node serves engines where it was told to")
+	return node
 }

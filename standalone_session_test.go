@@ -3,14 +3,12 @@ package kvtier_test
 import (
 	"context"
 	"encoding/binary"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/testutil/testloop"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
@@ -35,12 +33,7 @@ func TestSilentSessionIsReleasedAtItsGrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	engineClock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	dir := t.TempDir()
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "ipc://" + filepath.Join(dir, "engine.sock"),
-		EngineGrace: 10 * time.Second, EngineClock: engineClock})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
+	node := openStandalone(t, ctx, engineClock)
 	local := node.Manager()
 
 	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "doomed"})

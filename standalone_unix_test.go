@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
-	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,16 +45,11 @@ func TestUnixConnectionIsTheSession(t *testing.T) {
 func testUnixConnectionIsTheSession(t *testing.T, poll time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dir := t.TempDir()
 	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
-	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), PoolBytes: 16 * 4096,
-		BlockBytes: 4096, EngineListen: "unix://" + filepath.Join(dir, "engine.sock"), EnginePoll: poll,
-		EngineGrace: 10 * time.Second, Clock: clock})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, node.Close(ctx)) }()
-	require.Equal(t, "unix://"+filepath.Join(dir, "engine.sock"), node.EngineAddr())
+	node := openEngineTestNode(t, ctx, "unix", kvtier.Config{EnginePoll: poll, Clock: clock})
+	sock := strings.TrimPrefix(node.EngineAddr(), "unix://")
 	dial := func() *rawUnix {
-		c, err := net.Dial("unix", filepath.Join(dir, "engine.sock"))
+		c, err := net.Dial("unix", sock)
 		require.NoError(t, err)
 		return &rawUnix{t: t, c: c}
 	}

@@ -11,13 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/messages"
 )
 
 func writeConfig(t *testing.T, body string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "kvtierd.yaml")
-	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	p := tempfile.Write(t, "kvtierd.yaml", body)
 	return p
 }
 

@@ -153,7 +153,7 @@ func (c EventsConfig) validate() error {
 		return fmt.Errorf("events: %w", err)
 	}
 	if _, err := events.ParseEncoding(c.Encoding); err != nil {
-		return bad("%v", err)
+		return fmt.Errorf("events: %w", err)
 	}
 	return nil
 }

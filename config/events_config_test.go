@@ -41,6 +41,7 @@ events:
 		"replay without endpoint": {Replay: "tcp://*:5558"},
 		"bad scheme":              {Endpoint: "udp://x:1"},
 		"bad hash format":         {Endpoint: "tcp://*:1", HashFormat: "hex"},
+		"bad encoding":            {Endpoint: "tcp://*:1", Encoding: "json"},
 		"negative buffer":         {Endpoint: "tcp://*:1", BufferBatches: -1},
 		"learning, no endpoint":   {LearnFrom: []string{"tcp://127.0.0.1:5557"}},
 		"learning, bad address":   {Endpoint: "tcp://*:1", LearnFrom: []string{"127.0.0.1:5557"}},

@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvtier/kvtier/actors"
+	"github.com/kvtier/kvtier/internal/testutil/testclose"
 	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -206,11 +207,7 @@ func listenUntilCleanup(t *testing.T, cfg PublisherConfig) *Publisher {
 	t.Helper()
 	p, err := Listen(cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, p.Close(ctx))
-	})
+	testclose.AtCleanup(t, 5*time.Second, p.Close)
 	return p
 }
 

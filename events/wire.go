@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -33,15 +35,12 @@ const (
 	HashBytes
 )
 
+// hashFormatNames spells each HashFormat, the default first.
+var hashFormatNames = []string{HashInt: "int", HashBytes: "bytes"}
+
 // ParseHashFormat parses "int" (or "") and "bytes".
 func ParseHashFormat(s string) (HashFormat, error) {
-	switch s {
-	case "", "int":
-		return HashInt, nil
-	case "bytes":
-		return HashBytes, nil
-	}
-	return 0, fmt.Errorf("%w: hash format %q (want int or bytes)", ErrBadConfig, s)
+	return parseSetting[HashFormat]("hash format", s, hashFormatNames)
 }
 
 func (f HashFormat) String() string {
@@ -49,6 +48,21 @@ func (f HashFormat) String() string {
 		return "bytes"
 	}
 	return "int"
+}
+
+// parseSetting reads s as one of an enumerated setting's names, where
+// names[i] spells the setting's value i and "" is the first (the default).
+// The events settings parse through it so that a bad value of any of them
+// is refused the same way: ErrBadConfig naming what it is and the names
+// that would do.
+func parseSetting[T ~uint8 | ~int](what, s string, names []string) (T, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if i := slices.Index(names, s); i >= 0 {
+		return T(i), nil
+	}
+	return 0, fmt.Errorf("%w: %s %q (want %s)", ErrBadConfig, what, s, strings.Join(names, " or "))
 }
 
 // Hash is a block hash as it is on the wire: an unsigned int or raw bytes.
@@ -141,15 +155,12 @@ const (
 	EncodingArray
 )
 
+// encodingNames spells each Encoding, the default first.
+var encodingNames = []string{EncodingMap: "map", EncodingArray: "array"}
+
 // ParseEncoding reads "map" or "array" ("" is map).
 func ParseEncoding(s string) (Encoding, error) {
-	switch s {
-	case "", "map":
-		return EncodingMap, nil
-	case "array":
-		return EncodingArray, nil
-	}
-	return 0, fmt.Errorf("events encoding %q: want map or array", s)
+	return parseSetting[Encoding]("encoding", s, encodingNames)
 }
 
 // EncodeBatch writes b as msgpack: the array [ts, events, data_parallel_rank]

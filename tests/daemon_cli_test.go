@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/internal/testutil/proclog"
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/internal/testutil/testnet"
 )
 
@@ -176,8 +177,7 @@ func TestDaemonEnvironment(t *testing.T) {
 	bin := buildDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	file := filepath.Join(t.TempDir(), "c.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("pool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\n"), 0o600))
+	file := tempfile.Write(t, "c.yaml", "pool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\n")
 
 	d := startDaemonEnv(t, bin, []string{"KVTIER_POOL_BYTES=16MiB", "KVTIER_BLOCK_BYTES=256KiB", "KVTIER_ENGINE_LISTEN=none"}, nil,
 		"--config", file, "--block-bytes", "64KiB", "--pool-path", poolPath(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json")

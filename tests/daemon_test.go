@@ -23,7 +23,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvtier/kvtier/internal/testutil/gobuild"
 	"github.com/kvtier/kvtier/internal/testutil/proclog"
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 )
 
 func TestMain(m *testing.M) {
@@ -33,25 +35,7 @@ func TestMain(m *testing.M) {
 // buildDaemon compiles ./cmd/kvtierd into a temporary directory.
 func buildDaemon(t *testing.T) string {
 	t.Helper()
-	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd")
-}
-
-// goBuild compiles the command pkg, with the build tags given, to a binary
-// called name in a temporary directory.
-func goBuild(t *testing.T, pkg, name string, tags ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	bin := filepath.Join(t.TempDir(), name)
-	build := []string{"build"}
-	if len(tags) > 0 {
-		build = append(build, "-tags", strings.Join(tags, ","))
-	}
-	cmd := exec.CommandContext(ctx, "go", append(build, "-o", bin, pkg)...)
-	cmd.WaitDelay = waitDelay // the compiler's children may hold the output pipe
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go %s %s:\n%s", strings.Join(build, " "), name, out)
-	return bin
+	return gobuild.Command(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd")
 }
 
 // Bounds on the waits of these tests: none may hang until the test
@@ -234,10 +218,8 @@ func TestDaemonServesMetricsAndShutsDown(t *testing.T) {
 
 func TestDaemonRejectsBadConfig(t *testing.T) {
 	bin := buildDaemon(t)
-	badYAML := filepath.Join(t.TempDir(), "bad.yaml")
-	require.NoError(t, os.WriteFile(badYAML, []byte("pool_bytes: 16MiB\npool_bytez: 1\n"), 0o600))
-	badSize := filepath.Join(t.TempDir(), "badsize.yaml")
-	require.NoError(t, os.WriteFile(badSize, []byte("pool_bytes: -16MiB\n"), 0o600))
+	badYAML := tempfile.Write(t, "bad.yaml", "pool_bytes: 16MiB\npool_bytez: 1\n")
+	badSize := tempfile.Write(t, "badsize.yaml", "pool_bytes: -16MiB\n")
 
 	for _, tc := range []struct {
 		name string
@@ -275,8 +257,7 @@ func TestDaemonOpenFailureExits2(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The pool's directory is a regular file, so Open cannot create the pool.
-	notDir := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+	notDir := tempfile.Write(t, "file", "")
 	d := startDaemon(t, bin, "--pool-path", filepath.Join(notDir, "x.pool"),
 		"--pool-bytes", "1MiB", "--block-bytes", "64KiB",
 		"--metrics-listen", "127.0.0.1:0", "--log-format", "json", "--engine-listen", "none")

@@ -13,8 +13,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/internal/testutil/testetcd"
 	"github.com/kvtier/kvtier/messages"
 	fleetstatus "github.com/kvtier/kvtier/tools/fleet"
@@ -40,7 +39,6 @@ const heartbeat = 2 * time.Second
 // and secret; a config file must be valid on its own).
 func discoveryConfig(t *testing.T, etcd *testetcd.Server, id string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "kvtier.yaml")
 	yaml := fmt.Sprintf(`peers:
   node_id: %s
   listen: tcp://127.0.0.1:0
@@ -50,8 +48,7 @@ func discoveryConfig(t *testing.T, etcd *testetcd.Server, id string) string {
     endpoints: [%s]
     ttl: %s
 `, id, peerSecret, etcd.Endpoint(), discoveryTTL)
-	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
-	return path
+	return tempfile.Write(t, "kvtier.yaml", yaml)
 }
 
 // waitMetric polls a daemon's /metrics until name reads want.

@@ -15,12 +15,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/internal/testutil/gobuild"
+
 	"github.com/kvtier/kvtier/messages"
 )
 
 func buildDaemonNixl(t *testing.T) string {
 	t.Helper()
-	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd", "nixl")
+	return gobuild.Command(t, "github.com/kvtier/kvtier/cmd/kvtierd", "kvtierd", "nixl")
 }
 
 func TestNixlTwoDaemonsFetchVerified(t *testing.T) {

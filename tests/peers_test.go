@@ -14,19 +14,17 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 )
@@ -68,8 +66,7 @@ type peerDaemon struct {
 func startPeerDaemon(t *testing.T, ctx context.Context, bin, id string, extra ...string) *peerDaemon {
 	t.Helper()
 	dir := t.TempDir()
-	secret := filepath.Join(dir, "secret")
-	require.NoError(t, os.WriteFile(secret, []byte(peerSecret), 0o600))
+	secret := tempfile.Write(t, "secret", peerSecret)
 	engine := "ipc://" + filepath.Join(dir, "engine.sock")
 	args := append([]string{"--pool-path", poolPath(t), "--engine-listen", engine, "--metrics-listen", "127.0.0.1:0",
 		"--log-format", "json", "--node-id", id, "--peer-listen", "tcp://127.0.0.1:0", "--peer-secret-file", secret,
@@ -310,9 +307,9 @@ func TestPeersBenchScenariosRun(t *testing.T) {
 // must come back on the same address after a restart.
 func freeTCPAddr(t *testing.T) string {
 	t.Helper()
-	port, err := freeport.Port()
+	addr, err := freeport.Addr()
 	require.NoError(t, err)
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return addr
 }
 
 // A producer SIGKILLed and started again with the same node id, control
@@ -326,8 +323,7 @@ func TestPeersProducerKilledAndRestartedWithItsData(t *testing.T) {
 	defer cancel()
 	bin := buildDaemon(t)
 	data := t.TempDir()
-	cfg := filepath.Join(t.TempDir(), "kvtier.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf("secondary_tiers:\n  - {kind: fs, root: %s}\n", data)), 0o600))
+	cfg := tempfile.Write(t, "kvtier.yaml", fmt.Sprintf("secondary_tiers:\n  - {kind: fs, root: %s}\n", data))
 	listen := "tcp://" + freeTCPAddr(t)
 	startA := func() *peerDaemon {
 		return startPeerDaemon(t, ctx, bin, "a", "--config", cfg, "--peer-listen", listen)

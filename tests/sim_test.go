@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier/internal/testutil/gobuild"
 )
 
 // buildCLI compiles ./cmd/kvtier into a temporary directory.
 func buildCLI(t *testing.T) string {
 	t.Helper()
-	return goBuild(t, "github.com/kvtier/kvtier/cmd/kvtier", "kvtier")
+	return gobuild.Command(t, "github.com/kvtier/kvtier/cmd/kvtier", "kvtier")
 }
 
 // simSummary is the part of `kvtier sim --json`'s last line this test reads.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/internal/testutil/testnet"
 	"github.com/kvtier/kvtier/internal/version"
 	"github.com/kvtier/kvtier/messages"
@@ -71,9 +72,8 @@ func TestVersion(t *testing.T) {
 // TestSourcesOverrideInOrder: flags override the environment, which
 // overrides the file, which overrides the defaults; each key on its own.
 func TestSourcesOverrideInOrder(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "c.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("pool_path: /dev/shm/from-file.pool\npool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\nlease_ttl: 7s\n"+
-		"events:\n  endpoint: tcp://*:5557\n"), 0o600))
+	p := tempfile.Write(t, "c.yaml", "pool_path: /dev/shm/from-file.pool\npool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\nlease_ttl: 7s\n"+
+		"events:\n  endpoint: tcp://*:5557\n")
 	env := []string{"KVTIER_POOL_BYTES=64MiB", "KVTIER_BLOCK_BYTES=128KiB", "KVTIER_LEASE_TTL=9s", "KVTIER_EVENTS_TOPIC=env-topic"}
 	o := parse(t, "--config", p, "--block-bytes", "64KiB", "--events-topic", "flag-topic")
 	o.environ = env
@@ -130,10 +130,8 @@ func TestBadEnvironmentIsABadConfig(t *testing.T) {
 // one, "none" from any source (or an empty flag) for no endpoint.
 func TestEngineListenResolution(t *testing.T) {
 	t.Setenv(config.EnvAddress, "unix:///srv/kvtier-test/engine.sock")
-	p := filepath.Join(t.TempDir(), "c.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("engine_listen: none\n"), 0o600))
-	pq := filepath.Join(t.TempDir(), "q.yaml")
-	require.NoError(t, os.WriteFile(pq, []byte("engine_listen: ipc:///from/file.sock\n"), 0o600))
+	p := tempfile.Write(t, "c.yaml", "engine_listen: none\n")
+	pq := tempfile.Write(t, "q.yaml", "engine_listen: ipc:///from/file.sock\n")
 	for _, tc := range []struct {
 		name    string
 		args    []string

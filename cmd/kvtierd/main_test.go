@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvtier/kvtier/internal/testutil/tempfile"
 	"github.com/kvtier/kvtier/messages"
 )
 
@@ -24,8 +24,7 @@ func parse(t *testing.T, args ...string) options {
 }
 
 func TestFlagsOverrideFile(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "c.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("pool_path: /dev/shm/from-file.pool\npool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\nlease_ttl: 7s\n"), 0o600))
+	p := tempfile.Write(t, "c.yaml", "pool_path: /dev/shm/from-file.pool\npool_bytes: 1GiB\nblock_bytes: 1MiB\npolicy: arc\nlease_ttl: 7s\n")
 
 	cfg, err := buildConfig(parse(t, "--config", p, "--pool-bytes", "16MiB", "--block-bytes", "64KiB"))
 	require.NoError(t, err)
@@ -111,8 +110,7 @@ func TestProbes(t *testing.T) {
 // config file turn on, without opening anything (the pool, the socket and
 // the peer address here could not be opened).
 func TestPrintTopology(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "c.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("secondary_tiers:\n  - kind: fs\n    root: /nonexistent/kvtier\n"), 0o600))
+	p := tempfile.Write(t, "c.yaml", "secondary_tiers:\n  - kind: fs\n    root: /nonexistent/kvtier\n")
 	o := parse(t, "--config", p, "--print-topology", "--engine-listen", "unix:///nonexistent/engine.sock",
 		"--pool-path", "/nonexistent/pool", "--peer-listen", "tcp://192.0.2.1:7600", "--node-id", "a", "--peer-secret-file", p)
 	require.True(t, o.printTopology)

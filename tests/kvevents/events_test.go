@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"maps"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/events"
+	"github.com/kvtier/kvtier/internal/testutil/gobuild"
 	"github.com/kvtier/kvtier/internal/testutil/testleak"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/tools/sim"
@@ -81,14 +81,10 @@ func num(t *testing.T, v any) int64 {
 // unsigned 64 bits vLLM writes.
 func hashOf(t *testing.T, v any) uint64 {
 	t.Helper()
-	switch r := reflect.ValueOf(v); {
-	case r.CanUint():
-		return r.Uint()
-	case r.CanInt():
-		return uint64(r.Int())
+	if reflect.ValueOf(v).CanFloat() {
+		t.Fatalf("not an integer: %T %v", v, v)
 	}
-	t.Fatalf("not an integer: %T %v", v, v)
-	return 0
+	return uint64(num(t, v)) // NB: the same 64 bits, whichever sign num read them with
 }
 
 func decode(t *testing.T, payload []byte) wireBatch {
@@ -432,19 +428,16 @@ func TestSimulatorEventsMatchTheNodesInventory(t *testing.T) {
 }
 
 // buildCLI compiles ./cmd/kvtier into a temporary directory.
-func buildCLI(ctx context.Context, t *testing.T) string {
+func buildCLI(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kvtier")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvtier/kvtier/cmd/kvtier").CombinedOutput()
-	require.NoError(t, err, "go build kvtier:\n%s", out)
-	return bin
+	return gobuild.Command(t, "github.com/kvtier/kvtier/cmd/kvtier", "kvtier")
 }
 
 // tailJSON runs `kvtier events tail --json --replay-from 0 --no-follow`
 // and rebuilds the inventory from its lines.
 func tailJSON(ctx context.Context, t *testing.T, endpoint, replayAddr string) inventory {
 	t.Helper()
-	bin := buildCLI(ctx, t)
+	bin := buildCLI(t)
 	cmd := exec.CommandContext(ctx, bin, "events", "tail", endpoint, "--replay", replayAddr,
 		"--replay-from", "0", "--no-follow", "--json")
 	var stderr bytes.Buffer

@@ -10,15 +10,12 @@ package kvevents
 // window or two, so the test asks for one quiet window among ten.
 
 import (
-	"bufio"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -55,29 +52,11 @@ func TestIdleNodeWithSubscriberMakesNoWakeups(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := buildCLI(ctx, t)
+	bin := buildCLI(t)
 	pub, rep := freeAddr(t), freeAddr(t)
-	sim := exec.CommandContext(ctx, bin, "sim", "--no-progress", "--requests", "100", "--cpu-blocks", "300",
-		"--block-bytes", "16384", "--events-endpoint", pub, "--events-replay", rep, "--events-hold")
-	sim.WaitDelay = 10 * time.Second
-	stderr, err := sim.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, sim.Start())
-	t.Cleanup(func() { _ = sim.Process.Kill(); _ = sim.Wait() })
-	held := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "holding the node") {
-				close(held)
-			}
-		}
-	}()
-	select {
-	case <-held:
-	case <-ctx.Done():
-		t.Fatal("sim never held its node")
-	}
+	sim := startHeldSim(ctx, t, bin, "--requests", "100", "--cpu-blocks", "300",
+		"--block-bytes", "16384", "--events-endpoint", pub, "--events-replay", rep)
+	pid := sim.cmd.Process.Pid
 
 	subCtx, stopSub := context.WithCancel(ctx)
 	defer stopSub()
@@ -86,16 +65,16 @@ func TestIdleNodeWithSubscriberMakesNoWakeups(t *testing.T) {
 
 	var seen []int
 	for range 10 {
-		before := ctxSwitches(t, sim.Process.Pid)
+		before := ctxSwitches(t, pid)
 		window := time.NewTimer(2 * time.Second) // the measurement window, not a synchronisation
 		<-window.C
-		n := ctxSwitches(t, sim.Process.Pid) - before
+		n := ctxSwitches(t, pid) - before
 		seen = append(seen, n)
 		if n <= 1 {
 			t.Logf("context switches per 2 s window while idle: %v", seen)
 			stopSub()
 			waitSub()
-			require.NoError(t, sim.Process.Signal(syscall.SIGTERM))
+			sim.stop(ctx, t)
 			return
 		}
 	}

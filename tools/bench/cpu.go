@@ -51,10 +51,15 @@ type CPUResult struct {
 
 var benchNS = messages.Layout{Model: "bench", DType: "fp16", BlockTokens: 16, TPSize: 1}.Namespace()
 
-func benchKey(i int) messages.Key {
+func benchKey(i int) messages.Key { return numberedKey(benchNS, i) }
+
+// numberedKey is the bench's key number i in namespace ns: a 32-byte hash
+// (an engine's size) holding i big-endian, so a run's keys are distinct and
+// the same from run to run. The scenarios' keys all come from it.
+func numberedKey(ns messages.Namespace, i int) messages.Key {
 	var b [32]byte
 	binary.BigEndian.PutUint64(b[:], uint64(i))
-	return messages.Key{Namespace: benchNS, Hash: string(b[:])}
+	return messages.Key{Namespace: ns, Hash: string(b[:])}
 }
 
 func keyRange(from, n int) []messages.Key {

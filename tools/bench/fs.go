@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -282,11 +281,7 @@ func writeRename(p string, b []byte, fsync bool) error {
 
 var fsBenchNS = messages.Layout{Model: "bench-fs", DType: "fp16", BlockTokens: 16, TPSize: 1}.Namespace()
 
-func fsBenchKey(i int) messages.Key {
-	var b [32]byte
-	binary.BigEndian.PutUint64(b[:], uint64(i))
-	return messages.Key{Namespace: fsBenchNS, Hash: string(b[:])}
-}
+func fsBenchKey(i int) messages.Key { return numberedKey(fsBenchNS, i) }
 
 // tierIO writes the blocks through the fs tier's actor with Window in
 // flight, then reads every one back (verified by the tier).

@@ -133,6 +133,28 @@ type objects struct {
 	prometheusRules []*monitoringv1.PrometheusRule
 }
 
+// pinnedKinds is every kind the chart is known to make: its apiVersion,
+// and how a document of it is decoded into objects. One table, so that a
+// kind the chart starts making is added in one place.
+var pinnedKinds = map[string]struct {
+	apiVersion string
+	add        func(*objects) metav1.Object
+}{
+	"DaemonSet":      {"apps/v1", func(o *objects) metav1.Object { return appendNew(&o.daemonSets) }},
+	"ConfigMap":      {"v1", func(o *objects) metav1.Object { return appendNew(&o.configMaps) }},
+	"Service":        {"v1", func(o *objects) metav1.Object { return appendNew(&o.services) }},
+	"ServiceMonitor": {"monitoring.coreos.com/v1", func(o *objects) metav1.Object { return appendNew(&o.serviceMonitors) }},
+	"PrometheusRule": {"monitoring.coreos.com/v1", func(o *objects) metav1.Object { return appendNew(&o.prometheusRules) }},
+}
+
+// appendNew appends a new, empty object to list and returns it, for a
+// document to be decoded into: the one step every kind shares.
+func appendNew[T any](list *[]*T) *T {
+	v := new(T)
+	*list = append(*list, v)
+	return v
+}
+
 var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
 
 // decodeRender splits a multi-document render and decodes every object by
@@ -157,39 +179,19 @@ func decodeRender(t *testing.T, text string) objects {
 			continue // comments only
 		}
 		n++
-		wantAPI := map[string]string{
-			"DaemonSet": "apps/v1", "ConfigMap": "v1", "Service": "v1",
-			"ServiceMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
-		}[head.Kind]
-		if wantAPI == "" {
+		kind, ok := pinnedKinds[head.Kind]
+		if !ok {
 			t.Fatalf("the chart renders a %s %s, which this test does not decode: add it", head.APIVersion, head.Kind)
 		}
+		wantAPI := kind.apiVersion
 		if head.APIVersion != wantAPI {
 			t.Fatalf("%s has apiVersion %q, want %q", head.Kind, head.APIVersion, wantAPI)
 		}
-		var obj any
-		var meta *metav1.ObjectMeta
-		switch head.Kind {
-		case "DaemonSet":
-			v := &appsv1.DaemonSet{}
-			o.daemonSets, obj, meta = append(o.daemonSets, v), v, &v.ObjectMeta
-		case "ConfigMap":
-			v := &corev1.ConfigMap{}
-			o.configMaps, obj, meta = append(o.configMaps, v), v, &v.ObjectMeta
-		case "Service":
-			v := &corev1.Service{}
-			o.services, obj, meta = append(o.services, v), v, &v.ObjectMeta
-		case "ServiceMonitor":
-			v := &monitoringv1.ServiceMonitor{}
-			o.serviceMonitors, obj, meta = append(o.serviceMonitors, v), v, &v.ObjectMeta
-		case "PrometheusRule":
-			v := &monitoringv1.PrometheusRule{}
-			o.prometheusRules, obj, meta = append(o.prometheusRules, v), v, &v.ObjectMeta
-		}
+		obj := kind.add(&o)
 		if err := decodeStrict([]byte(doc), obj); err != nil {
 			t.Fatalf("%s does not decode strictly as %s %s: %v\n%s", head.Kind, wantAPI, head.Kind, err, firstLines(doc, 12))
 		}
-		checkMeta(t, head.Kind, meta)
+		checkMeta(t, head.Kind, obj)
 	}
 	if n == 0 {
 		t.Fatal("the render holds no object")
@@ -216,21 +218,22 @@ func firstLines(s string, n int) string {
 }
 
 // checkMeta: a valid name and labels (the API server's rules).
-func checkMeta(t *testing.T, kind string, m *metav1.ObjectMeta) {
+func checkMeta(t *testing.T, kind string, m metav1.Object) {
 	t.Helper()
-	if m.Name == "" {
+	name := m.GetName()
+	if name == "" {
 		t.Fatalf("a %s has no name", kind)
 	}
-	for _, msg := range validation.IsDNS1123Subdomain(m.Name) {
-		t.Errorf("%s %s: name: %s", kind, m.Name, msg)
+	for _, msg := range validation.IsDNS1123Subdomain(name) {
+		t.Errorf("%s %s: name: %s", kind, name, msg)
 	}
 	if kind == "Service" {
-		for _, msg := range validation.IsDNS1035Label(m.Name) {
-			t.Errorf("Service %s: name: %s", m.Name, msg)
+		for _, msg := range validation.IsDNS1035Label(name) {
+			t.Errorf("Service %s: name: %s", name, msg)
 		}
 	}
-	if errs := metav1validation.ValidateLabels(m.Labels, field.NewPath("metadata", "labels")); len(errs) > 0 {
-		t.Errorf("%s %s: %v", kind, m.Name, errs.ToAggregate())
+	if errs := metav1validation.ValidateLabels(m.GetLabels(), field.NewPath("metadata", "labels")); len(errs) > 0 {
+		t.Errorf("%s %s: %v", kind, name, errs.ToAggregate())
 	}
 }
 

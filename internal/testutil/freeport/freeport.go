@@ -43,7 +43,7 @@ func Ports(n int) ([]int, error) {
 			return nil, fmt.Errorf("freeport: no free port in %d..%d after %d tries", lowest, hi-1, tries)
 		}
 		p := lowest + rand.IntN(hi-lowest)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		l, err := net.Listen("tcp", Loopback(p))
 		if err != nil {
 			continue // taken: another
 		}
@@ -61,6 +61,20 @@ func Port() (int, error) {
 	}
 	return p[0], nil
 }
+
+// Addr returns a loopback TCP address, 127.0.0.1:port, whose port is free
+// now: what a test hands a process that must be told where to listen.
+func Addr() (string, error) {
+	p, err := Port()
+	if err != nil {
+		return "", err
+	}
+	return Loopback(p), nil
+}
+
+// Loopback is the address of port on 127.0.0.1, the interface the ports
+// are picked on.
+func Loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 
 // ephemeralLow is the kernel's first ephemeral port (32768 when it cannot
 // be read).

@@ -2,7 +2,6 @@ package freeport
 
 import (
 	"net"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,7 +18,7 @@ func TestPortsAreDistinctBelowTheEphemeralRangeAndFree(t *testing.T) {
 		seen[p] = true
 		require.GreaterOrEqual(t, p, lowest)
 		require.Less(t, p, ephemeralLow())
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		l, err := net.Listen("tcp", Loopback(p))
 		require.NoError(t, err, "port %d is free", p)
 		require.NoError(t, l.Close())
 	}
@@ -37,7 +36,7 @@ func TestPortsSkipsATakenPort(t *testing.T) {
 	ports, err := Ports(50)
 	require.NoError(t, err)
 	for _, p := range ports {
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		l, err := net.Listen("tcp", Loopback(p))
 		require.NoError(t, err)
 		held = append(held, l)
 		taken[p] = true

@@ -21,11 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -183,8 +181,8 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	client := freeport.Loopback(ports[0])
+	peerURL := "http://" + freeport.Loopback(ports[1])
 	// NB: an existing data directory restarts the same member; the
 	// initial-cluster flags are ignored then, and the peer URL the member
 	// recorded at first start goes stale. One member never dials a peer, so
