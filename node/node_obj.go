@@ -17,7 +17,7 @@ func openObjTier(tc config.TierConfig, name string, cfg config.Config, log zerol
 		Endpoint: obj.Endpoint{Endpoint: tc.Endpoint, Bucket: tc.Bucket, Region: tc.Region, Secure: tc.Secure,
 			AccessKey: access, SecretKey: secret},
 		Prefix:        tc.Prefix,
-		BlockBytes:    cfg.BlockBytes,
+		MaxBlockBytes: cfg.BlockBytes, // NB: the pool's one block size bounds what it can hand a tier
 		Workers:       tc.Workers,
 		LookupTimeout: cfg.SecondaryLookupDeadline,
 		Clock:         cfg.Clock,

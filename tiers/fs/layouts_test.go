@@ -594,7 +594,7 @@ func TestSegmentsReadThroughBlockFiles(t *testing.T) {
 }
 
 func TestOpenRejectsAnUnknownLayout(t *testing.T) {
-	_, err := Open(Config{Root: t.TempDir(), BlockBytes: evBlock, Layout: "log"})
+	_, err := Open(Config{Root: t.TempDir(), MaxBlockBytes: evBlock, Layout: "log"})
 	require.ErrorIs(t, err, messages.ErrBadConfig)
 	require.NoError(t, ValidLayout(""))
 	require.NoError(t, ValidLayout(LayoutSegments))

@@ -101,7 +101,7 @@ func TestScanRebuildsAndRemovesLeftovers(t *testing.T) {
 	require.NoError(t, err, "files that are not ours are left alone")
 
 	// Open with a smaller capacity keeps the newest blocks and removes the rest.
-	tier, err := Open(Config{Root: root, BlockBytes: 512, Capacity: 2 * (HeaderSize + 512), Layout: LayoutFiles})
+	tier, err := Open(Config{Root: root, MaxBlockBytes: 512, Capacity: 2 * (HeaderSize + 512), Layout: LayoutFiles})
 	require.NoError(t, err)
 	require.Equal(t, 2, tier.index.Blocks())
 	require.NoError(t, tier.index.CheckInvariants())

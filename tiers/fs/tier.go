@@ -27,16 +27,12 @@ type Config struct {
 	// MaxBlockBytes bounds the blocks the tier stores: any length from 1
 	// to it (blocks of several sizes, one per namespace, share a tier);
 	// a write of another length is ErrSize, and a copy found at start
-	// that cannot be one is removed. 0: BlockBytes, else
-	// blockfmt.MaxBlockBytes.
+	// that cannot be one is removed. 0: blockfmt.MaxBlockBytes.
 	MaxBlockBytes int
-	// BlockBytes is the bound's older name (when the node had one block
-	// size): the bound when MaxBlockBytes is 0.
-	BlockBytes int
-	Fsync      bool // sync each block (file or segment record) before it is readable
-	Workers    int  // I/O goroutines (default 4)
-	Queue      int  // I/O operations waiting for a goroutine before writes are shed (default 256)
-	FS         FS   // nil: the real filesystem
+	Fsync         bool // sync each block (file or segment record) before it is readable
+	Workers       int  // I/O goroutines (default 4)
+	Queue         int  // I/O operations waiting for a goroutine before writes are shed (default 256)
+	FS            FS   // nil: the real filesystem
 	// Layout is how blocks are kept: "segments" (DefaultLayout: packed
 	// into append-only segment files; block files found in the root are
 	// read through) or "files" (one file per block). See doc.go.
@@ -93,7 +89,7 @@ func Open(cfg Config) (*Tier, error) {
 	if cfg.Root == "" {
 		return nil, fmt.Errorf("%w: fs tier needs a root", messages.ErrBadConfig)
 	}
-	if cfg.MaxBlockBytes < 0 || cfg.BlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
+	if cfg.MaxBlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
 		return nil, fmt.Errorf("%w: fs tier block bound %d: want 1..%d", messages.ErrBadConfig, cfg.maxBlock(), blockfmt.MaxBlockBytes)
 	}
 	if err := ValidLayout(cfg.Layout); err != nil {
@@ -142,11 +138,8 @@ func Open(cfg Config) (*Tier, error) {
 
 // maxBlock is the longest block the tier stores.
 func (c Config) maxBlock() int {
-	switch {
-	case c.MaxBlockBytes > 0:
+	if c.MaxBlockBytes > 0 {
 		return c.MaxBlockBytes
-	case c.BlockBytes > 0:
-		return c.BlockBytes
 	}
 	return blockfmt.MaxBlockBytes
 }

@@ -24,13 +24,10 @@ type Config struct {
 	// MaxBlockBytes bounds the blocks the tier stores: any length from 1
 	// to it (blocks of several sizes, one per namespace, share a bucket); a
 	// write of another length is ErrSize, and an object that cannot hold
-	// one is not found. 0: BlockBytes, else blockfmt.MaxBlockBytes.
+	// one is not found. 0: blockfmt.MaxBlockBytes.
 	MaxBlockBytes int
-	// BlockBytes is the bound's older name (when the node had one block
-	// size): the bound when MaxBlockBytes is 0.
-	BlockBytes int
-	Workers    int // concurrent S3 calls (default 16)
-	Queue      int // writes queued or running before more are shed (default 256)
+	Workers       int // concurrent S3 calls (default 16)
+	Queue         int // writes queued or running before more are shed (default 256)
 	// MaxLookupKeys bounds the keys one tiermsg.Lookup HEADs (default 256);
 	// keys past it are answered absent.
 	MaxLookupKeys int
@@ -80,11 +77,8 @@ const (
 
 // maxBlock is the longest block the tier stores.
 func (c Config) maxBlock() int {
-	switch {
-	case c.MaxBlockBytes > 0:
+	if c.MaxBlockBytes > 0 {
 		return c.MaxBlockBytes
-	case c.BlockBytes > 0:
-		return c.BlockBytes
 	}
 	return blockfmt.MaxBlockBytes
 }
@@ -127,7 +121,7 @@ type Tier struct {
 // only makes the tier start unhealthy.
 func Open(cfg Config) (*Tier, error) {
 	cfg = cfg.withDefaults()
-	if cfg.MaxBlockBytes < 0 || cfg.BlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
+	if cfg.MaxBlockBytes < 0 || cfg.maxBlock() > blockfmt.MaxBlockBytes {
 		return nil, fmt.Errorf("%w: obj tier block bound %d: want 1..%d", messages.ErrBadConfig, cfg.maxBlock(), blockfmt.MaxBlockBytes)
 	}
 	if strings.HasPrefix(cfg.Prefix, "/") {

@@ -57,13 +57,13 @@ type tierHarness struct{ *tiertest.Harness }
 func openTier(t *testing.T, s *objtest.Server, tweak func(*obj.Config)) *tierHarness {
 	t.Helper()
 	cfg := obj.Config{
-		Endpoint:   obj.Endpoint{Endpoint: s.Endpoint, Bucket: bucket, AccessKey: objtest.AccessKey, SecretKey: objtest.SecretKey},
-		Prefix:     "node-a/",
-		BlockBytes: blockBytes,
-		RetryBase:  5 * time.Millisecond,
-		ProbeMin:   5 * time.Millisecond,
-		ProbeMax:   50 * time.Millisecond,
-		Log:        zerolog.Nop(),
+		Endpoint:      obj.Endpoint{Endpoint: s.Endpoint, Bucket: bucket, AccessKey: objtest.AccessKey, SecretKey: objtest.SecretKey},
+		Prefix:        "node-a/",
+		MaxBlockBytes: blockBytes,
+		RetryBase:     5 * time.Millisecond,
+		ProbeMin:      5 * time.Millisecond,
+		ProbeMax:      50 * time.Millisecond,
+		Log:           zerolog.Nop(),
 	}
 	if tweak != nil {
 		tweak(&cfg)

@@ -286,7 +286,7 @@ func fsBenchKey(i int) messages.Key { return numberedKey(fsBenchNS, i) }
 // tierIO writes the blocks through the fs tier's actor with Window in
 // flight, then reads every one back (verified by the tier).
 func tierIO(ctx context.Context, root string, src [][]byte, o FSOptions, cpu *phaseCPU) (write, read time.Duration, err error) {
-	tier, err := fs.Open(fs.Config{Root: root, BlockBytes: o.BlockBytes, Fsync: o.Fsync, Workers: o.Workers,
+	tier, err := fs.Open(fs.Config{Root: root, MaxBlockBytes: o.BlockBytes, Fsync: o.Fsync, Workers: o.Workers,
 		Queue: 4 * o.Window, Layout: o.Layout, Log: zerolog.Nop()})
 	if err != nil {
 		return 0, 0, err

@@ -211,7 +211,7 @@ feed:
 // tierObjIO writes the blocks through the obj tier's actor with Window in
 // flight, then reads every one back (verified by the tier).
 func tierObjIO(ctx context.Context, ep obj.Endpoint, prefix string, src [][]byte, o ObjOptions) (put, get time.Duration, err error) {
-	tier, err := obj.Open(obj.Config{Endpoint: ep, Prefix: prefix, BlockBytes: o.BlockBytes, Workers: o.Workers,
+	tier, err := obj.Open(obj.Config{Endpoint: ep, Prefix: prefix, MaxBlockBytes: o.BlockBytes, Workers: o.Workers,
 		Queue: 4 * o.Window, Log: zerolog.Nop()})
 	if err != nil {
 		return 0, 0, err

@@ -103,7 +103,7 @@ func TestFullFSRefusalsCountedByTheTier(t *testing.T) {
 	// NB: two records a segment (each 4 KiB block, a 176-byte entry and an
 	// 8-byte footer entry, over a segment's 8,256 bytes of overhead), so
 	// the third write rolls the first segment: its seal is due.
-	tier, err := fs.Open(fs.Config{Name: "disk", Root: root, BlockBytes: block, FS: full, Layout: fs.LayoutSegments,
+	tier, err := fs.Open(fs.Config{Name: "disk", Root: root, MaxBlockBytes: block, FS: full, Layout: fs.LayoutSegments,
 		SegmentBytes: 20000, Workers: 2})
 	require.NoError(t, err)
 	h := tiertest.Start(t, tier.Props, tiertest.Options{Timeout: 30 * time.Second, Events: 64, Drop: true, Close: tier.Close})
