@@ -60,7 +60,7 @@ type harnessOpts struct {
 
 func openTierWith(t *testing.T, cfg Config, o harnessOpts) *fsHarness {
 	t.Helper()
-	cfg.Name, cfg.BlockBytes, cfg.Log = "disk", evBlock, zerolog.Nop()
+	cfg.Name, cfg.MaxBlockBytes, cfg.Log = "disk", evBlock, zerolog.Nop()
 	tier, err := Open(cfg)
 	require.NoError(t, err)
 	closeTier := tier.Close
