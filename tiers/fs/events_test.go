@@ -60,7 +60,10 @@ type harnessOpts struct {
 
 func openTierWith(t *testing.T, cfg Config, o harnessOpts) *fsHarness {
 	t.Helper()
-	cfg.Name, cfg.MaxBlockBytes, cfg.Log = "disk", evBlock, zerolog.Nop()
+	cfg.Name, cfg.Log = "disk", zerolog.Nop()
+	if cfg.MaxBlockBytes == 0 {
+		cfg.MaxBlockBytes = evBlock
+	}
 	tier, err := Open(cfg)
 	require.NoError(t, err)
 	closeTier := tier.Close
