@@ -56,6 +56,7 @@ type heldWrite struct {
 	peer     string
 	tok      rdma.Token
 	src, dst []int
+	lens     []int
 	done     func(rdma.Completion)
 }
 
@@ -81,16 +82,16 @@ func (s *stallTransport) stall() {
 	s.mu.Unlock()
 }
 
-func (s *stallTransport) Write(peer string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
+func (s *stallTransport) Write(peer string, tok rdma.Token, src, dst, lens []int, done func(rdma.Completion)) error {
 	s.mu.Lock()
 	if s.stalled {
-		s.held = append(s.held, heldWrite{peer: peer, tok: tok, src: src, dst: dst, done: done})
+		s.held = append(s.held, heldWrite{peer: peer, tok: tok, src: src, dst: dst, lens: lens, done: done})
 		s.mu.Unlock()
 		s.wrote <- struct{}{}
 		return nil
 	}
 	s.mu.Unlock()
-	return s.Transport.Write(peer, tok, src, dst, done)
+	return s.Transport.Write(peer, tok, src, dst, lens, done)
 }
 
 // release ends the stall: held writes run for real.
@@ -100,7 +101,7 @@ func (s *stallTransport) release() {
 	s.held, s.stalled = nil, false
 	s.mu.Unlock()
 	for _, w := range held {
-		if err := s.Transport.Write(w.peer, w.tok, w.src, w.dst, w.done); err != nil {
+		if err := s.Transport.Write(w.peer, w.tok, w.src, w.dst, w.lens, w.done); err != nil {
 			go w.done(rdma.Completion{Token: w.tok, Peer: w.peer, Err: err})
 		}
 	}

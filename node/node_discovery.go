@@ -19,6 +19,7 @@ import (
 	"github.com/kvtier/kvtier/peer/discovery"
 	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
+	"github.com/kvtier/kvtier/rdma/nixl"
 )
 
 // ErrDuplicateNode: Open found another live node registered under this
@@ -104,8 +105,9 @@ func dataAddr(pc config.PeersConfig) string {
 // memberFeed is discovery as the control plane sees it (peer.Members):
 // members as peer.MemberUp / peer.MemberDown, leaving out — and logging
 // once per incarnation — members that cannot be this node's peers (another
-// block size, data plane, protocol version, no namespace in common), which
-// the handshake would refuse over and over.
+// data plane or protocol version, no namespace in common, another slot
+// size over NIXL, which moves whole slots), which the handshake would
+// refuse over and over.
 type memberFeed struct {
 	reg        *discovery.Registry
 	blockBytes int
@@ -151,8 +153,8 @@ func (f *memberFeed) incompatible(m discovery.Member) string {
 	switch {
 	case m.Protocol != wire.Version:
 		return fmt.Sprintf("peer protocol %d, ours %d", m.Protocol, wire.Version)
-	case m.BlockBytes != f.blockBytes:
-		return fmt.Sprintf("block bytes %d, ours %d", m.BlockBytes, f.blockBytes)
+	case m.BlockBytes != f.blockBytes && f.transport == nixl.Kind:
+		return fmt.Sprintf("block bytes %d, ours %d (NIXL moves whole slots)", m.BlockBytes, f.blockBytes)
 	case m.Transport != f.transport:
 		return fmt.Sprintf("data plane %q, ours %q", m.Transport, f.transport)
 	case len(m.Namespaces) > 0 && len(f.namespaces) > 0 && !slices.ContainsFunc(m.Namespaces, func(ns string) bool {

@@ -11,31 +11,44 @@ import (
 // chunk's checksums while the next chunks are still on the wire, so a fetch
 // costs the transfer plus the verification of its last chunk, not plus the
 // verification of everything. Both sides derive the chunks from the Fetch
-// alone (docs/PROTOCOL.md, "Chunks"): chunk i covers the Fetch's keys
-// [i·n, (i+1)·n) with n = max(1, ChunkBytes / block bytes), under the
-// Fetch token with its last two bytes XORed with i (big-endian).
+// alone (docs/PROTOCOL.md, "Chunks"): blocks are taken in order, a chunk
+// takes the next block while its bytes stay within ChunkBytes and always
+// takes at least one, from the Fetch's sizes (each block's length: blocks
+// of one fetch may differ in size); chunk i goes under the Fetch token with
+// its last two bytes XORed with i (big-endian).
 const ChunkBytes = 8 << 20
 
-// chunkBlocks is the number of blocks per chunk for a block size.
-func chunkBlocks(blockBytes int) int { return max(1, ChunkBytes/max(blockBytes, 1)) }
+// chunkPlan is where a fetch's chunks start: chunk i covers the blocks
+// [bounds[i], bounds[i+1]). Computed identically on both sides.
+type chunkPlan []int
 
-// chunkCount is the number of chunks of a fetch of n blocks.
-func chunkCount(n, blockBytes int) int {
-	per := chunkBlocks(blockBytes)
-	return (n + per - 1) / per
+// planChunks cuts blocks of sizes into chunks of at most ChunkBytes, at
+// least one block each. With equal sizes b that is max(1, ChunkBytes/b)
+// blocks per chunk, as before blocks could differ.
+func planChunks(sizes []int) chunkPlan {
+	bounds := chunkPlan{0}
+	sum := 0
+	for i, n := range sizes {
+		if i > bounds[len(bounds)-1] && sum+n > ChunkBytes {
+			bounds = append(bounds, i)
+			sum = 0
+		}
+		sum += n
+	}
+	return append(bounds, len(sizes))
 }
+
+// count is the number of chunks.
+func (p chunkPlan) count() int { return len(p) - 1 }
+
+// span is chunk i's block range [lo, hi).
+func (p chunkPlan) span(i int) (lo, hi int) { return p[i], p[i+1] }
 
 // chunkToken derives chunk i's token from the fetch's.
 func chunkToken(tok rdma.Token, i int) rdma.Token {
 	tok[14] ^= byte(i >> 8)
 	tok[15] ^= byte(i)
 	return tok
-}
-
-// chunkRange is chunk i's key range [lo, hi) in a fetch of n blocks.
-func chunkRange(i, n, blockBytes int) (lo, hi int) {
-	per := chunkBlocks(blockBytes)
-	return i * per, min((i+1)*per, n)
 }
 
 // lastOf counts down the completions of a fetch's chunks, so that exactly

@@ -43,8 +43,14 @@ type Config struct {
 	Peers      []Addr   // peers to dial
 	Allow      []string // node ids allowed to open sessions; empty: any node that proves the secret
 	Namespaces []string // namespaces shared with peers; empty: any
-	BlockBytes int      // this node's pool geometry
+	BlockBytes int      // this node's pool geometry: a slot's bytes, the largest block it holds
 	Slots      int
+	// BlockSizes is, per namespace, the length of its blocks where they are
+	// smaller than a slot (issue 42: one pool, blocks of several sizes, one
+	// size per namespace, the same on every node); a namespace not listed
+	// has blocks of BlockBytes. NB: it stands in for the CPU tier, whose
+	// answers do not carry block lengths yet (producer.go, blockLen).
+	BlockSizes map[string]int
 
 	// Members are the discovered peers (the node's etcd discovery), dialed
 	// like Peers but only while they are members; nil: static peers only.
@@ -121,6 +127,14 @@ func (c Config) Validate() error {
 		seen[p.Node] = true
 	}
 	return nil
+}
+
+// blockLen is the length of a block of namespace ns in our pool.
+func (c *Config) blockLen(ns string) int {
+	if n, ok := c.BlockSizes[ns]; ok && n > 0 {
+		return n
+	}
+	return c.BlockBytes
 }
 
 // allowed reports whether node may open a session with us.

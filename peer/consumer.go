@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,8 +32,8 @@ import (
 //     deadline armed for an earlier phase is ignored.
 type consumer struct {
 	node       string
-	namespaces []string // ours
-	blockBytes int
+	namespaces []string      // ours
+	blockBytes int           // a slot of ours: the largest block we take
 	lookupTTL  time.Duration // a Lookup's deadline
 	fetchTTL   time.Duration // a Fetch's deadline
 	leaseTTL   time.Duration // how long the producer holds a round's hits
@@ -65,12 +66,17 @@ type outRound struct {
 	reason error              // why a fetch in flight is failing (cancel requested)
 	done   bool               // the producer's TransferDone{OK} came
 	prov   []*wire.Provenance // the LookupResp's, per asked key
+	// peerBlock is the producer's slot size, from its Welcome: the length
+	// of every hit of a LookupResp without sizes.
+	peerBlock int
 }
 
 type outFetch struct {
 	keys      []messages.Key
 	slots     []int
+	sizes     []int // each block's length, at the start of its slot
 	sums      []uint32
+	plan      chunkPlan
 	token     rdma.Token
 	start     time.Time
 	chunks    int
@@ -92,9 +98,10 @@ const (
 // linkNow is what a consumer decision needs to know of the outbound
 // session it runs on.
 type linkNow struct {
-	epoch    uint64 // the outbound session's epoch
-	ready    bool   // its handshake completed, and it is not lost
-	draining bool   // a peermsg.Shutdown: no new rounds
+	epoch     uint64 // the outbound session's epoch
+	ready     bool   // its handshake completed, and it is not lost
+	draining  bool   // a peermsg.Shutdown: no new rounds
+	peerBlock int    // the producer's slot size (its Welcome's block_bytes)
 }
 
 func (l linkNow) open() bool { return l.ready && !l.draining }
@@ -127,6 +134,7 @@ type verifyChunk struct {
 	round uint64
 	chunk int
 	slots []int
+	sizes []int
 	sums  []uint32
 }
 
@@ -149,7 +157,7 @@ func (c *consumer) lookup(m *peermsg.Lookup, asker fx.Ref, l linkNow) (o consume
 			Checksums: make([]uint32, len(m.Keys)), Err: messages.ErrPeerUnavailable})
 		return o
 	}
-	r := &outRound{epoch: l.epoch, phase: roundLooking, total: len(m.Keys), corr: m.Corr, asker: asker, start: c.now()}
+	r := &outRound{epoch: l.epoch, phase: roundLooking, total: len(m.Keys), corr: m.Corr, asker: asker, start: c.now(), peerBlock: l.peerBlock}
 	wk := make([]wire.Key, 0, len(m.Keys))
 	for i, k := range m.Keys {
 		if !sharedNamespace(c.namespaces, string(k.Namespace)) {
@@ -166,7 +174,7 @@ func (c *consumer) lookup(m *peermsg.Lookup, asker fx.Ref, l linkNow) (o consume
 	c.rounds[r.n] = r
 	c.pc.lookups.Add(uint64(len(r.keys)))
 	if len(r.keys) == 0 {
-		return c.answerLookup(o, r, nil, nil, nil)
+		return c.answerLookup(o, r, nil, nil, nil, nil)
 	}
 	c.arm(&o, r, c.lookupTTL)
 	o.heartbeat = true
@@ -199,19 +207,33 @@ func (c *consumer) lookupResp(f *wire.LookupResp) (o consumed) {
 		return c.fail(o, r, fmt.Errorf("%w: %d provenances for %d keys", messages.ErrPeerRefused, len(f.Prov), len(r.keys)))
 	}
 	r.prov = f.Prov
-	return c.answerLookup(o, r, f.Hits, f.Checksums, nil)
+	return c.answerLookup(o, r, f.Hits, f.Checksums, f.Sizes, nil)
 }
 
 // answerLookup answers the round's peermsg.Lookup; a round with hits stays
-// leased (until a fetch, a release or the lease TTL), others end.
-func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, err error) consumed {
+// leased (until a fetch, a release or the lease TTL), others end. A hit is
+// sizes[i] bytes long (no sizes: the producer's slot size); one longer than
+// a slot of ours cannot be taken and is answered as a miss (the producer's
+// lease on it ends with the round).
+func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, sizes []int, err error) consumed {
 	res := &peermsg.LookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
 		Checksums: make([]uint32, r.total), Err: err, RTT: c.now().Sub(r.start)}
-	n := 0
+	n, tooLarge, uniform := 0, false, true
+	got := make([]int, r.total)
 	for i, hit := range hits {
 		if !hit {
 			continue
 		}
+		size := r.peerBlock
+		if len(sizes) != 0 {
+			size = sizes[i]
+		}
+		if size > c.blockBytes {
+			tooLarge = true
+			continue
+		}
+		uniform = uniform && size == c.blockBytes
+		got[r.index[i]] = size
 		res.Hits[r.index[i]], res.Checksums[r.index[i]] = true, sums[i]
 		n++
 		if i < len(r.prov) && r.prov[i] != nil {
@@ -220,6 +242,12 @@ func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uin
 			}
 			res.Prov[r.index[i]] = fromWireProv(r.prov[i])
 		}
+	}
+	if !uniform {
+		res.Sizes = got
+	}
+	if tooLarge {
+		o.drop("block_too_large") // NB: once per round, never per block
 	}
 	c.pc.hits.Add(uint64(n))
 	o.answer(r.asker, res)
@@ -255,12 +283,45 @@ func (c *consumer) startFetch(m *peermsg.Fetch, asker fx.Ref, l linkNow) (*outRo
 	case !l.open() || r.epoch != l.epoch:
 		c.end(r)
 		return fail(messages.ErrPeerUnavailable)
-	case len(m.Keys) != len(m.Slots) || len(m.Keys) != len(m.Checksums) || len(m.Keys) > wire.MaxKeys:
-		return fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums", messages.ErrBadRequest, len(m.Keys), len(m.Slots), len(m.Checksums)))
+	case len(m.Keys) != len(m.Slots) || len(m.Keys) != len(m.Checksums) || len(m.Keys) > wire.MaxKeys ||
+		(m.Sizes != nil && len(m.Sizes) != len(m.Keys)):
+		return fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums, %d sizes", messages.ErrBadRequest,
+			len(m.Keys), len(m.Slots), len(m.Checksums), len(m.Sizes)))
 	}
-	n := chunkCount(len(m.Keys), c.blockBytes)
-	return r, &outFetch{keys: m.Keys, slots: m.Slots, sums: m.Checksums, token: rdma.NewToken(), start: c.now(),
-		chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}, o
+	sizes, err := rdma.Lengths(wholeAsSlot(m.Sizes, c.blockBytes), len(m.Keys), c.blockBytes, c.blockBytes)
+	if err != nil {
+		return fail(fmt.Errorf("%w: %w", messages.ErrBadRequest, err))
+	}
+	plan := planChunks(sizes)
+	n := plan.count()
+	return r, &outFetch{keys: m.Keys, slots: m.Slots, sizes: sizes, sums: m.Checksums, plan: plan, token: rdma.NewToken(),
+		start: c.now(), chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}, o
+}
+
+// wholeAsSlot reads a peermsg.Fetch's sizes: 0 is a whole slot.
+func wholeAsSlot(sizes []int, slot int) []int {
+	if sizes == nil {
+		return nil
+	}
+	out := make([]int, len(sizes))
+	for i, n := range sizes {
+		out[i] = n
+		if n == 0 {
+			out[i] = slot
+		}
+	}
+	return out
+}
+
+// wireSizes is what a Fetch says of its blocks' lengths: nothing when every
+// one is our slot size (the producer reads an absent list so).
+func wireSizes(sizes []int, ours int) []int {
+	for _, n := range sizes {
+		if n != ours {
+			return sizes
+		}
+	}
+	return nil
 }
 
 // fetching: the transport was told to expect the first announced chunks of
@@ -289,7 +350,8 @@ func (c *consumer) fetching(r *outRound, f *outFetch, m *peermsg.Fetch, asker fx
 	}
 	c.arm(&o, r, c.fetchTTL)
 	o.heartbeat = true
-	o.send(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Token: f.token[:], TTLms: ttlMillis(c.fetchTTL)})
+	o.send(&wire.Fetch{Epoch: r.epoch, Round: r.n, Keys: wk, Dest: m.Slots, Sizes: wireSizes(f.sizes, c.blockBytes),
+		Token: f.token[:], TTLms: ttlMillis(c.fetchTTL)})
 	return o
 }
 
@@ -304,7 +366,7 @@ func (c *consumer) transferDone(f *wire.TransferDone) (o consumed) {
 		return o
 	}
 	if !f.OK {
-		return c.abortFetch(o, r, fmt.Errorf("%w: %s", messages.ErrPeerRefused, f.Reason))
+		return c.abortFetch(o, r, refusedFetch(f.Reason))
 	}
 	r.done = true
 	return c.checkFetch(o, r)
@@ -365,8 +427,8 @@ func (c *consumer) arrived(m *arrived) (o consumed) {
 		return c.checkFetch(o, r)
 	}
 	f.verifying++
-	lo, hi := chunkRange(m.chunk, len(f.keys), c.blockBytes)
-	o.verify = append(o.verify, verifyChunk{round: r.n, chunk: m.chunk, slots: f.slots[lo:hi], sums: f.sums[lo:hi]})
+	lo, hi := f.plan.span(m.chunk)
+	o.verify = append(o.verify, verifyChunk{round: r.n, chunk: m.chunk, slots: f.slots[lo:hi], sizes: f.sizes[lo:hi], sums: f.sums[lo:hi]})
 	return o
 }
 
@@ -378,7 +440,7 @@ func (c *consumer) verified(m *verified) (o consumed) {
 	}
 	f := r.fetch
 	f.verifying--
-	lo, _ := chunkRange(m.chunk, len(f.keys), c.blockBytes)
+	lo, _ := f.plan.span(m.chunk)
 	copy(f.ok[lo:], m.ok)
 	return c.checkFetch(o, r)
 }
@@ -392,6 +454,7 @@ func (c *consumer) finishFetch(o consumed, r *outRound, ok []bool, err error) co
 	for i := range ok {
 		if ok[i] {
 			res.OK[i] = true
+			res.Bytes += int64(f.sizes[i])
 			good++
 		}
 	}
@@ -399,7 +462,6 @@ func (c *consumer) finishFetch(o consumed, r *outRound, ok []bool, err error) co
 		c.pc.corrupt.Add(uint64(bad))
 		o.corrupt += bad
 	}
-	res.Bytes = int64(good) * int64(c.blockBytes)
 	if err != nil {
 		c.pc.failures.Add(1)
 	} else {
@@ -471,7 +533,7 @@ func (c *consumer) deadline(m *roundTimer, l linkNow) (o consumed) {
 func (c *consumer) fail(o consumed, r *outRound, err error) consumed {
 	switch r.phase {
 	case roundLooking:
-		return c.answerLookup(o, r, nil, nil, err)
+		return c.answerLookup(o, r, nil, nil, nil, err)
 	case roundLeased:
 		c.end(r)
 	case roundFetching:
@@ -500,7 +562,7 @@ func (c *consumer) close() (o consumed) {
 	for _, r := range c.rounds {
 		switch r.phase {
 		case roundLooking:
-			o = c.answerLookup(o, r, nil, nil, messages.ErrPeerUnavailable)
+			o = c.answerLookup(o, r, nil, nil, nil, messages.ErrPeerUnavailable)
 		case roundFetching:
 			if r.fetch.waiting == 0 {
 				// Every chunk is in: nothing touches the slots but a
@@ -540,4 +602,20 @@ func (c *consumer) inFlight() int {
 		}
 	}
 	return n
+}
+
+// ErrBlockTooLarge: the producer refused a fetch because one of its blocks
+// is longer than a slot of ours or its own (TransferDone reason
+// "block_too_large"). Wrapped with messages.ErrPeerRefused.
+var ErrBlockTooLarge = errors.New("peer: block longer than a slot")
+
+// reasonBlockTooLarge is the TransferDone reason of ErrBlockTooLarge.
+const reasonBlockTooLarge = "block_too_large"
+
+// refusedFetch is the error of a TransferDone{ok: false, reason}.
+func refusedFetch(reason string) error {
+	if reason == reasonBlockTooLarge {
+		return fmt.Errorf("%w: %w", messages.ErrPeerRefused, ErrBlockTooLarge)
+	}
+	return fmt.Errorf("%w: %s", messages.ErrPeerRefused, reason)
 }

@@ -26,7 +26,7 @@ const halfChunk = ChunkBytes / 2
 
 var (
 	asker   = fx.RefOf(actor.NewPID("local", "p2p"))
-	readyAt = linkNow{epoch: 7, ready: true}
+	readyAt = linkNow{epoch: 7, ready: true, peerBlock: halfChunk}
 )
 
 func testConsumer() *consumer {
@@ -493,5 +493,104 @@ func TestConsumerAnswersEveryAskExactlyOnce(t *testing.T) {
 				t.Fatalf("seed %d: ask %d answered %d times", seed, a, answers[a])
 			}
 		}
+	}
+}
+
+// A LookupResp's sizes are each hit's length: passed on when not our slot
+// size; a hit longer than our slots is answered as a miss; without sizes,
+// every hit is the producer's slot size.
+func TestConsumerReadsEachHitsLength(t *testing.T) {
+	c := testConsumer()
+	lookup := func(l linkNow, sizes []int) (*peermsg.LookupResult, consumed) {
+		o := c.lookup(&peermsg.Lookup{Corr: 1, Keys: mkeys("ns", "a", "b", "c", "d")}, asker, l)
+		lk := o.frames[0].(*wire.Lookup)
+		o = c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round, Hits: []bool{true, true, false, true},
+			Checksums: []uint32{1, 2, 0, 4}, Sizes: sizes})
+		return only[*peermsg.LookupResult](t, o), o
+	}
+	res, o := lookup(readyAt, []int{4096, halfChunk + 1, 0, halfChunk})
+	if !reflect.DeepEqual(res.Hits, []bool{true, false, false, true}) || !reflect.DeepEqual(res.Sizes, []int{4096, 0, 0, halfChunk}) ||
+		!reflect.DeepEqual(o.drops, []string{"block_too_large"}) {
+		t.Fatalf("answer %+v, drops %v", res, o.drops)
+	}
+	if res, _ := lookup(readyAt, nil); res.Sizes != nil || !reflect.DeepEqual(res.Hits, []bool{true, true, false, true}) {
+		t.Fatalf("a producer of our slot size without sizes: %+v", res)
+	}
+	small := readyAt
+	small.peerBlock = 1024
+	if res, _ := lookup(small, nil); !reflect.DeepEqual(res.Sizes, []int{1024, 1024, 0, 1024}) {
+		t.Fatalf("a producer of smaller slots without sizes: %+v", res)
+	}
+	large := readyAt
+	large.peerBlock = 2 * halfChunk
+	if res, _ := lookup(large, nil); !reflect.DeepEqual(res.Hits, []bool{false, false, false, false}) {
+		t.Fatalf("a producer of larger slots without sizes: %+v", res)
+	}
+}
+
+// A fetch of blocks of several lengths: chunks cut by summed bytes, the
+// Fetch says the lengths, each chunk is verified at them, and the answer
+// counts the good blocks' bytes.
+func TestConsumerFetchesBlocksAtTheirLengths(t *testing.T) {
+	c := testConsumer()
+	r := leased(t, c)
+	m := &peermsg.Fetch{Corr: 2, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12},
+		Checksums: []uint32{1, 2, 3}, Sizes: []int{4096, halfChunk, 0}}
+	_, f, _ := c.startFetch(m, asker, readyAt)
+	if f == nil || f.chunks != 2 || !reflect.DeepEqual(f.sizes, []int{4096, halfChunk, halfChunk}) {
+		t.Fatalf("fetch %+v", f)
+	}
+	o := c.fetching(r, f, m, asker, f.chunks, nil)
+	if fr := o.frames[0].(*wire.Fetch); !reflect.DeepEqual(fr.Sizes, []int{4096, halfChunk, halfChunk}) {
+		t.Fatalf("Fetch sizes %v", fr.Sizes)
+	}
+	o = c.arrived(&arrived{round: r.n, chunk: 0})
+	if !reflect.DeepEqual(o.verify[0].sizes, []int{4096, halfChunk}) {
+		t.Fatalf("verify %+v", o.verify)
+	}
+	c.verified(&verified{round: r.n, chunk: 0, ok: []bool{true, true}})
+	c.arrived(&arrived{round: r.n, chunk: 1, last: true})
+	c.verified(&verified{round: r.n, chunk: 1, ok: []bool{false}})
+	res := only[*peermsg.FetchResult](t, c.transferDone(&wire.TransferDone{Epoch: 7, Round: r.n, OK: true}))
+	if res.Err != nil || res.Bytes != 4096+halfChunk {
+		t.Fatalf("answer %+v, want %d bytes", res, 4096+halfChunk)
+	}
+
+	for _, sizes := range [][]int{{4096}, {4096, halfChunk + 1, 1}, {-1, 1, 1}} {
+		c := testConsumer()
+		r := leased(t, c)
+		m := &peermsg.Fetch{Corr: 3, Round: r.n, Keys: mkeys("ns", "a", "b", "c"), Slots: []int{10, 11, 12}, Checksums: []uint32{1, 2, 3}, Sizes: sizes}
+		if _, f, o := c.startFetch(m, asker, readyAt); f != nil || !errors.Is(only[*peermsg.FetchResult](t, o).Err, messages.ErrBadRequest) {
+			t.Fatalf("sizes %v: %+v", sizes, o)
+		}
+	}
+	if err := refusedFetch("expired"); !errors.Is(err, messages.ErrPeerRefused) || errors.Is(err, ErrBlockTooLarge) {
+		t.Fatalf("refusedFetch: %v", err)
+	}
+}
+
+// Chunks are cut by summed bytes, at least one block each, the same for
+// equal sizes as before blocks could differ.
+func TestPlanChunks(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		want  chunkPlan
+	}{
+		{[]int{halfChunk, halfChunk, halfChunk}, chunkPlan{0, 2, 3}},
+		{[]int{ChunkBytes + 1, 1, ChunkBytes}, chunkPlan{0, 1, 2, 3}},
+		{[]int{halfChunk, 4096, halfChunk, 4096}, chunkPlan{0, 2, 4}},
+		{[]int{4096}, chunkPlan{0, 1}},
+		{nil, chunkPlan{0, 0}},
+	} {
+		if got := planChunks(tc.sizes); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("planChunks(%v) = %v, want %v", tc.sizes, got, tc.want)
+		}
+	}
+	eq := make([]int, 8192)
+	for i := range eq {
+		eq[i] = 1 << 20
+	}
+	if p := planChunks(eq); p.count() != 8192/8 {
+		t.Errorf("8192 blocks of 1 MiB: %d chunks, want %d", p.count(), 8192/8)
 	}
 }

@@ -27,7 +27,7 @@ func hello(g *gate, epoch uint64) *dialer {
 	h := &wire.Hello{Version: wire.Version, Node: "them", Epoch: epoch, Nonce: wire.NewNonce(), BlockBytes: 4096, Transport: "tcp"}
 	w := &wire.Welcome{Version: wire.Version, Node: "us", Epoch: epoch, Nonce: wire.NewNonce(), BlockBytes: 4096, Transport: "tcp"}
 	w.MAC = wire.ServerMAC(gateSecret, h, w)
-	g.welcomed(newInbound("them", h, w, nil, time.Minute, time.Now))
+	g.welcomed(newInbound("them", h, w, nil, time.Minute, time.Now, nil))
 	return &dialer{hello: h, welcome: w}
 }
 

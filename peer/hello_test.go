@@ -51,8 +51,9 @@ func TestAdmitHello(t *testing.T) {
 		{"malformed, even draining", hello(nil), true, malformed, helloVerdict{drop: wire.Reason(malformed)}},
 		{"not the connection's identity", hello(func(h *wire.Hello) { h.Node = "mallory" }), false, nil,
 			helloVerdict{refuse: wire.RefuseAuth, msg: "node id differs from the connection's identity"}},
-		{"block geometry", hello(func(h *wire.Hello) { h.BlockBytes = 8192 }), false, nil,
-			helloVerdict{refuse: wire.RefuseGeometry, msg: "block bytes 8192, ours 4096"}},
+		// A slot size of its own is no reason to refuse: blocks carry their lengths.
+		{"larger slots", hello(func(h *wire.Hello) { h.BlockBytes = 8192 }), false, nil, helloVerdict{}},
+		{"smaller slots", hello(func(h *wire.Hello) { h.BlockBytes = 1024 }), false, nil, helloVerdict{}},
 		{"data plane", hello(func(h *wire.Hello) { h.Transport = "nixl" }), false, nil,
 			helloVerdict{refuse: wire.RefuseTransport, msg: `transport "nixl", ours "tcp"`}},
 		{"no namespace in common", hello(func(h *wire.Hello) { h.Namespaces = []string{"ns-z"} }), false, nil,

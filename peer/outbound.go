@@ -34,6 +34,9 @@ type outbound struct {
 	// highest one answered: a seq space of their own (probeSeqBit), so a
 	// probe never reads as a heartbeat Ping left unanswered.
 	probeSeq, probe uint64
+	// peerBlock is the producer's slot size, from its Welcome: a hit of a
+	// LookupResp without sizes is that long.
+	peerBlock int
 }
 
 type outPhase uint8

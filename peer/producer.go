@@ -38,8 +38,9 @@ type inbound struct {
 	shared   map[string]bool // namespaces both sides serve; nil = any
 	leaseTTL time.Duration
 	now      func() time.Time
-	seal     *wire.Sealer // seals what we send, from our Ready on
-	open     *wire.Opener // checks what the peer sends after its Auth
+	blockLen func(namespace string) int // a block's length in our pool (Config.blockLen)
+	seal     *wire.Sealer               // seals what we send, from our Ready on
+	open     *wire.Opener               // checks what the peer sends after its Auth
 	maxRound uint64
 	rounds   map[uint64]*inRound
 }
@@ -48,11 +49,12 @@ type inbound struct {
 type inRound struct {
 	n       uint64
 	holder  messages.Holder
-	hits    map[messages.Key]bool
-	phase   roundPhase // looking, leased, fetching (pinning or writing)
+	hits    map[messages.Key]int // leased hits and their lengths, as the LookupResp told
+	phase   roundPhase           // looking, leased, fetching (pinning or writing)
 	job     messages.JobRef
 	keys    []messages.Key // looked-up keys, then the fetched ones
 	dest    []int
+	sizes   []int // the fetched blocks' lengths
 	token   rdma.Token
 	expires time.Time // a Fetch's arrival plus its ttl: no write is posted later
 	abort   bool      // an Abort came while looking up (end at the answer) or writing (AbortAck when done)
@@ -92,9 +94,22 @@ type startWrite struct {
 	done  written
 }
 
-func newInbound(node string, h *wire.Hello, w *wire.Welcome, ours []string, leaseTTL time.Duration, now func() time.Time) *inbound {
+func newInbound(node string, h *wire.Hello, w *wire.Welcome, ours []string, leaseTTL time.Duration, now func() time.Time,
+	blockLen func(string) int) *inbound {
 	return &inbound{node: node, epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(ours, h.Namespaces),
-		leaseTTL: leaseTTL, now: now, rounds: map[uint64]*inRound{}}
+		leaseTTL: leaseTTL, now: now, blockLen: blockLen, rounds: map[uint64]*inRound{}}
+}
+
+// length is the length of a block of ours as the CPU tier holds it.
+// NB: the CPU tier's LookupResult and PinResult do not report block
+// lengths yet; until they do (once its pool holds blocks of several sizes,
+// issue 42), a block is as long as its namespace's blocks (Config.
+// BlockSizes), else a whole slot — every block is, today.
+func (in *inbound) length(k messages.Key) int {
+	if in.blockLen == nil {
+		return in.welcome.BlockBytes
+	}
+	return in.blockLen(string(k.Namespace))
 }
 
 func (o *served) drop(reason string)        { o.drops = append(o.drops, reason) }
@@ -164,19 +179,25 @@ func (in *inbound) leased(call cpuCall, m *cpumsg.LookupResult, draining bool) (
 		return o
 	}
 	resp := in.allMiss(r.n, len(r.keys))
-	r.hits = map[messages.Key]bool{}
+	r.hits = map[messages.Key]int{}
+	sizes, uniform := make([]int, len(r.keys)), true
 	for i, st := range m.Status {
 		if st != messages.Hit || i >= len(r.keys) || i >= len(m.Checksums) {
 			continue
 		}
 		resp.Hits[i], resp.Checksums[i] = true, m.Checksums[i]
-		r.hits[r.keys[i]] = true
+		sizes[i] = in.length(r.keys[i])
+		uniform = uniform && sizes[i] == in.welcome.BlockBytes
+		r.hits[r.keys[i]] = sizes[i]
 		if i < len(m.Prov) && m.Prov[i] != nil {
 			if resp.Prov == nil {
 				resp.Prov = make([]*wire.Provenance, len(r.keys))
 			}
 			resp.Prov[i] = toWireProv(m.Prov[i])
 		}
+	}
+	if !uniform {
+		resp.Sizes = sizes // NB: absent, the consumer reads every hit as our BlockBytes long
 	}
 	r.keys, r.phase = nil, roundLeased
 	if len(r.hits) == 0 {
@@ -196,8 +217,9 @@ func (in *inbound) roundOf(c cpuCall) *inRound {
 
 // fetch serves the peer's Fetch of leased hits into its slots: the leases
 // become pins of job (the answer comes back to pinned). A Fetch of a key
-// not leased to the round, or into a slot out of range or named twice, is
-// refused and ends the round.
+// not leased to the round, at another length than the LookupResp said
+// (absent sizes: the consumer's BlockBytes each), or into a slot out of
+// range or named twice, is refused and ends the round.
 func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 	r := in.rounds[f.Round]
 	if r == nil || r.phase != roundLeased {
@@ -206,15 +228,23 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 		return o
 	}
 	keys := make([]messages.Key, len(f.Keys))
+	sizes := make([]int, len(f.Keys))
 	seen := make(map[int]bool, len(f.Dest))
 	bad := ""
 	for i, k := range f.Keys {
 		keys[i] = messages.Key{Namespace: messages.Namespace(k.Namespace), Hash: string(k.Hash), Group: k.Group}
+		sizes[i] = in.hello.BlockBytes
+		if len(f.Sizes) != 0 {
+			sizes[i] = f.Sizes[i]
+		}
+		leased, ok := r.hits[keys[i]]
 		switch {
-		case !r.hits[keys[i]]:
+		case !ok:
 			bad = "not_leased"
 		case f.Dest[i] < 0 || f.Dest[i] >= in.hello.Slots || seen[f.Dest[i]]:
 			bad = "bad_slot"
+		case sizes[i] != leased:
+			bad = "bad_size"
 		}
 		seen[f.Dest[i]] = true
 	}
@@ -222,7 +252,7 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 		o.drop(bad)
 		return in.end(o, r, false, bad)
 	}
-	r.phase, r.keys, r.dest, r.job = roundFetching, keys, f.Dest, job
+	r.phase, r.keys, r.dest, r.sizes, r.job = roundFetching, keys, f.Dest, sizes, job
 	r.expires = in.now().Add(time.Duration(f.TTLms) * time.Millisecond)
 	copy(r.token[:], f.Token)
 	o.ask(cpuCall{epoch: in.epoch, round: r.n, holder: r.holder, job: job},
@@ -231,8 +261,9 @@ func (in *inbound) fetch(f *wire.Fetch, job messages.JobRef) (o served) {
 }
 
 // pinned starts the write of the pinned slots, or ends the round when its
-// leases were lost or its Fetch's ttl has passed (its pins are released
-// then). in is nil when the session ended meanwhile.
+// leases were lost, its Fetch's ttl has passed, or a pinned block is longer
+// than a slot of ours or the consumer's (its pins are released then). in
+// is nil when the session ended meanwhile.
 func (in *inbound) pinned(call cpuCall, m *cpumsg.PinResult) (o served) {
 	r := in.roundOf(call)
 	if r == nil || r.phase != roundFetching {
@@ -252,10 +283,28 @@ func (in *inbound) pinned(call cpuCall, m *cpumsg.PinResult) (o served) {
 		o.drop("expired_fetch")
 		o.tell(&cpumsg.ReleaseJob{Job: r.job})
 		return in.end(o, r, false, "expired")
+	case !in.fits(r):
+		// Nothing is written: a block cut to a slot would be a corrupt one.
+		o.drop(reasonBlockTooLarge)
+		o.tell(&cpumsg.ReleaseJob{Job: r.job})
+		return in.end(o, r, false, reasonBlockTooLarge)
 	}
 	o.write = &startWrite{round: r, src: m.Slots,
 		done: written{epoch: in.epoch, round: r.n, job: r.job, holder: r.holder, keys: r.keys}}
 	return o
+}
+
+// fits reports whether every pinned block of r, at its length as pinned,
+// fits a slot of ours and one of the consumer's and is as long as the
+// Fetch said.
+func (in *inbound) fits(r *inRound) bool {
+	limit := min(in.welcome.BlockBytes, in.hello.BlockBytes)
+	for i, k := range r.keys {
+		if n := in.length(k); n > limit || n != r.sizes[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // writeDone is a write's report: its pins and lease are released whatever

@@ -21,8 +21,8 @@ var testNow = time.Unix(1000, 0)
 
 func testInbound(t *testing.T, ours, theirs []string) *inbound {
 	t.Helper()
-	h := &wire.Hello{Epoch: 7, Namespaces: theirs, Slots: 4}
-	return newInbound("b", h, &wire.Welcome{Epoch: 7}, ours, time.Minute, func() time.Time { return testNow })
+	h := &wire.Hello{Epoch: 7, Namespaces: theirs, Slots: 4, BlockBytes: 4096}
+	return newInbound("b", h, &wire.Welcome{Epoch: 7, BlockBytes: 4096}, ours, time.Minute, func() time.Time { return testNow }, nil)
 }
 
 func wkeys(ns string, hashes ...string) []wire.Key {
@@ -416,5 +416,74 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 				t.Fatalf("seed %d: round %d answered %d times", seed, r, n)
 			}
 		}
+	}
+}
+
+// sizedInbound is a producer with slots of ours bytes whose namespace
+// "ns" holds blocks of nsBytes, serving a consumer with slots of theirs.
+func sizedInbound(ours, nsBytes, theirs int) *inbound {
+	h := &wire.Hello{Epoch: 7, Namespaces: []string{"ns"}, Slots: 4, BlockBytes: theirs}
+	lens := func(string) int { return nsBytes }
+	return newInbound("b", h, &wire.Welcome{Epoch: 7, BlockBytes: ours}, []string{"ns"}, time.Minute,
+		func() time.Time { return testNow }, lens)
+}
+
+// The LookupResp says each hit's length when it is not our slot size, and
+// a Fetch must ask for every block at that length.
+func TestProducerTellsBlockLengthsAndHoldsTheFetchToThem(t *testing.T) {
+	in := sizedInbound(12288, 4096, 12288)
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a", "b", "c")}, false))
+	o := in.leased(call, lease(call, lk, true, false, true), false)
+	resp := o.frames[0].(*wire.LookupResp)
+	if !reflect.DeepEqual(resp.Sizes, []int{4096, 0, 4096}) {
+		t.Fatalf("sizes %v, want each hit's length", resp.Sizes)
+	}
+	for name, sizes := range map[string][]int{"absent (the consumer's slots)": nil, "another length": {4096, 4095}} {
+		in := sizedInbound(12288, 4096, 12288)
+		call := leasedRound(t, in, 1)
+		o := in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a", "b"), Dest: []int{0, 1}, Sizes: sizes}, messages.JobRef{ID: 1})
+		if done, ok := o.frames[0].(*wire.TransferDone); !ok || done.OK || done.Reason != "bad_size" ||
+			!reflect.DeepEqual(released(o), []messages.Holder{call.holder}) {
+			t.Fatalf("%s: %+v, want TransferDone{bad_size} and the leases released", name, o)
+		}
+	}
+	in = sizedInbound(12288, 4096, 12288)
+	leasedRound(t, in, 1)
+	if _, pin := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a", "b"),
+		Dest: []int{0, 1}, Sizes: []int{4096, 4096}}, messages.JobRef{ID: 1})); pin.round != 1 {
+		t.Fatalf("pin call %+v", pin)
+	}
+}
+
+// A pinned block longer than the consumer's slots (or ours) is never
+// written: the round ends with TransferDone{block_too_large}, its pins and
+// its leases released — nothing leaks.
+func TestProducerRefusesABlockTooLongForASlotAndReleasesItsPins(t *testing.T) {
+	for name, in := range map[string]*inbound{
+		"the consumer's slots": sizedInbound(12288, 12288, 4096),
+		"our slots":            sizedInbound(4096, 8192, 12288), // a namespace's size beyond our slots: misconfigured
+	} {
+		t.Run(name, func(t *testing.T) {
+			call := leasedRound(t, in, 1)
+			size := in.length(messages.Key{Namespace: "ns"})
+			job := messages.JobRef{Origin: messages.OriginPeer, ID: 3}
+			_, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"),
+				Dest: []int{0}, Sizes: []int{size}}, job))
+			o := in.pinned(pinCall, &cpumsg.PinResult{Job: job, Slots: []int{2}})
+			if o.write != nil {
+				t.Fatal("a block too long for a slot was written")
+			}
+			done, ok := o.frames[0].(*wire.TransferDone)
+			if !ok || done.OK || done.Reason != reasonBlockTooLarge {
+				t.Fatalf("frames %+v, want TransferDone{%s}", o.frames, reasonBlockTooLarge)
+			}
+			rel, ok := o.cpu[0].msg.(*cpumsg.ReleaseJob)
+			if !ok || rel.Job != job || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || len(in.rounds) != 0 {
+				t.Fatalf("cpu %+v: want the pins and the leases released, the round ended", o.cpu)
+			}
+			if !errors.Is(refusedFetch(done.Reason), ErrBlockTooLarge) || !errors.Is(refusedFetch(done.Reason), messages.ErrPeerRefused) {
+				t.Fatalf("the consumer reads %q as %v", done.Reason, refusedFetch(done.Reason))
+			}
+		})
 	}
 }

@@ -254,11 +254,12 @@ func (s *Session) onWelcome(ctx actor.Context, w *wire.Welcome) {
 	case w.Node != s.node:
 		s.refusedOut(ctx, wire.RefuseAuth, fmt.Sprintf("answered as %q", w.Node))
 	default:
-		if reason, msg := compatible(s.cfg, w.Namespaces, w.BlockBytes, w.Transport); reason != "" {
+		if reason, msg := compatible(s.cfg, w.Namespaces, w.Transport); reason != "" {
 			s.refusedOut(ctx, reason, msg)
 			return
 		}
 		s.out.welcomed()
+		s.out.peerBlock = w.BlockBytes
 		s.sendOut(&wire.Auth{Epoch: s.out.epoch, MAC: wire.ClientMAC(s.cfg.Secret, s.out.hello, w)})
 		dialer, listener := wire.SessionKeys(s.cfg.Secret, s.out.hello, w)
 		s.out.seal, s.out.open = wire.NewSealer(dialer), wire.NewOpener(listener)
@@ -462,7 +463,7 @@ func (s *Session) carryOut(ctx actor.Context, o consumed) {
 
 // linkNow is the outbound session as the consumer's decisions see it.
 func (s *Session) linkNow() linkNow {
-	return linkNow{epoch: s.out.epoch, ready: s.out.phase == outReady, draining: s.drain != nil}
+	return linkNow{epoch: s.out.epoch, ready: s.out.phase == outReady, draining: s.drain != nil, peerBlock: s.out.peerBlock}
 }
 
 // armRound (re)arms a round's deadline, unless the round already ended.
@@ -495,8 +496,8 @@ func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetc
 	self, root, asker := ctx.Self(), ctx.ActorSystem().Root, fx.RefOf(ctx.Sender())
 	last := newLastOf(f.chunks)
 	for i := range f.chunks {
-		lo, hi := chunkRange(i, len(f.keys), s.cfg.BlockBytes)
-		err := s.cfg.Transport.Expect(s.node, chunkToken(f.token, i), f.slots[lo:hi], func(c rdma.Completion) {
+		lo, hi := f.plan.span(i)
+		err := s.cfg.Transport.Expect(s.node, chunkToken(f.token, i), f.slots[lo:hi], f.sizes[lo:hi], func(c rdma.Completion) {
 			isLast, _ := last.done(nil)
 			root.Send(self, &arrived{round: round, chunk: i, last: isLast, corr: corr, asker: asker, c: c})
 		})
@@ -513,14 +514,15 @@ func (s *Session) expectChunks(ctx actor.Context, round, corr uint64, f *outFetc
 func (s *Session) verifyChunk(ctx actor.Context, v verifyChunk) {
 	self, root, region := ctx.Self(), ctx.ActorSystem().Root, s.cfg.Region
 	s.cfg.Offload.Go(func() {
-		root.Send(self, &verified{round: v.round, chunk: v.chunk, ok: verify(region, v.slots, v.sums)})
+		root.Send(self, &verified{round: v.round, chunk: v.chunk, ok: verify(region, v.slots, v.sizes, v.sums)})
 	})
 }
 
-// verify checks each fetched slot against the producer's committed CRC32C
-// (off the mailbox), spread over every CPU: it sits between the last byte
-// arriving and the blocks becoming readable.
-func verify(region rdma.Region, slots []int, sums []uint32) []bool {
+// verify checks each fetched block — sizes[i] bytes at the start of
+// slots[i] — against the producer's committed CRC32C (off the mailbox),
+// spread over every CPU: it sits between the last byte arriving and the
+// blocks becoming readable.
+func verify(region rdma.Region, slots, sizes []int, sums []uint32) []bool {
 	ok := make([]bool, len(slots))
 	workers := min(runtime.GOMAXPROCS(0), max(1, len(slots)/8))
 	var wg sync.WaitGroup
@@ -529,7 +531,7 @@ func verify(region rdma.Region, slots []int, sums []uint32) []bool {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(slots); i += workers {
-				ok[i] = crc32.Checksum(region.Slot(slots[i]), castagnoli) == sums[i]
+				ok[i] = crc32.Checksum(region.Block(slots[i], sizes[i]), castagnoli) == sums[i]
 			}
 		}()
 	}
@@ -605,7 +607,8 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// NB: the current session (if any) keeps serving until this handshake
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
-	s.gate.welcomed(newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock))) // NB: monotonic: a stepped wall clock must not stretch a Fetch past its ttl
+	// NB: a monotonic clock: a stepped wall clock must not stretch a Fetch past its ttl.
+	s.gate.welcomed(newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock), s.cfg.blockLen))
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }
@@ -725,12 +728,13 @@ func (s *Session) onPinned(ctx actor.Context, m *cpumsg.PinResult) {
 	s.carry(ctx, s.gate.in.pinned(call, m))
 }
 
-// writeChunks writes the pinned slots into the consumer's, chunk by chunk
-// (chunks.go); the last completion, whichever session incarnation gets
-// it, reports the whole write.
+// writeChunks writes the pinned blocks into the consumer's slots, chunk by
+// chunk (chunks.go), each at its length; the last completion, whichever
+// session incarnation gets it, reports the whole write.
 func (s *Session) writeChunks(ctx actor.Context, r *inRound, done *written, src []int) {
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	n := chunkCount(len(src), s.cfg.BlockBytes)
+	plan := planChunks(r.sizes)
+	n := plan.count()
 	last := newLastOf(n)
 	report := func(err error) {
 		w := *done
@@ -738,8 +742,8 @@ func (s *Session) writeChunks(ctx actor.Context, r *inRound, done *written, src 
 		root.Send(self, &w)
 	}
 	for i := range n {
-		lo, hi := chunkRange(i, len(src), s.cfg.BlockBytes)
-		err := s.cfg.Transport.Write(s.node, chunkToken(r.token, i), src[lo:hi], r.dest[lo:hi], func(c rdma.Completion) {
+		lo, hi := plan.span(i)
+		err := s.cfg.Transport.Write(s.node, chunkToken(r.token, i), src[lo:hi], r.dest[lo:hi], r.sizes[lo:hi], func(c rdma.Completion) {
 			if isLast, first := last.done(c.Err); isLast {
 				report(first)
 			}
@@ -786,7 +790,6 @@ func (s *Session) cleanup(ctx actor.Context) {
 	}
 }
 
-// compatible checks the other side's half of a handshake against ours.
 // helloVerdict is what an inbound Hello gets: dropped (a frame that did
 // not decode: counted, not answered), refused (a Refuse with reason and
 // msg), or, both empty, a Welcome.
@@ -810,14 +813,17 @@ func admitHello(cfg *Config, node string, draining bool, h *wire.Hello, decodeEr
 	case !cfg.allowed(h.Node):
 		return helloVerdict{refuse: wire.RefuseNotAllow, msg: "not on the allow-list"}
 	}
-	reason, msg := compatible(cfg, h.Namespaces, h.BlockBytes, h.Transport)
+	reason, msg := compatible(cfg, h.Namespaces, h.Transport)
 	return helloVerdict{refuse: reason, msg: msg}
 }
 
-func compatible(cfg *Config, namespaces []string, blockBytes int, transport string) (reason, msg string) {
+// compatible checks the other side's half of a handshake against ours. A
+// different block_bytes is no reason to refuse (wire.RefuseGeometry is
+// what version 2 sent): it is a slot's capacity, a namespace's blocks are
+// the same size on every node, and each block's length travels with it,
+// checked per block against both sides' slots.
+func compatible(cfg *Config, namespaces []string, transport string) (reason, msg string) {
 	switch {
-	case blockBytes != cfg.BlockBytes:
-		return wire.RefuseGeometry, fmt.Sprintf("block bytes %d, ours %d", blockBytes, cfg.BlockBytes)
 	case transport != cfg.Transport.Kind():
 		return wire.RefuseTransport, fmt.Sprintf("transport %q, ours %q", transport, cfg.Transport.Kind())
 	case len(namespaces) > 0 && len(cfg.Namespaces) > 0 && len(sharedSet(cfg.Namespaces, namespaces)) == 0:

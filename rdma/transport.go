@@ -14,6 +14,12 @@
 // messages: nothing here blocks a mailbox, and nothing polls while no
 // transfer is in flight.
 //
+// A block of n bytes sits at the start of its slot, n <= the slot's size:
+// one node's pool may hold blocks of several sizes (one per namespace), and
+// two nodes' slots may differ in size while the blocks they exchange are
+// the same size. Every transfer therefore names a length per entry; nil
+// lengths mean whole slots of the caller's own pool.
+//
 // Implementations: rdma/tcp (pure Go, the default) and rdma/nixl (cgo,
 // build tag nixl).
 package rdma
@@ -22,13 +28,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 )
 
 // Region is the local memory a transport registers once: the CPU pool, as
 // Slots consecutive slots of SlotBytes each.
 type Region struct {
 	Base      []byte // the whole pool mapping; len(Base) >= Slots*SlotBytes
-	SlotBytes int    // bytes per slot (the block size)
+	SlotBytes int    // bytes per slot: the largest block a slot holds
 	Slots     int    // number of slots
 }
 
@@ -36,6 +43,48 @@ type Region struct {
 func (r Region) Slot(i int) []byte {
 	off := i * r.SlotBytes
 	return r.Base[off : off+r.SlotBytes : off+r.SlotBytes]
+}
+
+// Block returns the first n bytes of slot i: a block of n bytes in it.
+func (r Region) Block(i, n int) []byte {
+	off := i * r.SlotBytes
+	return r.Base[off : off+n : off+n]
+}
+
+// Lengths resolves the lengths of a call of count entries: nil means whole
+// slots of slotBytes; otherwise there must be exactly count, each within
+// 1..limit (the smaller of the two sides' slot sizes, where both are
+// known). The result is the caller's to keep (a copy).
+func Lengths(lens []int, count, slotBytes, limit int) ([]int, error) {
+	out := make([]int, count)
+	if lens == nil {
+		if slotBytes > limit {
+			return nil, fmt.Errorf("whole slots of %d bytes into slots of %d: %w", slotBytes, limit, ErrBadLength)
+		}
+		for i := range out {
+			out[i] = slotBytes
+		}
+		return out, nil
+	}
+	if len(lens) != count {
+		return nil, fmt.Errorf("%d lengths for %d slots: %w", len(lens), count, ErrBadLength)
+	}
+	for i, n := range lens {
+		if n <= 0 || n > limit {
+			return nil, fmt.Errorf("entry %d: %d bytes, want 1..%d: %w", i, n, limit, ErrBadLength)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// Sum is the total of lengths: a transfer's payload bytes.
+func Sum(lens []int) int64 {
+	var n int64
+	for _, l := range lens {
+		n += int64(l)
+	}
+	return n
 }
 
 // Valid reports whether every slot index is inside the region.
@@ -70,7 +119,7 @@ func (t Token) String() string { return hex.EncodeToString(t[:4]) }
 type Completion struct {
 	Token Token
 	Peer  string // the remote node id
-	Bytes int64  // bytes moved
+	Bytes int64  // payload bytes moved: the sum of the entries' lengths
 	Err   error  // nil: every byte is in place (Expect) / handed off (Write)
 }
 
@@ -85,8 +134,8 @@ type Completion struct {
 //   - Write's done is called exactly once, when the src slots may be reused
 //     (the bytes were copied out or the write failed).
 //   - Bytes for a token are accepted only from the peer the token was
-//     expected from, only into the slots it was expected with, and only
-//     once; anything else is refused with ErrProtocol and counted, and the
+//     expected from, only into the slots it was expected with (and at the
+//     lengths it was expected with), and only once; anything else is refused with ErrProtocol and counted, and the
 //     expectation is left intact for the real producer.
 //   - Disconnect(peer) fails that peer's pending Expects and Writes
 //     (ErrPeerGone); Close fails everything (ErrClosed) and returns once no
@@ -119,15 +168,20 @@ type Transport interface {
 	// ErrPeerGone.
 	Disconnect(peer string)
 	// Expect (consumer side) accepts one transfer from peer under tok into
-	// the local dst slots; done reports its end.
-	Expect(peer string, tok Token, dst []int, done func(Completion)) error
+	// the local dst slots, lens[i] bytes at the start of dst[i] (nil: whole
+	// slots); done reports its end. A length outside 1..the slot size is
+	// refused (ErrBadLength).
+	Expect(peer string, tok Token, dst, lens []int, done func(Completion)) error
 	// Cancel (consumer side) abandons an Expect; its done comes with
 	// ErrCanceled once the transport no longer touches the slots. Unknown
 	// or finished tokens are ignored.
 	Cancel(tok Token)
-	// Write (producer side) copies the local src slots into peer's dst
-	// slots under tok (len(src) == len(dst)); done reports its end.
-	Write(peer string, tok Token, src, dst []int, done func(Completion)) error
+	// Write (producer side) copies the first lens[i] bytes of the local
+	// src[i] into the start of peer's dst[i] under tok (len(src) ==
+	// len(dst) == len(lens); nil lens: whole local slots); done reports its
+	// end. A length beyond either side's slot size, where the transport
+	// knows the peer's, is refused (ErrBadLength).
+	Write(peer string, tok Token, src, dst, lens []int, done func(Completion)) error
 	// Stats is a snapshot of the transport's counters.
 	Stats() Stats
 	// Close fails everything pending, releases the registration and waits
@@ -167,6 +221,9 @@ var (
 	// ErrBadSlot: a slot index outside the registered region (local or, as
 	// advertised, remote).
 	ErrBadSlot = errors.New("rdma: slot out of range")
+	// ErrBadLength: a block length of 0, or beyond a slot it is read from or
+	// written into (local or, as advertised, remote).
+	ErrBadLength = errors.New("rdma: block length outside its slot")
 	// ErrDuplicateToken: Expect with a token already pending.
 	ErrDuplicateToken = errors.New("rdma: duplicate token")
 	// ErrClosed: the transport is closed.

@@ -44,8 +44,12 @@ type LookupResult struct {
 	Hits      []bool                 // per key
 	Checksums []uint32               // per key, committed CRC32C at the producer (hits only)
 	Prov      []*messages.Provenance // per key, what the producer knows of a hit's origin (nil: unknown); may be empty
-	Err       error                  // ErrPeerUnavailable, ErrPeerTimeout, ErrPeerRefused: Hits all false
-	RTT       time.Duration
+	// Sizes is, per key, a hit's length in bytes (0 for a miss); nil when
+	// every hit is the consumer's slot size. A block sits at the start of
+	// its slot: one larger than a slot of ours is never a hit here.
+	Sizes []int
+	Err   error // ErrPeerUnavailable, ErrPeerTimeout, ErrPeerRefused: Hits all false
+	RTT   time.Duration
 }
 
 // Fetch asks the session to fetch leased hits of Round into the
@@ -57,6 +61,10 @@ type Fetch struct {
 	Keys      []messages.Key
 	Slots     []int
 	Checksums []uint32
+	// Sizes is each block's length in bytes, as the LookupResult said (nil,
+	// or an entry of 0: the slot size); each is checked against its
+	// checksum at that length.
+	Sizes []int
 }
 
 // FetchResult answers Fetch, sent only once the data plane no longer
@@ -66,8 +74,8 @@ type FetchResult struct {
 	Node     string
 	Round    uint64
 	OK       []bool // per key: in place and verified
-	Bytes    int64
-	Err      error // the round's failure (all OK false), nil on success
+	Bytes    int64  // the verified blocks' bytes (each at its own length)
+	Err      error  // the round's failure (all OK false), nil on success
 	Duration time.Duration
 }
 

@@ -41,7 +41,7 @@ func check(f Frame) error {
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkResp(f))
 	case *Fetch:
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkKeys(f.Keys),
-			checkDest(f.Dest, len(f.Keys)), checkExact("token", f.Token, TokenBytes),
+			checkDest(f.Dest, len(f.Keys)), checkFetchSizes(f.Sizes, len(f.Keys)), checkExact("token", f.Token, TokenBytes),
 			checkRange("ttl", int(f.TTLms), 1, MaxFetchTTLms))
 	case *TransferDone:
 		err = first(checkEpoch(f.Epoch), checkRound(f.Round), checkString("reason", f.Reason, 0))
@@ -213,6 +213,37 @@ func checkDest(dest []int, keys int) error {
 	return nil
 }
 
+// checkSize: a hit's length is 1..MaxBlockBytes, a miss's 0.
+func checkSize(i, n int, hit bool) error {
+	switch {
+	case !hit && n != 0:
+		return malformed("", "sizes", "entry %d: a miss of %d bytes", i, n)
+	case !hit:
+		return nil
+	}
+	if err := checkRange("sizes", n, 1, MaxBlockBytes); err != nil {
+		err.(*Error).Msg = "entry " + itoa(i) + ": " + err.(*Error).Msg
+		return err
+	}
+	return nil
+}
+
+// checkFetchSizes: absent, or one length of 1..MaxBlockBytes per key.
+func checkFetchSizes(sizes []int, keys int) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	if len(sizes) != keys {
+		return malformed("", "sizes", "%d sizes for %d keys", len(sizes), keys)
+	}
+	for i, n := range sizes {
+		if err := checkSize(i, n, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func checkResp(f *LookupResp) error {
 	n := len(f.Hits)
 	switch {
@@ -224,10 +255,17 @@ func checkResp(f *LookupResp) error {
 		return malformed("", "crc", "%d checksums for %d entries", len(f.Checksums), n)
 	case len(f.Prov) != 0 && len(f.Prov) != n:
 		return malformed("", "prov", "%d provenances for %d entries", len(f.Prov), n)
+	case len(f.Sizes) != 0 && len(f.Sizes) != n:
+		return malformed("", "sizes", "%d sizes for %d entries", len(f.Sizes), n)
 	}
 	for i, hit := range f.Hits {
 		if !hit && f.Checksums[i] != 0 {
 			return malformed("", "crc", "entry %d: a miss with checksum %d", i, f.Checksums[i])
+		}
+		if len(f.Sizes) != 0 {
+			if err := checkSize(i, f.Sizes[i], hit); err != nil {
+				return err
+			}
 		}
 		if len(f.Prov) == 0 || f.Prov[i] == nil {
 			continue

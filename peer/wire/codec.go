@@ -126,6 +126,7 @@ const (
 	fOK
 	fSeq
 	fTTL
+	fSizes
 	numFields
 )
 
@@ -134,7 +135,7 @@ var fieldNames = [numFields]string{
 	fBlockBytes: "block_bytes", fSlots: "slots", fTransport: "transport",
 	fMeta: "meta", fMAC: "mac", fReason: "reason", fMsg: "msg", fRound: "round",
 	fKeys: "keys", fHits: "hits", fCRC: "crc", fProv: "prov", fDest: "dest",
-	fToken: "token", fOK: "ok", fSeq: "seq", fTTL: "ttl",
+	fToken: "token", fOK: "ok", fSeq: "seq", fTTL: "ttl", fSizes: "sizes",
 }
 
 var fieldByName = func() map[string]field {
@@ -169,8 +170,8 @@ var schema = func() [opEnd]struct{ required, optional fieldSet } {
 	s[opReady].required = common
 	s[opRefuse].required, s[opRefuse].optional = common|set(fReason), set(fMsg)
 	s[opLookup].required = common | set(fRound, fKeys)
-	s[opLookupResp].required, s[opLookupResp].optional = common|set(fRound, fHits, fCRC), set(fProv)
-	s[opFetch].required = common | set(fRound, fKeys, fDest, fToken, fTTL)
+	s[opLookupResp].required, s[opLookupResp].optional = common|set(fRound, fHits, fCRC), set(fProv, fSizes)
+	s[opFetch].required, s[opFetch].optional = common|set(fRound, fKeys, fDest, fToken, fTTL), set(fSizes)
 	s[opTransferDone].required, s[opTransferDone].optional = common|set(fRound, fOK), set(fReason)
 	s[opAbort].required = common | set(fRound)
 	s[opAbortAck].required = common | set(fRound)
@@ -212,6 +213,7 @@ type values struct {
 	crc                          []uint32
 	prov                         []*Provenance
 	dest                         []int
+	sizes                        []int
 }
 
 type decoder struct {
@@ -447,6 +449,8 @@ func (d *decoder) value(f field) error {
 		v.prov, err = d.provs()
 	case fDest:
 		v.dest, err = d.dest()
+	case fSizes:
+		v.sizes, err = d.sizes()
 	}
 	if err != nil {
 		return fieldErr(d.opName, fieldNames[f], err)
@@ -568,6 +572,24 @@ func (d *decoder) dest() ([]int, error) {
 	out := make([]int, n)
 	for i := range out {
 		u, err := d.r.Uint(MaxSlots - 1)
+		if err != nil {
+			return nil, indexErr(i, err)
+		}
+		out[i] = int(u)
+	}
+	return out, nil
+}
+
+// sizes reads an array of block lengths, each 0..MaxBlockBytes (check says
+// which may be 0: a LookupResp's misses).
+func (d *decoder) sizes() ([]int, error) {
+	n, err := d.r.ArrayLen(MaxKeys, 1)
+	if err != nil || n == 0 {
+		return nil, err // empty as absent
+	}
+	out := make([]int, n)
+	for i := range out {
+		u, err := d.r.Uint(MaxBlockBytes)
 		if err != nil {
 			return nil, indexErr(i, err)
 		}
@@ -723,9 +745,9 @@ func (d *decoder) build() Frame {
 	case opLookup:
 		return &Lookup{Epoch: v.epoch, Round: v.round, Keys: v.keys}
 	case opLookupResp:
-		return &LookupResp{Epoch: v.epoch, Round: v.round, Hits: v.hits, Checksums: v.crc, Prov: v.prov}
+		return &LookupResp{Epoch: v.epoch, Round: v.round, Hits: v.hits, Checksums: v.crc, Prov: v.prov, Sizes: v.sizes}
 	case opFetch:
-		return &Fetch{Epoch: v.epoch, Round: v.round, Keys: v.keys, Dest: v.dest, Token: v.token, TTLms: uint32(v.ttl)}
+		return &Fetch{Epoch: v.epoch, Round: v.round, Keys: v.keys, Dest: v.dest, Sizes: v.sizes, Token: v.token, TTLms: uint32(v.ttl)}
 	case opTransferDone:
 		return &TransferDone{Epoch: v.epoch, Round: v.round, OK: v.ok, Reason: v.reason}
 	case opAbort:

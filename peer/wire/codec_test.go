@@ -66,10 +66,24 @@ func TestRoundTrip(t *testing.T) {
 func TestGoldenEncoding(t *testing.T) {
 	b, err := Encode(&Ping{Epoch: 7, Seq: 1})
 	require.NoError(t, err)
-	require.Equal(t, "84a17602a26f70a470696e67a16507a373657101", hexs(b))
+	require.Equal(t, "84a17603a26f70a470696e67a16507a373657101", hexs(b))
 	b, err = Encode(&Lookup{Epoch: 7, Round: 2, Keys: []Key{{Namespace: "ns", Hash: []byte{0xab, 0xcd}, Group: 1}}})
 	require.NoError(t, err)
-	require.Equal(t, "85a17602a26f70a66c6f6f6b7570a16507a5726f756e6402a46b65797391"+"93a26e73c402abcd01", hexs(b))
+	require.Equal(t, "85a17603a26f70a66c6f6f6b7570a16507a5726f756e6402a46b65797391"+"93a26e73c402abcd01", hexs(b))
+	// Version 3's sizes, as Python's msgpack writes them (field order as ours).
+	b, err = Encode(&LookupResp{Epoch: 7, Round: 2, Hits: []bool{true, false}, Checksums: []uint32{0xdeadbeef, 0}, Sizes: []int{12288, 0}})
+	require.NoError(t, err)
+	require.Equal(t, "87a17603a26f70ab6c6f6f6b75705f72657370a16507a5726f756e6402a468697473c4020100"+
+		"a3637263c408efbeadde00000000a573697a657392cd300000", hexs(b))
+	tok := make([]byte, TokenBytes)
+	for i := range tok {
+		tok[i] = byte(i)
+	}
+	b, err = Encode(&Fetch{Epoch: 7, Round: 2, Keys: []Key{{Namespace: "ns", Hash: []byte{0xab, 0xcd}, Group: 1}},
+		Dest: []int{5}, Sizes: []int{4096}, Token: tok, TTLms: 2000})
+	require.NoError(t, err)
+	require.Equal(t, "89a17603a26f70a56665746368a16507a5726f756e6402a46b6579739193a26e73c402abcd01a4646573749105"+
+		"a573697a657391cd1000a5746f6b656ec410000102030405060708090a0b0c0d0e0fa374746ccd07d0", hexs(b))
 }
 
 func hexs(b []byte) string {
@@ -144,7 +158,8 @@ func TestOtherVersions(t *testing.T) {
 		"ping":          {"v", Version + 1, "op", "ping", "e", 1, "seq", "anything"},
 		"unknown op":    {"v", Version + 1, "op", "gossip", "e", 1},
 		"lookup v0":     {"v", 0, "op", "lookup", "e", 1, "round", 1, "keys", []any{}},
-		"auth, garbage": {"v", 3, "op", "auth", "what", kv{"x", nil}},
+		"auth, garbage": {"v", Version + 2, "op", "auth", "what", kv{"x", nil}},
+		"fetch v2":      {"v", 2, "op", "fetch", "e", 1, "round", 1},
 	} {
 		f, err := Decode(raw(m))
 		require.ErrorIs(t, err, ErrVersion, name)
@@ -179,7 +194,8 @@ func TestMalformedFrames(t *testing.T) {
 	hello := kv{"v", Version, "op", "hello", "e", 7, "node", "a", "nonce", fill(NonceBytes, 1),
 		"block_bytes", 4096, "slots", 8, "transport", "tcp"}
 	welcome := with(with(hello, "op", "welcome"), "mac", fill(MACBytes, 1))
-	for _, ok := range []kv{ping, lookup, fetch, resp, hello, welcome} {
+	for _, ok := range []kv{ping, lookup, fetch, resp, hello, welcome, with(fetch, "sizes", []any{1, MaxBlockBytes}),
+		with(resp, "sizes", []any{12288, 0}), with(fetch, "sizes", []any{})} {
 		decodeOK(t, raw(ok)) // the bases are valid
 	}
 	validLookup := raw(lookup)
@@ -199,6 +215,15 @@ func TestMalformedFrames(t *testing.T) {
 		{"fetch ttl 0", raw(with(fetch, "ttl", 0)), ReasonMalformed},
 		{"fetch ttl over its bound", raw(with(fetch, "ttl", MaxFetchTTLms+1)), ReasonTooLarge},
 		{"fetch ttl negative", raw(with(fetch, "ttl", -5)), ReasonMalformed},
+		{"fetch sizes, one short", raw(with(fetch, "sizes", []any{4096})), ReasonMalformed},
+		{"fetch size 0", raw(with(fetch, "sizes", []any{4096, 0})), ReasonMalformed},
+		{"fetch size over its bound", raw(with(fetch, "sizes", []any{4096, MaxBlockBytes + 1})), ReasonTooLarge},
+		{"fetch size negative", raw(with(fetch, "sizes", []any{4096, -1})), ReasonMalformed},
+		{"fetch sizes as bin", raw(with(fetch, "sizes", []byte{1, 2})), ReasonMalformed},
+		{"resp sizes, one short", raw(with(resp, "sizes", []any{4096})), ReasonMalformed},
+		{"resp miss with a size", raw(with(resp, "sizes", []any{4096, 1})), ReasonMalformed},
+		{"resp hit of size 0", raw(with(resp, "sizes", []any{0, 0})), ReasonMalformed},
+		{"sizes on a lookup", raw(with(lookup, "sizes", []any{1})), ReasonMalformed},
 		{"missing op", raw(without(ping, "op")), ReasonMalformed},
 		{"v as string", raw(with(ping, "v", "1")), ReasonMalformed},
 		{"v negative", raw(with(ping, "v", -1)), ReasonMalformed},

@@ -48,13 +48,14 @@ func encode(w *writer, f Frame) {
 	case *LookupResp:
 		encodeResp(w, f)
 	case *Fetch:
-		header(w, 8, opFetch, f.Epoch)
+		header(w, 8+msgp.Count(len(f.Sizes) > 0), opFetch, f.Epoch)
 		round(w, f.Round)
 		encodeKeys(w, f.Keys)
 		w.Str("dest")
-		w.ArrayLen(len(f.Dest))
-		for _, s := range f.Dest {
-			w.Uint(uint64(s))
+		encodeUints(w, f.Dest)
+		if len(f.Sizes) > 0 {
+			w.Str("sizes")
+			encodeUints(w, f.Sizes)
 		}
 		w.Str("token")
 		w.Bin(f.Token)
@@ -86,6 +87,14 @@ func encodeUintFrame(w *writer, o op, epoch uint64, name string, v uint64) {
 	header(w, 4, o, epoch)
 	w.Str(name)
 	w.Uint(v)
+}
+
+// encodeUints writes an array of non-negative ints (checked by check).
+func encodeUints(w *writer, vs []int) {
+	w.ArrayLen(len(vs))
+	for _, v := range vs {
+		w.Uint(uint64(v))
+	}
 }
 
 // header writes the map header and the fields every frame has: v, op, e.
@@ -139,7 +148,7 @@ func encodeKeys(w *writer, keys []Key) {
 }
 
 func encodeResp(w *writer, f *LookupResp) {
-	header(w, 6+msgp.Count(len(f.Prov) > 0), opLookupResp, f.Epoch)
+	header(w, 6+msgp.Count(len(f.Prov) > 0, len(f.Sizes) > 0), opLookupResp, f.Epoch)
 	round(w, f.Round)
 	w.Str("hits")
 	w.BinHeader(len(f.Hits))
@@ -150,6 +159,10 @@ func encodeResp(w *writer, f *LookupResp) {
 	w.BinHeader(4 * len(f.Checksums))
 	for _, c := range f.Checksums {
 		w.B = binary.LittleEndian.AppendUint32(w.B, c)
+	}
+	if len(f.Sizes) > 0 {
+		w.Str("sizes")
+		encodeUints(w, f.Sizes)
 	}
 	if len(f.Prov) == 0 {
 		return
@@ -184,9 +197,9 @@ func sizeHint(f Frame) int {
 	case *Lookup:
 		return base + keysSize(f.Keys)
 	case *Fetch:
-		return base + keysSize(f.Keys) + 5*len(f.Dest)
+		return base + keysSize(f.Keys) + 5*len(f.Dest) + 5*len(f.Sizes) + 8
 	case *LookupResp:
-		n := base + 5*len(f.Hits) + 5
+		n := base + 5*len(f.Hits) + 5*len(f.Sizes) + 13
 		for _, p := range f.Prov {
 			if p != nil {
 				n += 64 + len(p.ParentHash) + 4*len(p.TokenIDs) + len(p.LoRAName) + stringsSize(p.ExtraKeys)

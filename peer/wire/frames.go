@@ -1,9 +1,12 @@
 package wire
 
 // Version is the peer protocol version this build speaks. A peer that
-// offers another one is refused (RefuseVersion) and counted. Version 2
-// seals every frame after the handshake (seal.go); version 1 did not.
-const Version = 2
+// offers another one is refused (RefuseVersion) and counted. Version 3
+// carries blocks of any size (LookupResp and Fetch name each block's
+// length: "sizes"), and block_bytes is a slot's capacity, no longer
+// required equal on both sides; version 2 sealed every frame after the
+// handshake (seal.go); version 1 did not.
+const Version = 3
 
 // Bounds every decoder enforces before it allocates.
 const (
@@ -39,7 +42,7 @@ type Hello struct {
 	Epoch      uint64   // random per session incarnation; frames of another epoch are dropped
 	Nonce      []byte   // NonceBytes random bytes, for the challenge-response
 	Namespaces []string // namespaces the sender shares; empty = any
-	BlockBytes int      // sender's pool geometry
+	BlockBytes int      // sender's pool geometry: a slot's bytes, the largest block it holds
 	Slots      int
 	Transport  string // data-plane kind: "tcp" | "nixl"
 	DataMeta   []byte // the sender's rdma.Transport.Metadata()
@@ -84,7 +87,7 @@ const (
 	RefuseAuth      = "auth"        // wrong MAC
 	RefuseNotAllow  = "not_allowed" // node id not on the allow-list
 	RefuseNamespace = "namespace"   // no namespace in common
-	RefuseGeometry  = "geometry"    // block bytes differ
+	RefuseGeometry  = "geometry"    // block bytes differ: sent by version 2 only (version 3 carries blocks of any size)
 	RefuseTransport = "transport"   // different data-plane kinds
 	RefuseBusy      = "busy"        // too many sessions
 	RefuseShutdown  = "shutdown"    // the node is stopping
@@ -109,13 +112,16 @@ type Provenance struct {
 }
 
 // LookupResp answers Lookup: per key, hit or not; for hits the committed
-// CRC32C and, when known, provenance.
+// CRC32C, the block's length and, when known, provenance.
 type LookupResp struct {
 	Epoch     uint64
 	Round     uint64
 	Hits      []bool        // one per Lookup key
 	Checksums []uint32      // one per Lookup key (0 for misses)
 	Prov      []*Provenance // one per Lookup key, nil when unknown; may be empty
+	// Sizes is each hit's length in bytes (0 for misses), one per Lookup
+	// key; empty means the producer's BlockBytes for every hit.
+	Sizes []int
 }
 
 // Fetch asks the producer to write leased hits of Round into the
@@ -125,6 +131,10 @@ type Fetch struct {
 	Round uint64
 	Keys  []Key // subset of the round's hits
 	Dest  []int // consumer slot per key (within the consumer's advertised Slots)
+	// Sizes is each block's length in bytes, one per key, as the
+	// LookupResp said; empty means the consumer's BlockBytes for every key.
+	// Both sides cut the Fetch into chunks from these (peer/chunks.go).
+	Sizes []int
 	Token []byte
 	// TTLms is how long, in milliseconds from its arrival, the consumer
 	// waits for this Fetch (1..MaxFetchTTLms): the producer posts no write

@@ -147,6 +147,29 @@ func testFetch(n int) *Fetch {
 	return f
 }
 
+// testSizedFetch is testFetch with a length per block, two sizes
+// interleaved.
+func testSizedFetch(n int) *Fetch {
+	f := testFetch(n)
+	f.Sizes = make([]int, n)
+	for i := range f.Sizes {
+		f.Sizes[i] = []int{4096, 12288}[i%2]
+	}
+	return f
+}
+
+// testSizedResp is testResp with each hit's length (misses 0).
+func testSizedResp(n int) *LookupResp {
+	r := testResp(n, true)
+	r.Sizes = make([]int, n)
+	for i, hit := range r.Hits {
+		if hit {
+			r.Sizes[i] = 1 + i*4096
+		}
+	}
+	return r
+}
+
 // validFrames is one or more valid frames of every type.
 func validFrames() []Frame {
 	return []Frame{
@@ -164,6 +187,9 @@ func validFrames() []Frame {
 		&LookupResp{Epoch: 9, Round: 3, Hits: []bool{false}, Checksums: []uint32{0}, Prov: []*Provenance{nil}},
 		&LookupResp{Epoch: 9, Round: 3, Hits: []bool{true}, Checksums: []uint32{0}, Prov: []*Provenance{{}}},
 		testFetch(4),
+		testSizedFetch(3),
+		testSizedResp(6),
+		&LookupResp{Epoch: 9, Round: 3, Hits: []bool{true}, Checksums: []uint32{1}, Sizes: []int{MaxBlockBytes}},
 		&TransferDone{Epoch: 9, Round: 3, OK: true},
 		&TransferDone{Epoch: 9, Round: 3, OK: false, Reason: "checksum"},
 		&Abort{Epoch: 9, Round: 4},

@@ -8,7 +8,7 @@ import (
 	stdhash "hash"
 )
 
-// Sealing (protocol version 2): once a handshake has proven the shared
+// Sealing (since protocol version 2): once a handshake has proven the shared
 // secret, every frame of the session travels sealed. A sealed message is
 // two parts: the frame as Encode writes it, then its seal,
 //

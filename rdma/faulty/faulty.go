@@ -76,16 +76,23 @@ func (f *Transport) fault(kind string, n int) Fault {
 	return f.decide(kind, n)
 }
 
-// Expect flips a bit in one landed slot when decided, before done.
-func (f *Transport) Expect(peer string, tok rdma.Token, dst []int, done func(rdma.Completion)) error {
+// Expect flips a bit in one landed block when decided, before done.
+func (f *Transport) Expect(peer string, tok rdma.Token, dst, lens []int, done func(rdma.Completion)) error {
 	if f.fault("expect", len(dst)) != Flip {
-		return f.Transport.Expect(peer, tok, dst, done)
+		return f.Transport.Expect(peer, tok, dst, lens, done)
 	}
-	slot := dst[len(dst)/2]
-	return f.Transport.Expect(peer, tok, dst, func(c rdma.Completion) {
+	i := len(dst) / 2
+	slot, n := dst[i], -1 // n < 0: the whole slot
+	if i < len(lens) {
+		n = lens[i]
+	}
+	return f.Transport.Expect(peer, tok, dst, lens, func(c rdma.Completion) {
 		if c.Err == nil {
 			if r := f.region.Load(); r != nil {
 				b := r.Slot(slot)
+				if n > 0 && n <= len(b) {
+					b = b[:n] // NB: inside the block, so that its checksum sees the flip
+				}
 				b[len(b)/3] ^= 0x10
 				f.Flips.Add(1)
 			}
@@ -96,7 +103,7 @@ func (f *Transport) Expect(peer string, tok rdma.Token, dst []int, done func(rdm
 
 // Write stalls or fails when decided. A stalled write really happens; only
 // its completion is held back (the producer keeps its pins: a hung write).
-func (f *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
+func (f *Transport) Write(peer string, tok rdma.Token, src, dst, lens []int, done func(rdma.Completion)) error {
 	switch f.fault("write", len(src)) {
 	case Fail:
 		f.Fails.Add(1)
@@ -104,7 +111,7 @@ func (f *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func
 		return nil
 	case Stall:
 		f.Stalls.Add(1)
-		return f.Transport.Write(peer, tok, src, dst, func(c rdma.Completion) {
+		return f.Transport.Write(peer, tok, src, dst, lens, func(c rdma.Completion) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			if f.stalled == nil {
@@ -118,7 +125,7 @@ func (f *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func
 			f.stalled[id] = h
 		})
 	}
-	return f.Transport.Write(peer, tok, src, dst, done)
+	return f.Transport.Write(peer, tok, src, dst, lens, done)
 }
 
 // release lets one stalled completion through, unless it already went.

@@ -13,7 +13,7 @@ import (
 // fake completes every Write at once, on the caller's goroutine.
 type fake struct{ rdma.Transport }
 
-func (fake) Write(peer string, tok rdma.Token, _, _ []int, done func(rdma.Completion)) error {
+func (fake) Write(peer string, tok rdma.Token, _, _, _ []int, done func(rdma.Completion)) error {
 	done(rdma.Completion{Token: tok, Peer: peer})
 	return nil
 }
@@ -25,7 +25,7 @@ func TestStallForLetsTheCompletionThroughAtItsDeadline(t *testing.T) {
 	f.SetStallFor(20 * time.Millisecond)
 	got := make(chan rdma.Completion, 1)
 	start := time.Now()
-	require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, func(c rdma.Completion) { got <- c }))
+	require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, nil, func(c rdma.Completion) { got <- c }))
 	require.Equal(t, 1, f.Stalled())
 	c := <-got
 	require.NoError(t, c.Err)
@@ -39,13 +39,13 @@ func TestStallWithoutDeadlineWaitsForReleaseOrClose(t *testing.T) {
 	f := Wrap(fake{}, func(string, int) Fault { return Stall })
 	var order []int
 	for i := range 3 {
-		require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, func(rdma.Completion) { order = append(order, i) }))
+		require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, nil, func(rdma.Completion) { order = append(order, i) }))
 	}
 	require.Empty(t, order, "held until released")
 	require.Equal(t, 3, f.Stalled())
 	f.Release()
 	require.Equal(t, []int{0, 1, 2}, order, "released in the order held")
-	require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, func(rdma.Completion) { order = append(order, 3) }))
+	require.NoError(t, f.Write("p", rdma.NewToken(), []int{0}, []int{0}, nil, func(rdma.Completion) { order = append(order, 3) }))
 	require.NoError(t, f.Close())
 	require.Equal(t, []int{0, 1, 2, 3}, order, "Close releases what is stalled")
 }

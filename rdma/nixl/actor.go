@@ -332,7 +332,7 @@ func (a *actor) expect(o *opExpect) error {
 	if a.book == nil {
 		return fmt.Errorf("nixl: expect: %w", rdma.ErrNotRegistered)
 	}
-	return a.book.expect(o.peer, o.tok, o.dst, o.done)
+	return a.book.expect(o.peer, o.tok, o.dst, o.lens, o.done)
 }
 
 func (a *actor) write(o *opWrite) error {
@@ -357,13 +357,21 @@ func (a *actor) write(o *opWrite) error {
 			return fmt.Errorf("nixl: write %v: remote slot %d of %d: %w", o.tok, s, r.meta.Slots, rdma.ErrBadSlot)
 		}
 	}
+	// NB: the remote slots are pre-registered at our slot size (Connect
+	// refuses a peer whose size differs), so a WRITE moves whole slots: a
+	// block shorter than its slot carries the slot's tail along. The
+	// lengths are checked and counted, not used to cut the transfer.
+	lens, err := rdma.Lengths(o.lens, len(o.src), a.region.SlotBytes, a.region.SlotBytes)
+	if err != nil {
+		return fmt.Errorf("nixl: write %v: %w", o.tok, err)
+	}
 	src, dst := cInts(o.src), cInts(o.dst)
 	msg := encodeNotif(notif{Token: o.tok, Count: len(o.dst), Digest: slotDigest(o.dst)})
 	var req C.kvn_h
 	var posted C.bool
 	st := C.kvn_write(a.api, a.agent, a.backend, a.local, &src[0], r.handle, &dst[0], C.size_t(len(src)),
 		unsafe.Pointer(&msg[0]), C.size_t(len(msg)), &req, &posted)
-	w := &pendingWrite{peer: o.peer, tok: o.tok, bytes: int64(len(o.src) * a.region.SlotBytes), done: o.done,
+	w := &pendingWrite{peer: o.peer, tok: o.tok, bytes: rdma.Sum(lens), done: o.done,
 		deadline: time.Now().Add(a.t.cfg.WriteTimeout)}
 	switch {
 	case req == nil:

@@ -39,8 +39,8 @@ func BenchmarkWrite1700x128KiB(b *testing.B) {
 	for range b.N {
 		t0 := time.Now()
 		tok := rdma.NewToken()
-		must(b, p.b.Expect("A", tok, idx, doneTo(exp)))
-		must(b, p.a.Write("B", tok, idx, idx, doneTo(wr)))
+		must(b, p.b.Expect("A", tok, idx, nil, doneTo(exp)))
+		must(b, p.a.Write("B", tok, idx, idx, nil, doneTo(wr)))
 		if c := waitDone(b, wr, "write"); c.Err != nil {
 			b.Fatal(c.Err)
 		}

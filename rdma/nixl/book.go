@@ -45,6 +45,7 @@ type expectation struct {
 	peer      string
 	tok       rdma.Token
 	dst       []int
+	bytes     int64 // the blocks' bytes (whole slots move; these count)
 	digest    uint32
 	done      func(rdma.Completion)
 	state     expState
@@ -76,8 +77,12 @@ func (b *book) connect(peer, agent string) {
 	b.prune(peer)
 }
 
-// expect registers an expectation.
-func (b *book) expect(peer string, tok rdma.Token, dst []int, done func(rdma.Completion)) error {
+// expect registers an expectation of blocks of lens bytes (nil: whole
+// slots). NB: the remote WRITE moves whole slots (they are registered at a
+// fixed size), so the lengths are checked and counted but not compared
+// with the producer's: the consumer's checksum of each block is what
+// catches a producer that disagrees.
+func (b *book) expect(peer string, tok rdma.Token, dst, lens []int, done func(rdma.Completion)) error {
 	if done == nil {
 		return fmt.Errorf("nixl: expect %v: nil done", tok)
 	}
@@ -89,11 +94,15 @@ func (b *book) expect(peer string, tok rdma.Token, dst []int, done func(rdma.Com
 			return fmt.Errorf("nixl: expect %v: slot %d of %d: %w", tok, s, b.slots, rdma.ErrBadSlot)
 		}
 	}
+	lens, err := rdma.Lengths(lens, len(dst), b.slotBytes, b.slotBytes)
+	if err != nil {
+		return fmt.Errorf("nixl: expect %v: %w", tok, err)
+	}
 	if _, dup := b.exp[tok]; dup {
 		return fmt.Errorf("nixl: expect %v: %w", tok, rdma.ErrDuplicateToken)
 	}
 	b.exp[tok] = &expectation{
-		peer: peer, tok: tok, dst: append([]int(nil), dst...),
+		peer: peer, tok: tok, dst: append([]int(nil), dst...), bytes: rdma.Sum(lens),
 		digest: slotDigest(dst), done: done,
 	}
 	b.perPeer[peer]++
@@ -150,9 +159,9 @@ func (b *book) notified(agent string, msg []byte) []completion {
 	}
 	if e.state == waiting {
 		b.okCount++
-		b.bytesIn += uint64(len(e.dst) * b.slotBytes)
+		b.bytesIn += uint64(e.bytes)
 		c := b.finish(e, nil)
-		c.c.Bytes = int64(len(e.dst) * b.slotBytes)
+		c.c.Bytes = e.bytes
 		return []completion{c}
 	}
 	return []completion{b.finish(e, e.err)} // the late write landed: now it is safe

@@ -38,7 +38,7 @@ func bookOfP(grace time.Duration) (*book, *got) {
 func TestBookNotificationCompletesOnce(t *testing.T) {
 	b, g := bookOfP(time.Second)
 	tok := rdma.NewToken()
-	if err := b.expect("P", tok, []int{3, 1}, g.done); err != nil {
+	if err := b.expect("P", tok, []int{3, 1}, nil, g.done); err != nil {
 		t.Fatal(err)
 	}
 	run(b.notified("agent-p", note(tok, []int{3, 1})))
@@ -55,7 +55,7 @@ func TestBookRefusesAndKeepsTheExpectation(t *testing.T) {
 	b, g := bookOfP(time.Second)
 	b.connect("Q", "agent-q")
 	tok := rdma.NewToken()
-	if err := b.expect("P", tok, []int{3, 1}, g.done); err != nil {
+	if err := b.expect("P", tok, []int{3, 1}, nil, g.done); err != nil {
 		t.Fatal(err)
 	}
 	for name, c := range map[string]struct {
@@ -89,17 +89,17 @@ func TestBookExpectValidation(t *testing.T) {
 	tok := rdma.NewToken()
 	nop := func(rdma.Completion) {}
 	for _, dst := range [][]int{{4}, {-1}, {}, {0, 9}} {
-		if err := b.expect("P", tok, dst, nop); !errors.Is(err, rdma.ErrBadSlot) {
+		if err := b.expect("P", tok, dst, nil, nop); !errors.Is(err, rdma.ErrBadSlot) {
 			t.Errorf("expect %v: %v", dst, err)
 		}
 	}
-	if err := b.expect("P", tok, []int{0}, nil); err == nil {
+	if err := b.expect("P", tok, []int{0}, nil, nil); err == nil {
 		t.Error("nil done accepted")
 	}
-	if err := b.expect("P", tok, []int{0}, nop); err != nil {
+	if err := b.expect("P", tok, []int{0}, nil, nop); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.expect("P", tok, []int{1}, nop); !errors.Is(err, rdma.ErrDuplicateToken) {
+	if err := b.expect("P", tok, []int{1}, nil, nop); !errors.Is(err, rdma.ErrDuplicateToken) {
 		t.Fatalf("duplicate: %v", err)
 	}
 }
@@ -109,8 +109,8 @@ func TestBookExpectValidation(t *testing.T) {
 func TestBookCancelHoldsSlotsUntilNotificationOrGrace(t *testing.T) {
 	b, g := bookOfP(time.Second)
 	tok1, tok2 := rdma.NewToken(), rdma.NewToken()
-	b.expect("P", tok1, []int{1}, g.done)
-	b.expect("P", tok2, []int{2}, g.done)
+	b.expect("P", tok1, []int{1}, nil, g.done)
+	b.expect("P", tok2, []int{2}, nil, g.done)
 	run(b.cancel(tok1, t0))
 	run(b.cancel(tok2, t0))
 	run(b.cancel(tok2, t0.Add(900*time.Millisecond))) // second cancel: no new deadline
@@ -140,7 +140,7 @@ func TestBookNoGraceReleasesAtOnce(t *testing.T) {
 	b := newBook(100, 8, 0)
 	var g got
 	tok := rdma.NewToken()
-	b.expect("P", tok, []int{1}, g.done)
+	b.expect("P", tok, []int{1}, nil, g.done)
 	run(b.cancel(tok, t0))
 	if len(g.cs) != 1 || !errors.Is(g.cs[0].Err, rdma.ErrCanceled) {
 		t.Fatalf("%+v", g.cs)
@@ -152,12 +152,12 @@ func TestBookDisconnectAndReconnect(t *testing.T) {
 	b.connect("P", "agent-p1")
 	var g got
 	old, other := rdma.NewToken(), rdma.NewToken()
-	b.expect("P", old, []int{1}, g.done)
-	b.expect("Q", other, []int{2}, g.done)
+	b.expect("P", old, []int{1}, nil, g.done)
+	b.expect("Q", other, []int{2}, nil, g.done)
 	run(b.disconnect("P", t0))
 	b.connect("P", "agent-p2") // a new incarnation
 	fresh := rdma.NewToken()
-	b.expect("P", fresh, []int{3}, g.done)
+	b.expect("P", fresh, []int{3}, nil, g.done)
 	// The old incarnation's late write still releases its expectation...
 	run(b.notified("agent-p1", note(old, []int{1})))
 	if len(g.cs) != 1 || !errors.Is(g.cs[0].Err, rdma.ErrPeerGone) {
@@ -173,7 +173,7 @@ func TestBookDisconnectAndReconnect(t *testing.T) {
 		t.Fatal("retired agent still known")
 	}
 	tok := rdma.NewToken()
-	b.expect("P", tok, []int{4}, g.done)
+	b.expect("P", tok, []int{4}, nil, g.done)
 	run(b.notified("agent-p1", note(tok, []int{4})))
 	if len(g.cs) != 2 || b.pending() != 2 {
 		t.Fatalf("a forgotten agent completed an expectation: %+v", g.cs)
@@ -207,5 +207,25 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if p := (Config{}).libraryPath(env("")); p != DefaultLibrary {
 		t.Fatal(p)
+	}
+}
+
+// Blocks shorter than their slots: the whole slots move (one-sided, fixed
+// registrations), the completion counts the blocks' bytes, and a length
+// outside a slot is refused up front.
+func TestBookCountsBlockLengths(t *testing.T) {
+	b, g := bookOfP(time.Second)
+	tok := rdma.NewToken()
+	if err := b.expect("P", tok, []int{3, 1}, []int{40, 100}, g.done); err != nil {
+		t.Fatal(err)
+	}
+	run(b.notified("agent-p", note(tok, []int{3, 1})))
+	if len(g.cs) != 1 || g.cs[0].Err != nil || g.cs[0].Bytes != 140 || b.bytesIn != 140 {
+		t.Fatalf("completions %+v, bytes in %d; want one of 140 bytes", g.cs, b.bytesIn)
+	}
+	for _, lens := range [][]int{{0, 1}, {101, 1}, {1}} {
+		if err := b.expect("P", rdma.NewToken(), []int{4, 5}, lens, g.done); !errors.Is(err, rdma.ErrBadLength) {
+			t.Errorf("lengths %v: %v, want ErrBadLength", lens, err)
+		}
 	}
 }

@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 	// suite's bound; production keeps the default (docs/NIXL.md, "Cancel").
 	cfg.LateWriteGrace = 50 * time.Millisecond
 	var n atomic.Int64
-	rdmatest.RunWith(t, rdmatest.Options{Alloc: mmapAlloc}, func(t *testing.T, ra, rb rdma.Region) (a, b rdma.Transport, aID, bID string) {
+	rdmatest.RunWith(t, rdmatest.Options{Alloc: mmapAlloc, WholeSlots: true}, func(t *testing.T, ra, rb rdma.Region) (a, b rdma.Transport, aID, bID string) {
 		i := n.Add(1)
 		aID, bID = fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
 		ca, cb := cfg, cfg

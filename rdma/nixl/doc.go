@@ -9,6 +9,13 @@
 //	              posted with a notification that carries the token
 //	Expect     -> completes when that notification arrives
 //
+// Limit: the remote pool is registered as slots of one fixed size, so
+// Connect refuses a peer whose slot size differs from ours, and a Write
+// moves whole slots whatever its blocks' lengths (a block shorter than its
+// slot carries the slot's tail along; the lengths are checked against the
+// slot size and counted in Completion.Bytes). Peers whose pools differ in
+// slot size exchange blocks over rdma/tcp only.
+//
 // The package owns the NIXL agent, its UCX backend, the registration of the
 // pool and the in-flight transfer requests. It never decides what to move.
 //

@@ -160,8 +160,8 @@ func TestWriteMovesEveryByte(t *testing.T) {
 	}
 	tok := rdma.NewToken()
 	exp, wr := make(chan rdma.Completion, 1), make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, dst, doneTo(exp)))
-	must(t, p.a.Write("B", tok, src, dst, doneTo(wr)))
+	must(t, p.b.Expect("A", tok, dst, nil, doneTo(exp)))
+	must(t, p.a.Write("B", tok, src, dst, nil, doneTo(wr)))
 	if c := waitDone(t, wr, "write"); c.Err != nil || c.Bytes != int64(len(src)*p.ra.SlotBytes) || c.Token != tok || c.Peer != "B" {
 		t.Fatalf("write completion %+v", c)
 	}
@@ -205,13 +205,13 @@ func TestManyConcurrentTransfersBothWays(t *testing.T) {
 					errs <- c.Err
 				}
 			}
-			must(t, to.Expect(fromName, tok, dst, func(c rdma.Completion) {
+			must(t, to.Expect(fromName, tok, dst, nil, func(c rdma.Completion) {
 				if c.Err == nil && (!bytes.Equal(rt.Slot(dst[0]), rf.Slot(src[0])) || !bytes.Equal(rt.Slot(dst[1]), rf.Slot(src[1]))) {
 					c.Err = errors.New("bytes differ after expect completed")
 				}
 				check(c)
 			}))
-			must(t, from.Write(toName, tok, src, dst, check))
+			must(t, from.Write(toName, tok, src, dst, nil, check))
 		}
 	}
 	wg.Wait()
@@ -226,9 +226,9 @@ func TestWrongSlotsNotificationIsRefusedAndExpectationKept(t *testing.T) {
 	p := newPair(t, cfg, 16, 4<<10)
 	tok := rdma.NewToken()
 	exp := make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, []int{1, 2}, doneTo(exp)))
+	must(t, p.b.Expect("A", tok, []int{1, 2}, nil, doneTo(exp)))
 	wr := make(chan rdma.Completion, 2)
-	must(t, p.a.Write("B", tok, []int{0, 1}, []int{2, 1}, doneTo(wr))) // other slots
+	must(t, p.a.Write("B", tok, []int{0, 1}, []int{2, 1}, nil, doneTo(wr))) // other slots
 	if c := waitDone(t, wr, "wrong write"); c.Err != nil {
 		t.Fatalf("the write itself completes: %v", c.Err)
 	}
@@ -244,7 +244,7 @@ func TestWrongSlotsNotificationIsRefusedAndExpectationKept(t *testing.T) {
 		t.Fatalf("expectation completed by a wrong notification: %+v", c)
 	default:
 	}
-	must(t, p.a.Write("B", tok, []int{5, 6}, []int{1, 2}, doneTo(wr))) // the real one
+	must(t, p.a.Write("B", tok, []int{5, 6}, []int{1, 2}, nil, doneTo(wr))) // the real one
 	if c := waitDone(t, exp, "expect"); c.Err != nil {
 		t.Fatalf("expect: %v", c.Err)
 	}
@@ -256,7 +256,7 @@ func TestCancelWaitsForTheLateWriteOrTheGrace(t *testing.T) {
 	p := newPair(t, cfg, 8, 4<<10)
 	tok := rdma.NewToken()
 	exp := make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, []int{1}, doneTo(exp)))
+	must(t, p.b.Expect("A", tok, []int{1}, nil, doneTo(exp)))
 	p.b.Cancel(tok)
 	select {
 	case c := <-exp:
@@ -264,7 +264,7 @@ func TestCancelWaitsForTheLateWriteOrTheGrace(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	wr := make(chan rdma.Completion, 1)
-	must(t, p.a.Write("B", tok, []int{0}, []int{1}, doneTo(wr)))
+	must(t, p.a.Write("B", tok, []int{0}, []int{1}, nil, doneTo(wr)))
 	if c := waitDone(t, exp, "canceled expect"); !errors.Is(c.Err, rdma.ErrCanceled) {
 		t.Fatalf("canceled expect: %+v", c)
 	}
@@ -273,7 +273,7 @@ func TestCancelWaitsForTheLateWriteOrTheGrace(t *testing.T) {
 	cfg.LateWriteGrace = 100 * time.Millisecond
 	q := newPair(t, cfg, 8, 4<<10)
 	tok = rdma.NewToken()
-	must(t, q.b.Expect("A", tok, []int{1}, doneTo(exp)))
+	must(t, q.b.Expect("A", tok, []int{1}, nil, doneTo(exp)))
 	start := time.Now()
 	q.b.Cancel(tok)
 	if c := waitDone(t, exp, "canceled expect"); !errors.Is(c.Err, rdma.ErrCanceled) || time.Since(start) < cfg.LateWriteGrace {
@@ -287,12 +287,12 @@ func TestDisconnectFailsPendingAndForgetsThePeer(t *testing.T) {
 	p := newPair(t, cfg, 8, 4<<10)
 	tok := rdma.NewToken()
 	exp := make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, []int{1}, doneTo(exp)))
+	must(t, p.b.Expect("A", tok, []int{1}, nil, doneTo(exp)))
 	p.b.Disconnect("A")
 	if c := waitDone(t, exp, "expect after disconnect"); !errors.Is(c.Err, rdma.ErrPeerGone) {
 		t.Fatalf("expect after disconnect: %+v", c)
 	}
-	if err := p.b.Write("A", rdma.NewToken(), []int{0}, []int{0}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrPeerUnknown) {
+	if err := p.b.Write("A", rdma.NewToken(), []int{0}, []int{0}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrPeerUnknown) {
 		t.Fatalf("write to a disconnected peer: %v", err)
 	}
 	// Reconnect and move bytes again.
@@ -301,8 +301,8 @@ func TestDisconnectFailsPendingAndForgetsThePeer(t *testing.T) {
 	tok = rdma.NewToken()
 	fill(p.ra, 2, 9)
 	wr := make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, []int{3}, doneTo(exp)))
-	must(t, p.a.Write("B", tok, []int{2}, []int{3}, doneTo(wr)))
+	must(t, p.b.Expect("A", tok, []int{3}, nil, doneTo(exp)))
+	must(t, p.a.Write("B", tok, []int{2}, []int{3}, nil, doneTo(wr)))
 	if c := waitDone(t, exp, "expect after reconnect"); c.Err != nil || !bytes.Equal(p.ra.Slot(2), p.rb.Slot(3)) {
 		t.Fatalf("after reconnect: %+v", c)
 	}
@@ -313,22 +313,22 @@ func TestCallValidation(t *testing.T) {
 	tr, err := New(cfg)
 	must(t, err)
 	defer tr.Close()
-	if err := tr.Expect("A", rdma.NewToken(), []int{0}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrNotRegistered) {
+	if err := tr.Expect("A", rdma.NewToken(), []int{0}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrNotRegistered) {
 		t.Fatalf("expect before register: %v", err)
 	}
 	if tr.Metadata() != nil {
 		t.Fatal("metadata before register")
 	}
 	must(t, tr.Register(pool(t, 4, 4096)))
-	if err := tr.Expect("A", rdma.NewToken(), []int{4}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrBadSlot) {
+	if err := tr.Expect("A", rdma.NewToken(), []int{4}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrBadSlot) {
 		t.Fatalf("expect slot 4 of 4: %v", err)
 	}
 	tok := rdma.NewToken()
-	must(t, tr.Expect("A", tok, []int{0}, func(rdma.Completion) {}))
-	if err := tr.Expect("A", tok, []int{1}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrDuplicateToken) {
+	must(t, tr.Expect("A", tok, []int{0}, nil, func(rdma.Completion) {}))
+	if err := tr.Expect("A", tok, []int{1}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrDuplicateToken) {
 		t.Fatalf("duplicate token: %v", err)
 	}
-	if err := tr.Write("Z", rdma.NewToken(), []int{0}, []int{0}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrPeerUnknown) {
+	if err := tr.Write("Z", rdma.NewToken(), []int{0}, []int{0}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrPeerUnknown) {
 		t.Fatalf("write to unknown peer: %v", err)
 	}
 	if err := tr.Connect("Z", []byte("garbage")); !errors.Is(err, rdma.ErrProtocol) {
@@ -349,9 +349,9 @@ func TestCloseFailsEverythingAndIsIdempotent(t *testing.T) {
 	p := newPair(t, cfg, 8, 4<<10)
 	exp := make(chan rdma.Completion, 2)
 	tok := rdma.NewToken()
-	must(t, p.b.Expect("A", tok, []int{1}, doneTo(exp)))
+	must(t, p.b.Expect("A", tok, []int{1}, nil, doneTo(exp)))
 	tok2 := rdma.NewToken()
-	must(t, p.b.Expect("A", tok2, []int{2}, doneTo(exp)))
+	must(t, p.b.Expect("A", tok2, []int{2}, nil, doneTo(exp)))
 	p.b.Cancel(tok2) // releasing, held by the grace: Close still ends it
 	must(t, p.b.Close())
 	for range 2 {
@@ -362,7 +362,7 @@ func TestCloseFailsEverythingAndIsIdempotent(t *testing.T) {
 	if err := p.b.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	if err := p.b.Expect("A", rdma.NewToken(), []int{1}, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrClosed) {
+	if err := p.b.Expect("A", rdma.NewToken(), []int{1}, nil, func(rdma.Completion) {}); !errors.Is(err, rdma.ErrClosed) {
 		t.Fatalf("expect after close: %v", err)
 	}
 	p.b.Cancel(tok)     // no panic, no block
@@ -391,8 +391,8 @@ func TestIdleMakesNoProgressCalls(t *testing.T) {
 	p := newPair(t, cfg, 8, 4<<10)
 	tok := rdma.NewToken()
 	exp, wr := make(chan rdma.Completion, 1), make(chan rdma.Completion, 1)
-	must(t, p.b.Expect("A", tok, []int{1}, doneTo(exp)))
-	must(t, p.a.Write("B", tok, []int{0}, []int{1}, doneTo(wr)))
+	must(t, p.b.Expect("A", tok, []int{1}, nil, doneTo(exp)))
+	must(t, p.a.Write("B", tok, []int{0}, []int{1}, nil, doneTo(wr)))
 	waitDone(t, wr, "write")
 	waitDone(t, exp, "expect")
 	time.Sleep(50 * time.Millisecond) // let the last round end

@@ -131,14 +131,14 @@ func (t *Transport) Connect(peer string, meta []byte) error {
 
 func (t *Transport) Disconnect(peer string) { t.tell(&opDisconnect{peer: peer}) }
 
-func (t *Transport) Expect(peer string, tok rdma.Token, dst []int, done func(rdma.Completion)) error {
-	return t.ask(&opExpect{peer: peer, tok: tok, dst: append([]int(nil), dst...), done: done, reply: make(chan error, 1)})
+func (t *Transport) Expect(peer string, tok rdma.Token, dst, lens []int, done func(rdma.Completion)) error {
+	return t.ask(&opExpect{peer: peer, tok: tok, dst: append([]int(nil), dst...), lens: append([]int(nil), lens...), done: done, reply: make(chan error, 1)})
 }
 
 func (t *Transport) Cancel(tok rdma.Token) { t.tell(&opCancel{tok: tok}) }
 
-func (t *Transport) Write(peer string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
-	return t.ask(&opWrite{peer: peer, tok: tok, src: append([]int(nil), src...), dst: append([]int(nil), dst...), done: done, reply: make(chan error, 1)})
+func (t *Transport) Write(peer string, tok rdma.Token, src, dst, lens []int, done func(rdma.Completion)) error {
+	return t.ask(&opWrite{peer: peer, tok: tok, src: append([]int(nil), src...), dst: append([]int(nil), dst...), lens: append([]int(nil), lens...), done: done, reply: make(chan error, 1)})
 }
 
 func (t *Transport) Stats() rdma.Stats {
@@ -227,6 +227,7 @@ type opExpect struct {
 	peer  string
 	tok   rdma.Token
 	dst   []int
+	lens  []int // nil: whole slots
 	done  func(rdma.Completion)
 	reply chan error
 }
@@ -235,6 +236,7 @@ type opWrite struct {
 	peer     string
 	tok      rdma.Token
 	src, dst []int
+	lens     []int // nil: whole slots
 	done     func(rdma.Completion)
 	reply    chan error
 }

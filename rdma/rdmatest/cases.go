@@ -84,7 +84,7 @@ func testConcurrent(e *env) {
 	for i, pl := range plans {
 		pl.ww = e.waiter("%s.Write(%s, %s)", pl.p.id, pl.c.id, pl.tok)
 		pl.ww.armed = true // checked below: a refused Write is reported through errs
-		wg.Go(func() { errs[i] = pl.p.tr.Write(pl.c.id, pl.tok, pl.src, pl.dst, pl.ww.done) })
+		wg.Go(func() { errs[i] = pl.p.tr.Write(pl.c.id, pl.tok, pl.src, pl.dst, nil, pl.ww.done) })
 	}
 	wg.Wait()
 	for i, pl := range plans {
@@ -224,7 +224,7 @@ func testCallsDoNotRunDone(e *env) {
 	} {
 		tok, release := rdma.NewToken(), make(chan struct{})
 		w := e.waiter("%s.Expect(%s) ended by %s", e.b.id, tok, call.name)
-		if err := e.b.tr.Expect(e.a.id, tok, e.slots(1), func(c rdma.Completion) { <-release; w.done(c) }); err != nil {
+		if err := e.b.tr.Expect(e.a.id, tok, e.slots(1), nil, func(c rdma.Completion) { <-release; w.done(c) }); err != nil {
 			e.t.Fatalf("%s: %v", w.what, err)
 		}
 		w.armed = true
@@ -384,4 +384,114 @@ func (e *env) closedCalls(n *node) {
 	n.tr.Cancel(tok)
 	n.tr.Disconnect(e.a.id)
 	_ = n.tr.Stats()
+}
+
+// lengths draws n block lengths in 1..SlotBytes, the edges included.
+func (e *env) lengths(n int) []int {
+	lens := make([]int, n)
+	for i := range lens {
+		switch i % 4 {
+		case 0:
+			lens[i] = e.o.SlotBytes
+		case 1:
+			lens[i] = 1
+		default:
+			lens[i] = 1 + e.rng.IntN(e.o.SlotBytes)
+		}
+	}
+	e.rng.Shuffle(n, func(i, j int) { lens[i], lens[j] = lens[j], lens[i] })
+	return lens
+}
+
+// testMixedLengths moves blocks of several lengths, interleaved, both
+// ways: each block lands at the start of its slot, byte-exact; the rest of
+// the slot (unless the transport moves whole slots) and every other slot
+// are untouched; the completions count the blocks' bytes.
+func testMixedLengths(e *env) {
+	for _, pr := range [][2]*node{{e.a, e.b}, {e.b, e.a}} {
+		p, c := pr[0], pr[1]
+		const n = 17
+		src, dst, lens := e.slots(n), e.slots(n), e.lengths(n)
+		e.randomize(p, src)
+		before := snapshot(c)
+		tok := rdma.NewToken()
+		we, err := e.tryExpectLens(c, p.id, tok, dst, lens)
+		if err != nil {
+			e.t.Fatalf("%s: %v", we.what, err)
+		}
+		we.armed = true
+		ww, err := e.tryWriteLens(p, c.id, tok, src, dst, lens)
+		if err != nil {
+			e.t.Fatalf("%s: %v", ww.what, err)
+		}
+		ww.armed = true
+		want := rdma.Sum(lens)
+		e.okBytes(e.wait(we), we.what, tok, p.id, want)
+		e.okBytes(e.wait(ww), ww.what, tok, c.id, want)
+		sb := e.o.SlotBytes
+		for i := range src {
+			got, blk := c.region.Slot(dst[i]), p.region.Slot(src[i])[:lens[i]]
+			if j := firstDiff(blk, got[:lens[i]]); j >= 0 {
+				e.t.Fatalf("%s slot %d (a block of %d bytes from %s slot %d): byte %d differs", c.id, dst[i], lens[i], p.id, src[i], j)
+			}
+			if e.o.WholeSlots {
+				continue
+			}
+			if j := firstDiff(before[dst[i]*sb+lens[i]:(dst[i]+1)*sb], got[lens[i]:]); j >= 0 {
+				e.t.Fatalf("%s slot %d: byte %d past its block of %d bytes changed", c.id, dst[i], lens[i]+j, lens[i])
+			}
+		}
+		e.untouched(c, before, dst)
+	}
+}
+
+// testWrongLengths: a transfer whose blocks' lengths are not the expected
+// ones is refused (two-sided) and the real expectation still completes.
+func testWrongLengths(e *env) {
+	src, dst := e.slots(3), e.slots(3)
+	e.randomize(e.a, src)
+	lens := []int{e.o.SlotBytes / 2, 7, e.o.SlotBytes}
+	tok := rdma.NewToken()
+	we, err := e.tryExpectLens(e.b, e.a.id, tok, dst, lens)
+	if err != nil {
+		e.t.Fatalf("%s: %v", we.what, err)
+	}
+	we.armed = true
+	if e.o.TwoSided {
+		for _, wrong := range [][]int{{e.o.SlotBytes/2 + 1, 7, e.o.SlotBytes}, {e.o.SlotBytes, e.o.SlotBytes, e.o.SlotBytes}} {
+			before, refusedBefore := snapshot(e.b), e.b.tr.Stats().Refused
+			w, err := e.tryWriteLens(e.a, e.b.id, tok, src, dst, wrong)
+			if err != nil {
+				e.t.Fatalf("%s: %v", w.what, err)
+			}
+			w.armed = true
+			e.failed(e.wait(w), w.what, rdma.ErrProtocol, rdma.ErrPeerGone)
+			e.untouched(e.b, before)
+			if n := e.b.tr.Stats().Refused; n <= refusedBefore {
+				e.t.Fatalf("%s: Stats().Refused = %d after a refused transfer, want > %d", e.b.id, n, refusedBefore)
+			}
+		}
+	}
+	ww, err := e.tryWriteLens(e.a, e.b.id, tok, src, dst, lens)
+	if err != nil {
+		e.t.Fatalf("%s: %v", ww.what, err)
+	}
+	ww.armed = true
+	e.okBytes(e.wait(we), we.what, tok, e.a.id, rdma.Sum(lens))
+	e.okBytes(e.wait(ww), ww.what, tok, e.b.id, rdma.Sum(lens))
+}
+
+// testBadLengths: a length of 0, beyond the slot, or not one per slot is
+// refused by the call (ErrBadLength) and its done never runs.
+func testBadLengths(e *env) {
+	sb := e.o.SlotBytes
+	for _, lens := range [][]int{{0, 5}, {5, sb + 1}, {5}, {5, 5, 5}, {-1, 5}} {
+		if _, err := e.tryExpectLens(e.b, e.a.id, rdma.NewToken(), e.slots(2), lens); !errors.Is(err, rdma.ErrBadLength) {
+			e.t.Errorf("Expect at lengths %v: %v, want ErrBadLength", lens, err)
+		}
+		if _, err := e.tryWriteLens(e.a, e.b.id, rdma.NewToken(), e.slots(2), e.slots(2), lens); !errors.Is(err, rdma.ErrBadLength) {
+			e.t.Errorf("Write at lengths %v: %v, want ErrBadLength", lens, err)
+		}
+	}
+	e.transfer(e.a, e.b, 2) // nothing above broke the pair
 }

@@ -33,7 +33,9 @@
 //
 // The cases: exact bytes (random data, shuffled non-contiguous slot
 // lists, one slot and the whole pool, both directions, every byte
-// compared, untargeted slots untouched), sequential and concurrent
+// compared, untargeted slots untouched), blocks of mixed lengths (each at
+// the start of its slot, the rest of the slot untouched, lengths outside
+// a slot refused), sequential and concurrent
 // transfers, src reusable after done, wrong token / wrong peer / wrong
 // slots refused with the real expectation intact, duplicate token, Cancel
 // before data, done never run on the caller's goroutine, unknown peer,
@@ -82,8 +84,14 @@ type Options struct {
 	// TwoSided: the consumer checks each transfer before payload bytes
 	// land and acks it, so a refused transfer fails the producer's Write,
 	// is counted (Stats.Refused) before that Write's done runs, and never
-	// writes the consumer's slots.
+	// writes the consumer's slots. It also checks each block's length, so
+	// a transfer at other lengths than expected is refused.
 	TwoSided bool
+	// WholeSlots: the transport moves whole slots whatever the blocks'
+	// lengths (nixl: its remote slots are pre-registered at a fixed size);
+	// a destination slot's bytes past its block's length are then not
+	// checked.
+	WholeSlots bool
 	// IgnoreGoroutines are passed to goleak for goroutines the
 	// transport's libraries keep across Close.
 	IgnoreGoroutines []goleak.Option
@@ -127,6 +135,9 @@ var cases = []struct {
 }{
 	{"KindAndMetadata", testKindAndMetadata},
 	{"TransferExact", testTransferExact},
+	{"MixedLengths", testMixedLengths},
+	{"WrongLengths", testWrongLengths},
+	{"BadLengths", testBadLengths},
 	{"EdgeSizes", testEdgeSizes},
 	{"Sequential", testSequential},
 	{"Concurrent", testConcurrent},
@@ -277,8 +288,12 @@ func (e *env) expect(c, p *node, tok rdma.Token, dst []int) *waiter {
 }
 
 func (e *env) tryExpect(c *node, from string, tok rdma.Token, dst []int) (*waiter, error) {
+	return e.tryExpectLens(c, from, tok, dst, nil)
+}
+
+func (e *env) tryExpectLens(c *node, from string, tok rdma.Token, dst, lens []int) (*waiter, error) {
 	w := e.waiter("%s.Expect(%s, %s, %d slots)", c.id, from, tok, len(dst))
-	err := c.tr.Expect(from, tok, dst, w.done)
+	err := c.tr.Expect(from, tok, dst, lens, w.done)
 	w.armed = err == nil
 	return w, err
 }
@@ -295,8 +310,12 @@ func (e *env) write(p, c *node, tok rdma.Token, src, dst []int) *waiter {
 }
 
 func (e *env) tryWrite(p *node, to string, tok rdma.Token, src, dst []int) (*waiter, error) {
+	return e.tryWriteLens(p, to, tok, src, dst, nil)
+}
+
+func (e *env) tryWriteLens(p *node, to string, tok rdma.Token, src, dst, lens []int) (*waiter, error) {
 	w := e.waiter("%s.Write(%s, %s, %d slots)", p.id, to, tok, len(src))
-	err := p.tr.Write(to, tok, src, dst, w.done)
+	err := p.tr.Write(to, tok, src, dst, lens, w.done)
 	w.armed = err == nil
 	return w, err
 }
@@ -374,14 +393,20 @@ func firstDiff(a, b []byte) int {
 	return len(a)
 }
 
-// ok checks a successful completion's fields.
+// ok checks a successful completion's fields (whole slots).
 func (e *env) ok(c rdma.Completion, what string, tok rdma.Token, peer string, slots int) {
+	e.t.Helper()
+	e.okBytes(c, what, tok, peer, int64(slots*e.o.SlotBytes))
+}
+
+// okBytes checks a successful completion of n payload bytes.
+func (e *env) okBytes(c rdma.Completion, what string, tok rdma.Token, peer string, n int64) {
 	e.t.Helper()
 	if c.Err != nil {
 		e.t.Fatalf("%s: %v", what, c.Err)
 	}
-	if c.Token != tok || c.Peer != peer || c.Bytes != int64(slots*e.o.SlotBytes) {
-		e.t.Fatalf("%s: completion {%s %q %d}, want {%s %q %d}", what, c.Token, c.Peer, c.Bytes, tok, peer, slots*e.o.SlotBytes)
+	if c.Token != tok || c.Peer != peer || c.Bytes != n {
+		e.t.Fatalf("%s: completion {%s %q %d}, want {%s %q %d}", what, c.Token, c.Peer, c.Bytes, tok, peer, n)
 	}
 }
 

@@ -212,10 +212,10 @@ func benchPair(b *testing.B, blocks, block int, tweak ...func(*Config)) (a, c *T
 func benchTransfer(b *testing.B, a, c *Transport, src, dst []int) {
 	tok := rdma.NewToken()
 	we, ww := make(chan error, 1), make(chan error, 1)
-	if err := c.Expect(a.cfg.Node, tok, dst, func(x rdma.Completion) { we <- x.Err }); err != nil {
+	if err := c.Expect(a.cfg.Node, tok, dst, nil, func(x rdma.Completion) { we <- x.Err }); err != nil {
 		b.Fatal(err)
 	}
-	if err := a.Write(c.cfg.Node, tok, src, dst, func(x rdma.Completion) { ww <- x.Err }); err != nil {
+	if err := a.Write(c.cfg.Node, tok, src, dst, nil, func(x rdma.Completion) { ww <- x.Err }); err != nil {
 		b.Fatal(err)
 	}
 	if err := <-we; err != nil {

@@ -17,6 +17,7 @@ type expect struct {
 	tok  rdma.Token
 	p    *peer // the Connect epoch it was made in; bytes are accepted only from it
 	dst  []int
+	lens []int // bytes of each block, at the start of its dst slot
 	done func(rdma.Completion)
 
 	// REQUIRES Transport.mu for both.
@@ -25,12 +26,13 @@ type expect struct {
 	abort error    // why the claiming reader must end it (Cancel, Disconnect, Close)
 }
 
-// Expect registers one transfer from peer under tok into dst. It refuses
-// a peer that is not Connect'ed (ErrPeerUnknown), an empty or
-// out-of-range dst (ErrBadSlot) and a token already pending
-// (ErrDuplicateToken); then done is never called. Otherwise done is
-// called exactly once.
-func (t *Transport) Expect(peerID string, tok rdma.Token, dst []int, done func(rdma.Completion)) error {
+// Expect registers one transfer from peer under tok into dst, lens[i]
+// bytes at the start of dst[i] (nil lens: whole slots). It refuses a peer
+// that is not Connect'ed (ErrPeerUnknown), an empty or out-of-range dst
+// (ErrBadSlot), lengths that are not one per slot within 1..the slot size
+// (ErrBadLength) and a token already pending (ErrDuplicateToken); then
+// done is never called. Otherwise done is called exactly once.
+func (t *Transport) Expect(peerID string, tok rdma.Token, dst, lens []int, done func(rdma.Completion)) error {
 	if done == nil {
 		return fmt.Errorf("rdma/tcp: expect %s from %s: nil done", tok, peerID)
 	}
@@ -47,10 +49,14 @@ func (t *Transport) Expect(peerID string, tok rdma.Token, dst []int, done func(r
 		return fmt.Errorf("rdma/tcp: expect %s from %s: %d dst slots, not all within 0..%d: %w",
 			tok, peerID, len(dst), t.region.Slots-1, rdma.ErrBadSlot)
 	}
+	lens, err := rdma.Lengths(lens, len(dst), t.region.SlotBytes, t.region.SlotBytes)
+	if err != nil {
+		return fmt.Errorf("rdma/tcp: expect %s from %s: %w", tok, peerID, err)
+	}
 	if t.expects[tok] != nil {
 		return fmt.Errorf("rdma/tcp: expect %s from %s: %w", tok, peerID, rdma.ErrDuplicateToken)
 	}
-	exp := &expect{tok: tok, p: p, dst: slices.Clone(dst), done: done}
+	exp := &expect{tok: tok, p: p, dst: slices.Clone(dst), lens: lens, done: done}
 	t.expects[tok] = exp
 	p.expects[tok] = exp
 	return nil
@@ -196,9 +202,9 @@ func (t *Transport) greet(c net.Conn) (*peer, error) {
 }
 
 // transfer reads and settles one transfer; false ends the connection.
-// The token, sender and geometry are checked before the slot list is
-// read (so its size is the expectation's), and the slot list before any
-// payload byte touches the pool.
+// The token, sender and count are checked before the entries are read (so
+// their size is the expectation's), and the entries — slots and lengths —
+// before any payload byte touches the pool.
 func (t *Transport) transfer(c net.Conn, p *peer, buf *[]byte) bool {
 	var fixed [headerFixed]byte
 	if _, err := io.ReadFull(c, fixed[:]); err != nil {
@@ -207,17 +213,17 @@ func (t *Transport) transfer(c net.Conn, p *peer, buf *[]byte) bool {
 		}
 		return false
 	}
-	tok, count, slotBytes, err := decodeHeaderFixed(&fixed, t.region.Slots)
+	tok, count, err := decodeHeaderFixed(&fixed, t.region.Slots)
 	if err == nil {
-		err = t.match(p, tok, count, slotBytes)
+		err = t.match(p, tok, count)
 	}
-	var dst []int
+	var dst, lens []int
 	if err == nil {
-		dst, *buf, err = readSlots(c, count, t.region.Slots, *buf)
+		dst, lens, *buf, err = readEntries(c, count, t.region.Slots, t.region.SlotBytes, *buf)
 	}
 	var exp *expect
 	if err == nil {
-		exp, err = t.claim(p, tok, dst, c)
+		exp, err = t.claim(p, tok, dst, lens, c)
 	}
 	if errors.Is(err, net.ErrClosed) {
 		return false // Disconnect or Close
@@ -229,12 +235,12 @@ func (t *Transport) transfer(c net.Conn, p *peer, buf *[]byte) bool {
 	if t.hooks.claimed != nil {
 		t.hooks.claimed(tok)
 	}
-	n, err := t.readPayload(c, exp.dst)
+	n, err := t.readPayload(c, exp.dst, exp.lens)
 	return t.settle(c, exp, n, err)
 }
 
 // match checks a header against tok's expectation without claiming it.
-func (t *Transport) match(p *peer, tok rdma.Token, count, slotBytes int) error {
+func (t *Transport) match(p *peer, tok rdma.Token, count int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	exp := t.expects[tok]
@@ -247,15 +253,13 @@ func (t *Transport) match(p *peer, tok rdma.Token, count, slotBytes int) error {
 		return fmt.Errorf("token %s already being received: %w", tok, rdma.ErrProtocol)
 	case count != len(exp.dst):
 		return fmt.Errorf("token %s: %d slots sent, %d expected: %w", tok, count, len(exp.dst), rdma.ErrProtocol)
-	case slotBytes != t.region.SlotBytes:
-		return fmt.Errorf("token %s: slot bytes %d, ours %d: %w", tok, slotBytes, t.region.SlotBytes, rdma.ErrProtocol)
 	}
 	return nil
 }
 
-// claim re-checks tok's expectation (it may have ended while the slot
-// list was read), compares the slot lists exactly and claims it for c.
-func (t *Transport) claim(p *peer, tok rdma.Token, dst []int, c net.Conn) (*expect, error) {
+// claim re-checks tok's expectation (it may have ended while the entries
+// were read), compares the slots and lengths exactly and claims it for c.
+func (t *Transport) claim(p *peer, tok rdma.Token, dst, lens []int, c net.Conn) (*expect, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	exp := t.expects[tok]
@@ -265,16 +269,19 @@ func (t *Transport) claim(p *peer, tok rdma.Token, dst []int, c net.Conn) (*expe
 	if !slices.Equal(dst, exp.dst) {
 		return nil, fmt.Errorf("token %s: dst slots differ from the expected ones: %w", tok, rdma.ErrProtocol)
 	}
+	if !slices.Equal(lens, exp.lens) {
+		return nil, fmt.Errorf("token %s: block lengths differ from the expected ones: %w", tok, rdma.ErrProtocol)
+	}
 	exp.conn = c
 	return exp, nil
 }
 
 // readPayload reads the payload straight into the registered slots, one
-// io.ReadFull per slot: no intermediate buffer.
-func (t *Transport) readPayload(c net.Conn, dst []int) (int64, error) {
+// io.ReadFull per block into the start of its slot: no intermediate buffer.
+func (t *Transport) readPayload(c net.Conn, dst, lens []int) (int64, error) {
 	var n int64
-	for _, s := range dst {
-		m, err := io.ReadFull(c, t.region.Slot(s))
+	for i, s := range dst {
+		m, err := io.ReadFull(c, t.region.Block(s, lens[i]))
 		n += int64(m)
 		if err != nil {
 			return n, err

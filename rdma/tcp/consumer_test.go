@@ -76,7 +76,7 @@ func (g *consumerRig) partialTransfer(dst []int, cut func(data [][]byte) [][]byt
 func (g *consumerRig) expect(tok rdma.Token, dst []int) *doneRec {
 	g.t.Helper()
 	d := newDone()
-	if err := g.tr.Expect("p", tok, dst, d.done); err != nil {
+	if err := g.tr.Expect("p", tok, dst, nil, d.done); err != nil {
 		g.t.Fatal(err)
 	}
 	return d
@@ -343,7 +343,7 @@ func TestConsumerDisconnectClosesIdleConn(t *testing.T) {
 	readAckWithin(t, c)
 	g.tr.Disconnect("p")
 	waitClosed(t, c)
-	if err := g.tr.Expect("p", rdma.NewToken(), []int{1}, newDone().done); !errorsIs(err, rdma.ErrPeerUnknown) {
+	if err := g.tr.Expect("p", rdma.NewToken(), []int{1}, nil, newDone().done); !errorsIs(err, rdma.ErrPeerUnknown) {
 		t.Fatalf("Expect from a disconnected peer: %v, want ErrPeerUnknown", err)
 	}
 	c2 := g.dial()

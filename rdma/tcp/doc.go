@@ -40,15 +40,19 @@
 // # Rules
 //
 //   - Expect needs the peer Connect'ed (ErrPeerUnknown otherwise), a
-//     non-empty dst inside the pool (ErrBadSlot) and a token not already
-//     pending (ErrDuplicateToken).
+//     non-empty dst inside the pool (ErrBadSlot), a length per slot within
+//     1..the slot size or nil for whole slots (ErrBadLength) and a token
+//     not already pending (ErrDuplicateToken).
 //   - Write needs the peer Connect'ed, src and dst of equal non-zero
 //     length, src inside the local pool, dst inside the pool the peer
-//     advertised in its metadata, and equal slot sizes (ErrBadSlot).
+//     advertised in its metadata (ErrBadSlot), and a length per block
+//     within 1..the smaller of the two pools' slot sizes, or nil for whole
+//     local slots (ErrBadLength). The pools' slot sizes may differ: a
+//     block of n bytes sits at the start of its slot on both sides.
 //   - A transfer is accepted only if its token is pending, was expected
 //     from the node named in the connection's preface (in the same Connect
-//     epoch), no other connection is inside its payload, and its slot size,
-//     count and slot list (order included) equal the expected ones.
+//     epoch), no other connection is inside its payload, and its count and
+//     its (slot, length) list (order included) equal the expected ones.
 //     Otherwise it is refused: counted in Stats.Refused, logged, a refusal
 //     ack is written if possible and the connection is closed. The
 //     expectation is untouched and no payload byte has reached the pool.
@@ -88,22 +92,28 @@
 //
 //	offset size  field
 //	0      4     magic "KVTD" (4B 56 54 44)
-//	4      1     version = 1
+//	4      1     version = 2
 //	5      1     n = length of the sender's node id, 1..255
 //	6      n     sender's node id (bytes)
+//
+// Version 1 carried one slot size per transfer and moved whole slots of
+// equal size; a version-2 consumer refuses its preface.
 //
 // Transfer header, producer → consumer:
 //
 //	offset size  field
 //	0      16    token (rdma.Token)
-//	16     4     count = number of slots, 1..consumer's pool slots
-//	20     4     slot bytes, 1..2^31-1 (must equal the consumer's)
-//	24     4×count  dst slot indices, each < consumer's pool slots
+//	16     4     count = number of blocks, 1..consumer's pool slots
+//	20     8×count  per block: dst slot index (4), each < consumer's pool
+//	                slots, then its length in bytes (4), 1..consumer's
+//	                slot bytes
 //
-// Payload, producer → consumer: count × slot bytes, the src slots' bytes
-// in order; the i-th slot lands in the i-th dst slot. The producer sends
-// header and payload in one writev straight from its pool; the consumer
-// reads each slot with io.ReadFull straight into its pool.
+// Payload, producer → consumer: the blocks' bytes back to back, the i-th
+// block's length bytes read from the start of the i-th src slot landing
+// at the start of the i-th dst slot (the rest of the slot is untouched).
+// The producer sends header and payload in one writev straight from its
+// pool; the consumer reads each block with io.ReadFull straight into its
+// pool.
 //
 // Ack, consumer → producer, one byte per transfer:
 //
@@ -114,8 +124,8 @@
 //
 // The consumer decodes strictly and bounds before it allocates: the
 // preface's node id is at most 255 bytes; the header's count is checked
-// against its pool size, then against the expectation's, before the slot
-// list is read.
+// against its pool size, then against the expectation's, before the
+// entries are read.
 //
 // # Metadata
 //
@@ -123,7 +133,8 @@
 //
 //	offset size  field
 //	0      1     version = 1
-//	1      4     slot bytes of the registered pool
+//	1      4     slot bytes of the registered pool (the largest block a
+//	             slot holds)
 //	5      4     slots of the registered pool
 //	9      1     n = length of the address, 1..255
 //	10     n     address to dial, "host:port" (Config.Advertise, else the

@@ -88,13 +88,28 @@ func randomSlots(rng *rand.Rand, n, slotBytes int) [][]byte {
 	return out
 }
 
-// frame is a preface (when node is not empty) followed by a header.
+// frame is a preface (when node is not empty) followed by a header of
+// whole slots of slotBytes.
 func frame(node string, tok rdma.Token, slotBytes int, dst []int) []byte {
+	return frameLens(node, tok, dst, whole(len(dst), slotBytes))
+}
+
+// frameLens is frame with a length per block.
+func frameLens(node string, tok rdma.Token, dst, lens []int) []byte {
 	var b []byte
 	if node != "" {
 		b = appendPreface(b, node)
 	}
-	return appendHeader(b, tok, slotBytes, dst)
+	return appendHeader(b, tok, dst, lens)
+}
+
+// whole is n lengths of slotBytes: whole slots.
+func whole(n, slotBytes int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = slotBytes
+	}
+	return out
 }
 
 // send writes raw bytes or fails the test.

@@ -18,6 +18,7 @@ import (
 type writeOp struct {
 	tok      rdma.Token
 	src, dst []int
+	lens     []int // bytes of each block, from the start of its src slot into the start of its dst slot
 	done     func(rdma.Completion)
 }
 
@@ -35,15 +36,17 @@ type pconn struct {
 // the retry in attempt.
 const defaultProbeAfter = time.Second
 
-// Write sends the local src slots into peer's dst slots under tok. It
-// refuses, without calling done, a peer that is not Connect'ed
-// (ErrPeerUnknown) and slot lists that are empty, of different lengths,
-// outside the local pool or outside the pool the peer advertised, or a
-// peer whose slot size differs (ErrBadSlot). Otherwise done is called
-// exactly once, after the consumer's ack (the src slots are then no
-// longer read) or after the failure, at most WriteTimeout after a worker
-// picked the Write up.
-func (t *Transport) Write(peerID string, tok rdma.Token, src, dst []int, done func(rdma.Completion)) error {
+// Write sends the first lens[i] bytes of each local src[i] into the start
+// of peer's dst[i] under tok (nil lens: whole local slots). It refuses,
+// without calling done, a peer that is not Connect'ed (ErrPeerUnknown),
+// slot lists that are empty, of different lengths, outside the local pool
+// or outside the pool the peer advertised (ErrBadSlot), and lengths that
+// are not one per slot within 1..the smaller of both sides' slot sizes
+// (ErrBadLength): the two pools' slots may differ in size, a block must
+// fit both. Otherwise done is called exactly once, after the consumer's
+// ack (the src slots are then no longer read) or after the failure, at
+// most WriteTimeout after a worker picked the Write up.
+func (t *Transport) Write(peerID string, tok rdma.Token, src, dst, lens []int, done func(rdma.Completion)) error {
 	if done == nil {
 		return fmt.Errorf("rdma/tcp: write %s to %s: nil done", tok, peerID)
 	}
@@ -56,28 +59,29 @@ func (t *Transport) Write(peerID string, tok rdma.Token, src, dst []int, done fu
 	if p == nil {
 		return writeErr(tok, peerID, rdma.ErrPeerUnknown)
 	}
-	if err := t.checkWrite(p, src, dst); err != nil {
+	lens, err := t.checkWrite(p, src, dst, lens)
+	if err != nil {
 		return writeErr(tok, peerID, err)
 	}
 	t.pendingWrites++
-	t.dispatchLocked(p, &writeOp{tok: tok, src: slices.Clone(src), dst: slices.Clone(dst), done: done})
+	t.dispatchLocked(p, &writeOp{tok: tok, src: slices.Clone(src), dst: slices.Clone(dst), lens: lens, done: done})
 	return nil
 }
 
-// checkWrite checks the slot lists against both pools.
-func (t *Transport) checkWrite(p *peer, src, dst []int) error {
+// checkWrite checks the slot lists against both pools and resolves the
+// lengths: each block must fit the local slot it is read from and the
+// peer's slot it lands in.
+func (t *Transport) checkWrite(p *peer, src, dst, lens []int) ([]int, error) {
 	remote := rdma.Region{Slots: p.meta.Slots}
 	switch {
 	case len(src) == 0 || len(src) != len(dst):
-		return fmt.Errorf("%d src slots for %d dst slots: %w", len(src), len(dst), rdma.ErrBadSlot)
+		return nil, fmt.Errorf("%d src slots for %d dst slots: %w", len(src), len(dst), rdma.ErrBadSlot)
 	case !t.region.Valid(src):
-		return fmt.Errorf("src slots not all within local 0..%d: %w", t.region.Slots-1, rdma.ErrBadSlot)
+		return nil, fmt.Errorf("src slots not all within local 0..%d: %w", t.region.Slots-1, rdma.ErrBadSlot)
 	case !remote.Valid(dst):
-		return fmt.Errorf("dst slots not all within the peer's 0..%d: %w", p.meta.Slots-1, rdma.ErrBadSlot)
-	case p.meta.SlotBytes != t.region.SlotBytes:
-		return fmt.Errorf("slot bytes %d, the peer's %d: %w", t.region.SlotBytes, p.meta.SlotBytes, rdma.ErrBadSlot)
+		return nil, fmt.Errorf("dst slots not all within the peer's 0..%d: %w", p.meta.Slots-1, rdma.ErrBadSlot)
 	}
-	return nil
+	return rdma.Lengths(lens, len(src), t.region.SlotBytes, min(t.region.SlotBytes, p.meta.SlotBytes))
 }
 
 // dispatchLocked hands op to a worker on an idle connection, to a new
@@ -187,15 +191,15 @@ func (t *Transport) ready(p *peer, c *pconn, deadline time.Time) (*pconn, error)
 func (t *Transport) send(p *peer, c *pconn, op *writeOp, deadline time.Time) (int64, error) {
 	c.SetDeadline(deadline)
 	defer c.SetDeadline(time.Time{}) // an idle connection has no timer armed
-	hdr := make([]byte, 0, prefaceFixed+len(t.cfg.Node)+headerFixed+4*len(op.dst))
+	hdr := make([]byte, 0, prefaceFixed+len(t.cfg.Node)+headerFixed+entryBytes*len(op.dst))
 	if !c.prefaced {
 		hdr = appendPreface(hdr, t.cfg.Node)
 	}
-	hdr = appendHeader(hdr, op.tok, t.region.SlotBytes, op.dst)
+	hdr = appendHeader(hdr, op.tok, op.dst, op.lens)
 	bufs := make(net.Buffers, 1, 1+len(op.src))
 	bufs[0] = hdr
-	for _, s := range op.src {
-		bufs = append(bufs, t.region.Slot(s))
+	for i, s := range op.src {
+		bufs = append(bufs, t.region.Block(s, op.lens[i]))
 	}
 	batch := batchOf(c.Conn)
 	if batch != nil {

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -77,11 +78,11 @@ func readTransfer(t *testing.T, c net.Conn, first bool, node string, slots int) 
 			t.Fatalf("preface: node %q, %v; want %q", got, err, node)
 		}
 	}
-	h, err := readHeader(c, slots)
+	h, err := readHeader(c, slots, math.MaxInt32)
 	if err != nil {
 		t.Fatalf("header: %v", err)
 	}
-	payload := make([]byte, len(h.Dst)*h.SlotBytes)
+	payload := make([]byte, rdma.Sum(h.Lens))
 	if _, err := io.ReadFull(c, payload); err != nil {
 		t.Fatalf("payload: %v", err)
 	}
@@ -100,7 +101,7 @@ func producerRig(t *testing.T, cfg Config, slots, slotBytes int) (*Transport, rd
 func (tr *Transport) mustWrite(t *testing.T, tok rdma.Token, src, dst []int) *doneRec {
 	t.Helper()
 	d := newDone()
-	if err := tr.Write("c", tok, src, dst, d.done); err != nil {
+	if err := tr.Write("c", tok, src, dst, nil, d.done); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -120,7 +121,7 @@ func TestProducerWireFormat(t *testing.T) {
 			c = f.accept()
 		}
 		h, payload := readTransfer(t, c, i == 0, tr.cfg.Node, rigSlots)
-		if h.Token != tok || h.SlotBytes != rigSlotBytes || !equalInts(h.Dst, x.dst) {
+		if h.Token != tok || !equalInts(h.Lens, whole(len(x.dst), rigSlotBytes)) || !equalInts(h.Dst, x.dst) {
 			t.Fatalf("header %+v, want token %s, %d bytes, dst %v", h, tok, rigSlotBytes, x.dst)
 		}
 		var want []byte
@@ -263,11 +264,11 @@ func TestProducerMaxConnsPerPeer(t *testing.T) {
 						return
 					}
 				}
-				h, err := readHeader(c, rigSlots)
+				h, err := readHeader(c, rigSlots, rigSlotBytes)
 				if err != nil {
 					return
 				}
-				if _, err := io.CopyN(io.Discard, c, int64(len(h.Dst)*h.SlotBytes)); err != nil {
+				if _, err := io.CopyN(io.Discard, c, rdma.Sum(h.Lens)); err != nil {
 					return
 				}
 				select {
@@ -385,15 +386,60 @@ func TestProducerDialFailure(t *testing.T) {
 }
 
 // TestProducerChecksRemoteGeometry: the peer's advertised pool bounds
-// dst, and a different slot size is refused before anything is sent.
+// dst, and a block longer than either side's slot is refused before
+// anything is sent; a block that fits both goes to a peer whose slots are
+// of another size.
 func TestProducerChecksRemoteGeometry(t *testing.T) {
 	tr, _ := producerRig(t, Config{}, rigSlots, rigSlotBytes)
-	for _, m := range []peerMeta{{Addr: "127.0.0.1:9", SlotBytes: 512, Slots: rigSlots}, {Addr: "127.0.0.1:9", SlotBytes: rigSlotBytes, Slots: 4}} {
-		if err := tr.Connect("c", encodeMeta(m)); err != nil {
+	never := func(rdma.Completion) { t.Error("done called for a refused Write") }
+	for _, x := range []struct {
+		m    peerMeta
+		lens []int
+		want error
+	}{
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: rigSlotBytes, Slots: 4}, nil, rdma.ErrBadSlot},
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: 512, Slots: rigSlots}, nil, rdma.ErrBadLength}, // whole slots of ours
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: 512, Slots: rigSlots}, []int{513}, rdma.ErrBadLength},
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: 4 * rigSlotBytes, Slots: rigSlots}, []int{rigSlotBytes + 1}, rdma.ErrBadLength},
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: 512, Slots: rigSlots}, []int{0}, rdma.ErrBadLength},
+		{peerMeta{Addr: "127.0.0.1:9", SlotBytes: 512, Slots: rigSlots}, []int{100, 100}, rdma.ErrBadLength}, // one length per slot
+	} {
+		if err := tr.Connect("c", encodeMeta(x.m)); err != nil {
 			t.Fatal(err)
 		}
-		err := tr.Write("c", rdma.NewToken(), []int{4}, []int{4}, func(rdma.Completion) { t.Error("done called for a refused Write") })
-		wantErr(t, "remote geometry", err, rdma.ErrBadSlot)
+		err := tr.Write("c", rdma.NewToken(), []int{4}, []int{4}, x.lens, never)
+		wantErr(t, "remote geometry", err, x.want)
+	}
+}
+
+// TestProducerWritesBlocksOfSeveralLengths: each block's bytes come from
+// the start of its src slot, in order, and the header carries its length;
+// a peer with smaller slots takes the blocks that fit them.
+func TestProducerWritesBlocksOfSeveralLengths(t *testing.T) {
+	tr, r := producerRig(t, Config{}, rigSlots, rigSlotBytes)
+	const theirs = rigSlotBytes / 2
+	f := newFakeConsumer(t, tr, rigSlots, theirs)
+	src, dst, lens := []int{9, 2, 4}, []int{1, 0, 7}, []int{theirs, 1, 300}
+	tok := rdma.NewToken()
+	d := newDone()
+	if err := tr.Write("c", tok, src, dst, lens, d.done); err != nil {
+		t.Fatal(err)
+	}
+	c := f.accept()
+	h, payload := readTransfer(t, c, true, tr.cfg.Node, rigSlots)
+	if h.Token != tok || !equalInts(h.Dst, dst) || !equalInts(h.Lens, lens) {
+		t.Fatalf("header %+v, want token %s, dst %v, lengths %v", h, tok, dst, lens)
+	}
+	var want []byte
+	for i, s := range src {
+		want = append(want, r.Slot(s)[:lens[i]]...)
+	}
+	if !bytes.Equal(payload, want) {
+		t.Fatal("payload is not the blocks' bytes in order")
+	}
+	send(t, c, []byte{ackOK})
+	if got := d.wait(t); got.Err != nil || got.Bytes != rdma.Sum(lens) {
+		t.Fatalf("completion %+v, want success of %d bytes", got, rdma.Sum(lens))
 	}
 }
 

@@ -35,10 +35,10 @@ func tlsWrite(t *testing.T, a, b *Transport, n int) (writeErr, expectErr error) 
 		slots[i] = i
 	}
 	expected, written := make(chan error, 1), make(chan error, 1)
-	if err := b.Expect(a.cfg.Node, tok, slots, func(c rdma.Completion) { expected <- c.Err }); err != nil {
+	if err := b.Expect(a.cfg.Node, tok, slots, nil, func(c rdma.Completion) { expected <- c.Err }); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Write(b.cfg.Node, tok, slots, slots, func(c rdma.Completion) { written <- c.Err }); err != nil {
+	if err := a.Write(b.cfg.Node, tok, slots, slots, nil, func(c rdma.Completion) { written <- c.Err }); err != nil {
 		t.Fatal(err)
 	}
 	writeErr = <-written

@@ -46,8 +46,8 @@ func TestBeforeRegister(t *testing.T) {
 	never := func(rdma.Completion) { t.Error("done called for a refused call") }
 	for name, err := range map[string]error{
 		"Connect": tr.Connect("p", meta),
-		"Expect":  tr.Expect("p", rdma.NewToken(), []int{0}, never),
-		"Write":   tr.Write("p", rdma.NewToken(), []int{0}, []int{0}, never),
+		"Expect":  tr.Expect("p", rdma.NewToken(), []int{0}, nil, never),
+		"Write":   tr.Write("p", rdma.NewToken(), []int{0}, []int{0}, nil, never),
 	} {
 		if !errors.Is(err, rdma.ErrNotRegistered) {
 			t.Errorf("%s before Register: %v, want ErrNotRegistered", name, err)
@@ -83,10 +83,10 @@ func TestRegister(t *testing.T) {
 		t.Fatalf("Connect with junk metadata: %v", err)
 	}
 	never := func(rdma.Completion) { t.Error("done called for a refused call") }
-	if err := tr.Expect("nobody", rdma.NewToken(), []int{0}, never); !errors.Is(err, rdma.ErrPeerUnknown) {
+	if err := tr.Expect("nobody", rdma.NewToken(), []int{0}, nil, never); !errors.Is(err, rdma.ErrPeerUnknown) {
 		t.Fatalf("Expect from an unconnected peer: %v, want ErrPeerUnknown", err)
 	}
-	if err := tr.Expect("nobody", rdma.NewToken(), []int{0}, nil); err == nil {
+	if err := tr.Expect("nobody", rdma.NewToken(), []int{0}, nil, nil); err == nil {
 		t.Fatal("Expect with a nil done accepted")
 	}
 	tr.Close()
@@ -112,10 +112,10 @@ func TestIdleGoroutines(t *testing.T) {
 	for i := range 4 {
 		for _, pr := range [][2]*Transport{{a, b}, {b, a}} {
 			tok, we, ww := rdma.NewToken(), newDone(), newDone()
-			if err := pr[1].Expect(pr[0].cfg.Node, tok, []int{i}, we.done); err != nil {
+			if err := pr[1].Expect(pr[0].cfg.Node, tok, []int{i}, nil, we.done); err != nil {
 				t.Fatal(err)
 			}
-			if err := pr[0].Write(pr[1].cfg.Node, tok, []int{i}, []int{i}, ww.done); err != nil {
+			if err := pr[0].Write(pr[1].cfg.Node, tok, []int{i}, []int{i}, nil, ww.done); err != nil {
 				t.Fatal(err)
 			}
 			if we.wait(t).Err != nil || ww.wait(t).Err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 
 	"github.com/kvtier/kvtier/rdma"
@@ -13,11 +12,14 @@ import (
 
 // Wire constants; the layout is documented in doc.go.
 const (
-	wireVersion = 1 // preface version
+	// wireVersion 2: a header carries a (slot, length) pair per block,
+	// where version 1 carried one slot size for whole slots.
+	wireVersion = 2 // preface version
 	metaVersion = 1 // Metadata() encoding version
 
 	prefaceFixed = 6  // magic(4) version(1) node length(1)
-	headerFixed  = 24 // token(16) count(4) slot bytes(4)
+	headerFixed  = 20 // token(16) count(4)
+	entryBytes   = 8  // per block: dst slot(4) length(4)
 	metaFixed    = 10 // version(1) slot bytes(4) slots(4) addr length(1)
 
 	maxNodeID = 255 // node id bytes, bounded by the preface's 1-byte length
@@ -34,11 +36,12 @@ var magic = [4]byte{'K', 'V', 'T', 'D'}
 // consumer can count and refuse without inspecting the cause.
 var errFrame = fmt.Errorf("malformed frame: %w", rdma.ErrProtocol)
 
-// header is one transfer's fixed header plus its destination slot list.
+// header is one transfer's fixed header plus its entries: the destination
+// slot and the length of each block.
 type header struct {
-	Token     rdma.Token
-	SlotBytes int
-	Dst       []int
+	Token rdma.Token
+	Dst   []int
+	Lens  []int
 }
 
 // appendPreface appends the connection preface for node to b.
@@ -73,71 +76,73 @@ func readPreface(r io.Reader) (string, error) {
 	return string(node), nil
 }
 
-// appendHeader appends one transfer header (fixed part and slot list).
-func appendHeader(b []byte, tok rdma.Token, slotBytes int, dst []int) []byte {
+// appendHeader appends one transfer header: the fixed part, then a (dst
+// slot, length) pair per block.
+func appendHeader(b []byte, tok rdma.Token, dst, lens []int) []byte {
 	b = append(b, tok[:]...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(dst)))
-	b = binary.BigEndian.AppendUint32(b, uint32(slotBytes))
-	for _, s := range dst {
+	for i, s := range dst {
 		b = binary.BigEndian.AppendUint32(b, uint32(s))
+		b = binary.BigEndian.AppendUint32(b, uint32(lens[i]))
 	}
 	return b
 }
 
 // decodeHeaderFixed decodes the fixed part of a header. count is checked
 // against maxCount (the consumer's pool size) before anyone allocates the
-// slot list.
-func decodeHeaderFixed(b *[headerFixed]byte, maxCount int) (tok rdma.Token, count, slotBytes int, err error) {
+// entry list.
+func decodeHeaderFixed(b *[headerFixed]byte, maxCount int) (tok rdma.Token, count int, err error) {
 	copy(tok[:], b[:16])
 	c := binary.BigEndian.Uint32(b[16:20])
-	sb := binary.BigEndian.Uint32(b[20:24])
 	if c == 0 || uint64(c) > uint64(maxCount) {
-		return tok, 0, 0, fmt.Errorf("header: %d slots, want 1..%d: %w", c, maxCount, errFrame)
+		return tok, 0, fmt.Errorf("header: %d slots, want 1..%d: %w", c, maxCount, errFrame)
 	}
-	if sb == 0 || uint64(sb) > math.MaxInt32 {
-		return tok, 0, 0, fmt.Errorf("header: slot bytes %d: %w", sb, errFrame)
-	}
-	return tok, int(c), int(sb), nil
+	return tok, int(c), nil
 }
 
-// readSlots reads count slot indices into buf (reused across transfers)
-// and checks each is below limit. count must already be bounded.
-func readSlots(r io.Reader, count, limit int, buf []byte) ([]int, []byte, error) {
-	if cap(buf) < 4*count {
-		buf = make([]byte, 4*count)
+// readEntries reads count (slot, length) pairs into buf (reused across
+// transfers) and checks each slot is below limit and each length within
+// 1..slotBytes (the consumer's slot size). count must already be bounded.
+func readEntries(r io.Reader, count, limit, slotBytes int, buf []byte) (dst, lens []int, _ []byte, err error) {
+	if cap(buf) < entryBytes*count {
+		buf = make([]byte, entryBytes*count)
 	}
-	buf = buf[:4*count]
+	buf = buf[:entryBytes*count]
 	if _, err := io.ReadFull(r, buf); err != nil {
-		return nil, buf, fmt.Errorf("header: slot list: %w", noEOF(err))
+		return nil, nil, buf, fmt.Errorf("header: entries: %w", noEOF(err))
 	}
-	slots := make([]int, count)
-	for i := range slots {
-		s := binary.BigEndian.Uint32(buf[4*i:])
+	dst, lens = make([]int, count), make([]int, count)
+	for i := range dst {
+		s := binary.BigEndian.Uint32(buf[entryBytes*i:])
+		n := binary.BigEndian.Uint32(buf[entryBytes*i+4:])
 		if uint64(s) >= uint64(limit) {
-			return nil, buf, fmt.Errorf("header: slot %d outside %d slots: %w", s, limit, errFrame)
+			return nil, nil, buf, fmt.Errorf("header: slot %d outside %d slots: %w", s, limit, errFrame)
 		}
-		slots[i] = int(s)
+		if n == 0 || uint64(n) > uint64(slotBytes) {
+			return nil, nil, buf, fmt.Errorf("header: entry %d: %d bytes, want 1..%d: %w", i, n, slotBytes, errFrame)
+		}
+		dst[i], lens[i] = int(s), int(n)
 	}
-	return slots, buf, nil
+	return dst, lens, buf, nil
 }
 
 // readHeader reads a whole header: the form the fuzzer drives. The
 // consumer's reader uses the two halves separately so that it can check
-// the token before reading the slot list.
-func readHeader(r io.Reader, maxCount int) (header, error) {
+// the token before reading the entries.
+func readHeader(r io.Reader, maxCount, slotBytes int) (header, error) {
 	var fixed [headerFixed]byte
 	if _, err := io.ReadFull(r, fixed[:]); err != nil {
 		return header{}, fmt.Errorf("header: %w", err)
 	}
-	tok, count, sb, err := decodeHeaderFixed(&fixed, maxCount)
+	tok, count, err := decodeHeaderFixed(&fixed, maxCount)
 	if err != nil {
 		return header{}, err
 	}
-	dst, _, err := readSlots(r, count, maxCount, nil)
+	dst, lens, _, err := readEntries(r, count, maxCount, slotBytes, nil)
 	if err != nil {
 		return header{}, err
 	}
-	return header{Token: tok, SlotBytes: sb, Dst: dst}, nil
+	return header{Token: tok, Dst: dst, Lens: lens}, nil
 }
 
 // noEOF turns io.EOF inside a frame into io.ErrUnexpectedEOF: only a

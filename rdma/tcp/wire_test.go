@@ -16,13 +16,13 @@ func TestWireLayout(t *testing.T) {
 	for i := range tok {
 		tok[i] = byte(i + 1)
 	}
-	got := appendHeader(appendPreface(nil, "n1"), tok, 0x20000, []int{5, 0x010203})
+	got := appendHeader(appendPreface(nil, "n1"), tok, []int{5, 0x010203}, []int{0x20000, 0x1001})
 	want := []byte{
-		'K', 'V', 'T', 'D', 1, 2, 'n', '1', // preface
+		'K', 'V', 'T', 'D', 2, 2, 'n', '1', // preface
 		1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, // token
 		0, 0, 0, 2, // count
-		0, 2, 0, 0, // slot bytes
-		0, 0, 0, 5, 0, 1, 2, 3, // dst slots
+		0, 0, 0, 5, 0, 2, 0, 0, // dst slot 5, 0x20000 bytes
+		0, 1, 2, 3, 0, 0, 0x10, 0x01, // dst slot 0x010203, 0x1001 bytes
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("frame\n got %x\nwant %x", got, want)
@@ -61,28 +61,30 @@ func TestMetaRoundTripAndRejects(t *testing.T) {
 }
 
 // FuzzHeader drives the consumer's decoders — preface, then one header —
-// with arbitrary bytes: they must never panic, never accept a slot list
-// longer than the pool or an index outside it, fail only with a protocol
-// error or a short read, and whatever they accept must re-encode to
-// exactly the bytes they consumed.
+// with arbitrary bytes: they must never panic, never accept an entry list
+// longer than the pool, an index outside it or a length outside a slot,
+// fail only with a protocol error or a short read, and whatever they
+// accept must re-encode to exactly the bytes they consumed.
 func FuzzHeader(f *testing.F) {
-	const pool = 64
+	const pool, slotBytes = 64, 4096
 	var tok rdma.Token
 	copy(tok[:], "0123456789abcdef")
-	valid := appendHeader(appendPreface(nil, "node-a"), tok, 4096, []int{3, 0, 63})
+	hdr := func(dst, lens []int) []byte { return appendHeader(appendPreface(nil, "n"), tok, dst, lens) }
+	valid := appendHeader(appendPreface(nil, "node-a"), tok, []int{3, 0, 63}, []int{4096, 1, 1000})
 	f.Add(valid)
-	f.Add(valid[:len(valid)-1])                                        // slot list cut short
-	f.Add(valid[:prefaceFixed+3])                                      // preface cut short
-	f.Add(append([]byte("KVTX"), valid[4:]...))                        // bad magic
-	f.Add(append([]byte{'K', 'V', 'T', 'D', 9}, valid[5:]...))         // bad version
-	f.Add(appendHeader(appendPreface(nil, "n"), tok, 4096, nil))       // zero slots
-	f.Add(appendHeader(appendPreface(nil, "n"), tok, 0, []int{1}))     // zero slot bytes
-	f.Add(appendHeader(appendPreface(nil, "n"), tok, 4096, []int{64})) // index outside the pool
-	f.Add(appendHeader(appendPreface(nil, "n"), tok, 4096, make([]int, pool+1)))
-	huge := appendHeader(appendPreface(nil, "n"), tok, 4096, []int{1})
+	f.Add(valid[:len(valid)-1])                                // entries cut short
+	f.Add(valid[:prefaceFixed+3])                              // preface cut short
+	f.Add(append([]byte("KVTX"), valid[4:]...))                // bad magic
+	f.Add(append([]byte{'K', 'V', 'T', 'D', 1}, valid[5:]...)) // version 1 (one slot size)
+	f.Add(hdr(nil, nil))                                       // zero slots
+	f.Add(hdr([]int{1}, []int{0}))                             // zero-length block
+	f.Add(hdr([]int{1}, []int{slotBytes + 1}))                 // block longer than a slot
+	f.Add(hdr([]int{64}, []int{1}))                            // index outside the pool
+	f.Add(hdr(make([]int, pool+1), whole(pool+1, 1)))
+	huge := hdr([]int{1}, []int{1})
 	copy(huge[prefaceFixed+1+16:], []byte{0xff, 0xff, 0xff, 0xff}) // count 2^32-1
 	f.Add(huge)
-	f.Add([]byte{'K', 'V', 'T', 'D', 1, 0})
+	f.Add([]byte{'K', 'V', 'T', 'D', 2, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := bytes.NewReader(b)
 		node, err := readPreface(r)
@@ -93,21 +95,21 @@ func FuzzHeader(f *testing.F) {
 		if node == "" || len(node) > maxNodeID {
 			t.Fatalf("accepted node id of %d bytes", len(node))
 		}
-		h, err := readHeader(r, pool)
+		h, err := readHeader(r, pool, slotBytes)
 		if err != nil {
 			checkDecodeErr(t, err)
 			return
 		}
-		if len(h.Dst) == 0 || len(h.Dst) > pool || h.SlotBytes <= 0 {
-			t.Fatalf("accepted %d slots of %d bytes", len(h.Dst), h.SlotBytes)
+		if len(h.Dst) == 0 || len(h.Dst) > pool || len(h.Lens) != len(h.Dst) {
+			t.Fatalf("accepted %d slots with %d lengths", len(h.Dst), len(h.Lens))
 		}
-		for _, s := range h.Dst {
-			if s < 0 || s >= pool {
-				t.Fatalf("accepted slot %d outside a pool of %d", s, pool)
+		for i, s := range h.Dst {
+			if s < 0 || s >= pool || h.Lens[i] < 1 || h.Lens[i] > slotBytes {
+				t.Fatalf("accepted a block of %d bytes in slot %d (a pool of %d slots of %d)", h.Lens[i], s, pool, slotBytes)
 			}
 		}
 		consumed := b[:len(b)-r.Len()]
-		if enc := appendHeader(appendPreface(nil, node), h.Token, h.SlotBytes, h.Dst); !bytes.Equal(enc, consumed) {
+		if enc := appendHeader(appendPreface(nil, node), h.Token, h.Dst, h.Lens); !bytes.Equal(enc, consumed) {
 			t.Fatalf("re-encoding\n got %x\nwant %x", enc, consumed)
 		}
 	})

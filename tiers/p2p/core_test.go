@@ -325,3 +325,26 @@ func TestAWatcherStoppedInTheOutThatStartsItIsNeverStarted(t *testing.T) {
 	require.Equal(t, []watchStart{{watchKey: watchKey{"b", 2}}}, o.Watches)
 	require.Equal(t, []watchKey{{"c", 3}}, o.Unwatches)
 }
+
+// A lookup's block lengths go into the fetch of those blocks, in the
+// fetch's order; a round whose answer had none fetches whole slots (nil).
+func TestAReadCarriesTheLookupsBlockSizes(t *testing.T) {
+	c := newCore(t)
+	a, b := c.up("a"), c.up("b")
+	asked := asks(c.handle(&tiermsg.Lookup{Corr: 1, Keys: []messages.Key{key(1), key(2), key(3), key(4)}}))
+	ra := hits(asked[a], "a", 10, true, true, false, true)
+	ra.Sizes = []int{4096, 12288, 0, 4096}
+	c.handle(ra)
+	c.handle(hits(asked[b], "b", 20, false, false, true, false))
+
+	out := c.handle(&tiermsg.ReadBatch{Corr: 2, Keys: []messages.Key{key(4), key(3), key(2), key(1)}, Slots: []int{0, 1, 2, 3}})
+	fetches := map[*actor.PID]*peermsg.Fetch{}
+	for _, s := range out {
+		if f, ok := s.Msg.(*peermsg.Fetch); ok {
+			fetches[s.To] = f
+		}
+	}
+	require.Equal(t, []messages.Key{key(4), key(2), key(1)}, fetches[a].Keys)
+	require.Equal(t, []int{4096, 12288, 4096}, fetches[a].Sizes)
+	require.Nil(t, fetches[b].Sizes, "whole slots")
+}

@@ -132,6 +132,7 @@ type hit struct {
 	round    roundID
 	ref      fx.Ref // the producer's session
 	checksum uint32
+	size     int                  // the block's length; 0: a whole slot
 	prov     *messages.Provenance // what the producer sent of the block's origin
 }
 
@@ -391,6 +392,9 @@ func (t *State) onLookup(o *Out, m *peermsg.LookupResult) {
 			if i < len(m.Prov) {
 				h.prov = m.Prov[i]
 			}
+			if i < len(m.Sizes) {
+				h.size = m.Sizes[i]
+			}
 			t.held[l.keys[i]] = h
 			used = append(used, l.keys[i])
 		}
@@ -464,6 +468,7 @@ func (t *State) read(o *Out, from fx.Ref, m *tiermsg.ReadBatch) {
 		f     *fetch
 		keys  []messages.Key
 		slots []int
+		sizes []int // nil while every block is a whole slot
 	}
 	parts := map[roundID]*part{}
 	var order []roundID
@@ -478,6 +483,12 @@ func (t *State) read(o *Out, from fx.Ref, m *tiermsg.ReadBatch) {
 			p = &part{ref: h.ref, f: &fetch{read: r}}
 			parts[h.round] = p
 			order = append(order, h.round)
+		}
+		if h.size != 0 && p.sizes == nil {
+			p.sizes = make([]int, len(p.keys), len(p.keys)+1) // NB: 0 is a whole slot; the session resolves it
+		}
+		if p.sizes != nil {
+			p.sizes = append(p.sizes, h.size)
 		}
 		p.keys, p.slots = append(p.keys, k), append(p.slots, m.Slots[i])
 		p.f.index, p.f.sums = append(p.f.index, i), append(p.f.sums, h.checksum)
@@ -494,7 +505,7 @@ func (t *State) read(o *Out, from fx.Ref, m *tiermsg.ReadBatch) {
 		t.corr++
 		t.fetches[t.corr] = p.f
 		r.waiting++
-		o.Request(p.ref, &peermsg.Fetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums})
+		o.Request(p.ref, &peermsg.Fetch{Corr: t.corr, Round: rid.round, Keys: p.keys, Slots: p.slots, Checksums: p.f.sums, Sizes: p.sizes})
 	}
 	if r.waiting == 0 {
 		t.answerRead(o, r)
