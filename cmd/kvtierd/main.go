@@ -70,6 +70,11 @@
 // own, not config keys): a Go CPU profile of the whole run, written to FILE
 // at shutdown (`go tool pprof kvtierd FILE`).
 //
+// KVTIERD_SCHED=normal keeps Linux's default scheduling policy; by default
+// kvtierd runs under SCHED_BATCH, so that its threads, woken by an
+// engine's call, do not preempt the engine's scheduler on its core
+// (internal/schedbatch says why and what it measured).
+//
 // Exit status: 0 after a clean shutdown (or --version, --help), 2 for bad
 // flags, a bad config (file, environment or flags), an engine socket a live
 // daemon serves, or a failed Open, 1 for any other failure (HTTP listener,
@@ -98,6 +103,7 @@ import (
 
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/internal/gcpercent"
+	"github.com/kvtier/kvtier/internal/schedbatch"
 	"github.com/kvtier/kvtier/internal/version"
 )
 
@@ -192,6 +198,11 @@ func run(args []string, stdout io.Writer, stderr *os.File) int {
 	}
 	cfg.Logger = &base // the node adds its own component fields
 	log.Debug().Int("gc_percent", gcpercent.Apply(gcpercent.Default)).Msg("garbage collector target")
+	if policy, err := schedbatch.Apply(); err != nil {
+		log.Warn().Err(err).Str("policy", policy).Msg("scheduling policy")
+	} else {
+		log.Debug().Str("policy", policy).Msg("scheduling policy")
+	}
 
 	if path := os.Getenv("KVTIERD_CPUPROFILE"); path != "" {
 		// For profiling the daemon under a benchmark: written at shutdown.
