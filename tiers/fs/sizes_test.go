@@ -7,7 +7,6 @@ package fs
 // close (sealed segments) and after a crash (segments walked and sealed).
 
 import (
-	"fmt"
 	"hash/crc32"
 	"testing"
 
@@ -19,22 +18,13 @@ import (
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
-// sizesBound is the tiers' bound in these tests: above every size they
-// store, far below the default.
-const sizesBound = 16 << 10
+// sizedKey is block i's key, in its size's namespace.
+func sizedKey(i, size int) messages.Key { return tiertest.InSizeNamespace(benchKey(i), size) }
 
-// sizedKey is block i's key: a namespace per block size, as two models'
-// layouts have.
-func sizedKey(i, size int) messages.Key {
-	k := benchKey(i)
-	k.Namespace = messages.Namespace(fmt.Sprintf("%016x", size))
-	return k
-}
-
-// sizesConfig is a tier of root in layout bounded by sizesBound, whose
+// sizesConfig is a tier of root in layout bounded by tiertest.SizesBound, whose
 // segments seal after about five mixed blocks.
 func sizesConfig(root, layout string) Config {
-	return Config{Root: root, Layout: layout, MaxBlockBytes: sizesBound, SegmentBytes: segOverhead + 40<<10}
+	return Config{Root: root, Layout: layout, MaxBlockBytes: tiertest.SizesBound, SegmentBytes: segOverhead + 40<<10}
 }
 
 // withOdd adds a block of a length that is no multiple of a page (3001
@@ -74,7 +64,7 @@ func TestFSMixedSizesStoredReadAndRescanned(t *testing.T) {
 		var used int64
 		t.Run("write", func(t *testing.T) {
 			h := openTierWith(t, cfg, harnessOpts{drop: true})
-			h.CheckMixedSizes(blocks, sizesBound)
+			h.CheckMixedSizes(blocks, tiertest.SizesBound)
 			s := h.quiesce()
 			assert.Equal(t, len(blocks), s.Blocks)
 			used = s.Bytes

@@ -7,7 +7,6 @@ package obj_test
 // and found by HEAD from a fresh tier whatever their size.
 
 import (
-	"fmt"
 	"net/http"
 	"testing"
 
@@ -22,24 +21,15 @@ import (
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
-// sizesBound is the tier's bound in these tests: above every size they
-// store, far below the default.
-const sizesBound = 16 << 10
-
-// sizedKey is block i's key: a namespace per block size, as two models'
-// layouts have.
-func sizedKey(i, size int) messages.Key {
-	k := key(i)
-	k.Namespace = messages.Namespace(fmt.Sprintf("%016x", size))
-	return k
-}
+// sizedKey is block i's key, in its size's namespace.
+func sizedKey(i, size int) messages.Key { return tiertest.InSizeNamespace(key(i), size) }
 
 func TestMixedSizesStoredReadAndFoundByHead(t *testing.T) {
 	s := objtest.Start(t, bucket)
-	bounded := func(c *obj.Config) { c.MaxBlockBytes = sizesBound }
+	bounded := func(c *obj.Config) { c.MaxBlockBytes = tiertest.SizesBound }
 	h := openTier(t, s, bounded)
 	blocks := tiertest.MixedBlocks(10, sizedKey)
-	h.CheckMixedSizes(blocks, sizesBound)
+	h.CheckMixedSizes(blocks, tiertest.SizesBound)
 	st := h.stats()
 	require.Zero(t, st.Invalid, "a wrong-length read deletes nothing")
 	require.Zero(t, st.RetriedIOCalls, "nor is it retried")

@@ -2,6 +2,7 @@ package tiertest
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,17 @@ import (
 // and three (two namespaces' geometries, as one daemon serving two models
 // stores them side by side).
 var Sizes = []int{4096, 12288}
+
+// SizesBound is a tier's bound in the mixed-size tests: above every one
+// of Sizes, far below the default.
+const SizesBound = 16 << 10
+
+// InSizeNamespace is k in a namespace of its own for blocks of size bytes,
+// as two models' layouts are: the key MixedBlocks' callers give block i.
+func InSizeNamespace(k messages.Key, size int) messages.Key {
+	k.Namespace = messages.Namespace(fmt.Sprintf("%016x", size))
+	return k
+}
 
 // Block is one block a test stores: its key, bytes and CRC32C.
 type Block struct {
