@@ -15,10 +15,18 @@
 // engine waits on is no slower: the engine's thread then sleeps, and
 // kvtierd's runs at once.
 //
+// It is opt-in (KVTIERD_SCHED=batch), because the same rule cuts the
+// other way beside an engine whose threads spin on the CPU (vLLM's CPU
+// build, OpenMP): each wake-up of a kvtierd thread then waits out a
+// spinning thread's slice, and in one CI run of the vLLM suite an engine
+// whose kvtierd ran under SCHED_BATCH could not finish its hello for 60 s
+// (test_a_kvtierd_with_no_block_size_takes_the_engines[ipc]); the cause
+// was not proven, and the default stays the kernel's until it is.
+//
 // It owns only that process-wide setting; a program that embeds kvtier
 // keeps its own (Open never calls it).
 package schedbatch
 
-// Env names the environment variable that turns it off: KVTIERD_SCHED=normal
-// keeps the default policy ("batch" or unset: SCHED_BATCH).
+// Env names the environment variable that turns it on: KVTIERD_SCHED=batch
+// (unset or "normal": the default policy).
 const Env = "KVTIERD_SCHED"
