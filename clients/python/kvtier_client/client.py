@@ -234,12 +234,22 @@ class _ZmqTransport:
         # libzmq DEALER sends none by default, and a killed engine's session
         # would then stay open, holding its credit, until kvtierd stops).
         self._sock.setsockopt(zmq.ROUTING_ID, b"py-" + os.urandom(12).hex().encode())
-        self._mon: Any = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # NB: a monitor address of its own. pyzmq's default names it after
+        # the socket's file descriptor, which the next socket reuses once
+        # this one is closed, while libzmq unbinds the old name later, on
+        # its reaper thread: a client made right after another failed (a
+        # reconnect after SIZING) could not monitor ("Address already in use").
+        self._mon: Any = self._sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED, addr=f"inproc://kvtier-monitor-{os.urandom(8).hex()}")
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._mon, zmq.POLLIN)
         self._gone = False
-        self._sock.connect(addr)
+        try:
+            self._sock.connect(addr)
+        except zmq.ZMQError:
+            self.close()
+            raise
 
     def _check(self) -> None:
         """Raises once the connection to kvtierd ended (and from then on)."""
@@ -483,6 +493,22 @@ class Client:
         # Error replies to calls nobody awaits (a quiet call's failure: its
         # only reply), handed out by take_replies; bounded.
         self._orphans: Deque[Tuple[int, dict]] = deque(maxlen=1024)
+        self._stop = threading.Event()
+        self._hb: Optional[threading.Thread] = None
+        self._mm: Optional[mmap.mmap] = None
+        try:
+            self._open(name, block_bytes, topic)
+        except BaseException:
+            # NB: a failed hello (SIZING, a timeout, a bad pool) must not
+            # leave its socket behind: an engine retries every second.
+            self.close(bye=False)
+            raise
+        if heartbeat:
+            self._hb = threading.Thread(target=self._heartbeat, daemon=True)
+            self._hb.start()
+
+    def _open(self, name: str, block_bytes: int, topic: str) -> None:
+        """Says hello and maps the pool the answer names."""
         fields: Dict[str, Any] = {"client": name}
         if block_bytes > 0:
             fields["block_bytes"] = block_bytes
@@ -502,11 +528,6 @@ class Client:
         finally:
             os.close(fd)
         self.pool = memoryview(self._mm)
-        self._stop = threading.Event()
-        self._hb = None
-        if heartbeat:
-            self._hb = threading.Thread(target=self._heartbeat, daemon=True)
-            self._hb.start()
 
     # -- transport -----------------------------------------------------
     #
@@ -712,8 +733,9 @@ class Client:
             self._hb.join()
         with self._lock:
             self._closed = True
-            self.pool.release()
-            self._mm.close()
+            if self._mm is not None:  # None: the hello failed before the pool was mapped
+                self.pool.release()
+                self._mm.close()
             self._sock.close()
 
     def __enter__(self):

@@ -126,12 +126,18 @@ class Link:
 
     def _log_failure(self, e: Exception) -> None:
         """Unreachable is expected while kvtierd is away (debug); a kvtierd
-        that answers but cannot serve this engine is said once per cause."""
-        if not isinstance(e, KvtierConfigError):
+        that answers but cannot serve this engine, or a failure of this
+        side (neither a kvtier nor an OS error), is said once per cause."""
+        if isinstance(e, KvtierConfigError):
+            said = f"cannot serve this engine: {e}"
+        elif isinstance(e, (KvtierError, OSError)):
             log.debug("kvtier: reconnect to %s failed: %s", self.address, e)
-        elif str(e) != self._failure:
-            self._failure = str(e)
-            log.warning("kvtier: %s cannot serve this engine: %s", self.address, e)
+            return
+        else:
+            said = f"reconnect failed: {type(e).__name__}: {e}"
+        if said != self._failure:
+            self._failure = said
+            log.warning("kvtier: %s %s", self.address, said)
 
     def close(self) -> None:
         self._stop.set()

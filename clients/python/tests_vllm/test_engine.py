@@ -233,9 +233,14 @@ def test_a_kvtierd_with_no_block_size_takes_the_engines(
     e = engine_factory(models["a"], d.address)
     same(gen(e, "x1"), reference["x1"])  # possibly before the node opened: recomputed
     deadline = time.monotonic() + 60
+    i = 0
     while d.metrics().get("kvtier_stores_total", 0) == 0:
-        assert time.monotonic() < deadline, "vLLM never stored into the sized kvtierd\n" + e.log_lines("kvtier")
-        e.generate([PROMPTS["z0"]])
+        assert time.monotonic() < deadline, ("vLLM never stored into the sized kvtierd\n" + e.log_lines("kvtier")
+                                             + "\nkvtierd:\n" + d.log_tail())
+        # NB: a new prompt each time: a repeated one is a GPU prefix hit,
+        # with no block of its own to store once the session is up.
+        e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
     same(gen(e, "x2"), reference["x2"])
     out = gen(e, "x3")
     same(out, reference["x3"])
