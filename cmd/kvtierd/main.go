@@ -70,10 +70,10 @@
 // own, not config keys): a Go CPU profile of the whole run, written to FILE
 // at shutdown (`go tool pprof kvtierd FILE`).
 //
-// KVTIERD_SCHED=batch runs kvtierd under Linux's SCHED_BATCH, so that its
-// threads, woken by an engine's call, do not preempt the engine's
-// scheduler on its core (internal/schedbatch says why, what it measured
-// and why it is not the default).
+// kvtierd runs under Linux's SCHED_BATCH, so that its threads, woken by an
+// engine's call, do not preempt the engine's scheduler on its core
+// (internal/schedbatch says why and what it measured); KVTIERD_SCHED=normal
+// keeps the kernel's default policy.
 //
 // Exit status: 0 after a clean shutdown (or --version, --help), 2 for bad
 // flags, a bad config (file, environment or flags), an engine socket a live

@@ -15,18 +15,18 @@
 // engine waits on is no slower: the engine's thread then sleeps, and
 // kvtierd's runs at once.
 //
-// It is opt-in (KVTIERD_SCHED=batch), because the same rule cuts the
-// other way beside an engine whose threads spin on the CPU (vLLM's CPU
-// build, OpenMP): each wake-up of a kvtierd thread then waits out a
-// spinning thread's slice, and in one CI run of the vLLM suite an engine
-// whose kvtierd ran under SCHED_BATCH could not finish its hello for 60 s
-// (test_a_kvtierd_with_no_block_size_takes_the_engines[ipc]); the cause
-// was not proven, and the default stays the kernel's until it is.
+// It is the default (KVTIERD_SCHED=normal keeps the kernel's). It was
+// opt-in for a while: a CI run of the vLLM suite under it failed a test
+// whose engine could not reconnect to a kvtierd sizing its slots, and a
+// spinning engine beside it was suspected. The cause was the Python
+// client's instead (a failed hello left its ZeroMQ monitor bound under a
+// name the next socket reused); the same test failed with the default
+// policy too, and passes since that fix under either.
 //
 // It owns only that process-wide setting; a program that embeds kvtier
 // keeps its own (Open never calls it).
 package schedbatch
 
-// Env names the environment variable that turns it on: KVTIERD_SCHED=batch
-// (unset or "normal": the default policy).
+// Env names the environment variable that chooses: KVTIERD_SCHED=normal
+// keeps the kernel's default policy (unset or "batch": SCHED_BATCH).
 const Env = "KVTIERD_SCHED"

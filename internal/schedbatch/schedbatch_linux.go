@@ -13,14 +13,14 @@ import (
 // passes again until one finds every thread moved.
 const maxSweeps = 8
 
-// Apply moves every thread of this process to SCHED_BATCH when the
-// environment says KVTIERD_SCHED=batch; threads started afterwards
+// Apply moves every thread of this process to SCHED_BATCH unless the
+// environment says KVTIERD_SCHED=normal; threads started afterwards
 // inherit it. It returns the policy in force ("batch" or "normal").
 func Apply() (string, error) {
 	switch v := os.Getenv(Env); v {
-	case "", "normal":
+	case "normal":
 		return "normal", nil
-	case "batch":
+	case "", "batch":
 	default:
 		return "normal", fmt.Errorf("%s=%q: want batch or normal", Env, v)
 	}
