@@ -14,7 +14,7 @@ import time
 import pytest
 
 from kvtier_client import HIT, MISS, Client, KvtierError, Request
-from testsupport.kvtierd import stop_process
+from testsupport.kvtierd import Daemon, stop_all, stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -445,16 +445,10 @@ def test_failed_hellos_leave_nothing_behind_and_the_next_one_serves(kvtierd_bin,
     the same descriptor's name ("Address already in use", a ZMQError the
     engine's reconnect never got past). The hello that declares a size is
     refused too; kvtierd then serves slots of that size on the same address."""
-    addr = f"{transport}://{tmp_path / 'engine.sock'}"
-    pool = os.path.join("/dev/shm", f"kvtier-pytest-sizing-{os.getpid()}-{time.monotonic_ns()}.pool")
-    proc = subprocess.Popen([kvtierd_bin, "--engine-listen", addr, "--pool-path", pool, "--pool-bytes", "8MiB",
-                             "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
-                            stderr=subprocess.PIPE, text=True)
+    d = Daemon(kvtierd_bin, str(tmp_path), block_bytes=0, pool_bytes=8 << 20, transport=transport,
+               tag="pytest-sizing").start()  # block_bytes 0: kvtierd answers SIZING until an engine declares one
+    addr = d.address
     try:
-        for line in proc.stderr:
-            if json.loads(line).get("message", "").startswith("kvtierd sizing its slots"):
-                break
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
         fds = 0
         for i in range(200):
             with pytest.raises(KvtierError) as e:
@@ -480,12 +474,6 @@ def test_failed_hellos_leave_nothing_behind_and_the_next_one_serves(kvtierd_bin,
         with c:
             assert c.hello.block_bytes == BLOCK
             c.ping()
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
+        d.stop()  # exit status 0 asserted
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        for p in (pool, pool + ".index"):
-            if os.path.exists(p):
-                os.unlink(p)
+        stop_all([d])
