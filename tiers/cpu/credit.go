@@ -57,14 +57,18 @@ func (s *State) credited() int {
 // leased or write-pending, or when every session's credit together would
 // pass CreditLimit.
 func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
+	return s.GrantIn(0, owner, n)
+}
+
+// GrantIn is Grant of slots of geometry gi. The limit is CreditLimit of the
+// slots the budget holds of gi.
+func (s *State) GrantIn(gi int, owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
 	s.expireLeases()
-	n = min(n, len(s.free)+s.evictable, max(0, CreditLimit(len(s.slots))-s.credited()))
-	for len(s.free) < n {
-		evicted = append(evicted, s.evictOne(nil))
-	}
+	n = min(n, s.room(gi, nil), max(0, CreditLimit(s.geo[gi].n)-s.credited()))
 	slots = make([]int, n)
 	for i := range slots {
-		slots[i] = s.allocate(creditPlaceholder, owner)
+		evicted = s.makeFree(gi, nil, evicted)
+		slots[i] = s.allocate(gi, creditPlaceholder, owner)
 	}
 	return slots, evicted
 }

@@ -12,13 +12,7 @@ func (s *State) CheckInvariants() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
-	inFree := make([]bool, len(s.slots))
-	for _, idx := range s.free {
-		if inFree[idx] {
-			bad("slot %d free twice", idx)
-		}
-		inFree[idx] = true
-	}
+	inFree := s.checkGeometries(bad)
 	pinSum := make([]int32, len(s.slots))
 	for _, m := range s.pins {
 		for idx, n := range m {
@@ -90,8 +84,8 @@ func (s *State) CheckInvariants() error {
 			leased++
 		}
 	}
-	if len(s.index) != len(s.slots)-len(s.free)-credited {
-		bad("index has %d keys, %d slots in use, %d of them credited", len(s.index), len(s.slots)-len(s.free), credited)
+	if len(s.index) != len(s.slots)-s.freeSlots()-s.spareSlots()-credited {
+		bad("index has %d keys, %d slots in use, %d of them credited", len(s.index), len(s.slots)-s.freeSlots()-s.spareSlots(), credited)
 	}
 	if n := s.policy.Len(); n != ready+ranked {
 		bad("policy holds %d slots, %d ready and %d touched while written", n, ready, ranked)

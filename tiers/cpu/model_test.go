@@ -113,6 +113,11 @@ type model struct {
 	// cleared copy of a key; the slot stays used until the last goes.
 	ghosts   map[messages.JobRef]map[messages.Key]int
 	nGhosts  int // slots held by ghosts
+	// budget is the bytes every block may take together, and size a key's
+	// block's bytes (its geometry's): n and 1 with one geometry.
+	budget     int64
+	size       func(messages.Key) int64
+	ghostBytes int64 // bytes held by ghosts
 	use      uint64
 	counters Counters
 	now      func() time.Time
@@ -120,7 +125,17 @@ type model struct {
 
 func newModel(n int, now func() time.Time) *model {
 	return &model{n: n, keys: map[messages.Key]*mEntry{}, leases: map[mLease]time.Time{},
-		pins: map[messages.JobRef]map[messages.Key]int{}, ghosts: map[messages.JobRef]map[messages.Key]int{}, now: now}
+		pins: map[messages.JobRef]map[messages.Key]int{}, ghosts: map[messages.JobRef]map[messages.Key]int{}, now: now,
+		budget: int64(n), size: func(messages.Key) int64 { return 1 }}
+}
+
+// freeBytes is the budget no block or ghost takes.
+func (m *model) freeBytes() int64 {
+	b := m.budget - m.ghostBytes
+	for k := range m.keys {
+		b -= m.size(k)
+	}
+	return b
 }
 
 func (m *model) bump(e *mEntry) { m.use++; e.lastUse = m.use }
@@ -265,6 +280,7 @@ func (m *model) unghost(job messages.JobRef, k messages.Key, n int) {
 			}
 		}
 		m.nGhosts--
+		m.ghostBytes -= m.size(k)
 	}
 }
 
@@ -278,6 +294,13 @@ func (m *model) evictable(k messages.Key) bool {
 // prepare_store protects them: a present key the caller skips storing must
 // still be there after the call).
 func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
+	return m.reserveOf(1, job, keys)
+}
+
+// reserveOf reserves slots of bytes each: victims go, oldest first, until
+// the budget has room for each slot in turn (bytes of any geometry serve
+// any other).
+func (m *model) reserveOf(bytes int64, job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
 	m.expire()
 	var res ReserveResult
 	named := map[messages.Key]bool{}
@@ -299,18 +322,22 @@ func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 	slices.SortFunc(cands, func(a, b messages.Key) int {
 		return int(m.keys[a].lastUse) - int(m.keys[b].lastUse)
 	})
-	free := m.n - len(m.keys) - m.nGhosts
-	need := len(res.ToStore)
-	if need > free+len(cands) {
+	free, obtainable := m.freeBytes(), m.freeBytes()
+	for _, k := range cands {
+		obtainable += m.size(k)
+	}
+	if int64(len(res.ToStore)) > obtainable/bytes {
 		m.counters.Full++
 		return ReserveResult{}, messages.ErrFull
 	}
-	for i := 0; free+i < need; i++ {
-		res.Evicted = append(res.Evicted, cands[i])
-		delete(m.keys, cands[i])
-		m.counters.Evictions++
-	}
 	for _, k := range res.ToStore {
+		for ; free < bytes; cands = cands[1:] {
+			res.Evicted = append(res.Evicted, cands[0])
+			free += m.size(cands[0])
+			delete(m.keys, cands[0])
+			m.counters.Evictions++
+		}
+		free -= bytes
 		m.keys[k] = &mEntry{writer: job}
 	}
 	return res, nil
@@ -425,6 +452,7 @@ func (m *model) clear() []messages.Key {
 				}
 			}
 			m.nGhosts++
+			m.ghostBytes += m.size(k)
 		}
 		m.dropKey(k)
 	}
@@ -483,6 +511,9 @@ type seqRun struct {
 	m      *model
 	nkeys  int
 	slotOf map[messages.Key]int // slot the State gave each key, while present
+	// sizes, when set, are the bytes of the geometries a mixed run
+	// reserves in: key i's block is of geometry i % len(sizes).
+	sizes []int64
 	log    []logEntry
 }
 
@@ -687,10 +718,14 @@ func (r *seqRun) step() {
 		}
 	case op < 58: // Reserve
 		job := modelJobs[rng.Intn(len(modelJobs))]
-		ks := r.keys(6)
-		r.logf("t=%v Reserve(%v, %v)", r.clk.since0(), job, ks)
-		got, err := r.s.Reserve(job, ks)
-		want, werr := r.m.reserve(job, ks)
+		ks, gi, bytes := r.keys(6), 0, int64(1)
+		if r.sizes != nil {
+			gi = rng.Intn(len(r.sizes))
+			ks, bytes = r.ofGeometry(ks, gi), r.sizes[gi]
+		}
+		r.logf("t=%v Reserve(%v, %v) in geometry %d", r.clk.since0(), job, ks, gi)
+		got, err := r.s.ReserveIn(gi, job, ks)
+		want, werr := r.m.reserveOf(bytes, job, ks)
 		if !sameErr(err, werr) {
 			r.fatalf("Reserve err %v, model %v", err, werr)
 		}
@@ -706,7 +741,11 @@ func (r *seqRun) step() {
 		}
 		for i, k := range got.ToStore {
 			r.slotOf[k] = got.Slots[i]
+			if b, _ := r.s.SlotGeometry(got.Slots[i]); r.sizes != nil && int64(b) != bytes {
+				r.fatalf("Reserve in geometry %d gave %v a slot of %d bytes", gi, k, b)
+			}
 		}
+		r.releaseMemory()
 	case op < 74: // Commit
 		job := modelJobs[rng.Intn(len(modelJobs))]
 		ks := r.pendingOf(job)
@@ -825,7 +864,11 @@ func (r *seqRun) check() {
 	if err := r.s.CheckInvariants(); err != nil {
 		r.fatalf("invariants: %v", err)
 	}
-	if got, want := r.s.Occupancy(), r.m.occupancy(); got != want {
+	got, want := r.s.Occupancy(), r.m.occupancy()
+	if r.sizes != nil { // NB: slots, free and committed, are the State's to choose; its budget check is CheckInvariants'
+		got.Slots, got.Free, want.Slots, want.Free = 0, 0, 0, 0
+	}
+	if got != want {
 		r.fatalf("Occupancy = %+v, model %+v", got, want)
 	}
 	if r.s.Counters != r.m.counters {
@@ -1072,5 +1115,62 @@ func TestLeasedHitSurvivesUntilPrepareLoad(t *testing.T) {
 		}
 		r.logf("NewState(%d, %s) filled with %v", n, policy, fill)
 		r.run(20+rng.Intn(21), r.step)
+	}
+}
+
+// ofGeometry keeps the keys of geometry gi (key i's is i % len(sizes)),
+// or names one of them when none is left.
+func (r *seqRun) ofGeometry(ks []messages.Key, gi int) []messages.Key {
+	out := slices.DeleteFunc(ks, func(k messages.Key) bool { return keyIndex[k]%len(r.sizes) != gi })
+	if len(out) == 0 {
+		out = append(out, tk((r.rng.Intn(r.nkeys/len(r.sizes))*len(r.sizes)+gi)%r.nkeys))
+	}
+	return out
+}
+
+// releaseMemory takes the slots the State gave up and checks each is spare
+// now: it must not be handed out before its pages are returned.
+func (r *seqRun) releaseMemory() {
+	for _, idx := range r.s.TakeReleased() {
+		if r.s.slots[idx].state != slotFree || !slices.Contains(r.s.geo[r.s.gOf[idx]].spare, idx) {
+			r.fatalf("slot %d given up but not spare", idx)
+		}
+	}
+}
+
+var keyIndex = func() map[messages.Key]int {
+	m := make(map[messages.Key]int, len(testKeys))
+	for i, k := range testKeys {
+		m[k] = i
+	}
+	return m
+}()
+
+// TestStateModelMixedGeometries runs the sequences over two geometries of
+// different sizes sharing one byte budget: each key's block is of its own
+// geometry, and eviction is one LRU order across both, so the model is the
+// single-geometry one counted in bytes.
+func TestStateModelMixedGeometries(t *testing.T) {
+	for _, seed := range seeds(t, 1, 10_000) {
+		for _, policy := range []string{"lru", "prefix"} {
+			rng := rand.New(rand.NewSource(seed))
+			sizes := []int64{int64(2 + rng.Intn(3)), int64(5 + rng.Intn(4))}
+			budget := sizes[1] + int64(rng.Intn(40))
+			clk := newFakeClock()
+			s, err := NewBudgetState(budget, int(sizes[0]), policy, clk.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, _, err := s.AddGeometry(int(sizes[1])); err != nil {
+				t.Fatal(err)
+			}
+			m := newModel(0, clk.now)
+			m.budget, m.size = budget, func(k messages.Key) int64 { return sizes[keyIndex[k]%2] }
+			nkeys := 2 * int(budget/sizes[0])
+			r := &seqRun{t: t, seed: seed, rng: rng, clk: clk, s: s, m: m,
+				nkeys: nkeys - nkeys%2, slotOf: map[messages.Key]int{}, sizes: sizes}
+			r.logf("NewBudgetState(%d, %v, %s)", budget, sizes, policy)
+			r.run(20+rng.Intn(40), r.step)
+		}
 	}
 }

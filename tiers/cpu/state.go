@@ -14,7 +14,10 @@ import (
 //   - index[k] = s  ⇔  slots[s].state ≠ free, slots[s].key = k and k is not
 //     the credit placeholder (a credited slot is found by its owner's
 //     reservation, never by key).
-//   - free holds exactly the free slots, each once.
+//   - the free and spare lists of the geometries hold exactly the free
+//     slots, each once, each in its own geometry's lists; a spare slot has
+//     no memory committed behind it.
+//   - committed bytes = Σ over geometries of (slots − spare) × bytes ≤ budget.
 //   - slots[s].pins = Σ over jobs of pins[job][s]; pins > 0 only when ready.
 //   - slots[s].leases = number of live lease entries on s; leases > 0 only when ready.
 //   - a write-pending slot appears in reservations[slots[s].writer].
@@ -61,7 +64,10 @@ type Counters struct {
 type State struct {
 	now      func() time.Time
 	slots    []slot
-	free     []int
+	geo      []geometry // the block sizes served; geometry 0 is the pool's first
+	gOf      []uint8    // slot → its geometry
+	budget   int64      // bytes every geometry's committed slots may take together
+	used     int64      // bytes committed: Σ (slots − spare) × bytes
 	index    map[messages.Key]int
 	policy   Policy
 	chain    chainPolicy                       // the policy, when it ranks by the prefix chain; else nil
@@ -77,6 +83,11 @@ type State struct {
 
 	obs Observer // told when a key becomes readable or stops being so; nil: nobody
 
+	// released are slots whose memory was given up for another geometry
+	// since the owner last took them (TakeReleased): the pool returns their
+	// pages before any of them is handed out again.
+	released []int
+
 	named       marks           // the slots a call named so far (CommitProv, Bind): scratch
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
 	evictable   int
@@ -86,29 +97,35 @@ type State struct {
 	Counters    Counters
 }
 
-// NewState builds an empty State of n slots with the named policy; now is the
-// clock leases expire against. It must never step (supervision.Steady, not a
-// wall clock's Now): a forward step would end leases early, a backward one
-// would keep them past their TTL.
+// NewState builds an empty State of n slots of one size with the named
+// policy; now is the clock leases expire against. It must never step
+// (supervision.Steady, not a wall clock's Now): a forward step would end
+// leases early, a backward one would keep them past their TTL.
 func NewState(n int, policy string, now func() time.Time) (*State, error) {
-	if n <= 0 {
-		return nil, fmt.Errorf("%w: %d slots", messages.ErrBadConfig, n)
+	return NewBudgetState(int64(n), 1, policy, now)
+}
+
+// NewBudgetState builds an empty State whose slots of every geometry share
+// budget bytes; its first geometry has slots of blockBytes, every one of
+// them committed (the pool allocates that region up front).
+func NewBudgetState(budget int64, blockBytes int, policy string, now func() time.Time) (*State, error) {
+	if blockBytes <= 0 || budget < int64(blockBytes) || budget/int64(blockBytes) > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: a budget of %d bytes in slots of %d", messages.ErrBadConfig, budget, blockBytes)
 	}
+	n := int(budget / int64(blockBytes))
 	p, err := NewPolicy(policy, n)
 	if err != nil {
 		return nil, err
 	}
 	s := &State{
-		now: now, slots: make([]slot, n), free: make([]int, n),
+		now: now, budget: budget,
 		index: make(map[messages.Key]int, n), policy: p,
 		leases:   map[messages.Holder]*holderLeases{},
 		pins:     map[messages.JobRef]map[int]int32{},
 		reserved: map[messages.JobRef]map[int]struct{}{},
 	}
 	s.chain, _ = p.(chainPolicy)
-	for i := range s.free {
-		s.free[i] = n - 1 - i // pop from the end hands out slot 0 first
-	}
+	s.addGeometry(blockBytes, n, true)
 	return s, nil
 }
 
@@ -131,8 +148,17 @@ func observable(k messages.Key) bool { return !IsCreditKey(k) && !IsQuarantineKe
 // SetObserver installs o (nil: none). It hears only changes made from now on.
 func (s *State) SetObserver(o Observer) { s.obs = o }
 
-// Slots is the pool size.
+// Slots is the pool size: the slot ids of every geometry.
 func (s *State) Slots() int { return len(s.slots) }
+
+// committed is how many slots have memory behind them.
+func (s *State) committed() int {
+	n := 0
+	for gi := range s.geo {
+		n += s.geo[gi].n - len(s.geo[gi].spare)
+	}
+	return n
+}
 
 // LookupAndLease answers each key and leases every HIT to holder for ttl (a
 // repeated lookup by the same holder extends its lease). With prefix, the scan
@@ -319,6 +345,11 @@ type ReserveResult struct {
 // is all-or-nothing: ErrFull when there is not room for all, and then
 // nothing is evicted or reserved.
 func (s *State) Reserve(job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
+	return s.ReserveIn(0, job, keys)
+}
+
+// ReserveIn is Reserve into slots of geometry gi.
+func (s *State) ReserveIn(gi int, job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
 	s.expireLeases()
 	var res ReserveResult
 	seen := make(map[messages.Key]struct{}, len(keys))
@@ -341,18 +372,16 @@ func (s *State) Reserve(job messages.JobRef, keys []messages.Key) (ReserveResult
 			protected[idx] = struct{}{}
 		}
 	}
-	need, room := len(res.ToStore), len(s.free)+s.evictable-len(protected)
+	need, room := len(res.ToStore), s.room(gi, protected)
 	if need > room {
 		s.Counters.Full++
-		return ReserveResult{}, fmt.Errorf("%w: need %d slots, %d free, %d evictable",
-			messages.ErrFull, need, len(s.free), s.evictable-len(protected))
-	}
-	for len(s.free) < need {
-		res.Evicted = append(res.Evicted, s.evictOne(protected))
+		return ReserveResult{}, fmt.Errorf("%w: need %d slots of %d bytes, room for %d",
+			messages.ErrFull, need, s.geo[gi].bytes, room)
 	}
 	res.Slots = make([]int, need)
 	for i, k := range res.ToStore {
-		res.Slots[i] = s.allocate(k, job)
+		res.Evicted = s.makeFree(gi, protected, res.Evicted)
+		res.Slots[i] = s.allocate(gi, k, job)
 	}
 	return res, nil
 }
@@ -575,7 +604,7 @@ func (s *State) Clear() []messages.Key {
 		s.unleaseAll(idx)
 		removed = append(removed, sl.key)
 		s.policy.Remove(idx)
-		s.evictable--
+		s.countEvictable(idx, -1)
 		s.freeSlot(idx)
 	}
 	return removed
@@ -611,7 +640,7 @@ func (s *State) Drop(k messages.Key) bool {
 	}
 	s.unleaseAll(idx)
 	s.policy.Remove(idx)
-	s.evictable--
+	s.countEvictable(idx, -1)
 	s.freeSlot(idx)
 	return true
 }
@@ -632,8 +661,8 @@ func (s *State) Occupancy() Occupancy {
 		}
 	}
 	return Occupancy{
-		Slots: len(s.slots), Free: len(s.free), Ready: s.ready,
-		WritePending: len(s.slots) - len(s.free) - s.ready - credit, Credit: credit,
+		Slots: s.committed(), Free: s.freeSlots(), Ready: s.ready,
+		WritePending: s.committed() - s.freeSlots() - s.ready - credit, Credit: credit,
 		Pinned: s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
 	}
 }
@@ -738,7 +767,7 @@ func (s *State) freeIfClearedAndIdle(idx int) {
 	if sl.pins == 0 && sl.leases == 0 && sl.state == slotReady && IsQuarantineKey(sl.key) {
 		delete(s.cleared, idx)
 		s.policy.Remove(idx)
-		s.evictable--
+		s.countEvictable(idx, -1)
 		s.freeSlot(idx)
 	}
 }
@@ -776,14 +805,14 @@ func (s *State) unpin(job messages.JobRef, idx int) {
 func (s *State) becomesHeld(idx int, inc func(*slot)) {
 	sl := &s.slots[idx]
 	if sl.pins == 0 && sl.leases == 0 {
-		s.evictable--
+		s.countEvictable(idx, -1)
 	}
 	inc(sl)
 }
 
 func (s *State) maybeEvictable(idx int) {
 	if sl := &s.slots[idx]; sl.state == slotReady && sl.pins == 0 && sl.leases == 0 {
-		s.evictable++
+		s.countEvictable(idx, 1)
 	}
 }
 
@@ -801,15 +830,14 @@ func (s *State) evictOne(protected map[int]struct{}) messages.Key {
 		panic("cpu: evictable count says a victim exists but the policy found none")
 	}
 	k := s.slots[idx].key
-	s.evictable--
+	s.countEvictable(idx, -1)
 	s.freeSlot(idx)
 	s.Counters.Evictions++
 	return k
 }
 
-func (s *State) allocate(k messages.Key, job messages.JobRef) int {
-	idx := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
+func (s *State) allocate(gi int, k messages.Key, job messages.JobRef) int {
+	idx := s.popFree(gi)
 	s.slots[idx] = slot{key: k, state: slotWritePending, writer: job}
 	if !IsCreditKey(k) {
 		s.index[k] = idx
@@ -836,7 +864,7 @@ func (s *State) makeReady(idx int, sum uint32) {
 		}
 	}
 	sl.touched = false
-	s.evictable++
+	s.countEvictable(idx, 1)
 	s.ready++
 	s.Counters.Stores++
 	if s.obs != nil {
@@ -862,7 +890,7 @@ func (s *State) freeSlot(idx int) {
 		delete(s.index, k)
 	}
 	s.slots[idx] = slot{}
-	s.free = append(s.free, idx)
+	s.pushFree(idx)
 }
 
 type expiryEntry struct {
