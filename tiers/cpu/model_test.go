@@ -111,16 +111,16 @@ type model struct {
 	pins   map[messages.JobRef]map[messages.Key]int
 	// ghosts are blocks Clear removed while pinned: per job, pins on the
 	// cleared copy of a key; the slot stays used until the last goes.
-	ghosts   map[messages.JobRef]map[messages.Key]int
-	nGhosts  int // slots held by ghosts
+	ghosts  map[messages.JobRef]map[messages.Key]int
+	nGhosts int // slots held by ghosts
 	// budget is the bytes every block may take together, and size a key's
 	// block's bytes (its geometry's): n and 1 with one geometry.
 	budget     int64
 	size       func(messages.Key) int64
 	ghostBytes int64 // bytes held by ghosts
-	use      uint64
-	counters Counters
-	now      func() time.Time
+	use        uint64
+	counters   Counters
+	now        func() time.Time
 }
 
 func newModel(n int, now func() time.Time) *model {
@@ -514,7 +514,7 @@ type seqRun struct {
 	// sizes, when set, are the bytes of the geometries a mixed run
 	// reserves in: key i's block is of geometry i % len(sizes).
 	sizes []int64
-	log    []logEntry
+	log   []logEntry
 }
 
 // logEntry is one op of the log, formatted only when a sequence fails.
