@@ -80,7 +80,7 @@ func Open(ctx context.Context, cfg config.Config) (_ *Node, err error) {
 	undo.push(func() { _ = pool.Close() })
 	// NB: leases expire on the clock's monotonic time: a wall clock stepped
 	// by NTP must neither end a HIT's lease early nor extend it.
-	state, err := cpu.NewState(slots, cfg.Policy, supervision.Steady(cfg.Clock))
+	state, err := cpu.NewBudgetState(pool.Budget(), cfg.BlockBytes, cfg.Policy, supervision.Steady(cfg.Clock))
 	if err != nil {
 		return nil, err
 	}

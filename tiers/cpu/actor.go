@@ -20,6 +20,9 @@ import (
 //   - State is touched only inside Receive.
 //   - Receive never reads or writes slot bytes: verification runs in a
 //     goroutine on a pinned slot and comes back as verifyDone.
+//     The one memory operation it makes is returning a free slot's pages
+//     when another geometry takes its bytes (releaseMemory): it must end
+//     before the slots just reserved are handed out.
 //   - State outlives the actor: a supervisor restart gets the same State
 //     back (it is the owner of record of the slot table) and checks its
 //     invariants before serving again.
@@ -45,6 +48,9 @@ type Actor struct {
 	verifyJob        messages.JobID
 	restarted        bool
 	sink             *actor.PID // event hub, or nil
+	// nsGeometry is the geometry engines store each namespace in: where a
+	// promotion or a peer's block of it goes.
+	nsGeometry map[messages.Namespace]int
 	offload          *actors.Offload
 }
 
@@ -171,7 +177,13 @@ func (a *Actor) Receive(ctx actor.Context) {
 }
 
 func (a *Actor) reserve(ctx actor.Context, m *cpumsg.ReserveSlots) {
-	res, err := a.state.Reserve(m.Job, m.Keys)
+	gi, err := a.geometryFor(m.BlockBytes, m.Keys)
+	if err != nil {
+		ctx.Respond(&cpumsg.ReserveResult{Corr: m.Corr, Err: err})
+		return
+	}
+	res, err := a.state.ReserveIn(gi, m.Job, m.Keys)
+	a.releaseMemory()
 	if len(res.Evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
 	}

@@ -12,7 +12,14 @@ import (
 type releaseCredit struct{ owner messages.JobRef }
 
 func (a *Actor) grant(ctx actor.Context, m *cpumsg.GrantCredit) {
-	slots, evicted := a.state.Grant(m.Owner, m.N)
+	gi, err := a.geometryFor(m.BlockBytes, nil)
+	if err != nil {
+		a.log.Warn().Err(err).Int("block_bytes", m.BlockBytes).Msg("cpu tier: no credit for a geometry the pool cannot serve")
+		ctx.Respond(&cpumsg.CreditGranted{Corr: m.Corr, Owner: m.Owner})
+		return
+	}
+	slots, evicted := a.state.GrantIn(gi, m.Owner, m.N)
+	a.releaseMemory()
 	if len(evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: evicted})
 	}

@@ -32,6 +32,7 @@ type Pool struct {
 	closed     atomic.Bool
 	blockBytes int
 	slots      int
+	extra      regions // geometries after the first (pool_geometry.go)
 }
 
 // OpenPool creates the pool. With path "" the region is an anonymous memfd;
@@ -137,8 +138,7 @@ func (p *Pool) Slot(i int) []byte {
 	if p.closed.Load() {
 		panic(fmt.Errorf("%w: slot %d asked for after Close", ErrPoolClosed, i))
 	}
-	off := i * p.blockBytes
-	return p.mem[off : off+p.blockBytes : off+p.blockBytes]
+	return p.slotOf(i)
 }
 
 // ErrPoolClosed is what Slot panics with once the pool is closed.
@@ -148,10 +148,10 @@ var ErrPoolClosed = errors.New("cpu: the pool is closed (slot slices are valid o
 // transport that registers the pool once.
 func (p *Pool) Memory() []byte { return p.mem }
 
-// BlockBytes is the size of one slot.
+// BlockBytes is the size of one slot of the first geometry.
 func (p *Pool) BlockBytes() int { return p.blockBytes }
 
-// Slots is the number of slots.
+// Slots is the number of slots of the first geometry.
 func (p *Pool) Slots() int { return p.slots }
 
 // Path is the pool file ("" for a memfd).
@@ -161,7 +161,7 @@ func (p *Pool) Path() string { return p.path }
 func (p *Pool) Close() error {
 	var errs []error
 	if !p.closed.Swap(true) && p.mem != nil {
-		errs = append(errs, unix.Munmap(p.mem))
+		errs = append(errs, p.closeRegions(), unix.Munmap(p.mem))
 	}
 	errs = append(errs, p.discard())
 	return errors.Join(errs...)

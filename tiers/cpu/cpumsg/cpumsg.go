@@ -127,6 +127,10 @@ type ReserveSlots struct {
 	Corr uint64          // correlation id
 	Job  messages.JobRef // the writer
 	Keys []messages.Key  // keys to store
+	// BlockBytes is the size of the slots wanted: the engine session's
+	// geometry. 0: the geometry an engine stored the keys' namespace in,
+	// else the pool's first (a promotion, a peer's blocks).
+	BlockBytes int
 }
 
 // ReserveResult answers ReserveSlots.
@@ -162,6 +166,9 @@ type GrantCredit struct {
 	Corr  uint64          // correlation id, echoed in CreditGranted
 	Owner messages.JobRef // OriginCredit, the session's number
 	N     int             // slots wanted
+	// BlockBytes is the size of the slots wanted (the session's geometry);
+	// 0: the pool's first.
+	BlockBytes int
 }
 
 // CreditGranted answers GrantCredit: fewer slots than asked when the tier
