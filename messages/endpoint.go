@@ -28,8 +28,9 @@ type ReleaseSession struct {
 // Grant asks for slot credit for an engine session's stores (standalone
 // mode: the engine endpoint's grant).
 type Grant struct {
-	Session uint64 // the session whose credit grows
-	N       int    // slots wanted
+	Session    uint64 // the session whose credit grows
+	N          int    // slots wanted
+	BlockBytes int    // the session's slot size (its geometry); 0 = the pool's first
 	Reply   Reply[CreditGrant]
 }
 

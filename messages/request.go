@@ -11,6 +11,7 @@ type ReqContext struct {
 	Workers     int      // worker reports each job of this request expects; 0 = node default
 	TierFilter  []string // tiers this request may load from (vLLM kv_load_tiers); empty = all
 	PeerSources []string // peers (node ids) this request may fetch from (vLLM remote_kv_source); empty = every ready peer
+	BlockBytes  int      // the slots its stores take: its engine session's geometry; 0 = the pool's first (set by the endpoint, never sent by an engine)
 
 	// Provenance for KV events (vLLM BlockStored fields).
 	ParentBlockHash []byte   // hash of the block before the first key of the call; nil at the start of a prompt

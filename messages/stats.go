@@ -4,9 +4,14 @@ import "time"
 
 // Stats is a snapshot of a node's counters and gauges.
 type Stats struct {
-	// Pool geometry and occupancy (gauges).
-	Slots        int  // slots in the pool
-	BlockBytes   int  // bytes per slot
+	// Pool geometry and occupancy (gauges). With several geometries the
+	// slot counts are of every geometry together; Geometries has each.
+	Slots          int             // slots with memory behind them
+	BlockBytes     int             // bytes per slot of the pool's first geometry
+	PoolBytes      int64           // the budget every geometry's slots share
+	CommittedBytes int64           // bytes of the slots with memory behind them (≤ PoolBytes)
+	UsedBytes      int64           // bytes of the slots not free (write-pending, credited or ready)
+	Geometries     []GeometryStats // one per block size served, the first geometry first
 	Free         int  // free slots
 	WritePending int  // slots being written
 	Credit       int  // slots reserved ahead for engine sessions' stores (slot credit), not being written yet
@@ -64,4 +69,13 @@ type EngineSession struct {
 	Hits       uint64    // of those, answered HIT
 	Open       int       // its request ids holding something until request_finished
 	InFlight   int       // its calls the daemon has not answered yet (noreply and quiet ones too)
+}
+
+// GeometryStats is one block size's share of the pool.
+type GeometryStats struct {
+	BlockBytes int // bytes per slot
+	Slots      int // slots it may use (as many as the budget holds)
+	Committed  int // slots with memory behind them
+	Free       int // of those, free
+	Ready      int // slots holding a readable block
 }

@@ -140,7 +140,8 @@ func (n *Node) openEndpoint() error {
 		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
 			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path(),
 			IndexComplete: n.indexComplete()},
-		Log: c.Logger.With().Str("actor", "endpoint").Logger(),
+		Geometry: func(blockBytes int) (endpoint.Geometry, error) { return n.engineGeometry(blockBytes, gid, mode) },
+		Log:      c.Logger.With().Str("actor", "endpoint").Logger(),
 	})
 	if err != nil {
 		return err
@@ -233,3 +234,25 @@ func AwaitEngineBlockBytes(ctx context.Context, cfg config.Config) (int, error) 
 	return endpoint.AwaitBlockBytes(ctx, endpoint.ListenOptions{Addr: cfg.EngineListen,
 		AllowRemote: cfg.EngineAllowRemote, Mode: mode, GID: gid}, log)
 }
+
+// engineGeometry is the pool's region for an engine that declared blocks of
+// blockBytes: the region of exactly that size when the pool has one, else
+// of that size rounded up to a page (made now, and given the engine
+// socket's group and mode, as the pool file is).
+func (n *Node) engineGeometry(blockBytes, gid int, mode os.FileMode) (endpoint.Geometry, error) {
+	r, ok := n.pool.Region(blockBytes)
+	if !ok {
+		var err error
+		if r, err = n.pool.Geometry(roundUp(blockBytes, endpoint.SlotAlign)); err != nil {
+			return endpoint.Geometry{}, err
+		}
+		if r.Path != "" && r.Path != n.pool.Path() {
+			if err := restrict(r.Path, gid, mode); err != nil {
+				return endpoint.Geometry{}, fmt.Errorf("kvtier: pool region file: %w", err)
+			}
+		}
+	}
+	return endpoint.Geometry{BlockBytes: r.BlockBytes, Base: r.Base, Slots: r.Slots, Path: r.Path}, nil
+}
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }

@@ -645,7 +645,7 @@ func (b *Bridge) completeLoad(o *fx.Out, m *messages.CompleteLoad) {
 
 func (b *Bridge) prepareStore(o *fx.Out, m *messages.PrepareStore) {
 	err := b.askStoreSlots(o, m.Keys, pendingCall{kind: waitReserve, store: m}, func(corr uint64, job messages.JobRef) any {
-		return &cpumsg.ReserveSlots{Corr: corr, Job: job, Keys: m.Keys}
+		return &cpumsg.ReserveSlots{Corr: corr, Job: job, Keys: m.Keys, BlockBytes: m.Req.BlockBytes}
 	})
 	if err != nil {
 		reply(o, m.Reply, messages.StorePlan{}, err)

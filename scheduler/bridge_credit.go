@@ -21,7 +21,7 @@ func (b *Bridge) grant(o *fx.Out, m *messages.Grant) {
 		return
 	}
 	b.ask(o, b.cfg.CPU, pendingCall{kind: waitGrant, grant: m}, func(corr uint64) any {
-		return &cpumsg.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N}
+		return &cpumsg.GrantCredit{Corr: corr, Owner: creditOwner(m.Session), N: m.N, BlockBytes: m.BlockBytes}
 	})
 }
 

@@ -12,6 +12,7 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,14 +122,36 @@ type statsCollector struct {
 	metrics []statMetric
 	// errDesc describes the invalid metric emitted when stats fails.
 	errDesc *prometheus.Desc
+	// geometry are the per-geometry gauges, labelled by block_bytes.
+	geometry []geometryMetric
+}
+
+// geometryMetric is a gauge of each geometry of the pool.
+type geometryMetric struct {
+	desc  *prometheus.Desc
+	value func(*messages.GeometryStats) int
+}
+
+func geometryMetrics() []geometryMetric {
+	g := func(name, help string, v func(*messages.GeometryStats) int) geometryMetric {
+		return geometryMetric{desc: prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "", name), help,
+			[]string{"block_bytes"}, nil), value: v}
+	}
+	return []geometryMetric{
+		g("pool_geometry_slots", "Slot ids of a geometry (as many as the budget holds of its size).", func(s *messages.GeometryStats) int { return s.Slots }),
+		g("pool_geometry_slots_committed", "A geometry's slots with memory behind them.", func(s *messages.GeometryStats) int { return s.Committed }),
+		g("pool_geometry_slots_free", "A geometry's committed slots that are free.", func(s *messages.GeometryStats) int { return s.Free }),
+		g("pool_geometry_slots_ready", "A geometry's slots holding a readable block.", func(s *messages.GeometryStats) int { return s.Ready }),
+	}
 }
 
 // newStatsCollector defines every metric derived from messages.Stats.
 func newStatsCollector(stats func(context.Context) (messages.Stats, error), timeout time.Duration) *statsCollector {
 	c := &statsCollector{
-		stats:   stats,
-		timeout: timeout,
-		errDesc: prometheus.NewDesc(metricsNamespace+"_stats_error", "Stats could not be read from the node.", nil, nil),
+		stats:    stats,
+		timeout:  timeout,
+		errDesc:  prometheus.NewDesc(metricsNamespace+"_stats_error", "Stats could not be read from the node.", nil, nil),
+		geometry: geometryMetrics(),
 	}
 	add := func(kind statKind, name, help string, v func(*messages.Stats) float64) {
 		c.metrics = append(c.metrics, statMetric{
@@ -175,8 +198,12 @@ func newStatsCollector(stats func(context.Context) (messages.Stats, error), time
 	add(statGauge, "jobs_in_flight", "Engine jobs awaiting worker reports.", i(func(s *messages.Stats) int { return s.JobsInFlight }))
 	add(statGauge, "requests", "Requests with state at the bridge.", i(func(s *messages.Stats) int { return s.Requests }))
 	add(statGauge, "paused", "1 while engine intake is paused.", func(s *messages.Stats) float64 { return oneIf(s.Paused) })
-	add(statGauge, "pool_bytes_used", "Bytes of slots not free (write-pending or ready).", func(s *messages.Stats) float64 {
-		return float64(s.Slots-s.Free) * float64(s.BlockBytes)
+	add(statGauge, "pool_bytes_used", "Bytes of slots not free (write-pending, credited or ready), every geometry's.", func(s *messages.Stats) float64 {
+		return float64(s.UsedBytes)
+	})
+	add(statGauge, "pool_bytes_budget", "Bytes every geometry's slots share (pool_bytes).", func(s *messages.Stats) float64 { return float64(s.PoolBytes) })
+	add(statGauge, "pool_bytes_committed", "Bytes of the slots with memory behind them, every geometry's: never above pool_bytes_budget.", func(s *messages.Stats) float64 {
+		return float64(s.CommittedBytes)
 	})
 	return c
 }
@@ -190,6 +217,9 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 			seen[m.desc] = true
 			ch <- m.desc
 		}
+	}
+	for _, m := range c.geometry {
+		ch <- m.desc
 	}
 	ch <- c.errDesc
 }
@@ -212,5 +242,11 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			vt = prometheus.GaugeValue
 		}
 		ch <- prometheus.MustNewConstMetric(m.desc, vt, m.value(&s), m.labels...)
+	}
+	for i := range s.Geometries {
+		g := &s.Geometries[i]
+		for _, m := range c.geometry {
+			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.GaugeValue, float64(m.value(g)), strconv.Itoa(g.BlockBytes))
+		}
 	}
 }

@@ -21,6 +21,8 @@ func fakeStats() messages.Stats {
 		Lookups: 100, Hits: 40, HitsPending: 10, Misses: 50, Stores: 60, StoresFailed: 1,
 		Evictions: 8, Full: 2, LeasesExpired: 3, JobsCompleted: 20, JobsReapedLoad: 4,
 		JobsReapedStore: 5, LateReports: 6, ChecksumFailures: 7, ActorRestarts: 9,
+		PoolBytes: 256 << 16, CommittedBytes: 256 << 16, UsedBytes: 56 << 16,
+		Geometries: []messages.GeometryStats{{BlockBytes: 64 << 10, Slots: 256, Committed: 256, Free: 200, Ready: 50}},
 	}
 }
 
@@ -109,9 +111,18 @@ kvtier_requests 7
 # HELP kvtier_paused 1 while engine intake is paused.
 # TYPE kvtier_paused gauge
 kvtier_paused 1
-# HELP kvtier_pool_bytes_used Bytes of slots not free (write-pending or ready).
+# HELP kvtier_pool_bytes_used Bytes of slots not free (write-pending, credited or ready), every geometry's.
 # TYPE kvtier_pool_bytes_used gauge
 kvtier_pool_bytes_used 3.670016e+06
+# HELP kvtier_pool_bytes_budget Bytes every geometry's slots share (pool_bytes).
+# TYPE kvtier_pool_bytes_budget gauge
+kvtier_pool_bytes_budget 1.6777216e+07
+# HELP kvtier_pool_bytes_committed Bytes of the slots with memory behind them, every geometry's: never above pool_bytes_budget.
+# TYPE kvtier_pool_bytes_committed gauge
+kvtier_pool_bytes_committed 1.6777216e+07
+# HELP kvtier_pool_geometry_slots_ready A geometry's slots holding a readable block.
+# TYPE kvtier_pool_geometry_slots_ready gauge
+kvtier_pool_geometry_slots_ready{block_bytes="65536"} 50
 `
 	names := []string{
 		"kvtier_lookups_total", "kvtier_lookup_hits_total", "kvtier_lookup_hits_pending_total",
@@ -122,7 +133,8 @@ kvtier_pool_bytes_used 3.670016e+06
 		"kvtier_pool_slots", "kvtier_pool_block_bytes", "kvtier_pool_slots_free",
 		"kvtier_pool_slots_write_pending", "kvtier_pool_slots_ready", "kvtier_pool_slots_pinned",
 		"kvtier_pool_slots_leased", "kvtier_leases", "kvtier_jobs_in_flight", "kvtier_requests",
-		"kvtier_paused", "kvtier_pool_bytes_used",
+		"kvtier_paused", "kvtier_pool_bytes_used", "kvtier_pool_bytes_budget", "kvtier_pool_bytes_committed",
+		"kvtier_pool_geometry_slots_ready",
 	}
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), names...))
 	require.True(t, gotDeadline, "stats must be called with a deadline")

@@ -140,9 +140,14 @@ func (a *endpointActor) hello(ctx actor.Context, peer string, q *wire.Request) {
 	if old != nil {
 		a.end(ctx, old, "hello", nil)
 	}
+	h := a.ep.cfg.Hello
+	if err := a.sessionGeometry(s, q.BlockBytes, &h); err != nil {
+		a.t.released(s.id)
+		a.ep.reply(peer, wire.EncodeCallError(q.ID, wire.OpHello, err))
+		return
+	}
 	a.t.begin(s)
 	a.ep.metrics.sessions.Inc()
-	h := a.ep.cfg.Hello
 	h.Session = s.id
 	a.ep.reply(peer, wire.EncodeReply(wire.OpHello, &wire.Reply{ID: q.ID, Hello: h}, nil))
 	a.ep.cfg.Log.Info().Uint64("session", s.id).Str("client", s.client).Msg("engine session begun")
@@ -255,6 +260,9 @@ func (a *endpointActor) forward(ctx actor.Context, peer string, s *session, q *w
 	if !ok {
 		a.refuse(peer, q.ID, wire.CodeUnknownOp, fmt.Errorf("%w: %s", messages.ErrUnknownOp, q.Op))
 		return
+	}
+	if q.Req != nil {
+		q.Req.BlockBytes = s.geometry.BlockBytes
 	}
 	r(&call{a: a, ctx: ctx, peer: peer, s: s, q: q, req: q.Req, timeout: timeout})
 }

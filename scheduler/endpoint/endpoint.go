@@ -67,6 +67,12 @@ type Config struct {
 	MaxInFlight int               // calls of one session in flight at once
 	MaxOpen     int               // unfinished request ids one session may hold
 	Hello       wire.Hello        // geometry and limits told to every session
+	// Geometry, when set, gives the pool's region of the slots for blocks
+	// of the size an engine's hello declares (the region of that exact
+	// size, else of that size rounded up to SlotAlign, made on first use):
+	// a session maps its file and is answered slot numbers of it. Unset,
+	// every session is told Hello's.
+	Geometry func(blockBytes int) (Geometry, error)
 	// Quarantine keeps an ended session's slot credit and the slots of its
 	// jobs in flight out of use this long (a worker may still be copying
 	// through them); default Grace.

@@ -48,12 +48,12 @@ var ownRoutes = map[wire.Op]func(c *call){
 	},
 	wire.OpGrant: func(c *call) {
 		via(c, func(r messages.Reply[messages.CreditGrant]) any {
-			return &messages.Grant{Session: c.s.id, N: c.q.N, Reply: r}
+			return &messages.Grant{Session: c.s.id, N: c.q.N, BlockBytes: c.s.geometry.BlockBytes, Reply: r}
 		}, func(rp *wire.Reply, v messages.CreditGrant) { rp.Slots, rp.Evicted = v.Slots, v.Evicted })
 	},
 	wire.OpStoreCredited: func(c *call) {
 		via(c, func(r messages.Reply[messages.StoreBound]) any {
-			return &messages.StoreCredited{Req: c.req, Session: c.s.id, Keys: c.q.Keys, Slots: c.q.Slots, Reply: r}
+			return &messages.StoreCredited{Req: c.req, Session: c.s.id, Keys: c.q.Keys, Slots: c.s.geometry.ids(c.q.Slots), Reply: r}
 		}, func(rp *wire.Reply, v messages.StoreBound) { rp.Job, rp.Bound, rp.Workers = v.Job, v.Bound, v.Workers })
 	},
 	wire.OpResetCache: func(c *call) {
@@ -129,6 +129,9 @@ func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Repl
 			}
 			rp := &wire.Reply{ID: q.ID}
 			fill(rp, r.Value)
+			if err := c.s.geometry.numbers(rp); err != nil {
+				return wire.EncodeCallError(q.ID, q.Op, err), q.RepliesOnError()
+			}
 			return wire.EncodeReply(q.Op, rp, stripSession), true
 		}})
 	})

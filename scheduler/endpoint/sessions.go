@@ -63,6 +63,7 @@ type session struct {
 	topic      string             // its hello's: the topic of its own KV events ("" = none)
 	since      time.Time          // when its hello was heard
 	blockBytes int                // the bytes per block its hello declared
+	geometry   Geometry           // the pool's region its slots are in (zero: Hello's)
 	namespace  messages.Namespace // its latest keyed call's
 	calls      uint64             // calls it made (forwarded)
 	// lookups and hits count its keys looked up and answered HIT; the

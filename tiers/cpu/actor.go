@@ -344,7 +344,15 @@ func (a *Actor) announce(ctx actor.Context, e messages.Event) {
 func (a *Actor) stats() messages.Stats {
 	o := a.state.Occupancy()
 	c := a.state.Counters
+	var committed, used int64
+	geos := make([]messages.GeometryStats, 0, a.state.Geometries())
+	for _, g := range a.state.GeometryOccupancy() {
+		geos = append(geos, messages.GeometryStats(g))
+		committed += int64(g.Committed) * int64(g.BlockBytes)
+		used += int64(g.Committed-g.Free) * int64(g.BlockBytes)
+	}
 	return messages.Stats{
+		PoolBytes: a.state.Budget(), CommittedBytes: committed, UsedBytes: used, Geometries: geos,
 		Slots: o.Slots, BlockBytes: a.pool.BlockBytes(), Free: o.Free, WritePending: o.WritePending,
 		Ready: o.Ready, Pinned: o.Pinned, Leased: o.Leased, Leases: o.Leases, Credit: o.Credit,
 		Lookups: c.Lookups, Hits: c.Hits, HitsPending: c.HitsPending, Misses: c.Misses,

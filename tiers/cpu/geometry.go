@@ -314,3 +314,6 @@ func (s *State) spareSlots() int {
 	}
 	return n
 }
+
+// Budget is the bytes every geometry's committed slots may take together.
+func (s *State) Budget() int64 { return s.budget }

@@ -105,6 +105,17 @@ func (p *Pool) openRegion(index, blockBytes, base, n int) (*Region, error) {
 	return &Region{Index: index, BlockBytes: blockBytes, Base: base, Slots: n, Path: path, mem: mem, file: f}, nil
 }
 
+// Region returns the region of slots of exactly blockBytes, if the pool
+// has one.
+func (p *Pool) Region(blockBytes int) (Region, bool) {
+	for _, r := range p.Regions() {
+		if r.BlockBytes == blockBytes {
+			return r, true
+		}
+	}
+	return Region{}, false
+}
+
 // first is the first geometry's region: the pool file itself.
 func (p *Pool) first() Region {
 	return Region{BlockBytes: p.blockBytes, Slots: p.slots, Path: p.path, mem: p.mem, file: p.file}

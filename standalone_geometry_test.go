@@ -1,0 +1,131 @@
+package kvtier_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/messages"
+	"github.com/kvtier/kvtier/scheduler/client"
+)
+
+// Two engines of different block sizes on one node with one byte budget:
+// each maps a region of its own size and is answered slot numbers of it;
+// the second one's stores take the first one's least recent blocks (one
+// eviction order across both), never passing the budget; each reads back
+// its own bytes, and neither is handed a slot of the other's blocks.
+func TestEnginesOfTwoBlockSizesShareOneBudget(t *testing.T) {
+	for _, transport := range []string{"unix", "ipc"} {
+		t.Run(transport, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			const small, large, budget = 4096, 3 * 4096, 12 * 4096
+			node := openEngineTestNode(t, ctx, transport, kvtier.Config{PoolBytes: budget})
+
+			a, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "small", BlockBytes: small})
+			require.NoError(t, err)
+			defer a.Close(ctx) //nolint:errcheck // closed with the node
+			b, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "large", BlockBytes: large - 100})
+			require.NoError(t, err)
+			defer b.Close(ctx) //nolint:errcheck // closed with the node
+			require.Equal(t, small, a.Hello().BlockBytes)
+			require.Equal(t, []int{large, budget / large}, []int{b.Hello().BlockBytes, b.Hello().Slots},
+				"the declared size rounded to a page, as many slots as the budget holds")
+			require.NotEqual(t, a.Hello().PoolPath, b.Hello().PoolPath, "each geometry has a region of its own")
+
+			aKeys, bKeys := nsKeys("a", 12), nsKeys("b", 2)
+			store(ctx, t, a, "a0", aKeys)
+			plan := store(ctx, t, b, "b0", bKeys)
+			require.Equal(t, aKeys[:6], plan.Evicted, "two large blocks take six small ones' bytes, the least recent first")
+			for _, s := range plan.Slots {
+				require.True(t, s >= 0 && s < b.Hello().Slots, "slot %d is a number of the large region", s)
+			}
+			requireBudget(ctx, t, node, budget)
+
+			st, slots, err := a.LookupSlots(ctx, &messages.ReqContext{RequestID: "ra"}, aKeys, false)
+			require.NoError(t, err)
+			for i := range aKeys {
+				want := messages.Hit
+				if i < 6 {
+					want = messages.Miss
+				}
+				require.Equal(t, want, st[i], "a's key %d", i)
+				if want == messages.Hit {
+					require.Equal(t, block("a", i, small), a.Pool().Slot(slots[i]), "a's block %d is intact", i)
+				}
+			}
+			st, slots, err = b.LookupSlots(ctx, &messages.ReqContext{RequestID: "rb"}, bKeys, false)
+			require.NoError(t, err)
+			require.Equal(t, []messages.LookupStatus{messages.Hit, messages.Hit}, st)
+			for i := range bKeys {
+				require.Equal(t, block("b", i, large), b.Pool().Slot(slots[i]), "b's block %d is intact", i)
+			}
+			st, _, err = b.LookupSlots(ctx, &messages.ReqContext{RequestID: "rb2"}, aKeys[6:], false)
+			require.NoError(t, err)
+			for _, s := range st {
+				require.Equal(t, messages.Miss, s, "a block of another geometry is never handed to b")
+			}
+			require.NoError(t, a.RequestFinished(ctx, &messages.ReqContext{RequestID: "ra"}))
+			require.NoError(t, b.RequestFinished(ctx, &messages.ReqContext{RequestID: "rb"}))
+			require.NoError(t, b.RequestFinished(ctx, &messages.ReqContext{RequestID: "rb2"}))
+
+			// The small engine wakes: its stores take back the large blocks'
+			// bytes once its own older blocks are gone.
+			more := nsKeys("a2", 9)
+			plan = store(ctx, t, a, "a1", more)
+			require.ElementsMatch(t, append(append([]messages.Key{}, aKeys[6:]...), bKeys[0]), plan.Evicted,
+				"its own six older blocks first, then the least recent large one")
+			requireBudget(ctx, t, node, budget)
+		})
+	}
+}
+
+// nsKeys are n keys of namespace ns.
+func nsKeys(ns string, n int) []messages.Key {
+	out := make([]messages.Key, n)
+	for i := range out {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(i))
+		out[i] = messages.Key{Namespace: messages.Namespace(ns), Hash: string(b[:])}
+	}
+	return out
+}
+
+// block is the bytes of namespace ns's block i, n long.
+func block(ns string, i, n int) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("%s%03d|", ns, i)), n)[:n]
+}
+
+// store writes keys through c as an engine does: its slots get each block's
+// bytes, and the job is reported done.
+func store(ctx context.Context, t *testing.T, c *client.Client, id string, keys []messages.Key) messages.StorePlan {
+	t.Helper()
+	req := &messages.ReqContext{RequestID: id}
+	plan, err := c.PrepareStore(ctx, req, keys)
+	require.NoError(t, err)
+	require.Equal(t, keys, plan.ToStore)
+	for i, s := range plan.Slots {
+		copy(c.Pool().Slot(s), block(string(keys[i].Namespace), keyIndexOf(keys[i]), c.Hello().BlockBytes))
+	}
+	require.NoError(t, c.JobDone(ctx, plan.Job, 0, true))
+	require.NoError(t, c.RequestFinished(ctx, req))
+	return plan
+}
+
+func keyIndexOf(k messages.Key) int { return int(binary.BigEndian.Uint64([]byte(k.Hash))) }
+
+// requireBudget checks that the pool's memory stays within its budget.
+func requireBudget(ctx context.Context, t *testing.T, node *kvtier.Node, budget int64) {
+	t.Helper()
+	s, err := node.Manager().Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, budget, s.PoolBytes)
+	require.LessOrEqual(t, s.CommittedBytes, budget, "committed bytes within the budget")
+	require.Len(t, s.Geometries, 2)
+}
