@@ -219,3 +219,40 @@ func TestSlotOfAClosedPoolPanicsWithErrPoolClosed(t *testing.T) {
 	p.Slot(3)
 	t.Fatal("Slot of a closed pool returned")
 }
+
+// A geometry after the first is a sparse file of its own, numbered after
+// the first's slots; a released slot gives its pages back (and reads as
+// zeroes), and Close removes every region's file.
+func TestPoolGeometryRegions(t *testing.T) {
+	path := shmPath(t)
+	p, err := OpenPool(path, 8, testBlock)
+	require.NoError(t, err)
+	r, err := p.Geometry(2 * testBlock)
+	require.NoError(t, err)
+	require.Equal(t, Region{Index: 1, BlockBytes: 2 * testBlock, Base: 8, Slots: 4, Path: path + ".8192"},
+		Region{Index: r.Index, BlockBytes: r.BlockBytes, Base: r.Base, Slots: r.Slots, Path: r.Path})
+	again, err := p.Geometry(2 * testBlock)
+	require.NoError(t, err)
+	require.Equal(t, r.Path, again.Path, "one region per size")
+	_, err = p.Geometry(16 * testBlock)
+	require.ErrorIs(t, err, messages.ErrBadConfig, "a slot larger than the budget")
+
+	blocks := func() int64 {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(r.Path, &st))
+		return st.Blocks
+	}
+	require.Zero(t, blocks(), "a new region is sparse")
+	s := p.Slot(9)
+	require.Len(t, s, 2*testBlock)
+	copy(s, bytes.Repeat([]byte{7}, len(s)))
+	require.Positive(t, blocks())
+	require.NoError(t, p.Release(9))
+	require.Zero(t, blocks(), "a released slot's pages are returned")
+	require.Equal(t, make([]byte, len(s)), p.Slot(9))
+	require.Equal(t, bytes.Repeat([]byte{0}, testBlock), p.Slot(7), "the first region is untouched")
+
+	require.NoError(t, p.Close())
+	_, err = os.Stat(r.Path)
+	require.ErrorIs(t, err, os.ErrNotExist, "Close removes the region's file")
+}
