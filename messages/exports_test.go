@@ -21,7 +21,7 @@ import (
 // names it, and fails for a type no other package uses.
 var publicVocabulary = []string{
 	"Ack", "CompleteLoad", "CompleteStore", "CreditGrant", "Event", "EventKind",
-	"GetStats", "Grant", "HasPendingWork", "Holder", "InventoryResult", "JobDone",
+	"GeometryStats", "GetStats", "Grant", "HasPendingWork", "Holder", "InventoryResult", "JobDone",
 	"EngineSession", "EngineTopic", "JobID", "JobKind", "JobRef", "Key", "Layout", "LoadJob", "Lookup",
 	"LookupStatus", "Namespace", "Origin", "Pause", "PeerStats", "Placement",
 	"PrepareLoad", "PrepareStore", "Provenance", "ReleaseSession", "Reply",

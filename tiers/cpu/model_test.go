@@ -1151,7 +1151,7 @@ var keyIndex = func() map[messages.Key]int {
 // geometry, and eviction is one LRU order across both, so the model is the
 // single-geometry one counted in bytes.
 func TestStateModelMixedGeometries(t *testing.T) {
-	for _, seed := range seeds(t, 1, 10_000) {
+	for _, seed := range seeds(t, 1, 5_000) {
 		for _, policy := range []string{"lru", "prefix"} {
 			rng := rand.New(rand.NewSource(seed))
 			sizes := []int64{int64(2 + rng.Intn(3)), int64(5 + rng.Intn(4))}
