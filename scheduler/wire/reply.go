@@ -180,11 +180,17 @@ var statFields = []struct {
 	{"session_open_requests", func(s *messages.Stats) any { return &s.SessionOpen }},
 	{"session_calls_in_flight", func(s *messages.Stats) any { return &s.SessionCalls }},
 	{"sessions", func(s *messages.Stats) any { return &s.Sessions }},
+	{"pool_bytes", func(s *messages.Stats) any { return &s.PoolBytes }},
+	{"committed_bytes", func(s *messages.Stats) any { return &s.CommittedBytes }},
+	{"used_bytes", func(s *messages.Stats) any { return &s.UsedBytes }},
 }
 
 func encodeStats(w *writer, s *messages.Stats) {
 	n := len(statFields)
 	if s.Engines != nil {
+		n++
+	}
+	if s.Geometries != nil {
 		n++
 	}
 	w.MapLen(n)
@@ -193,6 +199,8 @@ func encodeStats(w *writer, s *messages.Stats) {
 		switch p := f.ptr(s).(type) {
 		case *int:
 			w.Int(int64(*p))
+		case *int64:
+			w.Int(*p)
 		case *uint64:
 			w.Uint(*p)
 		case *bool:
@@ -202,6 +210,10 @@ func encodeStats(w *writer, s *messages.Stats) {
 	if s.Engines != nil {
 		w.Str("engines")
 		encodeEngines(w, s.Engines)
+	}
+	if s.Geometries != nil {
+		w.Str("geometries")
+		encodeGeometries(w, s.Geometries)
 	}
 }
 
@@ -473,8 +485,12 @@ func eventKind(s string) messages.EventKind {
 
 func decodeStats(r *reader, s *messages.Stats) error {
 	return eachKey(r, 256, "stats.", func(k string) (err error) {
-		if k == "engines" {
+		switch k {
+		case "engines":
 			s.Engines, err = decodeEngines(r)
+			return err
+		case "geometries":
+			s.Geometries, err = decodeGeometries(r)
 			return err
 		}
 		for _, f := range statFields {
@@ -486,6 +502,8 @@ func decodeStats(r *reader, s *messages.Stats) error {
 				var v int64
 				v, err = r.Int(math.MinInt32, math.MaxInt32)
 				*p = int(v)
+			case *int64:
+				*p, err = r.Int(0, math.MaxInt64)
 			case *uint64:
 				*p, err = r.Uint(math.MaxUint64)
 			case *bool:
@@ -610,4 +628,56 @@ func unixNanoOrZero(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
+}
+
+// geometryFields are the fields of a stats reply's geometry, in order.
+var geometryFields = []struct {
+	name string
+	ptr  func(*messages.GeometryStats) *int
+}{
+	{"block_bytes", func(g *messages.GeometryStats) *int { return &g.BlockBytes }},
+	{"slots", func(g *messages.GeometryStats) *int { return &g.Slots }},
+	{"committed", func(g *messages.GeometryStats) *int { return &g.Committed }},
+	{"free", func(g *messages.GeometryStats) *int { return &g.Free }},
+	{"ready", func(g *messages.GeometryStats) *int { return &g.Ready }},
+}
+
+// MaxGeometries bounds the geometries a stats reply lists.
+const MaxGeometries = 64
+
+// encodeGeometries writes the pool's geometries: an array of maps.
+func encodeGeometries(w *writer, gs []messages.GeometryStats) {
+	w.ArrayLen(len(gs))
+	for i := range gs {
+		w.MapLen(len(geometryFields))
+		for _, f := range geometryFields {
+			kvUint(w, f.name, uint64(*f.ptr(&gs[i])))
+		}
+	}
+}
+
+// decodeGeometries reads what encodeGeometries wrote; unknown fields are
+// skipped.
+func decodeGeometries(r *reader) ([]messages.GeometryStats, error) {
+	n, err := r.ArrayLen(MaxGeometries, 1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]messages.GeometryStats, n)
+	for i := range out {
+		err := eachKey(r, 64, "", func(k string) error {
+			for _, f := range geometryFields {
+				if f.name == k {
+					u, err := r.Uint(math.MaxInt32)
+					*f.ptr(&out[i]) = int(u)
+					return err
+				}
+			}
+			return r.Skip(0)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("geometries[%d]: %w", i, err)
+		}
+	}
+	return out, nil
 }
