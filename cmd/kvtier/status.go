@@ -68,17 +68,31 @@ type EngineStatus struct {
 
 // PoolStatus is the CPU pool's geometry and use, in slots and bytes.
 type PoolStatus struct {
-	Path         string `json:"path"`
-	Slots        int    `json:"slots"`
-	BlockBytes   int    `json:"block_bytes"`
-	Bytes        int64  `json:"bytes"`      // slots × block_bytes
-	UsedBytes    int64  `json:"used_bytes"` // slots not free, × block_bytes
+	Path           string `json:"path"`
+	Slots          int    `json:"slots"`       // slots with memory behind them, every geometry's
+	BlockBytes     int    `json:"block_bytes"` // bytes per slot of the first geometry
+	Bytes          int64  `json:"bytes"`       // the budget every geometry shares (pool_bytes)
+	CommittedBytes int64  `json:"committed_bytes"`
+	UsedBytes      int64  `json:"used_bytes"` // bytes of the slots not free
+	// Geometries is each block size the pool serves, the first first.
+	Geometries   []GeometryStatus `json:"geometries"`
 	Free         int    `json:"free"`
 	Ready        int    `json:"ready"` // readable blocks
 	WritePending int    `json:"write_pending"`
 	Credit       int    `json:"credit"` // reserved ahead for engines' stores
 	Pinned       int    `json:"pinned"`
 	Leased       int    `json:"leased"`
+}
+
+// GeometryStatus is one block size's share of the pool.
+type GeometryStatus struct {
+	BlockBytes int   `json:"block_bytes"`
+	Slots      int   `json:"slots"`     // slot ids it may use (as many as the budget holds)
+	Committed  int   `json:"committed"` // slots with memory behind them
+	Free       int   `json:"free"`      // of those, free
+	Ready      int   `json:"ready"`     // readable blocks
+	Bytes      int64 `json:"bytes"`     // committed × block_bytes
+	UsedBytes  int64 `json:"used_bytes"`
 }
 
 // newStatus builds a Status from a session's hello and stats.
@@ -99,10 +113,16 @@ func newStatus(addr string, h wire.Hello, s messages.Stats) Status {
 			BlockBytes: e.BlockBytes, Since: e.Since.UTC(), Calls: e.Calls, Lookups: e.Lookups, Hits: e.Hits,
 			HitRate: rate(e.Hits, e.Lookups), Open: e.Open})
 	}
-	bb := int64(s.BlockBytes)
 	st.Pool = PoolStatus{Path: h.PoolPath, Slots: s.Slots, BlockBytes: s.BlockBytes,
-		Bytes: int64(s.Slots) * bb, UsedBytes: int64(s.Slots-s.Free) * bb, Free: s.Free, Ready: s.Ready,
-		WritePending: s.WritePending, Credit: s.Credit, Pinned: s.Pinned, Leased: s.Leased}
+		Bytes: s.PoolBytes, CommittedBytes: s.CommittedBytes, UsedBytes: s.UsedBytes, Free: s.Free, Ready: s.Ready,
+		WritePending: s.WritePending, Credit: s.Credit, Pinned: s.Pinned, Leased: s.Leased,
+		Geometries: []GeometryStatus{}}
+	for _, g := range s.Geometries {
+		bb := int64(g.BlockBytes)
+		st.Pool.Geometries = append(st.Pool.Geometries, GeometryStatus{BlockBytes: g.BlockBytes, Slots: g.Slots,
+			Committed: g.Committed, Free: g.Free, Ready: g.Ready, Bytes: int64(g.Committed) * bb,
+			UsedBytes: int64(g.Committed-g.Free) * bb})
+	}
 	return st
 }
 
@@ -123,6 +143,12 @@ func printStatus(w io.Writer, st Status) error {
 		st.Pool.Slots, humanBytes(int64(st.Pool.BlockBytes)), st.Pool.Path)
 	row("slots", "ready %d, writing %d, credit %d, free %d (pinned %d, leased %d)", st.Pool.Ready,
 		st.Pool.WritePending, st.Pool.Credit, st.Pool.Free, st.Pool.Pinned, st.Pool.Leased)
+	if len(st.Pool.Geometries) > 1 {
+		for _, g := range st.Pool.Geometries {
+			row(fmt.Sprintf("blocks of %s", humanBytes(int64(g.BlockBytes))), "%s of %s used: %d ready, %d free of %d slots with memory",
+				humanBytes(g.UsedBytes), humanBytes(g.Bytes), g.Ready, g.Free, g.Committed)
+		}
+	}
 	row("engines", "%d connected, %d requests, %d jobs in flight%s", st.Engines, st.Requests, st.JobsInFlight,
 		map[bool]string{true: ", PAUSED", false: ""}[st.Paused])
 	row("namespace", "%s", orAny(st.Namespace))

@@ -64,7 +64,8 @@ func testStatusAndClear(t *testing.T, transport string) {
 	st := statusJSON(t, addr)
 	assert.Equal(t, 0, st.Engines, "the status command's own session is not an engine")
 	assert.Equal(t, Status{Address: addr, Protocol: st.Protocol, Index: st.Index, IndexAll: st.IndexAll,
-		Pool:     PoolStatus{Path: filepath.Join(dir, "pool"), Slots: 16, BlockBytes: 4096, Bytes: 16 * 4096, Free: 16},
+		Pool: PoolStatus{Path: filepath.Join(dir, "pool"), Slots: 16, BlockBytes: 4096, Bytes: 16 * 4096, CommittedBytes: 16 * 4096, Free: 16,
+			Geometries: []GeometryStatus{{BlockBytes: 4096, Slots: 16, Committed: 16, Free: 16, Bytes: 16 * 4096}}},
 		Sessions: []EngineStatus{}}, st, "an empty node")
 
 	eng, err := client.Dial(ctx, addr, client.Options{Name: "engine", BlockBytes: 3000})
@@ -105,9 +106,22 @@ func testStatusAndClear(t *testing.T, transport string) {
 		assert.Contains(t, text, want)
 	}
 
+	// An engine of another block size: the pool shows each geometry's use.
+	big, err := client.Dial(ctx, addr, client.Options{Name: "big", BlockBytes: 8192})
+	require.NoError(t, err)
+	store(t, big, "b1", statusKeys(9))
+	st = statusJSON(t, addr)
+	require.Len(t, st.Pool.Geometries, 2)
+	assert.Equal(t, GeometryStatus{BlockBytes: 8192, Slots: 8, Committed: 1, Ready: 1, Bytes: 8192, UsedBytes: 8192}, st.Pool.Geometries[1])
+	assert.LessOrEqual(t, st.Pool.CommittedBytes, st.Pool.Bytes, "within the budget")
+	text, err = runCLI(t, "status", addr)
+	require.NoError(t, err)
+	assert.Contains(t, text, "blocks of 8.0 KiB")
+	require.NoError(t, big.Close(ctx))
+
 	out, err := runCLI(t, "clear", addr)
 	require.NoError(t, err, out)
-	assert.Equal(t, "cleared "+addr+": 2 readable blocks before, 0 now\n", out)
+	assert.Equal(t, "cleared "+addr+": 3 readable blocks before, 0 now\n", out)
 	st = statusJSON(t, addr)
 	assert.Zero(t, st.Pool.Ready)
 	assert.Equal(t, 1, st.Engines, "the engine kept its session")
