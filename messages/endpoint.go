@@ -31,7 +31,7 @@ type Grant struct {
 	Session    uint64 // the session whose credit grows
 	N          int    // slots wanted
 	BlockBytes int    // the session's slot size (its geometry); 0 = the pool's first
-	Reply   Reply[CreditGrant]
+	Reply      Reply[CreditGrant]
 }
 
 // CreditGrant answers Grant.

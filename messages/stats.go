@@ -12,16 +12,16 @@ type Stats struct {
 	CommittedBytes int64           // bytes of the slots with memory behind them (≤ PoolBytes)
 	UsedBytes      int64           // bytes of the slots not free (write-pending, credited or ready)
 	Geometries     []GeometryStats // one per block size served, the first geometry first
-	Free         int  // free slots
-	WritePending int  // slots being written
-	Credit       int  // slots reserved ahead for engine sessions' stores (slot credit), not being written yet
-	Ready        int  // readable slots
-	Pinned       int  // slots with at least one read pin
-	Leased       int  // slots with at least one live lease
-	Leases       int  // live leases
-	JobsInFlight int  // engine jobs awaiting worker reports
-	Requests     int  // requests with state at the bridge
-	Paused       bool // engine intake stopped
+	Free           int             // free slots
+	WritePending   int             // slots being written
+	Credit         int             // slots reserved ahead for engine sessions' stores (slot credit), not being written yet
+	Ready          int             // readable slots
+	Pinned         int             // slots with at least one read pin
+	Leased         int             // slots with at least one live lease
+	Leases         int             // live leases
+	JobsInFlight   int             // engine jobs awaiting worker reports
+	Requests       int             // requests with state at the bridge
+	Paused         bool            // engine intake stopped
 
 	// Counters since start.
 	Lookups          uint64 // keys looked up

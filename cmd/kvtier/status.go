@@ -76,12 +76,12 @@ type PoolStatus struct {
 	UsedBytes      int64  `json:"used_bytes"` // bytes of the slots not free
 	// Geometries is each block size the pool serves, the first first.
 	Geometries   []GeometryStatus `json:"geometries"`
-	Free         int    `json:"free"`
-	Ready        int    `json:"ready"` // readable blocks
-	WritePending int    `json:"write_pending"`
-	Credit       int    `json:"credit"` // reserved ahead for engines' stores
-	Pinned       int    `json:"pinned"`
-	Leased       int    `json:"leased"`
+	Free         int              `json:"free"`
+	Ready        int              `json:"ready"` // readable blocks
+	WritePending int              `json:"write_pending"`
+	Credit       int              `json:"credit"` // reserved ahead for engines' stores
+	Pinned       int              `json:"pinned"`
+	Leased       int              `json:"leased"`
 }
 
 // GeometryStatus is one block size's share of the pool.

@@ -51,7 +51,7 @@ type Actor struct {
 	// nsGeometry is the geometry engines store each namespace in: where a
 	// promotion or a peer's block of it goes.
 	nsGeometry map[messages.Namespace]int
-	offload          *actors.Offload
+	offload    *actors.Offload
 }
 
 // Castagnoli is the CRC32C table every tier checksums blocks with.

@@ -289,17 +289,12 @@ func (m *model) evictable(k messages.Key) bool {
 	return e.ready && m.pinsOn(k) == 0 && !m.leased(k)
 }
 
-// reserve: absent keys (first mention) become pending for job; victims are
-// evictable keys in ascending lastUse, never a key named in the call (vLLM's
-// prepare_store protects them: a present key the caller skips storing must
-// still be there after the call).
-func (m *model) reserve(job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
-	return m.reserveOf(1, job, keys)
-}
-
-// reserveOf reserves slots of bytes each: victims go, oldest first, until
-// the budget has room for each slot in turn (bytes of any geometry serve
-// any other).
+// reserveOf: absent keys (first mention) become pending for job in slots
+// of bytes each; victims are evictable keys in ascending lastUse, never a
+// key named in the call (vLLM's prepare_store protects them: a present key
+// the caller skips storing must still be there after the call), and go
+// until the budget has room for each slot in turn (bytes of any geometry
+// serve any other).
 func (m *model) reserveOf(bytes int64, job messages.JobRef, keys []messages.Key) (ReserveResult, error) {
 	m.expire()
 	var res ReserveResult
