@@ -129,3 +129,83 @@ func requireBudget(ctx context.Context, t *testing.T, node *kvtier.Node, budget 
 	require.LessOrEqual(t, s.CommittedBytes, budget, "committed bytes within the budget")
 	require.Len(t, s.Geometries, 2)
 }
+
+// A busy geometry takes memory from an idle one: engine A fills the pool,
+// then engine B, of blocks twice as large, runs its trace. B's hit rate is
+// what B gets alone on the same budget, what B evicted is A's (its least
+// recent first), and A, waking, takes the bytes back from B the same way.
+func TestABusyGeometryTakesMemoryFromAnIdleOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const small, large, budget = 4096, 8192, 64 * 4096
+	trace := func(c *client.Client, ns string) (rate float64, evicted []messages.Key) {
+		const prefixes, blocks, rounds = 6, 4, 4 // 24 large blocks: 3/4 of the budget
+		hits, lookups := 0, 0
+		for r := range rounds {
+			for p := range prefixes {
+				keys := nsKeys(ns, prefixes*blocks)[p*blocks : (p+1)*blocks]
+				req := &messages.ReqContext{RequestID: fmt.Sprintf("%s-%d-%d", ns, r, p)}
+				st, err := c.Lookup(ctx, req, keys, true)
+				require.NoError(t, err)
+				for _, s := range st {
+					lookups++
+					if s == messages.Hit {
+						hits++
+					}
+				}
+				require.NoError(t, c.RequestFinished(ctx, req))
+				if st[len(st)-1] != messages.Hit {
+					evicted = append(evicted, storeMissing(ctx, t, c, req.RequestID+"-w", keys)...)
+				}
+			}
+		}
+		return float64(hits) / float64(lookups), evicted
+	}
+
+	alone := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget})
+	b, err := client.Dial(ctx, alone.EngineAddr(), client.Options{Name: "b", BlockBytes: large})
+	require.NoError(t, err)
+	rateAlone, _ := trace(b, "b")
+	require.NoError(t, b.Close(ctx))
+
+	node := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget})
+	a, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "a", BlockBytes: small})
+	require.NoError(t, err)
+	defer a.Close(ctx) //nolint:errcheck // closed with the node
+	aKeys := nsKeys("a", budget/small)
+	store(ctx, t, a, "fill", aKeys)
+	b, err = client.Dial(ctx, node.EngineAddr(), client.Options{Name: "b", BlockBytes: large})
+	require.NoError(t, err)
+	defer b.Close(ctx) //nolint:errcheck // closed with the node
+	rate, evicted := trace(b, "b")
+	require.InDelta(t, rateAlone, rate, 0.01, "B's hit rate beside an idle A is B's alone")
+	require.Positive(t, rate)
+	require.Equal(t, aKeys[:24*large/small], evicted, "B took A's least recent blocks, just the bytes it needed")
+	requireBudget(ctx, t, node, budget)
+
+	// A wakes: its stores take the bytes back, B's least recent first.
+	more := nsKeys("a2", 24*large/small)
+	plan := store(ctx, t, a, "wake", more)
+	// 48 small blocks: A's 16 older ones' bytes, then 16 of B's 24 (B's
+	// least recent first: its prefixes in the trace's order).
+	require.Equal(t, aKeys[24*large/small:], plan.Evicted[:16], "A's own older blocks first")
+	require.Equal(t, nsKeys("b", 16), plan.Evicted[16:], "then B's least recent, just the bytes needed")
+	requireBudget(ctx, t, node, budget)
+}
+
+// storeMissing stores the keys of a prefix through c, as an engine stores
+// what its lookup missed, and returns what the store evicted.
+func storeMissing(ctx context.Context, t *testing.T, c *client.Client, id string, keys []messages.Key) []messages.Key {
+	t.Helper()
+	req := &messages.ReqContext{RequestID: id}
+	plan, err := c.PrepareStore(ctx, req, keys)
+	require.NoError(t, err)
+	for i, s := range plan.Slots {
+		copy(c.Pool().Slot(s), block(string(plan.ToStore[i].Namespace), keyIndexOf(plan.ToStore[i]), c.Hello().BlockBytes))
+	}
+	if plan.Job != 0 {
+		require.NoError(t, c.JobDone(ctx, plan.Job, 0, true))
+	}
+	require.NoError(t, c.RequestFinished(ctx, req))
+	return plan.Evicted
+}

@@ -470,3 +470,81 @@ def test_with_vllms_prefix_cache_on_a_stopped_kvtierd_costs_recomputes_and_leaks
         i += 1
     same(gen(e, "x3"), reference["x3"])
     d.wait_quiet(what="after the stop (the lost session's quarantine is --engine-grace, 3 s)")
+
+
+BLOCK_C = 16  # model c's --block-size
+
+
+@pytest.fixture(scope="module")
+def model_c(tmp_path_factory):
+    """A model of another KV geometry than models["a"]: three layers and one
+    KV head of 64 dims (a: two layers, two KV heads of 32)."""
+    from kvtier_bench.vllm_harness import save_random_llama
+
+    return save_random_llama(str(tmp_path_factory.mktemp("models") / "llama-c"), seed=2, layers=3,
+                             heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="module")
+def reference_c(model_c):
+    """Model c's ground truth at its block size, as `reference` is a's."""
+    from conftest import Engine
+
+    e = Engine(model_c, None, "--block-size", str(BLOCK_C))
+    try:
+        return {name: e.generate([PROMPTS[name]])["outputs"][0] for name in ("x1", "x2", "y1", "y2")}
+    finally:
+        e.close()
+
+
+def status_of(kvtier_cli, d) -> dict:
+    return json.loads(subprocess.run([kvtier_cli, "status", d.address, "--json"], capture_output=True,
+                                     text=True, check=True).stdout)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_two_models_of_different_shapes_share_one_kvtierd_and_its_byte_budget(
+        daemon_factory, engine_factory, models, model_c, reference, reference_c, kvtier_cli, transport):
+    """Issue 42: two engines whose blocks differ in size (other layer count,
+    KV heads, head dim and --block-size) on one kvtierd started with
+    --pool-bytes only, at the same time: each is served slots of its own
+    size from the one budget, each reuses its own prefixes from kvtier with
+    outputs identical to the engine without kvtier, their keys are in
+    different namespaces, and the pool's memory stays within the budget."""
+    budget = 64 << 20
+    d = daemon_factory(transport=transport, block_bytes=0, pool_bytes=budget)
+    a = engine_factory(models["a"], d.address)
+    c = engine_factory(model_c, d.address, "--block-size", str(BLOCK_C))
+    deadline = time.monotonic() + 120
+    i = 0
+    while True:  # both links up: the first sizes the pool, both reconnect within ~1 s
+        try:
+            st = status_of(kvtier_cli, d)
+            if st["engines"] == 2:
+                break
+        except subprocess.CalledProcessError:  # still sizing: the status command is answered SIZING
+            pass
+        assert time.monotonic() < deadline, "both engines never held a session\nkvtierd:\n" + d.log_tail()
+        for e in (a, c):
+            e.generate([PROMPTS[f"z{i % 20}"]])
+        i += 1
+    stores = d.metrics().get("kvtier_stores_total", 0)
+    same(gen(a, "x1"), reference["x1"])
+    same(gen(c, "x1"), reference_c["x1"])
+    d.wait_metric("kvtier_stores_total", stores + PREFIX // BLOCK + PREFIX // BLOCK_C, timeout=60)
+    for e, ref in ((a, reference), (c, reference_c)):
+        out = gen(e, "x2")
+        same(out, ref["x2"])
+        assert out["cached"] >= PREFIX, "its own prefix, from kvtier"
+
+    st = status_of(kvtier_cli, d)
+    sizes = sorted(s["block_bytes"] for s in st["sessions"])
+    assert len(set(sizes)) == 2, st["sessions"]
+    assert len({s["namespace"] for s in st["sessions"]}) == 2, "the models' keys are in namespaces of their own"
+    geos = {g["block_bytes"]: g for g in st["pool"]["geometries"]}
+    for declared in sizes:
+        g = geos[-(-declared // 4096) * 4096]  # a declared size is served in slots of it rounded to a page
+        assert g["ready"] >= PREFIX // BLOCK, (g, st["pool"])
+    m = d.metrics()
+    assert m["kvtier_pool_bytes_budget"] == budget
+    assert m["kvtier_pool_bytes_committed"] <= budget, m
