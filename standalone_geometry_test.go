@@ -13,6 +13,7 @@ import (
 	"github.com/kvtier/kvtier"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // Two engines of different block sizes on one node with one byte budget:
@@ -208,4 +209,50 @@ func storeMissing(ctx context.Context, t *testing.T, c *client.Client, id string
 	}
 	require.NoError(t, c.RequestFinished(ctx, req))
 	return plan.Evicted
+}
+
+// Blocks of two geometries cascade to an fs tier at their own lengths and,
+// once evicted from the CPU pool, come back through a promotion into the
+// asking engine's geometry, every byte intact.
+func TestBlocksOfTwoGeometriesCascadeAndComeBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const small, large, budget = 4096, 3 * 4096, 12 * 4096
+	node := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget,
+		SecondaryTiers: []kvtier.TierConfig{{Kind: tiers.KindFS, Root: t.TempDir()}}})
+	a, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "a", BlockBytes: small})
+	require.NoError(t, err)
+	defer a.Close(ctx) //nolint:errcheck // closed with the node
+	b, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "b", BlockBytes: large})
+	require.NoError(t, err)
+	defer b.Close(ctx) //nolint:errcheck // closed with the node
+
+	aKeys, bKeys := nsKeys("a", 3), nsKeys("b", 2)
+	store(ctx, t, a, "wa", aKeys)
+	store(ctx, t, b, "wb", bKeys)
+	require.NoError(t, node.TieringIdle(ctx))
+	ts, err := node.TieringStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(len(aKeys)+len(bKeys)), ts.CascadeWritten["fs"], "both geometries' blocks cascaded")
+
+	store(ctx, t, a, "evict", nsKeys("x", budget/small)) // a's new blocks push every older one out
+	for _, c := range []struct {
+		cl   *client.Client
+		keys []messages.Key
+	}{{a, aKeys}, {b, bKeys}} {
+		req := &messages.ReqContext{RequestID: "r-" + c.cl.Hello().PoolPath}
+		st, err := c.cl.Lookup(ctx, req, c.keys, true)
+		require.NoError(t, err)
+		require.Equal(t, messages.Retry, st[0], "evicted from the CPU, found in the fs tier")
+		require.NoError(t, node.TieringIdle(ctx))
+		st, slots, err := c.cl.LookupSlots(ctx, req, c.keys, true)
+		require.NoError(t, err)
+		for i, k := range c.keys {
+			require.Equal(t, messages.Hit, st[i], "promoted: %v", k)
+			require.Equal(t, block(string(k.Namespace), i, c.cl.Hello().BlockBytes), c.cl.Pool().Slot(slots[i]),
+				"promoted into the asker's geometry, every byte intact")
+		}
+		require.NoError(t, c.cl.RequestFinished(ctx, req))
+	}
+	requireBudget(ctx, t, node, budget)
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/tiers/blockfmt"
 	"github.com/kvtier/kvtier/tiers/obj"
 )
 
@@ -17,7 +18,7 @@ func openObjTier(tc config.TierConfig, name string, cfg config.Config, log zerol
 		Endpoint: obj.Endpoint{Endpoint: tc.Endpoint, Bucket: tc.Bucket, Region: tc.Region, Secure: tc.Secure,
 			AccessKey: access, SecretKey: secret},
 		Prefix:        tc.Prefix,
-		MaxBlockBytes: cfg.BlockBytes, // NB: the pool's one block size bounds what it can hand a tier
+		MaxBlockBytes: maxTierBlock(cfg), // NB: a block of any geometry the pool can hold
 		Workers:       tc.Workers,
 		LookupTimeout: cfg.SecondaryLookupDeadline,
 		Clock:         cfg.Clock,
@@ -30,3 +31,12 @@ func openObjTier(tc config.TierConfig, name string, cfg config.Config, log zerol
 	}
 	return openedTier{name: name, kind: tc.Kind, props: t.Props, close: t.Close}, nil
 }
+
+// maxTierBlock bounds the blocks a secondary tier keeps: any geometry's,
+// so up to the whole pool (one slot of a geometry as large as the
+// budget), within the block format's bound.
+func maxTierBlock(cfg config.Config) int {
+	return int(min(cfg.PoolBytes, blockfmt.MaxBlockBytes))
+}
+
+func (n *Node) maxTierBlock() int { return maxTierBlock(n.cfg) }

@@ -44,7 +44,7 @@ func (n *Node) openTiers() error {
 		switch tc.Kind {
 		case tiers.KindFS:
 			t, err := fs.Open(fs.Config{Name: names[i], Root: tc.Root, Capacity: int64(tc.Capacity), Locality: tc.Locality,
-				MaxBlockBytes: n.cfg.BlockBytes, Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Layout: tc.Layout, Log: log,
+				MaxBlockBytes: n.maxTierBlock(), Fsync: tc.Fsync, Workers: tc.Workers, FS: tc.FS, Layout: tc.Layout, Log: log,
 				Residency: n.fsObserver(fsTiers)})
 			fsTiers++
 			if err != nil {

@@ -42,8 +42,13 @@ func (s *State) promote(o *fx.Out, req *messages.ReqContext, tier int, keys []me
 		s.promoting[k] = p
 	}
 	p.timer = o.After(s.cfg.PromotionTimeout, &promotionDeadline{job: ref.ID})
+	// NB: into the asking engine's geometry: it is the one that loads them.
+	blockBytes := 0
+	if req != nil {
+		blockBytes = req.BlockBytes
+	}
 	s.request(o, s.cfg.CPU, pendingReply{kind: replyReserve, prom: p}, func(corr uint64) any {
-		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: keys}
+		return &cpumsg.ReserveSlots{Corr: corr, Job: ref, Keys: keys, BlockBytes: blockBytes}
 	})
 }
 
