@@ -30,7 +30,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .daemon import kvtierd, kvtierd_binary
 
@@ -550,6 +550,54 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
             "recomputed_ratio": round(k["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 3)}
 
 
+def mixed_case(binary: str, trace: List[List[int]], capacity: int, transport: str, per_step: int,
+               pages: Tuple[int, int] = (4096, 8192), first_share: int = 1,
+               in_turn: bool = False) -> Dict[str, object]:
+    """Two models whose blocks differ in size (pages, bytes per block), the
+    trace split between them by session (first_share of every
+    first_share + 1 sessions to the first model): their two engines on one
+    kvtierd whose pool is capacity blocks of the first size (--block-bytes;
+    the second size is served from the same budget), against two native
+    tiers of half that memory each, in the same run. in_turn: the first
+    model's engine runs its requests, then goes idle while the second runs
+    its own (a model busy while another is idle), instead of both at
+    once."""
+    from .vllm_harness import kvtier_manager, native_manager
+
+    spread = route(trace, first_share + 1, "by_session")
+    parts = [[ids for part in spread[:first_share] for ids in part], spread[first_share]]
+    order = dict(per_step=per_step, preempt_every=0, abort_every=0, model_ms=0.0)
+    memory = capacity * pages[0]
+    run = (lambda rs: [_interleave([r]) for r in rs]) if in_turn else _interleave
+    native = [Replay(native_manager(max(1, memory // 2 // p), page_bytes=p, model=f"model-{i}"), parts[i], **order)
+              for i, p in enumerate(pages)]
+    run(native)
+    with kvtierd(binary, pages[0], capacity, transport=transport) as addr:
+        kv = [Replay(kvtier_manager(addr, page_bytes=p, model=f"model-{i}"), parts[i], **order)
+              for i, p in enumerate(pages)]
+        run(kv)
+        for r in kv:
+            r.m.shutdown()
+    n, k = _totals(native), _totals(kv)
+    return {"engines": 2, "routing": "by_session", "page_bytes": list(pages), "memory_bytes": memory,
+            "first_model_sessions": f"{first_share}/{first_share + 1}", "in_turn": in_turn,
+            "native_hit_rate": n["hit_rate"], "kvtier_hit_rate": k["hit_rate"],
+            "native_hit_rate_by_model": [_totals([r])["hit_rate"] for r in native],
+            "kvtier_hit_rate_by_model": [_totals([r])["hit_rate"] for r in kv],
+            "native_recomputed_tokens": n["recomputed_tokens"],
+            "kvtier_recomputed_tokens": k["recomputed_tokens"],
+            "recomputed_ratio": round(k["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 3),
+            # NB: a token of the larger model costs more to recompute; its KV
+            # bytes per block stand in for that cost (both models here keep
+            # as many tokens per block).
+            "recomputed_kv_bytes_ratio": round(_recomputed_bytes(kv, pages) / max(1, _recomputed_bytes(native, pages)), 3)}
+
+
+def _recomputed_bytes(replays, pages: Tuple[int, int]) -> int:
+    """The KV bytes of every block the engines' lookups missed."""
+    return sum((r.looked - r.hit) * p for r, p in zip(replays, pages))
+
+
 def bench_share(args) -> Dict[str, object]:
     trace = read_trace(args.trace, args.limit)
     binary = kvtierd_binary(args.repo)
@@ -558,9 +606,11 @@ def bench_share(args) -> Dict[str, object]:
              for n in args.engines for routing in ("round_robin", "by_session")]
     restarts = [share_case(binary, trace, args.cpu_blocks, n, "by_session", True, args.transport,
                            args.per_step, args.store_credit) for n in args.restart_engines]
+    mixed = [mixed_case(binary, trace, args.cpu_blocks, args.transport, args.per_step, first_share=share,
+                        in_turn=turn) for share, turn in ((1, False), (3, False), (1, True))]
     return {"requests": len(trace), "capacity_blocks": args.cpu_blocks,
             "block_tokens": TRACE_BLOCK_TOKENS, "transport": args.transport,
-            "cases": cases, "restart": restarts}
+            "cases": cases, "restart": restarts, "mixed_models": mixed}
 
 
 def _workload_args(p, cpu_blocks_help=None) -> None:
