@@ -686,3 +686,22 @@ func TestFullFSRefusesTearsAndRecovers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, src, got)
 }
+
+// TestMixedGeometriesKeepEveryInvariant runs the fault suite with two
+// models whose blocks differ in size (every odd engine's are twice the
+// pool's first size, in a namespace of its own) sharing the pool's budget:
+// every invariant holds, and blocks of both sizes are stored and loaded.
+func TestMixedGeometriesKeepEveryInvariant(t *testing.T) {
+	server(t)
+	eng := DefaultEngineConfig()
+	eng.LargeBlocks = 2 * chaosBlockBytes
+	rep := run(t, Options{Seed: 7, Duration: raceScale * 3 * time.Second, Kinds: suiteKinds(t), Rate: 2,
+		Spare: sparedActors, Rates: suiteRates, Engine: eng})
+	requireClean(t, rep)
+	assert.Greater(t, rep.FaultsInjected, 100)
+	assert.Positive(t, rep.Blocks.Verified, "blocks were loaded and verified")
+	require.Len(t, rep.Nodes[0].Geometries, 2, "the pool served both sizes")
+	for _, g := range rep.Nodes[0].Geometries {
+		assert.Positive(t, g.Committed, "blocks of %d bytes held memory", g.BlockBytes)
+	}
+}

@@ -36,7 +36,19 @@ type EngineConfig struct {
 	CopySteps   int           // steps a job's copy takes before its workers report
 	MaxWait     time.Duration // how long a lookup waits on RETRY / HIT_PENDING
 	CallTimeout time.Duration // deadline of every manager call
+	// LargeBlocks, when > 0, is the bytes per block of every odd-numbered
+	// engine: a second model, its keys in a namespace of their own,
+	// served from the same pool budget in slots of that size.
+	LargeBlocks int
 }
+
+// largeNS ends the namespace of the engines of large blocks
+// (EngineConfig.LargeBlocks).
+const largeNS = "-large"
+
+// largeSalt makes the large-block model's block ids (and so its hashes)
+// its own.
+const largeSalt = 1 << 62
 
 // DefaultEngineConfig is what `kvtier chaos` runs with.
 func DefaultEngineConfig() EngineConfig {
@@ -209,11 +221,23 @@ func (e *engine) stepOnce(ctx context.Context, stopping bool) {
 
 func (e *engine) newRequest() *request {
 	req, seq := e.run.work.take()
-	keys := sim.Keys(e.run.ns, req.Blocks)
+	ns, blocks, blockBytes := e.run.ns, req.Blocks, 0
+	if e.cfg.LargeBlocks > 0 && e.id%2 == 1 {
+		// NB: other hashes too, not only another namespace: the node's
+		// event stream names a block by its hash alone (one model per
+		// stream, docs/DESIGN.md §9), and the run checks that stream.
+		ns, blockBytes = e.run.ns+largeNS, e.cfg.LargeBlocks
+		blocks = make([]uint64, len(req.Blocks))
+		for i, b := range req.Blocks {
+			blocks[i] = b ^ largeSalt
+		}
+	}
+	keys := sim.Keys(ns, blocks)
 	e.run.stats.requests.Add(1)
 	e.run.stats.promptBlocks.Add(int64(len(keys)))
 	ctx := sim.NewReqContext(fmt.Sprintf("%s-e%d-r%d", e.node.name, e.id, seq), e.cfg.Workers)
-	return &request{ctx: ctx, blocks: req.Blocks, keys: keys}
+	ctx.BlockBytes = blockBytes // NB: as the endpoint sets it for a session of that geometry
+	return &request{ctx: ctx, blocks: blocks, keys: keys}
 }
 
 // call makes one manager call with its deadline and counts its outcome;

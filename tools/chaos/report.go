@@ -92,6 +92,8 @@ type NodeReport struct {
 	Evictions        uint64 `json:"evictions"`
 	ChecksumFailures uint64 `json:"checksum_failures"`
 	LostAtClose      int    `json:"delayed_messages_lost_at_close"`
+	// Geometries are the pool's block sizes at the end, each one's use.
+	Geometries []messages.GeometryStats `json:"geometries"`
 	// Kills are the times the node was killed and restarted (peer-kill);
 	// the counters above are its last incarnation's.
 	Kills int64 `json:"kills,omitempty"`
@@ -165,7 +167,7 @@ func report(rs *runState, nodes []*nodeUnderTest, ranFor time.Duration) *Report 
 			LeasesExpired: st.LeasesExpired, Evictions: st.Evictions, ChecksumFailures: st.ChecksumFailures,
 			LostAtClose: n.inj.Lost(), Tiering: n.tiering, Kills: n.kills.Load(), Peers: n.peers,
 			PeerFlipsLanded: n.flipsLanded, PeerCorruptCaught: n.caught, ClockOffset: n.clock.Offset(),
-			DiskFullRefused: n.disk.refused.Load()})
+			DiskFullRefused: n.disk.refused.Load(), Geometries: st.Geometries})
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
