@@ -17,7 +17,8 @@ import (
 )
 
 // Two engines of different block sizes on one node with one byte budget:
-// each maps a region of its own size and is answered slot numbers of it;
+// each maps the pool as slots of its own size and is answered slot numbers
+// of them;
 // the second one's stores take the first one's least recent blocks (one
 // eviction order across both), never passing the budget; each reads back
 // its own bytes, and neither is handed a slot of the other's blocks.
@@ -38,7 +39,7 @@ func TestEnginesOfTwoBlockSizesShareOneBudget(t *testing.T) {
 			require.Equal(t, small, a.Hello().BlockBytes)
 			require.Equal(t, []int{large, budget / large}, []int{b.Hello().BlockBytes, b.Hello().Slots},
 				"the declared size rounded to a page, as many slots as the budget holds")
-			require.NotEqual(t, a.Hello().PoolPath, b.Hello().PoolPath, "each geometry has a region of its own")
+			require.Equal(t, a.Hello().PoolPath, b.Hello().PoolPath, "one pool file for every size, each numbering its own slots")
 
 			aKeys, bKeys := nsKeys("a", 12), nsKeys("b", 2)
 			store(ctx, t, a, "a0", aKeys)

@@ -344,8 +344,10 @@ func MapPool(path string, slots, blockBytes int) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvtier client: stat pool: %w", err)
 	}
+	// NB: at least: a session of another block size than the pool's first
+	// has the slots of its size that fit the one file, not always all of it.
 	size := int64(slots) * int64(blockBytes)
-	if st.Size() != size {
+	if st.Size() < size {
 		return nil, fmt.Errorf("%w: pool %s is %d bytes, hello says %d×%d", messages.ErrBadReply, path, st.Size(), slots, blockBytes)
 	}
 	// NB: MAP_POPULATE maps every page now, so no copy on the hot path pays

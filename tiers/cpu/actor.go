@@ -20,9 +20,6 @@ import (
 //   - State is touched only inside Receive.
 //   - Receive never reads or writes slot bytes: verification runs in a
 //     goroutine on a pinned slot and comes back as verifyDone.
-//     The one memory operation it makes is returning a free slot's pages
-//     when another geometry takes its bytes (releaseMemory): it must end
-//     before the slots just reserved are handed out.
 //   - State outlives the actor: a supervisor restart gets the same State
 //     back (it is the owner of record of the slot table) and checks its
 //     invariants before serving again.
@@ -183,7 +180,6 @@ func (a *Actor) reserve(ctx actor.Context, m *cpumsg.ReserveSlots) {
 		return
 	}
 	res, err := a.state.ReserveIn(gi, m.Job, m.Keys)
-	a.releaseMemory()
 	if len(res.Evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: res.Evicted})
 	}

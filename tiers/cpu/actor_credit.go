@@ -19,7 +19,6 @@ func (a *Actor) grant(ctx actor.Context, m *cpumsg.GrantCredit) {
 		return
 	}
 	slots, evicted := a.state.GrantIn(gi, m.Owner, m.N)
-	a.releaseMemory()
 	if len(evicted) > 0 {
 		a.announce(ctx, messages.Event{Kind: messages.BlockRemoved, Keys: evicted})
 	}

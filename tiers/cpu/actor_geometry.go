@@ -55,13 +55,3 @@ func (a *Actor) addGeometry(blockBytes int) (int, error) {
 	gi, _ := a.state.GeometryOf(blockBytes)
 	return gi, nil
 }
-
-// releaseMemory returns the pages of the slots the State gave to another
-// geometry, before anything is written into the slots it handed out.
-func (a *Actor) releaseMemory() {
-	for _, idx := range a.state.TakeReleased() {
-		if err := a.pool.Release(idx); err != nil {
-			a.log.Error().Err(err).Int("slot", idx).Msg("cpu tier: a slot's pages could not be returned; the pool's memory passes its budget")
-		}
-	}
-}

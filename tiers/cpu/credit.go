@@ -65,10 +65,13 @@ func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []mess
 func (s *State) GrantIn(gi int, owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
 	s.expireLeases()
 	n = min(n, s.room(gi, nil), max(0, CreditLimit(s.geo[gi].n)-s.credited()))
-	slots = make([]int, n)
-	for i := range slots {
-		evicted = s.makeFree(gi, nil, evicted)
-		slots[i] = s.allocate(gi, creditPlaceholder, owner)
+	slots = make([]int, 0, n)
+	for range n {
+		var ok bool
+		if evicted, ok = s.makeFree(gi, nil, evicted); !ok {
+			break // NB: fewer, as when the rest are held
+		}
+		slots = append(slots, s.allocate(gi, creditPlaceholder, owner))
 	}
 	return slots, evicted
 }

@@ -84,8 +84,8 @@ func (s *State) CheckInvariants() error {
 			leased++
 		}
 	}
-	if len(s.index) != len(s.slots)-s.freeSlots()-s.spareSlots()-credited {
-		bad("index has %d keys, %d slots in use, %d of them credited", len(s.index), len(s.slots)-s.freeSlots()-s.spareSlots(), credited)
+	if len(s.index) != s.committedSlots()-s.freeSlots()-credited {
+		bad("index has %d keys, %d slots in use, %d of them credited", len(s.index), s.committedSlots()-s.freeSlots(), credited)
 	}
 	if n := s.policy.Len(); n != ready+ranked {
 		bad("policy holds %d slots, %d ready and %d touched while written", n, ready, ranked)

@@ -719,6 +719,10 @@ func (r *seqRun) step() {
 			ks, bytes = r.ofGeometry(ks, gi), r.sizes[gi]
 		}
 		r.logf("t=%v Reserve(%v, %v) in geometry %d", r.clk.since0(), job, ks, gi)
+		if r.sizes != nil {
+			r.reserveMixed(gi, job, ks)
+			break
+		}
 		got, err := r.s.ReserveIn(gi, job, ks)
 		want, werr := r.m.reserveOf(bytes, job, ks)
 		if !sameErr(err, werr) {
@@ -736,11 +740,7 @@ func (r *seqRun) step() {
 		}
 		for i, k := range got.ToStore {
 			r.slotOf[k] = got.Slots[i]
-			if b, _ := r.s.SlotGeometry(got.Slots[i]); r.sizes != nil && int64(b) != bytes {
-				r.fatalf("Reserve in geometry %d gave %v a slot of %d bytes", gi, k, b)
-			}
 		}
-		r.releaseMemory()
 	case op < 74: // Commit
 		job := modelJobs[rng.Intn(len(modelJobs))]
 		ks := r.pendingOf(job)
@@ -1123,13 +1123,49 @@ func (r *seqRun) ofGeometry(ks []messages.Key, gi int) []messages.Key {
 	return out
 }
 
-// releaseMemory takes the slots the State gave up and checks each is spare
-// now: it must not be handed out before its pages are returned.
-func (r *seqRun) releaseMemory() {
-	for _, idx := range r.s.TakeReleased() {
-		if r.s.slots[idx].state != slotFree || !slices.Contains(r.s.geo[r.s.gOf[idx]].spare, idx) {
-			r.fatalf("slot %d given up but not spare", idx)
+// reserveMixed checks a reservation in geometry gi of a mixed run by what
+// any legal one does (which blocks go is the State's choice across
+// geometries: the slots' places decide what shares bytes): absent keys
+// become the job's, in slots of gi's size; every block evicted was ready,
+// unheld and not named by the call; on ErrFull nothing is reserved. The
+// model then follows what the State did.
+func (r *seqRun) reserveMixed(gi int, job messages.JobRef, keys []messages.Key) {
+	m := r.m
+	m.expire()
+	named, absent := map[messages.Key]bool{}, []messages.Key(nil)
+	for _, k := range keys {
+		if !named[k] {
+			named[k] = true
+			if _, ok := m.keys[k]; !ok {
+				absent = append(absent, k)
+			}
 		}
+	}
+	got, err := r.s.ReserveIn(gi, job, keys)
+	for _, k := range got.Evicted {
+		if e, ok := m.keys[k]; !ok || !m.evictable(k) || named[k] {
+			r.fatalf("Reserve evicted %v: present %v, evictable %v, named %v", k, ok && e != nil, ok && m.evictable(k), named[k])
+		}
+		delete(m.keys, k)
+		delete(r.slotOf, k)
+		m.counters.Evictions++
+	}
+	if err != nil {
+		if !errors.Is(err, messages.ErrFull) || len(got.ToStore) != 0 {
+			r.fatalf("Reserve: %v with %v to store", err, got.ToStore)
+		}
+		m.counters.Full++
+		return
+	}
+	if !slices.Equal(got.ToStore, absent) || len(got.Slots) != len(absent) {
+		r.fatalf("Reserve = toStore %v in %d slots, absent %v", got.ToStore, len(got.Slots), absent)
+	}
+	for i, k := range got.ToStore {
+		if b, _ := r.s.SlotGeometry(got.Slots[i]); int64(b) != r.sizes[gi] {
+			r.fatalf("Reserve in geometry %d gave %v a slot of %d bytes", gi, k, b)
+		}
+		m.keys[k] = &mEntry{writer: job}
+		r.slotOf[k] = got.Slots[i]
 	}
 }
 

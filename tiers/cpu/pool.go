@@ -161,7 +161,7 @@ func (p *Pool) Path() string { return p.path }
 func (p *Pool) Close() error {
 	var errs []error
 	if !p.closed.Swap(true) && p.mem != nil {
-		errs = append(errs, p.closeRegions(), unix.Munmap(p.mem))
+		errs = append(errs, unix.Munmap(p.mem))
 	}
 	errs = append(errs, p.discard())
 	return errors.Join(errs...)

@@ -220,39 +220,37 @@ func TestSlotOfAClosedPoolPanicsWithErrPoolClosed(t *testing.T) {
 	t.Fatal("Slot of a closed pool returned")
 }
 
-// A geometry after the first is a sparse file of its own, numbered after
-// the first's slots; a released slot gives its pages back (and reads as
-// zeroes), and Close removes every region's file.
+// A geometry after the first is a view of the same pool: its slot i is
+// bytes [i × its size, (i+1) × its size) of the one region, numbered after
+// the first geometry's slots; the pool's file is unchanged.
 func TestPoolGeometryRegions(t *testing.T) {
 	path := shmPath(t)
 	p, err := OpenPool(path, 8, testBlock)
 	require.NoError(t, err)
+	defer p.Close()
 	r, err := p.Geometry(2 * testBlock)
 	require.NoError(t, err)
-	require.Equal(t, Region{Index: 1, BlockBytes: 2 * testBlock, Base: 8, Slots: 4, Path: path + ".8192"},
-		Region{Index: r.Index, BlockBytes: r.BlockBytes, Base: r.Base, Slots: r.Slots, Path: r.Path})
+	require.Equal(t, Region{Index: 1, BlockBytes: 2 * testBlock, Base: 8, Slots: 4, Path: path}, r)
 	again, err := p.Geometry(2 * testBlock)
 	require.NoError(t, err)
-	require.Equal(t, r.Path, again.Path, "one region per size")
+	require.Equal(t, r, again, "one region per size")
 	_, err = p.Geometry(16 * testBlock)
-	require.ErrorIs(t, err, messages.ErrBadConfig, "a slot larger than the budget")
+	require.ErrorIs(t, err, messages.ErrBadConfig, "a slot larger than the pool")
+	odd, err := p.Geometry(3 * testBlock)
+	require.NoError(t, err)
+	require.Equal(t, Region{Index: 2, BlockBytes: 3 * testBlock, Base: 12, Slots: 2, Path: path}, odd,
+		"as many slots as fit the pool")
 
-	blocks := func() int64 {
-		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(r.Path, &st))
-		return st.Blocks
-	}
-	require.Zero(t, blocks(), "a new region is sparse")
-	s := p.Slot(9)
+	s := p.Slot(9) // the second slot of 8 KiB: the first geometry's slots 2 and 3
 	require.Len(t, s, 2*testBlock)
 	copy(s, bytes.Repeat([]byte{7}, len(s)))
-	require.Positive(t, blocks())
-	require.NoError(t, p.Release(9))
-	require.Zero(t, blocks(), "a released slot's pages are returned")
-	require.Equal(t, make([]byte, len(s)), p.Slot(9))
-	require.Equal(t, bytes.Repeat([]byte{0}, testBlock), p.Slot(7), "the first region is untouched")
-
-	require.NoError(t, p.Close())
-	_, err = os.Stat(r.Path)
-	require.ErrorIs(t, err, os.ErrNotExist, "Close removes the region's file")
+	require.Equal(t, bytes.Repeat([]byte{7}, testBlock), p.Slot(2))
+	require.Equal(t, bytes.Repeat([]byte{7}, testBlock), p.Slot(3))
+	require.Equal(t, make([]byte, testBlock), p.Slot(4))
+	last := p.Slot(13) // 12 KiB at 12 KiB
+	require.Len(t, last, 3*testBlock)
+	require.Equal(t, 3*testBlock, cap(last), "a slot must not reach into the next")
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, int64(8*testBlock), st.Size(), "one file for every size")
 }

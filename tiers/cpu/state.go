@@ -14,10 +14,10 @@ import (
 //   - index[k] = s  ⇔  slots[s].state ≠ free, slots[s].key = k and k is not
 //     the credit placeholder (a credited slot is found by its owner's
 //     reservation, never by key).
-//   - the free and spare lists of the geometries hold exactly the free
-//     slots, each once, each in its own geometry's lists; a spare slot has
-//     no memory committed behind it.
-//   - committed bytes = Σ over geometries of (slots − spare) × bytes ≤ budget.
+//   - each geometry's free list holds exactly its free slots that hold
+//     their bytes (committed), each once; a slot that holds none is free.
+//   - committed slots never share a byte of the region, and with the gaps
+//     cover it exactly (geometry.go).
 //   - slots[s].pins = Σ over jobs of pins[job][s]; pins > 0 only when ready.
 //   - slots[s].leases = number of live lease entries on s; leases > 0 only when ready.
 //   - a write-pending slot appears in reservations[slots[s].writer].
@@ -66,8 +66,9 @@ type State struct {
 	slots    []slot
 	geo      []geometry // the block sizes served; geometry 0 is the pool's first
 	gOf      []uint8    // slot → its geometry
-	budget   int64      // bytes every geometry's committed slots may take together
-	used     int64      // bytes committed: Σ (slots − spare) × bytes
+	freeAt   []int32    // slot → its position in its geometry's free list, or -1
+	gaps     []span     // region bytes no slot holds, sorted, merged
+	budget   int64      // bytes of the region every geometry's slots share
 	index    map[messages.Key]int
 	policy   Policy
 	chain    chainPolicy                       // the policy, when it ranks by the prefix chain; else nil
@@ -82,11 +83,6 @@ type State struct {
 	cleared map[int]messages.Key
 
 	obs Observer // told when a key becomes readable or stops being so; nil: nobody
-
-	// released are slots whose memory was given up for another geometry
-	// since the owner last took them (TakeReleased): the pool returns their
-	// pages before any of them is handed out again.
-	released []int
 
 	named       marks           // the slots a call named so far (CommitProv, Bind): scratch
 	spare       []*holderLeases // cleared lease maps kept for reuse (bounded)
@@ -125,7 +121,7 @@ func NewBudgetState(budget int64, blockBytes int, policy string, now func() time
 		reserved: map[messages.JobRef]map[int]struct{}{},
 	}
 	s.chain, _ = p.(chainPolicy)
-	s.addGeometry(blockBytes, n, true)
+	s.addGeometry(blockBytes, true)
 	return s, nil
 }
 
@@ -150,15 +146,6 @@ func (s *State) SetObserver(o Observer) { s.obs = o }
 
 // Slots is the pool size: the slot ids of every geometry.
 func (s *State) Slots() int { return len(s.slots) }
-
-// committed is how many slots have memory behind them.
-func (s *State) committed() int {
-	n := 0
-	for gi := range s.geo {
-		n += s.geo[gi].n - len(s.geo[gi].spare)
-	}
-	return n
-}
 
 // LookupAndLease answers each key and leases every HIT to holder for ttl (a
 // repeated lookup by the same holder extends its lease). With prefix, the scan
@@ -380,7 +367,18 @@ func (s *State) ReserveIn(gi int, job messages.JobRef, keys []messages.Key) (Res
 	}
 	res.Slots = make([]int, need)
 	for i, k := range res.ToStore {
-		res.Evicted = s.makeFree(gi, protected, res.Evicted)
+		var ok bool
+		if res.Evicted, ok = s.makeFree(gi, protected, res.Evicted); !ok {
+			// NB: with several geometries room is a bound: the slots' places
+			// left fewer. What this call reserved is freed again; what it
+			// evicted is gone (and reported).
+			for _, idx := range res.Slots[:i] {
+				s.unreserve(job, idx)
+			}
+			s.Counters.Full++
+			return ReserveResult{Evicted: res.Evicted}, fmt.Errorf("%w: need %d slots of %d bytes, found %d",
+				messages.ErrFull, need, s.geo[gi].bytes, i)
+		}
 		res.Slots[i] = s.allocate(gi, k, job)
 	}
 	return res, nil
@@ -661,8 +659,8 @@ func (s *State) Occupancy() Occupancy {
 		}
 	}
 	return Occupancy{
-		Slots: s.committed(), Free: s.freeSlots(), Ready: s.ready,
-		WritePending: s.committed() - s.freeSlots() - s.ready - credit, Credit: credit,
+		Slots: s.committedSlots(), Free: s.freeSlots(), Ready: s.ready,
+		WritePending: s.committedSlots() - s.freeSlots() - s.ready - credit, Credit: credit,
 		Pinned: s.pinnedSlots, Leased: s.leasedSlots, Leases: s.nLeases,
 	}
 }
@@ -836,6 +834,15 @@ func (s *State) evictOne(protected map[int]struct{}) messages.Key {
 	return k
 }
 
+// unreserve frees slot idx that job reserved in a call that failed.
+func (s *State) unreserve(job messages.JobRef, idx int) {
+	delete(s.reserved[job], idx)
+	if len(s.reserved[job]) == 0 {
+		delete(s.reserved, job)
+	}
+	s.freeSlot(idx)
+}
+
 func (s *State) allocate(gi int, k messages.Key, job messages.JobRef) int {
 	idx := s.popFree(gi)
 	s.slots[idx] = slot{key: k, state: slotWritePending, writer: job}
@@ -866,6 +873,7 @@ func (s *State) makeReady(idx int, sum uint32) {
 	sl.touched = false
 	s.countEvictable(idx, 1)
 	s.ready++
+	s.geo[s.gOf[idx]].ready++
 	s.Counters.Stores++
 	if s.obs != nil {
 		s.obs.Readable(sl.key)
@@ -881,6 +889,7 @@ func (s *State) freeSlot(idx int) {
 	if sl := &s.slots[idx]; sl.state == slotReady || sl.state == slotWritePending {
 		if sl.state == slotReady {
 			s.ready--
+			s.geo[s.gOf[idx]].ready--
 		}
 		if s.obs != nil && observable(sl.key) {
 			s.obs.Gone(sl.key)

@@ -521,9 +521,11 @@ class Client:
             raise KvtierError("BAD_VERSION", f"daemon speaks {self.hello.protocol}")
         fd = os.open(self.hello.pool_path, os.O_RDWR)
         try:
+            # NB: at least: a session of another block size than the pool's
+            # first has as many slots as fit the same file, not always all of it.
             size = self.hello.slots * self.hello.block_bytes
-            if os.fstat(fd).st_size != size:
-                raise KvtierError("BAD_REPLY", "pool file size does not match hello")
+            if os.fstat(fd).st_size < size:
+                raise KvtierError("BAD_REPLY", "pool file smaller than hello says")
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -155,9 +155,9 @@ class _PoolMap:
     def __init__(self, path: str, block_bytes: int, slots: int):
         fd = os.open(path, os.O_RDWR)
         try:
-            size = block_bytes * slots
-            if os.fstat(fd).st_size != size:
-                raise KvtierError("BAD_REPLY", f"pool file {path} is not {size} bytes")
+            size = block_bytes * slots  # NB: at least that: the file is every block size's
+            if os.fstat(fd).st_size < size:
+                raise KvtierError("BAD_REPLY", f"pool file {path} is smaller than {size} bytes")
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

@@ -193,8 +193,13 @@ class PoolRef:
 
     @classmethod
     def of(cls, path: str, block_bytes: int, slots: int) -> "PoolRef":
+        # NB: size is the file's (every block size's slots share it); a
+        # session of another size than the pool's first has the slots of
+        # block_bytes that fit it.
         st = os.stat(path)
-        return cls(path, st.st_dev, st.st_ino, block_bytes * slots, block_bytes)
+        if st.st_size < block_bytes * slots:
+            raise FileNotFoundError(f"{path} is smaller than {slots} slots of {block_bytes} bytes")
+        return cls(path, st.st_dev, st.st_ino, st.st_size, block_bytes)
 
 
 def optional_int(v: Optional[Any]) -> Optional[int]:

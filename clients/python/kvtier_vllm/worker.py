@@ -61,7 +61,7 @@ class PoolMapping:
             os.close(fd)
         self.ref = ref
         slots = ref.size // ref.block_bytes
-        flat = torch.frombuffer(self._mm, dtype=torch.int8)
+        flat = torch.frombuffer(self._mm, dtype=torch.int8)[:slots * ref.block_bytes]
         self.pool = flat.view(slots, ref.block_bytes)
         self.views: List[torch.Tensor] = []
         for off, page in zip(tensor_offsets(page_bytes, blocks_per_chunk), page_bytes):
