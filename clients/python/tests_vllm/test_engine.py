@@ -472,7 +472,7 @@ def test_with_vllms_prefix_cache_on_a_stopped_kvtierd_costs_recomputes_and_leaks
     d.wait_quiet(what="after the stop (the lost session's quarantine is --engine-grace, 3 s)")
 
 
-BLOCK_C = 16  # model c's --block-size
+BLOCK_C = 64  # model c's --block-size (vLLM's CPU attention takes multiples of 32)
 
 
 @pytest.fixture(scope="module")
@@ -544,7 +544,7 @@ def test_two_models_of_different_shapes_share_one_kvtierd_and_its_byte_budget(
     geos = {g["block_bytes"]: g for g in st["pool"]["geometries"]}
     for declared in sizes:
         g = geos[-(-declared // 4096) * 4096]  # a declared size is served in slots of it rounded to a page
-        assert g["ready"] >= PREFIX // BLOCK, (g, st["pool"])
+        assert g["ready"] >= PREFIX // max(BLOCK, BLOCK_C), (g, st["pool"])
     m = d.metrics()
     assert m["kvtier_pool_bytes_budget"] == budget
     assert m["kvtier_pool_bytes_committed"] <= budget, m
