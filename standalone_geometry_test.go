@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -73,9 +74,17 @@ func TestEnginesOfTwoBlockSizesShareOneBudget(t *testing.T) {
 			for _, s := range st {
 				require.Equal(t, messages.Miss, s, "a block of another geometry is never handed to b")
 			}
+			plain, err := b.Lookup(ctx, &messages.ReqContext{RequestID: "rb3"}, aKeys[6:], false)
+			require.NoError(t, err)
+			require.Equal(t, slices.Repeat([]messages.LookupStatus{messages.Miss}, 6), plain, "without want_slots too")
+			plain, err = a.Lookup(ctx, &messages.ReqContext{RequestID: "ra2"}, bKeys, false)
+			require.NoError(t, err)
+			require.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss}, plain, "and the other way round")
 			require.NoError(t, a.RequestFinished(ctx, &messages.ReqContext{RequestID: "ra"}))
 			require.NoError(t, b.RequestFinished(ctx, &messages.ReqContext{RequestID: "rb"}))
 			require.NoError(t, b.RequestFinished(ctx, &messages.ReqContext{RequestID: "rb2"}))
+			require.NoError(t, b.RequestFinished(ctx, &messages.ReqContext{RequestID: "rb3"}))
+			require.NoError(t, a.RequestFinished(ctx, &messages.ReqContext{RequestID: "ra2"}))
 
 			// The small engine wakes: its stores take back the large blocks'
 			// bytes once its own older blocks are gone.

@@ -140,8 +140,9 @@ func (n *Node) openEndpoint() error {
 		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
 			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path(),
 			IndexComplete: n.indexComplete()},
-		Geometry: func(blockBytes int) (endpoint.Geometry, error) { return n.engineGeometry(blockBytes, gid, mode) },
-		Log:      c.Logger.With().Str("actor", "endpoint").Logger(),
+		Geometry:   func(blockBytes int) (endpoint.Geometry, error) { return n.engineGeometry(blockBytes, gid, mode) },
+		Geometries: n.pool.Geometries,
+		Log:        c.Logger.With().Str("actor", "endpoint").Logger(),
 	})
 	if err != nil {
 		return err

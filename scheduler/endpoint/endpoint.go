@@ -73,6 +73,8 @@ type Config struct {
 	// a session maps its file and is answered slot numbers of it. Unset,
 	// every session is told Hello's.
 	Geometry func(blockBytes int) (Geometry, error)
+	// Geometries, when set, is how many block sizes the pool serves now.
+	Geometries func() int
 	// Quarantine keeps an ended session's slot credit and the slots of its
 	// jobs in flight out of use this long (a worker may still be copying
 	// through them); default Grace.

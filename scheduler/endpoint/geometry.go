@@ -56,10 +56,22 @@ func (g Geometry) ids(slots []int) []int {
 // key the session named) answers a lookup MISS and fails any other call:
 // the engine would copy another geometry's bytes. The reply's slices are
 // the bridge's: changed only in copies.
-func (g Geometry) numbers(rp *wire.Reply) error {
-	if g.BlockBytes == 0 || !g.changes(rp) {
-		return nil
+func (g Geometry) numbers(op wire.Op, rp *wire.Reply) error {
+	if op == wire.OpLookup || g.BlockBytes == 0 || !g.changes(rp) {
+		return nil // NB: a lookup's are turned by its route (lookupNumbers), before it counts its HITs
 	}
+	return g.renumber(rp)
+}
+
+// lookupNumbers is numbers for a lookup's reply (it cannot fail).
+func (g Geometry) lookupNumbers(rp *wire.Reply) {
+	if g.BlockBytes != 0 && g.changes(rp) {
+		_ = g.renumber(rp)
+	}
+}
+
+// renumber is numbers' work, once it knows there is some.
+func (g Geometry) renumber(rp *wire.Reply) error {
 	lookup := rp.Status != nil
 	rp.Slots = slices.Clone(rp.Slots)
 	if lookup {
@@ -94,4 +106,10 @@ func (g Geometry) changes(rp *wire.Reply) bool {
 // skip: a lookup's slot i stands for no block (its key is not a HIT).
 func (g Geometry) skip(rp *wire.Reply, i int) bool {
 	return rp.Status != nil && (i >= len(rp.Status) || rp.Status[i] != messages.Hit)
+}
+
+// mixedGeometries reports whether the pool serves more than one block
+// size now (then a key may be held in slots of another session's size).
+func (e *Endpoint) mixedGeometries() bool {
+	return e.cfg.Geometries != nil && e.cfg.Geometries() > 1
 }

@@ -31,19 +31,26 @@ var routes = func() map[wire.Op]func(c *call) {
 var ownRoutes = map[wire.Op]func(c *call){
 	wire.OpLookup: func(c *call) {
 		var lk *messages.Lookup
-		s := c.s
+		s, wants := c.s, c.q.WantSlots
+		// NB: with several block sizes the slots are asked for anyway: a
+		// HIT in another size's slots is answered MISS (Geometry.numbers).
+		slots := wants || c.a.ep.mixedGeometries()
 		via(c, func(r messages.Reply[[]messages.LookupStatus]) any {
-			lk = &messages.Lookup{Req: c.req, Keys: c.q.Keys, Prefix: c.q.Prefix, Reply: r, WantSlots: c.q.WantSlots}
+			lk = &messages.Lookup{Req: c.req, Keys: c.q.Keys, Prefix: c.q.Prefix, Reply: r, WantSlots: slots}
 			return lk
 		}, func(rp *wire.Reply, v []messages.LookupStatus) {
-			countLookup(s, v)
 			rp.Status = v
-			if lk.WantSlots {
+			if slots {
 				rp.Slots = lk.Slots // NB: written before the answer was sent
 				if rp.Slots == nil {
 					rp.Slots = []int{}
 				}
+				s.geometry.lookupNumbers(rp)
 			}
+			if !wants {
+				rp.Slots = nil
+			}
+			countLookup(s, rp.Status)
 		})
 	},
 	wire.OpGrant: func(c *call) {
@@ -129,7 +136,7 @@ func via[T any](c *call, build func(messages.Reply[T]) any, fill func(*wire.Repl
 			}
 			rp := &wire.Reply{ID: q.ID}
 			fill(rp, r.Value)
-			if err := c.s.geometry.numbers(rp); err != nil {
+			if err := c.s.geometry.numbers(q.Op, rp); err != nil {
 				return wire.EncodeCallError(q.ID, q.Op, err), q.RepliesOnError()
 			}
 			return wire.EncodeReply(q.Op, rp, stripSession), true

@@ -41,12 +41,19 @@ func IsCreditKey(k messages.Key) bool { return k.Hash == "" && k.Namespace == cr
 // times a step), and never less than one engine's default credit.
 func CreditLimit(slots int) int { return max(slots/8, 64) }
 
-// credited is how many slots every session's credit holds together.
-func (s *State) credited() int {
-	n := 0
+// creditedBytes is the bytes every session's credit holds together.
+func (s *State) creditedBytes() int64 {
+	n := int64(0)
 	for owner, slots := range s.reserved {
-		if owner.Origin == messages.OriginCredit {
-			n += len(slots)
+		if owner.Origin != messages.OriginCredit {
+			continue
+		}
+		if len(s.geo) == 1 { // NB: the common case, without a walk of every credited slot
+			n += int64(len(slots)) * int64(s.geo[0].bytes)
+			continue
+		}
+		for idx := range slots {
+			n += int64(s.geo[s.gOf[idx]].bytes)
 		}
 	}
 	return n
@@ -61,10 +68,13 @@ func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []mess
 }
 
 // GrantIn is Grant of slots of geometry gi. The limit is CreditLimit of the
-// slots the budget holds of gi.
+// slots the budget holds of gi, counted in bytes over every geometry's
+// credit (with one geometry: CreditLimit slots).
 func (s *State) GrantIn(gi int, owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
 	s.expireLeases()
-	n = min(n, s.room(gi, nil), max(0, CreditLimit(s.geo[gi].n)-s.credited()))
+	b := int64(s.geo[gi].bytes)
+	limit := int64(CreditLimit(s.geo[gi].n)) * b
+	n = min(n, s.room(gi, nil), int(max(0, limit-s.creditedBytes())/b))
 	slots = make([]int, 0, n)
 	for range n {
 		var ok bool

@@ -40,11 +40,18 @@ import (
 // MaxGeometries bounds the block sizes one pool serves at once.
 const MaxGeometries = 8
 
+// maxSlotIDs bounds the slot ids of a geometry after the first: sixteen
+// times the first's (a block a sixteenth of its size), or 65,536. The
+// State keeps a slot's entry and the policy's for every id, so a hello
+// declaring a tiny block must not cost memory in proportion to the pool.
+func maxSlotIDs(firstSlots int) int64 { return max(16*int64(firstSlots), 1<<16) }
+
 // geometry is one block size's slots.
 type geometry struct {
 	bytes     int    // bytes per slot
 	base, n   int    // its slot ids: [base, base+n)
 	committed []bool // per slot (id − base): it holds its bytes
+	held      int    // how many of its slots hold their bytes
 	free      []int  // committed free slot ids; pop from the end
 	evictable int    // its ready slots with no pin and no lease
 	ready     int    // its ready slots
@@ -78,6 +85,7 @@ func (s *State) addGeometry(blockBytes int, committed bool) int {
 			s.geo[gi].committed[r] = true
 			s.pushFree(base + r)
 		}
+		s.geo[gi].held = n
 		if tail := int64(n) * int64(blockBytes); tail < s.budget {
 			s.gaps = append(s.gaps, span{tail, s.budget})
 		}
@@ -102,8 +110,9 @@ func (s *State) AddGeometry(blockBytes int) (gi, base, n int, err error) {
 		return 0, 0, 0, fmt.Errorf("%w: blocks of %d bytes in a pool of %d", messages.ErrBadConfig, blockBytes, s.budget)
 	case len(s.geo) == MaxGeometries:
 		return 0, 0, 0, fmt.Errorf("%w: a pool serves at most %d block sizes", messages.ErrBadConfig, MaxGeometries)
-	case int64(len(s.slots))+s.budget/int64(blockBytes) > 1<<31-1:
-		return 0, 0, 0, fmt.Errorf("%w: blocks of %d bytes: too many slot ids", messages.ErrBadConfig, blockBytes)
+	case int64(len(s.slots))+s.budget/int64(blockBytes) > 1<<31-1 || s.budget/int64(blockBytes) > maxSlotIDs(s.geo[0].n):
+		return 0, 0, 0, fmt.Errorf("%w: blocks of %d bytes: too many slots in the pool (at most %d)",
+			messages.ErrBadConfig, blockBytes, maxSlotIDs(s.geo[0].n))
 	}
 	gi = s.addGeometry(blockBytes, false)
 	return gi, s.geo[gi].base, s.geo[gi].n, nil
@@ -136,12 +145,7 @@ func (s *State) GeometryOccupancy() []GeometryOccupancy {
 	out := make([]GeometryOccupancy, len(s.geo))
 	for gi := range s.geo {
 		g := &s.geo[gi]
-		out[gi] = GeometryOccupancy{BlockBytes: g.bytes, Slots: g.n, Free: len(g.free), Ready: g.ready}
-		for _, c := range g.committed {
-			if c {
-				out[gi].Committed++
-			}
-		}
+		out[gi] = GeometryOccupancy{BlockBytes: g.bytes, Slots: g.n, Committed: g.held, Free: len(g.free), Ready: g.ready}
 	}
 	return out
 }
@@ -337,6 +341,7 @@ func (s *State) take(gi, r int, protected map[int]struct{}, evicted []messages.K
 	}
 	s.cutGap(lo, hi)
 	s.geo[gi].committed[r] = true
+	s.geo[gi].held++
 	s.pushFree(s.geo[gi].base + r)
 	return evicted
 }
@@ -346,6 +351,7 @@ func (s *State) giveUp(id int) {
 	s.removeFree(id)
 	g := &s.geo[s.gOf[id]]
 	g.committed[id-g.base] = false
+	g.held--
 	lo, hi := s.bytesOf(id)
 	s.addGap(lo, hi)
 }
@@ -419,12 +425,9 @@ func (s *State) freeSlots() int {
 
 // committedSlots is how many slots hold their bytes.
 func (s *State) committedSlots() int {
-	if len(s.geo) == 1 {
-		return s.geo[0].n
-	}
 	n := 0
-	for _, o := range s.GeometryOccupancy() {
-		n += o.Committed
+	for gi := range s.geo {
+		n += s.geo[gi].held
 	}
 	return n
 }
@@ -440,7 +443,7 @@ func (s *State) checkGeometries(bad func(string, ...any)) []bool {
 			bad("geometry %d: %d slots from %d, %d committed flags", gi, g.n, g.base, len(g.committed))
 			continue
 		}
-		evictable, ready := 0, 0
+		evictable, ready, held := 0, 0, 0
 		for r := range g.n {
 			idx := g.base + r
 			if int(s.gOf[idx]) != gi {
@@ -453,14 +456,16 @@ func (s *State) checkGeometries(bad func(string, ...any)) []bool {
 				ready++
 			}
 			if g.committed[r] {
+				held++
 				lo, hi := s.bytesOf(idx)
 				spans = append(spans, span{lo, hi})
 			} else if s.slots[idx].state != slotFree {
 				bad("slot %d in use but holds no bytes", idx)
 			}
 		}
-		if evictable != g.evictable || ready != g.ready {
-			bad("geometry %d counts %d evictable and %d ready, has %d and %d", gi, g.evictable, g.ready, evictable, ready)
+		if evictable != g.evictable || ready != g.ready || held != g.held {
+			bad("geometry %d counts %d evictable, %d ready, %d held; has %d, %d, %d", gi, g.evictable, g.ready, g.held,
+				evictable, ready, held)
 		}
 		for k, idx := range g.free {
 			if idx < g.base || idx >= g.base+g.n || !g.committed[idx-g.base] || s.freeAt[idx] != int32(k) {

@@ -59,8 +59,9 @@ func (p *Pool) Geometry(blockBytes int) (Region, error) {
 		base = last.Base + last.Slots
 	}
 	n := p.Budget() / int64(blockBytes)
-	if int64(base)+n > 1<<31-1 {
-		return Region{}, fmt.Errorf("%w: blocks of %d bytes: too many slot ids", messages.ErrBadConfig, blockBytes)
+	if int64(base)+n > 1<<31-1 || n > maxSlotIDs(p.slots) {
+		return Region{}, fmt.Errorf("%w: blocks of %d bytes: too many slots in the pool (at most %d)",
+			messages.ErrBadConfig, blockBytes, maxSlotIDs(p.slots))
 	}
 	r := Region{Index: len(have) + 1, BlockBytes: blockBytes, Base: base, Slots: int(n), Path: p.path}
 	grown := append(append([]Region(nil), have...), r)
@@ -85,6 +86,10 @@ func (p *Pool) regions() []Region {
 	}
 	return nil
 }
+
+// Geometries is how many block sizes the pool serves (no allocation:
+// asked on every engine lookup).
+func (p *Pool) Geometries() int { return 1 + len(p.regions()) }
 
 // Regions lists every geometry's region, the first geometry's first.
 func (p *Pool) Regions() []Region {
