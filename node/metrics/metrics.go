@@ -186,8 +186,8 @@ func newStatsCollector(stats func(context.Context) (messages.Stats, error), time
 	add(statCounter, "checksum_failures_total", "Block verifications that found wrong bytes.", u(func(s *messages.Stats) uint64 { return s.ChecksumFailures }))
 	add(statCounter, "actor_restarts_total", "Supervised actor restarts.", u(func(s *messages.Stats) uint64 { return s.ActorRestarts }))
 
-	add(statGauge, "pool_slots", "Slots in the CPU pool.", i(func(s *messages.Stats) int { return s.Slots }))
-	add(statGauge, "pool_block_bytes", "Bytes per slot.", i(func(s *messages.Stats) int { return s.BlockBytes }))
+	add(statGauge, "pool_slots", "Slots in the CPU pool holding their bytes, every block size's.", i(func(s *messages.Stats) int { return s.Slots }))
+	add(statGauge, "pool_block_bytes", "Bytes per slot of the pool's first block size.", i(func(s *messages.Stats) int { return s.BlockBytes }))
 	add(statGauge, "pool_slots_free", "Free slots.", i(func(s *messages.Stats) int { return s.Free }))
 	add(statGauge, "pool_slots_write_pending", "Slots being written.", i(func(s *messages.Stats) int { return s.WritePending }))
 	add(statGauge, "pool_slots_credit", "Slots reserved ahead for engines' stores (slot credit).", i(func(s *messages.Stats) int { return s.Credit }))

@@ -78,10 +78,10 @@ kvtier_checksum_failures_total 7
 # HELP kvtier_actor_restarts_total Supervised actor restarts.
 # TYPE kvtier_actor_restarts_total counter
 kvtier_actor_restarts_total 9
-# HELP kvtier_pool_slots Slots in the CPU pool.
+# HELP kvtier_pool_slots Slots in the CPU pool holding their bytes, every block size's.
 # TYPE kvtier_pool_slots gauge
 kvtier_pool_slots 256
-# HELP kvtier_pool_block_bytes Bytes per slot.
+# HELP kvtier_pool_block_bytes Bytes per slot of the pool's first block size.
 # TYPE kvtier_pool_block_bytes gauge
 kvtier_pool_block_bytes 65536
 # HELP kvtier_pool_slots_free Free slots.
