@@ -19,10 +19,10 @@ import (
 
 // Two engines of different block sizes on one node with one byte budget:
 // each maps the pool as slots of its own size and is answered slot numbers
-// of them;
-// the second one's stores take the first one's least recent blocks (one
-// eviction order across both), never passing the budget; each reads back
-// its own bytes, and neither is handed a slot of the other's blocks.
+// of them; the second one's stores take the first one's least recent
+// blocks (one eviction order across both), never passing the budget; each
+// reads back its own bytes, and neither is handed a slot of the other's
+// blocks, asked with or without want_slots.
 func TestEnginesOfTwoBlockSizesShareOneBudget(t *testing.T) {
 	for _, transport := range []string{"unix", "ipc"} {
 		t.Run(transport, func(t *testing.T) {
