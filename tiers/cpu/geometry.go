@@ -218,6 +218,8 @@ func (s *State) makeFree(gi int, protected map[int]struct{}, evicted []messages.
 		if int(s.gOf[i]) == gi {
 			return true
 		}
+		// NB: every policy's last call is on the victim it returns, so target
+		// is the victim's when Victim returns.
 		r, ok := s.cover(gi, i, protected)
 		target = r
 		return ok
