@@ -147,12 +147,31 @@ def test_the_readmes_vllm_serve_reports_the_prefix_kvtier_served(daemon, models)
                                                 KVTIER_ADDRESS=daemon.address))
 
 
+def wait_session(daemon, timeout: float = 60) -> None:
+    """Until kvtierd holds an engine session (its /metrics)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if daemon.metrics().get("kvtier_engine_sessions", 0.0) >= 1:
+                return
+        except OSError:
+            pass  # still sizing its pool: nothing served on its metrics address yet
+        assert time.monotonic() < deadline, "vLLM never held a kvtier session\nkvtierd:\n" + daemon.log_tail()
+        time.sleep(0.05)  # NB: polling a process's metrics; no message to wait on
+
+
 def serve_and_check(daemon, model: str, server: Server, status=None) -> None:
     """The prefix served from kvtier after vLLM's GPU cache evicted it;
     a clean stop; nothing left held in kvtierd. status, when given, is
     `kvtier status --json` of the node, read while vLLM is connected."""
     try:
         server.wait_ready()
+        # NB: vLLM serves before its kvtier session is up: a kvtierd given no
+        # block size answers the first hello SIZING and the connector comes
+        # back a second later (README). A prompt sent before then is not
+        # stored; a user sees the session in `kvtier status`, this waits on
+        # the same count.
+        wait_session(daemon)
         prefix = tokens(1, PREFIX)
         first = server.complete(model, prefix + tokens(11, 32))
         assert cached(first) == 0
