@@ -140,7 +140,7 @@ func (n *Node) openEndpoint() error {
 		Hello: wire.Hello{PoolPath: n.pool.Path(), BlockBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
 			Namespace: messages.Namespace(c.Namespace), JobWorkers: c.JobWorkers, IndexPath: n.index.Path(),
 			IndexComplete: n.indexComplete()},
-		Geometry:   func(blockBytes int) (endpoint.Geometry, error) { return n.engineGeometry(blockBytes, gid, mode) },
+		Geometry:   n.engineGeometry,
 		Geometries: n.pool.Geometries,
 		Log:        c.Logger.With().Str("actor", "endpoint").Logger(),
 	})
@@ -238,19 +238,14 @@ func AwaitEngineBlockBytes(ctx context.Context, cfg config.Config) (int, error) 
 
 // engineGeometry is the pool's region for an engine that declared blocks of
 // blockBytes: the region of exactly that size when the pool has one, else
-// of that size rounded up to a page (made now, and given the engine
-// socket's group and mode, as the pool file is).
-func (n *Node) engineGeometry(blockBytes, gid int, mode os.FileMode) (endpoint.Geometry, error) {
+// of that size rounded up to a page (made now). Every region is the pool
+// file, already given the engine socket's group and mode.
+func (n *Node) engineGeometry(blockBytes int) (endpoint.Geometry, error) {
 	r, ok := n.pool.Region(blockBytes)
 	if !ok {
 		var err error
 		if r, err = n.pool.Geometry(roundUp(blockBytes, endpoint.SlotAlign)); err != nil {
 			return endpoint.Geometry{}, err
-		}
-		if r.Path != "" && r.Path != n.pool.Path() {
-			if err := restrict(r.Path, gid, mode); err != nil {
-				return endpoint.Geometry{}, fmt.Errorf("kvtier: pool region file: %w", err)
-			}
 		}
 	}
 	return endpoint.Geometry{BlockBytes: r.BlockBytes, Base: r.Base, Slots: r.Slots, Path: r.Path}, nil
