@@ -69,7 +69,11 @@ def test_every_block_vllm_offloaded_is_announced_with_its_token_ids_in_each_medi
     # thread; an announcement without token ids would fail this test.
     cfg.write_text(f"secondary_tiers:\n  - {{kind: fs, root: {tmp_path / 'fs'}, capacity: 64MiB}}\n"
                    "events:\n  learn_wait: 20s\n")
-    d = daemon_factory(block_bytes=64 << 10, pool_bytes=slots * (64 << 10), config=str(cfg),
+    # model a's block: 2 layers x K,V x 32 tokens x 2 KV heads x 32 dims x
+    # 2 bytes = 16 KiB. A pool sized in larger slots would give its own
+    # geometry more than 24 slots of the engine's size (and no eviction).
+    block_bytes = 16 << 10
+    d = daemon_factory(block_bytes=block_bytes, pool_bytes=slots * block_bytes, config=str(cfg),
                        transport=transport,
                        extra_args=["--events-endpoint", f"tcp://127.0.0.1:{pub}",
                                    "--events-replay", f"tcp://127.0.0.1:{rep}",
