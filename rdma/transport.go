@@ -32,24 +32,65 @@ import (
 )
 
 // Region is the local memory a transport registers once: the CPU pool, as
-// Slots consecutive slots of SlotBytes each.
+// Slots consecutive slots of SlotBytes each (the grid), and, in a pool
+// that serves blocks of several sizes, more slot ids that Locate places in
+// the same memory.
 type Region struct {
 	Base      []byte // the whole pool mapping; len(Base) >= Slots*SlotBytes
-	SlotBytes int    // bytes per slot: the largest block a slot holds
-	Slots     int    // number of slots
+	SlotBytes int    // bytes per slot of the grid
+	Slots     int    // number of slots of the grid: ids 0..Slots-1
+	// Locate places a slot id beyond the grid: its offset in Base and its
+	// bytes (0: no such slot). A pool of several block sizes numbers each
+	// size's slots after the grid's, all of them in Base; the set of ids
+	// may grow while the transport runs, so Locate is asked per call. Nil:
+	// the grid is every slot.
+	Locate func(slot int) (off, size int)
+	// IDs bounds every slot id Locate may ever place (ids 0..IDs-1); it is
+	// what a peer is told, once. 0: Slots.
+	IDs int
+	// MaxSlotBytes bounds the bytes of every slot Locate may ever place.
+	// 0: SlotBytes.
+	MaxSlotBytes int
+}
+
+// span is slot i's offset and bytes; size 0 for an id with no slot.
+func (r Region) span(i int) (off, size int) {
+	switch {
+	case i >= 0 && i < r.Slots:
+		return i * r.SlotBytes, r.SlotBytes
+	case i >= r.Slots && r.Locate != nil:
+		return r.Locate(i)
+	}
+	return 0, 0
 }
 
 // Slot returns slot i's bytes.
 func (r Region) Slot(i int) []byte {
-	off := i * r.SlotBytes
-	return r.Base[off : off+r.SlotBytes : off+r.SlotBytes]
+	off, n := r.span(i)
+	return r.Base[off : off+n : off+n]
 }
 
 // Block returns the first n bytes of slot i: a block of n bytes in it.
 func (r Region) Block(i, n int) []byte {
-	off := i * r.SlotBytes
+	off, _ := r.span(i)
 	return r.Base[off : off+n : off+n]
 }
+
+// SlotSize is the bytes of slot i: 0 for an id with no slot.
+func (r Region) SlotSize(i int) int {
+	_, n := r.span(i)
+	return n
+}
+
+// IDLimit bounds the region's slot ids: every id is below it.
+func (r Region) IDLimit() int { return max(r.IDs, r.Slots) }
+
+// MaxSlot is the largest slot the region has or may have.
+func (r Region) MaxSlot() int { return max(r.MaxSlotBytes, r.SlotBytes) }
+
+// Grid is the region without the ids beyond its grid: for a transport
+// that can only address slots of one size (nixl's prepared descriptors).
+func (r Region) Grid() Region { return Region{Base: r.Base, SlotBytes: r.SlotBytes, Slots: r.Slots} }
 
 // Lengths resolves the lengths of a call of count entries: nil means whole
 // slots of slotBytes; otherwise there must be exactly count, each within
@@ -78,6 +119,33 @@ func Lengths(lens []int, count, slotBytes, limit int) ([]int, error) {
 	return out, nil
 }
 
+// Lengths resolves the lengths of a call on the region's slots: nil means
+// each slot whole; otherwise one per slot, each within 1..its slot's bytes
+// and 1..limit (the other side's largest slot; 0: no such bound). The
+// slots must be Valid. The result is the caller's to keep.
+func (r Region) Lengths(slots, lens []int, limit int) ([]int, error) {
+	if lens != nil && len(lens) != len(slots) {
+		return nil, fmt.Errorf("%d lengths for %d slots: %w", len(lens), len(slots), ErrBadLength)
+	}
+	out := make([]int, len(slots))
+	for i, s := range slots {
+		size := r.SlotSize(s)
+		n := size
+		if lens != nil {
+			n = lens[i]
+		}
+		bound := size
+		if limit > 0 {
+			bound = min(bound, limit)
+		}
+		if n <= 0 || n > bound {
+			return nil, fmt.Errorf("entry %d: %d bytes into slot %d, want 1..%d: %w", i, n, s, bound, ErrBadLength)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
 // Sum is the total of lengths: a transfer's payload bytes.
 func Sum(lens []int) int64 {
 	var n int64
@@ -87,10 +155,10 @@ func Sum(lens []int) int64 {
 	return n
 }
 
-// Valid reports whether every slot index is inside the region.
+// Valid reports whether every slot id names a slot of the region.
 func (r Region) Valid(slots []int) bool {
 	for _, s := range slots {
-		if s < 0 || s >= r.Slots {
+		if r.SlotSize(s) == 0 {
 			return false
 		}
 	}

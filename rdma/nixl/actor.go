@@ -223,6 +223,11 @@ func (a *actor) register(r rdma.Region) error {
 	if a.book != nil {
 		return errors.New("nixl: Register called twice")
 	}
+	// NB: NIXL moves slots through descriptor lists prepared once, at one
+	// slot size: the slots of a pool's other block sizes are not ours to
+	// move (a call naming one is refused, ErrBadSlot; the block is
+	// recomputed by its engine).
+	r = r.Grid()
 	if r.SlotBytes <= 0 || r.Slots <= 0 || len(r.Base) < r.Slots*r.SlotBytes {
 		return fmt.Errorf("nixl: register: region of %d bytes cannot hold %d slots of %d: %w", len(r.Base), r.Slots, r.SlotBytes, rdma.ErrBadSlot)
 	}

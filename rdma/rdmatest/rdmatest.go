@@ -35,7 +35,8 @@
 // lists, one slot and the whole pool, both directions, every byte
 // compared, untargeted slots untouched), blocks of mixed lengths (each at
 // the start of its slot, the rest of the slot untouched, lengths outside
-// a slot refused), sequential and concurrent
+// a slot refused), slots of a second size numbered after the grid
+// (Options.SlotSizes), sequential and concurrent
 // transfers, src reusable after done, wrong token / wrong peer / wrong
 // slots refused with the real expectation intact, duplicate token, Cancel
 // before data, done never run on the caller's goroutine, unknown peer,
@@ -92,6 +93,9 @@ type Options struct {
 	// a destination slot's bytes past its block's length are then not
 	// checked.
 	WholeSlots bool
+	// SlotSizes: the transport addresses the slots of a pool of several
+	// block sizes (Region.Locate), not only its grid.
+	SlotSizes bool
 	// IgnoreGoroutines are passed to goleak for goroutines the
 	// transport's libraries keep across Close.
 	IgnoreGoroutines []goleak.Option
@@ -139,6 +143,7 @@ var cases = []struct {
 	{"WrongLengths", testWrongLengths},
 	{"BadLengths", testBadLengths},
 	{"EdgeSizes", testEdgeSizes},
+	{"SeveralSlotSizes", testSeveralSlotSizes},
 	{"Sequential", testSequential},
 	{"Concurrent", testConcurrent},
 	{"SrcReusableAfterDone", testSrcReusable},

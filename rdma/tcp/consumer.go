@@ -46,10 +46,10 @@ func (t *Transport) Expect(peerID string, tok rdma.Token, dst, lens []int, done 
 		return fmt.Errorf("rdma/tcp: expect %s from %s: %w", tok, peerID, rdma.ErrPeerUnknown)
 	}
 	if len(dst) == 0 || !t.region.Valid(dst) {
-		return fmt.Errorf("rdma/tcp: expect %s from %s: %d dst slots, not all within 0..%d: %w",
-			tok, peerID, len(dst), t.region.Slots-1, rdma.ErrBadSlot)
+		return fmt.Errorf("rdma/tcp: expect %s from %s: %d dst slots, not all slots of the pool: %w",
+			tok, peerID, len(dst), rdma.ErrBadSlot)
 	}
-	lens, err := rdma.Lengths(lens, len(dst), t.region.SlotBytes, t.region.SlotBytes)
+	lens, err := t.region.Lengths(dst, lens, 0)
 	if err != nil {
 		return fmt.Errorf("rdma/tcp: expect %s from %s: %w", tok, peerID, err)
 	}
@@ -213,13 +213,13 @@ func (t *Transport) transfer(c net.Conn, p *peer, buf *[]byte) bool {
 		}
 		return false
 	}
-	tok, count, err := decodeHeaderFixed(&fixed, t.region.Slots)
+	tok, count, err := decodeHeaderFixed(&fixed, t.region.IDLimit())
 	if err == nil {
 		err = t.match(p, tok, count)
 	}
 	var dst, lens []int
 	if err == nil {
-		dst, lens, *buf, err = readEntries(c, count, t.region.Slots, t.region.SlotBytes, *buf)
+		dst, lens, *buf, err = readEntries(c, count, t.region.IDLimit(), t.region.MaxSlot(), *buf)
 	}
 	var exp *expect
 	if err == nil {

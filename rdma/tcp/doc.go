@@ -124,7 +124,7 @@
 //
 // The consumer decodes strictly and bounds before it allocates: the
 // preface's node id is at most 255 bytes; the header's count is checked
-// against its pool size, then against the expectation's, before the
+// against its pool's slot ids, then against the expectation's, before the
 // entries are read.
 //
 // # Metadata
@@ -133,9 +133,11 @@
 //
 //	offset size  field
 //	0      1     version = 1
-//	1      4     slot bytes of the registered pool (the largest block a
-//	             slot holds)
-//	5      4     slots of the registered pool
+//	1      4     slot bytes of the registered pool: the largest block a
+//	             slot holds (in a pool of several block sizes, the largest
+//	             slot it may ever have, rdma.Region.MaxSlot)
+//	5      4     slots of the registered pool: every slot id is below it
+//	             (rdma.Region.IDLimit)
 //	9      1     n = length of the address, 1..255
 //	10     n     address to dial, "host:port" (Config.Advertise, else the
 //	             listener's address)

@@ -67,7 +67,7 @@ func connect(t testing.TB, a, b *Transport) {
 
 // TestConformance runs the shared rdma.Transport suite.
 func TestConformance(t *testing.T) {
-	rdmatest.RunWith(t, rdmatest.Options{TwoSided: true}, func(t *testing.T, ra, rb rdma.Region) (rdma.Transport, rdma.Transport, string, string) {
+	rdmatest.RunWith(t, rdmatest.Options{TwoSided: true, SlotSizes: true}, func(t *testing.T, ra, rb rdma.Region) (rdma.Transport, rdma.Transport, string, string) {
 		a := newTransport(t, Config{Node: nodeID("a")})
 		b := newTransport(t, Config{Node: nodeID("b")})
 		register(t, a, ra)

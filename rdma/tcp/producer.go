@@ -70,18 +70,20 @@ func (t *Transport) Write(peerID string, tok rdma.Token, src, dst, lens []int, d
 
 // checkWrite checks the slot lists against both pools and resolves the
 // lengths: each block must fit the local slot it is read from and the
-// peer's slot it lands in.
+// peer's largest slot (the peer checks its own slot exactly).
 func (t *Transport) checkWrite(p *peer, src, dst, lens []int) ([]int, error) {
-	remote := rdma.Region{Slots: p.meta.Slots}
 	switch {
 	case len(src) == 0 || len(src) != len(dst):
 		return nil, fmt.Errorf("%d src slots for %d dst slots: %w", len(src), len(dst), rdma.ErrBadSlot)
 	case !t.region.Valid(src):
-		return nil, fmt.Errorf("src slots not all within local 0..%d: %w", t.region.Slots-1, rdma.ErrBadSlot)
-	case !remote.Valid(dst):
-		return nil, fmt.Errorf("dst slots not all within the peer's 0..%d: %w", p.meta.Slots-1, rdma.ErrBadSlot)
+		return nil, fmt.Errorf("src slots not all slots of the local pool: %w", rdma.ErrBadSlot)
 	}
-	return rdma.Lengths(lens, len(src), t.region.SlotBytes, min(t.region.SlotBytes, p.meta.SlotBytes))
+	for _, s := range dst {
+		if s < 0 || s >= p.meta.Slots {
+			return nil, fmt.Errorf("dst slot %d not within the peer's 0..%d: %w", s, p.meta.Slots-1, rdma.ErrBadSlot)
+		}
+	}
+	return t.region.Lengths(src, lens, p.meta.SlotBytes)
 }
 
 // dispatchLocked hands op to a worker on an idle connection, to a new

@@ -15,7 +15,7 @@ import (
 // that the others trust).
 func TestConformanceTLS(t *testing.T) {
 	ca := testcerts.NewCA(t)
-	rdmatest.RunWith(t, rdmatest.Options{TwoSided: true}, func(t *testing.T, ra, rb rdma.Region) (rdma.Transport, rdma.Transport, string, string) {
+	rdmatest.RunWith(t, rdmatest.Options{TwoSided: true, SlotSizes: true}, func(t *testing.T, ra, rb rdma.Region) (rdma.Transport, rdma.Transport, string, string) {
 		an, bn := nodeID("a"), nodeID("b")
 		a := newTransport(t, Config{Node: an, TLS: ca.Config(t, an, ca)})
 		b := newTransport(t, Config{Node: bn, TLS: ca.Config(t, bn, ca)})

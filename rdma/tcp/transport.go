@@ -108,7 +108,9 @@ func (t *Transport) Register(r rdma.Region) error {
 		return fmt.Errorf("rdma/tcp: register: advertise: %w", err)
 	}
 	t.region, t.ln, t.registered = r, ln, true
-	t.meta = encodeMeta(peerMeta{Addr: adv, SlotBytes: r.SlotBytes, Slots: r.Slots})
+	// NB: a pool of several block sizes tells its largest slot and its id
+	// bound: a peer checks a write against them, we check it exactly.
+	t.meta = encodeMeta(peerMeta{Addr: adv, SlotBytes: r.MaxSlot(), Slots: r.IDLimit()})
 	t.spawnLocked(func() { t.accept(ln) })
 	t.log.Info().Str("listen", ln.Addr().String()).Str("advertise", adv).
 		Int("slots", r.Slots).Int("slot_bytes", r.SlotBytes).Msg("data plane listening")
@@ -118,8 +120,9 @@ func (t *Transport) Register(r rdma.Region) error {
 // checkRegion refuses a geometry the wire cannot carry or the mapping
 // cannot hold.
 func checkRegion(r rdma.Region) error {
-	if r.SlotBytes <= 0 || r.Slots <= 0 || r.SlotBytes > math.MaxInt32 || r.Slots > math.MaxInt32 {
-		return fmt.Errorf("geometry %d×%d: want 1..2^31-1 each", r.Slots, r.SlotBytes)
+	if r.SlotBytes <= 0 || r.Slots <= 0 || r.MaxSlot() > math.MaxInt32 || r.IDLimit() > math.MaxInt32 {
+		return fmt.Errorf("geometry %d×%d (ids below %d, slots up to %d bytes): want 1..2^31-1 each",
+			r.Slots, r.SlotBytes, r.IDLimit(), r.MaxSlot())
 	}
 	if len(r.Base)/r.SlotBytes < r.Slots {
 		return fmt.Errorf("base of %d bytes holds fewer than %d slots of %d", len(r.Base), r.Slots, r.SlotBytes)
