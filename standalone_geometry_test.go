@@ -134,11 +134,18 @@ func keyIndexOf(k messages.Key) int { return int(binary.BigEndian.Uint64([]byte(
 // requireBudget checks that the pool's memory stays within its budget.
 func requireBudget(ctx context.Context, t *testing.T, node *kvtier.Node, budget int64) {
 	t.Helper()
+	requireBudgetOf(ctx, t, node, budget, 2)
+}
+
+// requireBudgetOf checks that the pool's memory stays within its budget,
+// shared by sizes block sizes.
+func requireBudgetOf(ctx context.Context, t *testing.T, node *kvtier.Node, budget int64, sizes int) {
+	t.Helper()
 	s, err := node.Manager().Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, budget, s.PoolBytes)
 	require.LessOrEqual(t, s.CommittedBytes, budget, "committed bytes within the budget")
-	require.Len(t, s.Geometries, 2)
+	require.Len(t, s.Geometries, sizes)
 }
 
 // A busy geometry takes memory from an idle one: engine A fills the pool,
@@ -268,4 +275,57 @@ func TestBlocksOfTwoGeometriesCascadeAndComeBack(t *testing.T) {
 		require.NoError(t, c.cl.RequestFinished(ctx, req))
 	}
 	requireBudget(ctx, t, node, budget)
+}
+
+// Blocks of two sizes come from a peer: the producer holds blocks of its
+// first size and of a second one; the consumer, whose pool numbers the
+// second size's slots differently (a third size came first), finds each
+// key at the peer (RETRY), fetches it over the real tcp data plane into a
+// slot of the asking engine's size, and its engine reads every byte.
+func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const small, large, other, budget = 4096, 3 * 4096, 2 * 4096, 12 * 4096
+	const secret = "0123456789abcdef-geometry-peers"
+	prod := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget,
+		Peers: kvtier.PeersConfig{NodeID: "prod", Listen: "tcp://127.0.0.1:0", Secret: secret}})
+	cons := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget,
+		Peers: kvtier.PeersConfig{NodeID: "cons", Listen: "tcp://127.0.0.1:0", Secret: secret,
+			Static: []kvtier.PeerAddr{{NodeID: "prod", Addr: prod.PeerAddr()}}}})
+	dial := func(node *kvtier.Node, name string, blockBytes int) *client.Client {
+		c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: name, BlockBytes: blockBytes})
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close(context.Background()) }) //nolint:errcheck // closed with the node
+		return c
+	}
+	aKeys, bKeys := nsKeys("a", 3), nsKeys("b", 2)
+	store(ctx, t, dial(prod, "a", small), "wa", aKeys)
+	store(ctx, t, dial(prod, "b", large), "wb", bKeys)
+
+	dial(cons, "first", other) // the consumer's large slots are numbered after these
+	a, b := dial(cons, "a", small), dial(cons, "b", large)
+	require.NoError(t, cons.WaitPeers(ctx, "prod"))
+	for _, c := range []struct {
+		cl   *client.Client
+		keys []messages.Key
+	}{{a, aKeys}, {b, bKeys}} {
+		req := &messages.ReqContext{RequestID: "r-" + string(c.keys[0].Namespace)}
+		st, err := c.cl.Lookup(ctx, req, c.keys, true)
+		require.NoError(t, err)
+		require.Equal(t, messages.Retry, st[0], "a miss here, held by the peer")
+		require.NoError(t, cons.TieringIdle(ctx))
+		st, slots, err := c.cl.LookupSlots(ctx, req, c.keys, true)
+		require.NoError(t, err)
+		for i, k := range c.keys {
+			require.Equal(t, messages.Hit, st[i], "fetched from the peer: %v", k)
+			require.Equal(t, block(string(k.Namespace), i, c.cl.Hello().BlockBytes), c.cl.Pool().Slot(slots[i]),
+				"fetched into the asker's geometry, every byte intact")
+		}
+		require.NoError(t, c.cl.RequestFinished(ctx, req))
+	}
+	ps, err := cons.PeerStats(ctx)
+	require.NoError(t, err)
+	require.Len(t, ps, 1)
+	require.Equal(t, []uint64{5, 3*small + 2*large}, []uint64{ps[0].Fetched, ps[0].FetchBytes}, "each block at its own length")
+	requireBudgetOf(ctx, t, cons, budget, 3)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/kvtier/kvtier/peer"
 	"github.com/kvtier/kvtier/peer/discovery"
 	"github.com/kvtier/kvtier/peer/peermsg"
+	"github.com/kvtier/kvtier/peer/wire"
 	"github.com/kvtier/kvtier/rdma"
 	"github.com/kvtier/kvtier/rdma/nixl"
 	"github.com/kvtier/kvtier/rdma/tcp"
@@ -58,7 +59,7 @@ func (n *Node) openPeers() error {
 	if err != nil {
 		return err
 	}
-	region := rdma.Region{Base: n.pool.Memory(), SlotBytes: n.pool.BlockBytes(), Slots: n.pool.Slots()}
+	region := n.poolRegion()
 	if err := t.Register(region); err != nil {
 		_ = t.Close()
 		return fmt.Errorf("kvtier: peers: register the pool with the %s data plane: %w", t.Kind(), err)
@@ -68,7 +69,7 @@ func (n *Node) openPeers() error {
 		static[i] = peer.Addr{Node: s.NodeID, Addr: s.Addr, Events: s.Events, EventsReplay: s.EventsReplay}
 	}
 	cfg := peer.Config{Node: pc.NodeID, Listen: pc.Listen, Secret: secret, Peers: static, Allow: pc.Allow,
-		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: n.pool.Slots(),
+		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: region.IDLimit(),
 		Transport: t, Region: region, JobSeq: &atomic.Uint64{},
 		LeaseTTL: pc.LeaseTTL, LookupTimeout: pc.LookupTimeout, FetchTimeout: pc.FetchTimeout,
 		HeartbeatInterval: pc.HeartbeatInterval, Clock: n.cfg.Clock,
@@ -101,6 +102,13 @@ func (n *Node) openPeers() error {
 	}
 	ev.Msg("kvtier peers: data plane backend " + t.Kind())
 	return nil
+}
+
+// poolRegion is the pool as the data plane sees it: the first block size's
+// slots, then every other size's, found by id (Pool.Locate) as sizes come.
+func (n *Node) poolRegion() rdma.Region {
+	return rdma.Region{Base: n.pool.Memory(), SlotBytes: n.pool.BlockBytes(), Slots: n.pool.Slots(),
+		Locate: n.pool.Locate, IDs: n.pool.SlotIDLimit(), MaxSlotBytes: int(min(n.pool.Budget(), wire.MaxBlockBytes))}
 }
 
 func (n *Node) newTransport(pc config.PeersConfig) (rdma.Transport, error) {

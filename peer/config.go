@@ -43,13 +43,15 @@ type Config struct {
 	Peers      []Addr   // peers to dial
 	Allow      []string // node ids allowed to open sessions; empty: any node that proves the secret
 	Namespaces []string // namespaces shared with peers; empty: any
-	BlockBytes int      // this node's pool geometry: a slot's bytes, the largest block it holds
-	Slots      int
+	// BlockBytes is the bytes of a slot of the pool's grid (its first block
+	// size): a block whose length a frame leaves out is this long.
+	BlockBytes int
+	// Slots bounds the pool's slot ids (every id is below it): with blocks
+	// of several sizes, Region.IDLimit, else the grid's slots.
+	Slots int
 	// BlockSizes is, per namespace, the length of its blocks where they are
-	// smaller than a slot (issue 42: one pool, blocks of several sizes, one
-	// size per namespace, the same on every node); a namespace not listed
-	// has blocks of BlockBytes. NB: it stands in for the CPU tier, whose
-	// answers do not carry block lengths yet (producer.go, blockLen).
+	// shorter than their slots (an embedder whose blocks do not fill a
+	// slot); a namespace not listed has blocks as long as their slots.
 	BlockSizes map[string]int
 
 	// Members are the discovered peers (the node's etcd discovery), dialed
@@ -129,12 +131,31 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// blockLen is the length of a block of namespace ns in our pool.
-func (c *Config) blockLen(ns string) int {
+// blockLen is the length of a block of namespace ns held in slot of our
+// pool: its namespace's (BlockSizes), else its slot's bytes.
+func (c *Config) blockLen(ns string, slot int) int {
 	if n, ok := c.BlockSizes[ns]; ok && n > 0 {
 		return n
 	}
-	return c.BlockBytes
+	return c.slotBytes(slot)
+}
+
+// slotBytes is the bytes of slot of our pool (0: no such slot); without a
+// Region, or without the slot (-1: an answer that named none), a slot of
+// the grid.
+func (c *Config) slotBytes(slot int) int {
+	if c.Region.Slots == 0 || slot < 0 {
+		return c.BlockBytes
+	}
+	return c.Region.SlotSize(slot)
+}
+
+// maxBlock is the longest block a slot of ours may take.
+func (c *Config) maxBlock() int {
+	if c.Region.Slots == 0 {
+		return c.BlockBytes
+	}
+	return c.Region.MaxSlot()
 }
 
 // allowed reports whether node may open a session with us.

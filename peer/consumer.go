@@ -33,7 +33,9 @@ import (
 type consumer struct {
 	node       string
 	namespaces []string      // ours
-	blockBytes int           // a slot of ours: the largest block we take
+	blockBytes int           // a slot of our grid: the length of a block a frame leaves out
+	maxBlock   int           // the longest block a slot of ours may take
+	region     rdma.Region   // our pool: each fetched block must fit the slot it lands in
 	lookupTTL  time.Duration // a Lookup's deadline
 	fetchTTL   time.Duration // a Fetch's deadline
 	leaseTTL   time.Duration // how long the producer holds a round's hits
@@ -44,7 +46,8 @@ type consumer struct {
 }
 
 func newConsumer(cfg *Config, node string, pc *peerCounters) *consumer {
-	return &consumer{node: node, namespaces: cfg.Namespaces, blockBytes: cfg.BlockBytes, lookupTTL: cfg.LookupTimeout,
+	return &consumer{node: node, namespaces: cfg.Namespaces, blockBytes: cfg.BlockBytes, maxBlock: cfg.maxBlock(),
+		region: cfg.Region, lookupTTL: cfg.LookupTimeout,
 		fetchTTL: cfg.FetchTimeout, leaseTTL: cfg.LeaseTTL, now: cfg.Clock.Now, pc: pc, rounds: map[uint64]*outRound{}}
 }
 
@@ -213,8 +216,8 @@ func (c *consumer) lookupResp(f *wire.LookupResp) (o consumed) {
 // answerLookup answers the round's peermsg.Lookup; a round with hits stays
 // leased (until a fetch, a release or the lease TTL), others end. A hit is
 // sizes[i] bytes long (no sizes: the producer's slot size); one longer than
-// a slot of ours cannot be taken and is answered as a miss (the producer's
-// lease on it ends with the round).
+// any slot of ours cannot be taken and is answered as a miss (the
+// producer's lease on it ends with the round).
 func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, sizes []int, err error) consumed {
 	res := &peermsg.LookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
 		Checksums: make([]uint32, r.total), Err: err, RTT: c.now().Sub(r.start)}
@@ -228,7 +231,7 @@ func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uin
 		if len(sizes) != 0 {
 			size = sizes[i]
 		}
-		if size > c.blockBytes {
+		if size > c.maxBlock {
 			tooLarge = true
 			continue
 		}
@@ -288,7 +291,7 @@ func (c *consumer) startFetch(m *peermsg.Fetch, asker fx.Ref, l linkNow) (*outRo
 		return fail(fmt.Errorf("%w: fetch of %d keys, %d slots, %d checksums, %d sizes", messages.ErrBadRequest,
 			len(m.Keys), len(m.Slots), len(m.Checksums), len(m.Sizes)))
 	}
-	sizes, err := rdma.Lengths(wholeAsSlot(m.Sizes, c.blockBytes), len(m.Keys), c.blockBytes, c.blockBytes)
+	sizes, err := c.lengths(m.Slots, m.Sizes)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", messages.ErrBadRequest, err))
 	}
@@ -296,6 +299,21 @@ func (c *consumer) startFetch(m *peermsg.Fetch, asker fx.Ref, l linkNow) (*outRo
 	n := plan.count()
 	return r, &outFetch{keys: m.Keys, slots: m.Slots, sizes: sizes, sums: m.Checksums, plan: plan, token: rdma.NewToken(),
 		start: c.now(), chunks: n, arrived: make([]bool, n), ok: make([]bool, len(m.Keys))}, o
+}
+
+// lengths resolves a peermsg.Fetch's block lengths (none, or 0: a slot of
+// our grid) and checks each fits the slot of ours it lands in.
+func (c *consumer) lengths(slots, sizes []int) ([]int, error) {
+	if c.region.Slots == 0 {
+		return rdma.Lengths(wholeAsSlot(sizes, c.blockBytes), len(slots), c.blockBytes, c.blockBytes)
+	}
+	if !c.region.Valid(slots) {
+		return nil, fmt.Errorf("fetch into slots %v: not all slots of our pool: %w", slots, rdma.ErrBadSlot)
+	}
+	if sizes == nil {
+		sizes = make([]int, len(slots))
+	}
+	return c.region.Lengths(slots, wholeAsSlot(sizes, c.blockBytes), 0)
 }
 
 // wholeAsSlot reads a peermsg.Fetch's sizes: 0 is a whole slot.

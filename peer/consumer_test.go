@@ -31,7 +31,7 @@ var (
 
 func testConsumer() *consumer {
 	now := time.Unix(1000, 0)
-	return &consumer{node: "b", namespaces: []string{"ns"}, blockBytes: halfChunk, lookupTTL: time.Second,
+	return &consumer{node: "b", namespaces: []string{"ns"}, blockBytes: halfChunk, maxBlock: halfChunk, lookupTTL: time.Second,
 		fetchTTL: 2 * time.Second, leaseTTL: time.Minute, now: func() time.Time { return now },
 		pc: &peerCounters{}, rounds: map[uint64]*outRound{}}
 }
@@ -566,6 +566,58 @@ func TestConsumerFetchesBlocksAtTheirLengths(t *testing.T) {
 	}
 	if err := refusedFetch("expired"); !errors.Is(err, messages.ErrPeerRefused) || errors.Is(err, ErrBlockTooLarge) {
 		t.Fatalf("refusedFetch: %v", err)
+	}
+}
+
+// A consumer whose pool serves blocks of two sizes (slot ids after its
+// grid's are slots of the larger size, rdma.Region.Locate) takes a hit as
+// long as its largest slot, and fetches each block into a slot it fits:
+// a block longer than its destination slot, or a destination no slot of
+// ours has, is refused before anything is expected or sent.
+func TestConsumerOfAPoolOfTwoSizesFitsEachBlockToItsSlot(t *testing.T) {
+	const grid, large, slots = 4096, 3 * 4096, 12
+	region := rdma.Region{Base: make([]byte, grid*slots), SlotBytes: grid, Slots: slots, IDs: slots + slots*grid/large,
+		MaxSlotBytes: large, Locate: func(i int) (int, int) {
+			if j := i - slots; j >= 0 && j < slots*grid/large {
+				return j * large, large
+			}
+			return 0, 0
+		}}
+	c := testConsumer()
+	c.blockBytes, c.maxBlock, c.region = grid, region.MaxSlot(), region
+	keys := mkeys("ns", "a", "b", "c")
+	lk := c.lookup(&peermsg.Lookup{Corr: 1, Keys: keys}, asker, readyAt).frames[0].(*wire.Lookup)
+	if res := only[*peermsg.LookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round, Hits: []bool{true, true, true},
+		Checksums: []uint32{1, 2, 3}, Sizes: []int{grid, large, large}})); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	r := c.rounds[lk.Round]
+	for name, tc := range map[string]struct {
+		slots, sizes []int
+		err          error
+	}{
+		"large blocks into grid slots":                     {[]int{0, 1, 2}, []int{large, large, large}, rdma.ErrBadLength},
+		"a grid block in its slot, large blocks in theirs": {[]int{3, slots, slots + 2}, []int{0, large, large}, nil},
+		"a slot id past the larger size":                   {[]int{3, slots, slots + 4}, []int{0, large, large}, rdma.ErrBadSlot},
+	} {
+		m := &peermsg.Fetch{Corr: 2, Round: r.n, Keys: keys, Slots: tc.slots, Checksums: []uint32{1, 2, 3}, Sizes: tc.sizes}
+		_, f, o := c.startFetch(m, asker, readyAt)
+		if tc.err != nil {
+			if res := only[*peermsg.FetchResult](t, o); f != nil || !errors.Is(res.Err, messages.ErrBadRequest) || !errors.Is(res.Err, tc.err) {
+				t.Fatalf("%s: %+v, want ErrBadRequest (%v)", name, res, tc.err)
+			}
+			continue
+		}
+		if f == nil || !reflect.DeepEqual(f.sizes, []int{grid, large, large}) {
+			t.Fatalf("%s: fetch %+v", name, f)
+		}
+	}
+
+	lk = c.lookup(&peermsg.Lookup{Corr: 5, Keys: keys}, asker, readyAt).frames[0].(*wire.Lookup)
+	res := only[*peermsg.LookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round, Hits: []bool{true, true, true},
+		Checksums: []uint32{1, 2, 3}, Sizes: []int{grid, large, large + 1}}))
+	if !reflect.DeepEqual(res.Hits, []bool{true, true, false}) || !reflect.DeepEqual(res.Sizes, []int{grid, large, 0}) {
+		t.Fatalf("a hit as long as our larger slots is taken, a longer one is a miss: %+v", res)
 	}
 }
 

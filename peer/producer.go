@@ -38,9 +38,9 @@ type inbound struct {
 	shared   map[string]bool // namespaces both sides serve; nil = any
 	leaseTTL time.Duration
 	now      func() time.Time
-	blockLen func(namespace string) int // a block's length in our pool (Config.blockLen)
-	seal     *wire.Sealer               // seals what we send, from our Ready on
-	open     *wire.Opener               // checks what the peer sends after its Auth
+	blocks   ourBlocks    // our blocks' lengths and slots' bytes (nil: every block a whole slot of welcome.BlockBytes)
+	seal     *wire.Sealer // seals what we send, from our Ready on
+	open     *wire.Opener // checks what the peer sends after its Auth
 	maxRound uint64
 	rounds   map[uint64]*inRound
 }
@@ -95,21 +95,35 @@ type startWrite struct {
 }
 
 func newInbound(node string, h *wire.Hello, w *wire.Welcome, ours []string, leaseTTL time.Duration, now func() time.Time,
-	blockLen func(string) int) *inbound {
+	blocks ourBlocks) *inbound {
 	return &inbound{node: node, epoch: h.Epoch, hello: h, welcome: w, shared: sharedSet(ours, h.Namespaces),
-		leaseTTL: leaseTTL, now: now, blockLen: blockLen, rounds: map[uint64]*inRound{}}
+		leaseTTL: leaseTTL, now: now, blocks: blocks, rounds: map[uint64]*inRound{}}
 }
 
-// length is the length of a block of ours as the CPU tier holds it.
-// NB: the CPU tier's LookupResult and PinResult do not report block
-// lengths yet; until they do (once its pool holds blocks of several sizes,
-// issue 42), a block is as long as its namespace's blocks (Config.
-// BlockSizes), else a whole slot — every block is, today.
-func (in *inbound) length(k messages.Key) int {
-	if in.blockLen == nil {
+// ourBlocks is what a producer knows of the blocks in our pool.
+type ourBlocks interface {
+	// blockLen is the length of the block of namespace ns held in slot.
+	blockLen(ns string, slot int) int
+	// slotBytes is slot's bytes; 0 for an id no slot has.
+	slotBytes(slot int) int
+}
+
+// length is the length of our block k, held in slot (a slot id of the
+// CPU tier: a pool of several block sizes holds each size's blocks in
+// slots of that size).
+func (in *inbound) length(k messages.Key, slot int) int {
+	if in.blocks == nil {
 		return in.welcome.BlockBytes
 	}
-	return in.blockLen(string(k.Namespace))
+	return in.blocks.blockLen(string(k.Namespace), slot)
+}
+
+// slotBytes is the bytes of our slot.
+func (in *inbound) slotBytes(slot int) int {
+	if in.blocks == nil {
+		return in.welcome.BlockBytes
+	}
+	return in.blocks.slotBytes(slot)
 }
 
 func (o *served) drop(reason string)        { o.drops = append(o.drops, reason) }
@@ -149,7 +163,7 @@ func (in *inbound) lookup(f *wire.Lookup, draining bool) (o served) {
 		holder: messages.Holder{Origin: messages.OriginPeer, ID: fmt.Sprintf("peer:%s:%x:%d", in.node, in.epoch, f.Round)}}
 	in.rounds[r.n] = r
 	o.ask(cpuCall{epoch: in.epoch, round: r.n, holder: r.holder},
-		&cpumsg.LookupAndLease{Holder: r.holder, Keys: keys, TTL: in.leaseTTL, WantChecksums: true, WantProv: true})
+		&cpumsg.LookupAndLease{Holder: r.holder, Keys: keys, TTL: in.leaseTTL, WantChecksums: true, WantProv: true, WantSlots: true})
 	return o
 }
 
@@ -186,7 +200,7 @@ func (in *inbound) leased(call cpuCall, m *cpumsg.LookupResult, draining bool) (
 			continue
 		}
 		resp.Hits[i], resp.Checksums[i] = true, m.Checksums[i]
-		sizes[i] = in.length(r.keys[i])
+		sizes[i] = in.length(r.keys[i], slotAt(m.Slots, i))
 		uniform = uniform && sizes[i] == in.welcome.BlockBytes
 		r.hits[r.keys[i]] = sizes[i]
 		if i < len(m.Prov) && m.Prov[i] != nil {
@@ -283,7 +297,7 @@ func (in *inbound) pinned(call cpuCall, m *cpumsg.PinResult) (o served) {
 		o.drop("expired_fetch")
 		o.tell(&cpumsg.ReleaseJob{Job: r.job})
 		return in.end(o, r, false, "expired")
-	case !in.fits(r):
+	case !in.fits(r, m.Slots):
 		// Nothing is written: a block cut to a slot would be a corrupt one.
 		o.drop(reasonBlockTooLarge)
 		o.tell(&cpumsg.ReleaseJob{Job: r.job})
@@ -294,17 +308,29 @@ func (in *inbound) pinned(call cpuCall, m *cpumsg.PinResult) (o served) {
 	return o
 }
 
-// fits reports whether every pinned block of r, at its length as pinned,
-// fits a slot of ours and one of the consumer's and is as long as the
-// Fetch said.
-func (in *inbound) fits(r *inRound) bool {
-	limit := min(in.welcome.BlockBytes, in.hello.BlockBytes)
+// fits reports whether every pinned block of r, at its length in the slot
+// it is pinned in, fits that slot and is as long as the Fetch said. (The
+// consumer's slots are the consumer's to check: its transport refuses a
+// block longer than the slot it lands in, and our transport one longer
+// than the consumer's largest slot.)
+func (in *inbound) fits(r *inRound, slots []int) bool {
+	if len(slots) != len(r.keys) {
+		return false
+	}
 	for i, k := range r.keys {
-		if n := in.length(k); n > limit || n != r.sizes[i] {
+		if n := in.length(k, slots[i]); n > in.slotBytes(slots[i]) || n != r.sizes[i] {
 			return false
 		}
 	}
 	return true
+}
+
+// slotAt is slots[i], or -1 where the answer has no slots.
+func slotAt(slots []int, i int) int {
+	if i < len(slots) {
+		return slots[i]
+	}
+	return -1
 }
 
 // writeDone is a write's report: its pins and lease are released whatever

@@ -423,10 +423,16 @@ func TestProducerReleasesEveryLeaseExactlyOnce(t *testing.T) {
 // "ns" holds blocks of nsBytes, serving a consumer with slots of theirs.
 func sizedInbound(ours, nsBytes, theirs int) *inbound {
 	h := &wire.Hello{Epoch: 7, Namespaces: []string{"ns"}, Slots: 4, BlockBytes: theirs}
-	lens := func(string) int { return nsBytes }
 	return newInbound("b", h, &wire.Welcome{Epoch: 7, BlockBytes: ours}, []string{"ns"}, time.Minute,
-		func() time.Time { return testNow }, lens)
+		func() time.Time { return testNow }, fixedBlocks{block: nsBytes, slot: ours})
 }
+
+// fixedBlocks is a pool whose blocks are all block bytes long, in slots of
+// slot bytes.
+type fixedBlocks struct{ block, slot int }
+
+func (f fixedBlocks) blockLen(string, int) int { return f.block }
+func (f fixedBlocks) slotBytes(int) int        { return f.slot }
 
 // The LookupResp says each hit's length when it is not our slot size, and
 // a Fetch must ask for every block at that length.
@@ -455,17 +461,18 @@ func TestProducerTellsBlockLengthsAndHoldsTheFetchToThem(t *testing.T) {
 	}
 }
 
-// A pinned block longer than the consumer's slots (or ours) is never
+// A pinned block longer than the slot of ours it is pinned in is never
 // written: the round ends with TransferDone{block_too_large}, its pins and
-// its leases released — nothing leaks.
+// its leases released — nothing leaks. (One longer than the consumer's
+// slot is the consumer's to refuse: its transport checks the slot it
+// lands in, ours its largest slot.)
 func TestProducerRefusesABlockTooLongForASlotAndReleasesItsPins(t *testing.T) {
 	for name, in := range map[string]*inbound{
-		"the consumer's slots": sizedInbound(12288, 12288, 4096),
-		"our slots":            sizedInbound(4096, 8192, 12288), // a namespace's size beyond our slots: misconfigured
+		"our slots": sizedInbound(4096, 8192, 12288), // a namespace's size beyond our slots: misconfigured
 	} {
 		t.Run(name, func(t *testing.T) {
 			call := leasedRound(t, in, 1)
-			size := in.length(messages.Key{Namespace: "ns"})
+			size := in.length(messages.Key{Namespace: "ns"}, 2)
 			job := messages.JobRef{Origin: messages.OriginPeer, ID: 3}
 			_, pinCall := asked[*cpumsg.LeaseToPin](t, in.fetch(&wire.Fetch{Epoch: 7, TTLms: 1000, Round: 1, Keys: wkeys("ns", "a"),
 				Dest: []int{0}, Sizes: []int{size}}, job))

@@ -608,7 +608,7 @@ func (s *Session) onHello(ctx actor.Context, h *wire.Hello, decodeErr error) {
 	// proves the secret: a Hello alone, which anyone can send under the
 	// peer's identity, never ends it.
 	// NB: a monotonic clock: a stepped wall clock must not stretch a Fetch past its ttl.
-	s.gate.welcomed(newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock), s.cfg.blockLen))
+	s.gate.welcomed(newInbound(s.node, h, w, s.cfg.Namespaces, s.cfg.LeaseTTL, supervision.Steady(s.cfg.Clock), s.cfg))
 	s.sendInbound(w)
 	s.armIdleCheck(ctx)
 }

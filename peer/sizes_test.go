@@ -52,9 +52,15 @@ func (c *fakeCPU) Receive(ctx actor.Context) {
 	case *cpumsg.LookupAndLease:
 		res := &cpumsg.LookupResult{Corr: m.Corr, Holder: m.Holder, Status: make([]messages.LookupStatus, len(m.Keys)),
 			Checksums: make([]uint32, len(m.Keys))}
+		if m.WantSlots {
+			res.Slots = make([]int, len(m.Keys))
+		}
 		for i, k := range m.Keys {
 			if b, ok := c.blocks[k]; ok {
 				res.Status[i], res.Checksums[i] = messages.Hit, b.sum
+				if m.WantSlots {
+					res.Slots[i] = b.slot
+				}
 				c.leases[m.Holder] = true
 			}
 		}

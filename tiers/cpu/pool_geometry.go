@@ -107,6 +107,25 @@ func (p *Pool) slotOf(i int) []byte {
 	return p.mem[off : off+n : off+n]
 }
 
+// Locate places slot id i of a geometry after the first: its offset in
+// Memory and its bytes; size 0 for an id no geometry has (yet). For a
+// data plane that registers Memory once and is handed slot ids of every
+// size (rdma.Region.Locate).
+func (p *Pool) Locate(i int) (off, size int) {
+	for _, r := range p.regions() {
+		if i >= r.Base && i < r.Base+r.Slots {
+			return (i - r.Base) * r.BlockBytes, r.BlockBytes
+		}
+	}
+	return 0, 0
+}
+
+// SlotIDLimit bounds every slot id the pool may ever number, whatever
+// sizes it comes to serve.
+func (p *Pool) SlotIDLimit() int {
+	return int(min(int64(p.slots)+(MaxGeometries-1)*maxSlotIDs(p.slots), 1<<31-1))
+}
+
 // regionOf returns the region of slot id i (of a geometry after the first).
 func (p *Pool) regionOf(i int) Region {
 	for _, r := range p.regions() {
