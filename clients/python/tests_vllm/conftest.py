@@ -53,9 +53,10 @@ def daemon_factory(kvtierd_bin, tmp_path):
 
     def make(block_bytes: int = 64 << 10, pool_bytes: int = 64 << 20,
              config: Optional[str] = None, extra_args: Sequence[str] = (),
-             transport: str = "ipc", pool: Optional[str] = None, start: bool = True) -> Daemon:
+             transport: str = "ipc", pool: Optional[str] = None, start: bool = True,
+             sock_name: str = "engine.sock") -> Daemon:
         d = Daemon(kvtierd_bin, str(tmp_path), block_bytes, pool_bytes, config, extra_args, transport, pool,
-                   tag="vllmtest")
+                   sock_name=sock_name, tag="vllmtest")
         made.append(d)
         return d.start() if start else d
 

@@ -548,3 +548,63 @@ def test_two_models_of_different_shapes_share_one_kvtierd_and_its_byte_budget(
     m = d.metrics()
     assert m["kvtier_pool_bytes_budget"] == budget
     assert m["kvtier_pool_bytes_committed"] <= budget, m
+
+
+BLOCK_BYTES_A = 2 * 2 * BLOCK * 2 * 32 * 2      # model a: layers x K,V x tokens x KV heads x dims x bf16
+BLOCK_BYTES_C = 3 * 2 * BLOCK_C * 1 * 64 * 2    # model c
+
+
+def _pass(engine, prompts):
+    """Generates prompts in batches of vLLM's max_num_seqs; returns the
+    tokens vLLM took from cache and the prompt tokens in all."""
+    cached = total = 0
+    for i in range(0, len(prompts), 8):
+        batch = prompts[i:i + 8]
+        for out in engine.generate(batch, max_tokens=1)["outputs"]:
+            cached += out["cached"]
+        total += sum(len(p) for p in batch)
+    return cached, total
+
+
+def test_a_busy_model_takes_the_pool_from_an_idle_one(daemon_factory, engine_factory, models, model_c):
+    """Issue 42: engine A (model a, 16 KiB blocks) fills a kvtierd's pool and
+    goes idle; engine C (model c, 48 KiB blocks) then runs its trace twice.
+    C's hit rate, read from vLLM's cached-token counts, is what C gets alone
+    on a kvtierd of the same budget, and the bytes it took were A's: A's
+    blocks are evicted, C's all kept."""
+    from kvtier_client import Client
+
+    slots_c = 512                                      # the budget in C's blocks: credit is an eighth of it
+    budget = slots_c * BLOCK_BYTES_C
+    a_prompts = [tokens(1000 + i, 32 * BLOCK) for i in range(budget // BLOCK_BYTES_A // 32)]
+    c_prompts = [tokens(2000 + i, 16 * BLOCK_C) for i in range(25)]  # 400 blocks: C's trace fits what credit leaves
+
+    def run_c(d):
+        c = engine_factory(model_c, d.address, "--block-size", str(BLOCK_C))
+        first = _pass(c, c_prompts)
+        d.wait_quiet(what="after C's first pass")
+        second = _pass(c, c_prompts)
+        return first, second
+
+    shared = daemon_factory(block_bytes=BLOCK_BYTES_A, pool_bytes=budget)
+    a = engine_factory(models["a"], shared.address)
+    _pass(a, a_prompts)
+    shared.wait_quiet(what="after A filled the pool")
+    with Client(shared.address) as cl:
+        filled = {g["block_bytes"]: g["ready"] for g in cl.stats()["geometries"]}
+    assert filled[BLOCK_BYTES_A] * BLOCK_BYTES_A >= budget * 3 // 4, ("A filled the pool", filled)
+    together = run_c(shared)
+
+    alone = run_c(daemon_factory(block_bytes=BLOCK_BYTES_A, pool_bytes=budget, sock_name="alone.sock"))
+    assert together[0][0] == alone[0][0] == 0, "the first pass finds nothing"
+    rate_together, rate_alone = together[1][0] / together[1][1], alone[1][0] / alone[1][1]
+    assert rate_alone > 0.9, f"C's second pass comes from kvtier alone: {rate_alone}"
+    assert abs(rate_together - rate_alone) <= 0.01, (rate_together, rate_alone)
+
+    with Client(shared.address) as cl:
+        st = cl.stats()
+    ready = {g["block_bytes"]: g["ready"] for g in st["geometries"]}
+    assert ready[BLOCK_BYTES_C] == len(c_prompts) * 16, ("every block of C's trace kept", ready)
+    assert filled[BLOCK_BYTES_A] - ready[BLOCK_BYTES_A] >= 3 * ready[BLOCK_BYTES_C] - (
+        budget - filled[BLOCK_BYTES_A] * BLOCK_BYTES_A) // BLOCK_BYTES_A, ("C's bytes came from A's blocks", filled, ready)
+    assert st["committed_bytes"] <= budget
