@@ -70,7 +70,7 @@ func (n *Node) openPeers() error {
 	}
 	cfg := peer.Config{Node: pc.NodeID, Listen: pc.Listen, Secret: secret, Peers: static, Allow: pc.Allow,
 		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: region.IDLimit(),
-		Transport: t, Region: region, JobSeq: &atomic.Uint64{},
+		Transport: t, Region: region, LargestSlot: n.pool.LargestSlot, JobSeq: &atomic.Uint64{},
 		LeaseTTL: pc.LeaseTTL, LookupTimeout: pc.LookupTimeout, FetchTimeout: pc.FetchTimeout,
 		HeartbeatInterval: pc.HeartbeatInterval, Clock: n.cfg.Clock,
 		Log: n.cfg.Logger.With().Str("actor", "peers").Logger()}.WithDefaults()

@@ -58,12 +58,16 @@ type Config struct {
 	// like Peers but only while they are members; nil: static peers only.
 	Members Members
 
-	Transport rdma.Transport  // the data plane, registered on the pool
-	Region    rdma.Region     // the registered pool, for checksum verification of fetched blocks
-	Offload   *actors.Offload // where those checksums run off the mailbox, tracked for the pool's unmapping (nil: untracked)
-	CPU       *actor.PID      // the CPU tier
-	Tier      *actor.PID      // the P2P tier, told of sessions becoming ready or going away
-	JobSeq    *atomic.Uint64  // numbers producer-side pin jobs (OriginPeer) across sessions
+	Transport rdma.Transport // the data plane, registered on the pool
+	Region    rdma.Region    // the registered pool: fetched blocks are fitted to its slots and verified in them
+	// LargestSlot is the bytes of the largest slot our pool has now (its
+	// block sizes come with its engines): a peer's hit longer than that is
+	// a miss here. Nil: Region.MaxSlot (BlockBytes without a Region).
+	LargestSlot func() int
+	Offload     *actors.Offload // where those checksums run off the mailbox, tracked for the pool's unmapping (nil: untracked)
+	CPU         *actor.PID      // the CPU tier
+	Tier        *actor.PID      // the P2P tier, told of sessions becoming ready or going away
+	JobSeq      *atomic.Uint64  // numbers producer-side pin jobs (OriginPeer) across sessions
 
 	LeaseTTL          time.Duration // producer lease of a round's hits, until Fetch or Abort
 	LookupTimeout     time.Duration // consumer: a Lookup round must be answered by then
@@ -150,12 +154,15 @@ func (c *Config) slotBytes(slot int) int {
 	return c.Region.SlotSize(slot)
 }
 
-// maxBlock is the longest block a slot of ours may take.
-func (c *Config) maxBlock() int {
-	if c.Region.Slots == 0 {
-		return c.BlockBytes
+// maxBlock is the longest block a slot of ours takes now.
+func (c *Config) maxBlock() func() int {
+	switch {
+	case c.LargestSlot != nil:
+		return c.LargestSlot
+	case c.Region.Slots == 0:
+		return func() int { return c.BlockBytes }
 	}
-	return c.Region.MaxSlot()
+	return c.Region.MaxSlot
 }
 
 // allowed reports whether node may open a session with us.

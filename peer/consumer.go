@@ -34,7 +34,7 @@ type consumer struct {
 	node       string
 	namespaces []string      // ours
 	blockBytes int           // a slot of our grid: the length of a block a frame leaves out
-	maxBlock   int           // the longest block a slot of ours may take
+	maxBlock   func() int    // the longest block a slot of ours takes now
 	region     rdma.Region   // our pool: each fetched block must fit the slot it lands in
 	lookupTTL  time.Duration // a Lookup's deadline
 	fetchTTL   time.Duration // a Fetch's deadline
@@ -221,7 +221,7 @@ func (c *consumer) lookupResp(f *wire.LookupResp) (o consumed) {
 func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uint32, sizes []int, err error) consumed {
 	res := &peermsg.LookupResult{Corr: r.corr, Node: c.node, Round: r.n, Hits: make([]bool, r.total),
 		Checksums: make([]uint32, r.total), Err: err, RTT: c.now().Sub(r.start)}
-	n, tooLarge, uniform := 0, false, true
+	n, tooLarge, uniform, largest := 0, false, true, c.maxBlock()
 	got := make([]int, r.total)
 	for i, hit := range hits {
 		if !hit {
@@ -231,7 +231,7 @@ func (c *consumer) answerLookup(o consumed, r *outRound, hits []bool, sums []uin
 		if len(sizes) != 0 {
 			size = sizes[i]
 		}
-		if size > c.maxBlock {
+		if size > largest {
 			tooLarge = true
 			continue
 		}

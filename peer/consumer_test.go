@@ -31,7 +31,7 @@ var (
 
 func testConsumer() *consumer {
 	now := time.Unix(1000, 0)
-	return &consumer{node: "b", namespaces: []string{"ns"}, blockBytes: halfChunk, maxBlock: halfChunk, lookupTTL: time.Second,
+	return &consumer{node: "b", namespaces: []string{"ns"}, blockBytes: halfChunk, maxBlock: func() int { return halfChunk }, lookupTTL: time.Second,
 		fetchTTL: 2 * time.Second, leaseTTL: time.Minute, now: func() time.Time { return now },
 		pc: &peerCounters{}, rounds: map[uint64]*outRound{}}
 }
@@ -584,7 +584,7 @@ func TestConsumerOfAPoolOfTwoSizesFitsEachBlockToItsSlot(t *testing.T) {
 			return 0, 0
 		}}
 	c := testConsumer()
-	c.blockBytes, c.maxBlock, c.region = grid, region.MaxSlot(), region
+	c.blockBytes, c.maxBlock, c.region = grid, region.MaxSlot, region
 	keys := mkeys("ns", "a", "b", "c")
 	lk := c.lookup(&peermsg.Lookup{Corr: 1, Keys: keys}, asker, readyAt).frames[0].(*wire.Lookup)
 	if res := only[*peermsg.LookupResult](t, c.lookupResp(&wire.LookupResp{Epoch: 7, Round: lk.Round, Hits: []bool{true, true, true},

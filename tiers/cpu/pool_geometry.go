@@ -120,6 +120,16 @@ func (p *Pool) Locate(i int) (off, size int) {
 	return 0, 0
 }
 
+// LargestSlot is the bytes of the largest slot of every size the pool
+// serves now.
+func (p *Pool) LargestSlot() int {
+	n := p.blockBytes
+	for _, r := range p.regions() {
+		n = max(n, r.BlockBytes)
+	}
+	return n
+}
+
 // SlotIDLimit bounds every slot id the pool may ever number, whatever
 // sizes it comes to serve.
 func (p *Pool) SlotIDLimit() int {
