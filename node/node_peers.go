@@ -64,13 +64,19 @@ func (n *Node) openPeers() error {
 		_ = t.Close()
 		return fmt.Errorf("kvtier: peers: register the pool with the %s data plane: %w", t.Kind(), err)
 	}
+	largest := n.pool.LargestSlot
+	if t.Kind() == "nixl" {
+		// NB: nixl moves its grid only (rdma/nixl): slots of the pool's other
+		// sizes are not offered to peers nor fetched into.
+		region, largest = region.Grid(), nil
+	}
 	static := make([]peer.Addr, len(pc.Static))
 	for i, s := range pc.Static {
 		static[i] = peer.Addr{Node: s.NodeID, Addr: s.Addr, Events: s.Events, EventsReplay: s.EventsReplay}
 	}
 	cfg := peer.Config{Node: pc.NodeID, Listen: pc.Listen, Secret: secret, Peers: static, Allow: pc.Allow,
 		Namespaces: pc.Namespaces, BlockBytes: n.cfg.BlockBytes, Slots: region.IDLimit(),
-		Transport: t, Region: region, LargestSlot: n.pool.LargestSlot, JobSeq: &atomic.Uint64{},
+		Transport: t, Region: region, LargestSlot: largest, JobSeq: &atomic.Uint64{},
 		LeaseTTL: pc.LeaseTTL, LookupTimeout: pc.LookupTimeout, FetchTimeout: pc.FetchTimeout,
 		HeartbeatInterval: pc.HeartbeatInterval, Clock: n.cfg.Clock,
 		Log: n.cfg.Logger.With().Str("actor", "peers").Logger()}.WithDefaults()

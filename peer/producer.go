@@ -194,13 +194,18 @@ func (in *inbound) leased(call cpuCall, m *cpumsg.LookupResult, draining bool) (
 	}
 	resp := in.allMiss(r.n, len(r.keys))
 	r.hits = map[messages.Key]int{}
-	sizes, uniform := make([]int, len(r.keys)), true
+	sizes, uniform, leased := make([]int, len(r.keys)), true, false
 	for i, st := range m.Status {
 		if st != messages.Hit || i >= len(r.keys) || i >= len(m.Checksums) {
 			continue
 		}
+		leased = true
+		size := in.length(r.keys[i], slotAt(m.Slots, i))
+		if size <= 0 {
+			continue // NB: a slot our data plane cannot move (of a size nixl does not serve): a miss, its lease ends with the round
+		}
 		resp.Hits[i], resp.Checksums[i] = true, m.Checksums[i]
-		sizes[i] = in.length(r.keys[i], slotAt(m.Slots, i))
+		sizes[i] = size
 		uniform = uniform && sizes[i] == in.welcome.BlockBytes
 		r.hits[r.keys[i]] = sizes[i]
 		if i < len(m.Prov) && m.Prov[i] != nil {
@@ -215,7 +220,10 @@ func (in *inbound) leased(call cpuCall, m *cpumsg.LookupResult, draining bool) (
 	}
 	r.keys, r.phase = nil, roundLeased
 	if len(r.hits) == 0 {
-		delete(in.rounds, r.n) // it holds no lease
+		delete(in.rounds, r.n) // nothing will be fetched
+		if leased {
+			o.release(call.holder) // hits it could not serve
+		}
 	}
 	o.send(resp)
 	return o

@@ -494,3 +494,48 @@ func TestProducerRefusesABlockTooLongForASlotAndReleasesItsPins(t *testing.T) {
 		})
 	}
 }
+
+// slotBlocks is a pool whose blocks fill their slots, slot 1 being one our
+// data plane cannot move (a size nixl does not serve: 0 bytes to us).
+type slotBlocks struct{}
+
+func (slotBlocks) blockLen(_ string, slot int) int { return slotBlocks{}.slotBytes(slot) }
+func (slotBlocks) slotBytes(slot int) int {
+	if slot == 1 {
+		return 0
+	}
+	return 4096
+}
+
+// A hit in a slot our data plane cannot move is answered as a miss, never
+// as a block of 0 bytes (a malformed answer); a round all of whose hits
+// are such ends at once and gives its leases back.
+func TestProducerAnswersAHitItCannotMoveAsAMiss(t *testing.T) {
+	newIn := func() *inbound {
+		h := &wire.Hello{Epoch: 7, Namespaces: []string{"ns"}, Slots: 4, BlockBytes: 4096}
+		return newInbound("b", h, &wire.Welcome{Epoch: 7, BlockBytes: 4096}, []string{"ns"}, time.Minute,
+			func() time.Time { return testNow }, slotBlocks{})
+	}
+	in := newIn()
+	lk, call := asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "a", "b")}, false))
+	if !lk.WantSlots {
+		t.Fatal("a peer's lookup asks for the hits' slots: their sizes are the blocks'")
+	}
+	m := lease(call, lk, true, true)
+	m.Slots = []int{0, 1}
+	o := in.leased(call, m, false)
+	resp := o.frames[0].(*wire.LookupResp)
+	if !reflect.DeepEqual(resp.Hits, []bool{true, false}) || len(released(o)) != 0 || in.rounds[1] == nil {
+		t.Fatalf("answer %+v, released %v: want the movable hit only, the round leased", resp, released(o))
+	}
+
+	in = newIn()
+	lk, call = asked[*cpumsg.LookupAndLease](t, in.lookup(&wire.Lookup{Epoch: 7, Round: 1, Keys: wkeys("ns", "b")}, false))
+	m = lease(call, lk, true)
+	m.Slots = []int{1}
+	o = in.leased(call, m, false)
+	resp = o.frames[0].(*wire.LookupResp)
+	if resp.Hits[0] || !reflect.DeepEqual(released(o), []messages.Holder{call.holder}) || len(in.rounds) != 0 {
+		t.Fatalf("answer %+v, released %v: want a miss, the leases given back, the round ended", resp, released(o))
+	}
+}

@@ -43,7 +43,8 @@ type Region struct {
 	// bytes (0: no such slot). A pool of several block sizes numbers each
 	// size's slots after the grid's, all of them in Base; the set of ids
 	// may grow while the transport runs, so Locate is asked per call. Nil:
-	// the grid is every slot.
+	// the grid is every slot. Ids of different sizes may share bytes: which
+	// of them hold blocks is the CPU tier's to keep apart, never a peer's.
 	Locate func(slot int) (off, size int)
 	// IDs bounds every slot id Locate may ever place (ids 0..IDs-1); it is
 	// what a peer is told, once. 0: Slots.
@@ -64,15 +65,24 @@ func (r Region) span(i int) (off, size int) {
 	return 0, 0
 }
 
-// Slot returns slot i's bytes.
+// Slot returns slot i's bytes. It panics for an id no slot has: callers
+// check ids first (Valid), and a wrong one must never alias slot 0.
 func (r Region) Slot(i int) []byte {
 	off, n := r.span(i)
+	if n == 0 {
+		panic(fmt.Sprintf("rdma: slot %d is no slot of the region", i))
+	}
 	return r.Base[off : off+n : off+n]
 }
 
-// Block returns the first n bytes of slot i: a block of n bytes in it.
+// Block returns the first n bytes of slot i: a block of n bytes in it. It
+// panics for an id no slot has or a block longer than its slot (callers
+// check both first: Valid, Lengths).
 func (r Region) Block(i, n int) []byte {
-	off, _ := r.span(i)
+	off, size := r.span(i)
+	if size == 0 || n > size {
+		panic(fmt.Sprintf("rdma: a block of %d bytes in slot %d of %d", n, i, size))
+	}
 	return r.Base[off : off+n : off+n]
 }
 

@@ -254,3 +254,34 @@ func TestPoolGeometryRegions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(8*testBlock), st.Size(), "one file for every size")
 }
+
+// The data plane finds every size's slots by id (Locate): each id of a
+// region is placed where Slot puts it, inside the pool's memory; ids of
+// the first size, past the last region and negative ones are no slot of
+// Locate's; every id is below SlotIDLimit; LargestSlot follows the sizes.
+func TestPoolLocatesEverySizesSlots(t *testing.T) {
+	p, err := OpenPool(shmPath(t), 8, testBlock)
+	require.NoError(t, err)
+	defer p.Close()
+	require.Equal(t, testBlock, p.LargestSlot())
+	for _, size := range []int{2 * testBlock, 3 * testBlock} {
+		_, err := p.Geometry(size)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 3*testBlock, p.LargestSlot())
+	mem := p.Memory()
+	for _, r := range p.Regions()[1:] {
+		for id := r.Base; id < r.Base+r.Slots; id++ {
+			off, size := p.Locate(id)
+			require.Equal(t, r.BlockBytes, size, "id %d", id)
+			require.LessOrEqual(t, off+size, len(mem), "id %d lies in the pool", id)
+			require.Same(t, &p.Slot(id)[0], &mem[off], "id %d: where Slot puts it", id)
+			require.Less(t, id, p.SlotIDLimit())
+		}
+	}
+	last := p.Regions()[len(p.Regions())-1]
+	for _, id := range []int{-1, 0, 7, last.Base + last.Slots, p.SlotIDLimit()} {
+		_, size := p.Locate(id)
+		require.Zero(t, size, "id %d is no slot of another size", id)
+	}
+}
