@@ -285,7 +285,7 @@ func TestBlocksOfTwoGeometriesCascadeAndComeBack(t *testing.T) {
 func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	const small, large, other, budget = 4096, 3 * 4096, 2 * 4096, 12 * 4096
+	const small, large, other, budget = 4096, 3 * 4096, 2 * 4096, 24 * 4096
 	const secret = "0123456789abcdef-geometry-peers"
 	prod := openEngineTestNode(t, ctx, "unix", kvtier.Config{PoolBytes: budget,
 		Peers: kvtier.PeersConfig{NodeID: "prod", Listen: "tcp://127.0.0.1:0", Secret: secret}})
@@ -300,17 +300,29 @@ func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 	}
 	aKeys, bKeys := nsKeys("a", 3), nsKeys("b", 2)
 	store(ctx, t, dial(prod, "a", small), "wa", aKeys)
-	store(ctx, t, dial(prod, "b", large), "wb", bKeys)
+	prodB := dial(prod, "b", large)
+	store(ctx, t, prodB, "wb", bKeys)
+	probe := nsKeys("p", 2) // NB: keys of their own: a miss is remembered a while
+	store(ctx, t, prodB, "wp", probe)
 
-	dial(cons, "first", other) // the consumer's large slots are numbered after these
-	a, b := dial(cons, "a", small), dial(cons, "b", large)
+	first := dial(cons, "first", other) // the consumer's large slots are numbered after these
 	require.NoError(t, cons.WaitPeers(ctx, "prod"))
+	tooLarge := &messages.ReqContext{RequestID: "too-large"}
+	_, err := first.Lookup(ctx, tooLarge, probe, true) // NB: RETRY while the peers are asked
+	require.NoError(t, err)
+	require.NoError(t, cons.TieringIdle(ctx))
+	st, err := first.Lookup(ctx, tooLarge, probe, true)
+	require.NoError(t, err)
+	require.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss}, st,
+		"a peer's block longer than every slot here is a miss, not a fetch that must fail")
+	require.NoError(t, first.RequestFinished(ctx, tooLarge))
+	a, b := dial(cons, "a", small), dial(cons, "b", large)
 	for _, c := range []struct {
 		cl   *client.Client
 		keys []messages.Key
 	}{{a, aKeys}, {b, bKeys}} {
 		req := &messages.ReqContext{RequestID: "r-" + string(c.keys[0].Namespace)}
-		st, err := c.cl.Lookup(ctx, req, c.keys, true)
+		st, err = c.cl.Lookup(ctx, req, c.keys, true)
 		require.NoError(t, err)
 		require.Equal(t, messages.Retry, st[0], "a miss here, held by the peer")
 		require.NoError(t, cons.TieringIdle(ctx))
