@@ -316,6 +316,9 @@ func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 	require.Equal(t, []messages.LookupStatus{messages.Miss, messages.Miss}, st,
 		"a peer's block longer than every slot here is a miss, not a fetch that must fail")
 	require.NoError(t, first.RequestFinished(ctx, tooLarge))
+	ps, err := cons.PeerStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []uint64{0, 0}, []uint64{ps[0].Hits, ps[0].Failures}, "no hit taken, no round failed")
 	a, b := dial(cons, "a", small), dial(cons, "b", large)
 	for _, c := range []struct {
 		cl   *client.Client
@@ -335,9 +338,10 @@ func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 		}
 		require.NoError(t, c.cl.RequestFinished(ctx, req))
 	}
-	ps, err := cons.PeerStats(ctx)
+	ps, err = cons.PeerStats(ctx)
 	require.NoError(t, err)
 	require.Len(t, ps, 1)
 	require.Equal(t, []uint64{5, 3*small + 2*large}, []uint64{ps[0].Fetched, ps[0].FetchBytes}, "each block at its own length")
+	require.Zero(t, ps[0].Failures)
 	requireBudgetOf(ctx, t, cons, budget, 3)
 }
