@@ -256,25 +256,29 @@ func TestBlocksOfTwoGeometriesCascadeAndComeBack(t *testing.T) {
 	// NB: their cascades pin them while they write: a promotion finds room
 	// once they are done.
 	require.NoError(t, node.TieringIdle(ctx))
-	for _, c := range []struct {
-		cl   *client.Client
-		keys []messages.Key
-	}{{a, aKeys}, {b, bKeys}} {
-		req := &messages.ReqContext{RequestID: "r-" + c.cl.Hello().PoolPath}
-		st, err := c.cl.Lookup(ctx, req, c.keys, true)
-		require.NoError(t, err)
-		require.Equal(t, messages.Retry, st[0], "evicted from the CPU, found in the fs tier")
-		require.NoError(t, node.TieringIdle(ctx))
-		st, slots, err := c.cl.LookupSlots(ctx, req, c.keys, true)
-		require.NoError(t, err)
-		for i, k := range c.keys {
-			require.Equal(t, messages.Hit, st[i], "promoted: %v", k)
-			require.Equal(t, block(string(k.Namespace), i, c.cl.Hello().BlockBytes), c.cl.Pool().Slot(slots[i]),
-				"promoted into the asker's geometry, every byte intact")
-		}
-		require.NoError(t, c.cl.RequestFinished(ctx, req))
-	}
+	promoted(ctx, t, node, a, aKeys, "evicted from the CPU, found in the fs tier")
+	promoted(ctx, t, node, b, bKeys, "evicted from the CPU, found in the fs tier")
 	requireBudget(ctx, t, node, budget)
+}
+
+// promoted looks keys up through c, an engine of node, as missing from the
+// CPU but held elsewhere (why): RETRY, then, once node's tiering is idle,
+// every key a HIT in a slot of c's size holding the key's bytes.
+func promoted(ctx context.Context, t *testing.T, node *kvtier.Node, c *client.Client, keys []messages.Key, why string) {
+	t.Helper()
+	req := &messages.ReqContext{RequestID: "r-" + string(keys[0].Namespace)}
+	st, err := c.Lookup(ctx, req, keys, true)
+	require.NoError(t, err)
+	require.Equal(t, messages.Retry, st[0], why)
+	require.NoError(t, node.TieringIdle(ctx))
+	st, slots, err := c.LookupSlots(ctx, req, keys, true)
+	require.NoError(t, err)
+	for i, k := range keys {
+		require.Equal(t, messages.Hit, st[i], "promoted: %v", k)
+		require.Equal(t, block(string(k.Namespace), i, c.Hello().BlockBytes), c.Pool().Slot(slots[i]),
+			"promoted into the asker's geometry, every byte intact")
+	}
+	require.NoError(t, c.RequestFinished(ctx, req))
 }
 
 // Blocks of two sizes come from a peer: the producer holds blocks of its
@@ -320,24 +324,8 @@ func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []uint64{0, 0}, []uint64{ps[0].Hits, ps[0].Failures}, "no hit taken, no round failed")
 	a, b := dial(cons, "a", small), dial(cons, "b", large)
-	for _, c := range []struct {
-		cl   *client.Client
-		keys []messages.Key
-	}{{a, aKeys}, {b, bKeys}} {
-		req := &messages.ReqContext{RequestID: "r-" + string(c.keys[0].Namespace)}
-		st, err = c.cl.Lookup(ctx, req, c.keys, true)
-		require.NoError(t, err)
-		require.Equal(t, messages.Retry, st[0], "a miss here, held by the peer")
-		require.NoError(t, cons.TieringIdle(ctx))
-		st, slots, err := c.cl.LookupSlots(ctx, req, c.keys, true)
-		require.NoError(t, err)
-		for i, k := range c.keys {
-			require.Equal(t, messages.Hit, st[i], "fetched from the peer: %v", k)
-			require.Equal(t, block(string(k.Namespace), i, c.cl.Hello().BlockBytes), c.cl.Pool().Slot(slots[i]),
-				"fetched into the asker's geometry, every byte intact")
-		}
-		require.NoError(t, c.cl.RequestFinished(ctx, req))
-	}
+	promoted(ctx, t, cons, a, aKeys, "a miss here, held by the peer")
+	promoted(ctx, t, cons, b, bKeys, "a miss here, held by the peer")
 	ps, err = cons.PeerStats(ctx)
 	require.NoError(t, err)
 	require.Len(t, ps, 1)
