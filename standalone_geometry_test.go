@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier"
+	"github.com/kvtier/kvtier/internal/testutil/testclose"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/cpu/residency"
 )
 
 // Two engines of different block sizes on one node with one byte budget:
@@ -332,4 +335,36 @@ func TestBlocksOfTwoGeometriesComeFromAPeer(t *testing.T) {
 	require.Equal(t, []uint64{5, 3*small + 2*large}, []uint64{ps[0].Fetched, ps[0].FetchBytes}, "each block at its own length")
 	require.Zero(t, ps[0].Failures)
 	requireBudgetOf(ctx, t, cons, budget, 3)
+}
+
+// The residency index holds every block of a size smaller than the pool's
+// first: a pool of 16 KiB slots filled with 4 KiB blocks (four times as
+// many keys as it has first-size slots) has each of them in the index's
+// CPU region, none dropped, so an engine that trusts the index
+// (index_complete) never recomputes a block kvtierd holds.
+func TestTheIndexHoldsEveryBlockOfASmallerSize(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const first, small, slots = 4 * 4096, 4096, 64
+	dir := t.TempDir()
+	node, err := kvtier.Open(ctx, kvtier.Config{PoolPath: filepath.Join(dir, "pool"), BlockBytes: first,
+		PoolBytes: slots * first, EngineListen: "unix://" + filepath.Join(dir, "engine.sock")})
+	require.NoError(t, err)
+	testclose.AtCleanup(t, 30*time.Second, node.Close)
+	c, err := client.Dial(ctx, node.EngineAddr(), client.Options{Name: "small", BlockBytes: small})
+	require.NoError(t, err)
+	defer c.Close(ctx) //nolint:errcheck // closed with the node
+	require.True(t, c.Hello().IndexComplete, "no tier the index leaves out: engines trust it")
+
+	keys := nsKeys("s", slots*first/small-int(c.Hello().Slots)/8) // NB: room for the session's credit
+	for i := 0; i < len(keys); i += 32 {
+		store(ctx, t, c, fmt.Sprintf("w%d", i), keys[i:min(i+32, len(keys))])
+	}
+	require.NoError(t, node.TieringIdle(ctx))
+	idx, err := residency.Open(c.Hello().IndexPath)
+	require.NoError(t, err)
+	defer idx.Close()
+	for _, k := range keys {
+		require.Equal(t, residency.StateCPU, idx.State(residency.KeyFingerprint(k)), "%v is in the index", k)
+	}
 }
