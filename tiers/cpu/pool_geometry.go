@@ -101,8 +101,9 @@ func (p *Pool) Regions() []Region {
 func (p *Pool) slotOf(i int) []byte {
 	off, n := i*p.blockBytes, p.blockBytes
 	if i >= p.slots {
-		r := p.regionOf(i)
-		off, n = (i-r.Base)*r.BlockBytes, r.BlockBytes
+		if off, n = p.Locate(i); n == 0 {
+			panic(fmt.Sprintf("cpu: slot %d is in no region of the pool", i))
+		}
 	}
 	return p.mem[off : off+n : off+n]
 }
@@ -134,14 +135,4 @@ func (p *Pool) LargestSlot() int {
 // sizes it comes to serve.
 func (p *Pool) SlotIDLimit() int {
 	return int(min(int64(p.slots)+(MaxGeometries-1)*maxSlotIDs(p.slots), 1<<31-1))
-}
-
-// regionOf returns the region of slot id i (of a geometry after the first).
-func (p *Pool) regionOf(i int) Region {
-	for _, r := range p.regions() {
-		if i >= r.Base && i < r.Base+r.Slots {
-			return r
-		}
-	}
-	panic(fmt.Sprintf("cpu: slot %d is in no region of the pool", i))
 }
