@@ -151,11 +151,13 @@ type Shell struct {
 // Carry carries out o through ctx with clock (no offloads expected).
 func Carry(ctx actor.Context, clock supervision.Clock, o *Out) { Shell{Clock: clock}.Carry(ctx, o) }
 
-// Carry carries out o through ctx, in order: its messages, then its
-// deadlines armed as messages to ctx's actor, then its offloads, whose
+// Carry carries out o through ctx, in order: its deadlines armed as
+// messages to ctx's actor (first, so that whoever gets an answer of this
+// Out finds its deadlines armed), its messages, then its offloads, whose
 // results come back to ctx's actor; then resets o. A send to the zero Ref
 // is dropped (an asker that is gone).
 func (sh Shell) Carry(ctx actor.Context, o *Out) {
+	sh.arm(ctx, o.Deadlines)
 	for _, s := range o.Sent {
 		switch {
 		case s.Kind == Reply:
@@ -169,24 +171,39 @@ func (sh Shell) Carry(ctx actor.Context, o *Out) {
 			ctx.Send(s.To.pid, s.Msg)
 		}
 	}
-	if len(o.Deadlines) > 0 || len(o.Offloads) > 0 {
-		self, root := ctx.Self(), ctx.ActorSystem().Root
-		for _, d := range o.Deadlines {
-			if !d.stopped {
-				msg := d.Msg
-				d.timer = sh.Clock.AfterFunc(d.After, func() { root.Send(self, msg) })
-			}
-		}
-		for _, work := range o.Offloads {
-			run := func() { root.Send(self, work()) }
-			if sh.Go != nil {
-				sh.Go(run)
-			} else {
-				go run()
-			}
+	sh.offload(ctx, o.Offloads)
+	o.Reset()
+}
+
+// arm arms each deadline not stopped as a message to ctx's actor.
+func (sh Shell) arm(ctx actor.Context, deadlines []*Deadline) {
+	if len(deadlines) == 0 {
+		return
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	for _, d := range deadlines {
+		if !d.stopped {
+			msg := d.Msg
+			d.timer = sh.Clock.AfterFunc(d.After, func() { root.Send(self, msg) })
 		}
 	}
-	o.Reset()
+}
+
+// offload runs each work off the mailbox; its result comes back to ctx's
+// actor.
+func (sh Shell) offload(ctx actor.Context, works []func() any) {
+	if len(works) == 0 {
+		return
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	for _, work := range works {
+		run := func() { root.Send(self, work()) }
+		if sh.Go != nil {
+			sh.Go(run)
+		} else {
+			go run()
+		}
+	}
 }
 
 // Each is the messages of type M the core sent, in order.

@@ -1,6 +1,7 @@
 package fx_test
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -96,6 +97,20 @@ func TestCarryDeliversAnswersInOrderWithTheMessagesAroundThem(t *testing.T) {
 	})
 	require.Equal(t, []string{"before", "answer", "after"}, j.all(),
 		"a caller woken by an answer finds what was decided before it sent")
+}
+
+// Whoever an answer wakes finds the deadlines the same Out armed: an
+// engine told of its job finds the job's deadline running (a test that
+// advances a manual clock right after the answer relies on it).
+func TestCarryArmsDeadlinesBeforeItAnswers(t *testing.T) {
+	clock := supervision.NewManualClock(time.Unix(1_700_000_000, 0))
+	system, c, _, j := start(t, clock)
+	answered := messages.ReplyFunc(func(r messages.Result[int]) { j.add(fmt.Sprintf("answer, %d armed", clock.Pending())) })
+	run(t, system, c, j, 1, func(o *fx.Out) {
+		o.Answer(answered, 7, nil)
+		o.After(time.Second, "deadline")
+	})
+	require.Equal(t, []string{"answer, 1 armed"}, j.all())
 }
 
 func TestAnswerAnyGivesTheTypedValueOrItsZero(t *testing.T) {
