@@ -79,6 +79,7 @@ func (s *State) addGeometry(blockBytes int, committed bool) int {
 	s.geo = append(s.geo, g)
 	s.slots = append(s.slots, make([]slot, n)...)
 	s.gOf = append(s.gOf, slices.Repeat([]uint8{uint8(gi)}, n)...)
+	s.canEvict = append(s.canEvict, make([]bool, n)...)
 	s.freeAt = append(s.freeAt, slices.Repeat([]int32{-1}, n)...)
 	if committed {
 		for r := n - 1; r >= 0; r-- { // pop from the end hands out the lowest id first
@@ -150,8 +151,10 @@ func (s *State) GeometryOccupancy() []GeometryOccupancy {
 	return out
 }
 
-// countEvictable moves slot idx in or out of the evictable counts.
+// countEvictable moves slot idx in or out of the evictable counts (and
+// its canEvict mark: every change of isEvictable passes through here).
 func (s *State) countEvictable(idx, d int) {
+	s.canEvict[idx] = d > 0
 	s.evictable += d
 	s.geo[s.gOf[idx]].evictable += d
 }
@@ -212,7 +215,10 @@ func (s *State) makeFree(gi int, protected map[int]struct{}, evicted []messages.
 	}
 	var target int
 	v, ok := s.policy.Victim(func(i int) bool {
-		if _, keep := protected[i]; keep || !s.isEvictable(i) {
+		if !s.canEvict[i] {
+			return false
+		}
+		if _, keep := protected[i]; keep {
 			return false
 		}
 		if int(s.gOf[i]) == gi {

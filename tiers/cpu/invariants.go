@@ -68,6 +68,9 @@ func (s *State) CheckInvariants() error {
 		if s.isEvictable(idx) {
 			evictable++
 		}
+		if s.canEvict[idx] != s.isEvictable(idx) {
+			bad("slot %d evictable %v, marked %v", idx, s.isEvictable(idx), s.canEvict[idx])
+		}
 		if sl.state == slotReady {
 			ready++
 		}

@@ -66,6 +66,7 @@ type State struct {
 	slots    []slot
 	geo      []geometry // the block sizes served; geometry 0 is the pool's first
 	gOf      []uint8    // slot → its geometry
+	canEvict []bool     // slot → isEvictable, kept by countEvictable: the victim walks read it, not the slots
 	freeAt   []int32    // slot → its position in its geometry's free list, or -1
 	gaps     []span     // region bytes no slot holds, sorted, merged
 	budget   int64      // bytes of the region every geometry's slots share
@@ -821,8 +822,11 @@ func (s *State) isEvictable(idx int) bool {
 
 func (s *State) evictOne(protected map[int]struct{}) messages.Key {
 	idx, ok := s.policy.Victim(func(i int) bool {
+		if !s.canEvict[i] { // NB: the walk from the cold end passes every held slot there
+			return false
+		}
 		_, keep := protected[i]
-		return !keep && s.isEvictable(i)
+		return !keep
 	})
 	if !ok {
 		panic("cpu: evictable count says a victim exists but the policy found none")
