@@ -15,7 +15,9 @@ baseline measured in the same run.
     through N native managers of C/N blocks each and through N kvtier
     managers sharing one kvtierd of C blocks, in the same run; hit rates and
     recomputed tokens for N = 2, 4, 8, and with one engine restarted
-    halfway.
+    halfway. A third cache, one native manager of C blocks shared by the N
+    replays, tells what sharing one LRU does on the trace apart from
+    anything kvtier does (``shared_native_ratio``, ``kvtier_vs_shared_native``).
 
 ``python -m kvtier_bench.vllm ttft --json``
     Time to first token of a shared prefix reloaded from kvtier vs
@@ -536,18 +538,28 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
     native = [engine(lambda: native_manager(max(1, capacity // engines), page_bytes=page), i)
               for i in range(engines)]
     _interleave(native)
+    # NB: vLLM's own manager of the whole capacity shared by the N engines:
+    # what one shared LRU costs or gains on this trace against partitions,
+    # apart from anything kvtier does (a restart keeps it, as kvtierd's).
+    one = native_manager(capacity, page_bytes=page)
+    shared = [engine(lambda: one, i) for i in range(engines)]
+    _interleave(shared)
     with kvtierd(binary, page, capacity, transport=transport) as addr:
         kv = [engine(lambda: kvtier_manager(addr, page_bytes=page, extra=extra), i) for i in range(engines)]
         _interleave(kv)
         for r in kv:
             for x in getattr(r, "replays", [r])[-1:]:
                 x.m.shutdown()
-    n, k = _totals(native), _totals(kv)
+    n, sh, k = _totals(native), _totals(shared), _totals(kv)
     return {"engines": engines, "routing": routing, "restart": restart, "store_credit": store_credit,
             "native_hit_rate": n["hit_rate"], "kvtier_hit_rate": k["hit_rate"],
+            "native_shared_hit_rate": sh["hit_rate"],
             "native_recomputed_tokens": n["recomputed_tokens"],
+            "native_shared_recomputed_tokens": sh["recomputed_tokens"],
             "kvtier_recomputed_tokens": k["recomputed_tokens"],
-            "recomputed_ratio": round(k["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 3)}
+            "recomputed_ratio": round(k["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 4),
+            "shared_native_ratio": round(sh["recomputed_tokens"] / max(1, n["recomputed_tokens"]), 4),
+            "kvtier_vs_shared_native": round(k["recomputed_tokens"] / max(1, sh["recomputed_tokens"]), 4)}
 
 
 def mixed_case(binary: str, trace: List[List[int]], capacity: int, transport: str, per_step: int,
@@ -653,6 +665,8 @@ def main(argv=None) -> int:
     en = sub.add_parser("engines", help="N engine processes on one kvtierd: steps, step ratios, kvtierd CPU per call")
     _workload_args(en, "the node's CPU capacity, all engines together")
     en.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4, 8])
+    en.add_argument("--rounds", type=int, default=1,
+                    help="run every N this many times, interleaved; the summary takes each figure's median")
     en.add_argument("--per-step", type=int, default=16, help="requests admitted per step, per engine")
     en.add_argument("--preempt-every", type=int, default=50)
     en.add_argument("--abort-every", type=int, default=100)

@@ -17,7 +17,15 @@ same machine at the same moment. Reported per N:
   kvtierd counted them (each session's ``calls`` in the stats reply);
 - the daemon's peak unserved calls: the most calls in flight at kvtierd
   over every engine session, sampled every 100 ms (each sample is a stats
-  call kvtierd serves: its CPU counts in kvtierd's, not in the calls).
+  call kvtierd serves: its CPU counts in kvtierd's, not in the calls);
+- kvtierd's work per call (its CPU tier's lookups, stores and evictions,
+  keys in all) and its threads' context switches per call (``/proc``): if
+  the work per call is flat in N and the CPU per call is not, the extra is
+  the machine's (caches, scheduling), not the daemon's algorithms.
+
+With ``--rounds R`` every N runs R times, interleaved (1, 8, 1, 8, ...), and
+``summary`` gives each N's medians and range: one run's CPU per call moves
+by a third from run to run on a shared 2-core box.
 
 N above this machine's cores oversubscribes it (the engines and kvtierd
 share them); ``oversubscribed`` says so."""
@@ -32,7 +40,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict
+from typing import Dict, List
+
+from kvtier_client import Client
 
 from .daemon import cpu_seconds, kvtierd_binary, kvtierd_process
 
@@ -77,8 +87,6 @@ class _InFlight:
     (its own left out) until stopped; keeps the peak."""
 
     def __init__(self, address: str):
-        from kvtier_client import Client
-
         self.client = Client(address, name="bench-sampler")
         self.peak = 0
         self.samples = 0
@@ -99,9 +107,29 @@ class _InFlight:
         self.client.close()
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of every thread of a
+    process so far (Linux /proc)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except FileNotFoundError:  # the thread ended
+            pass
+    return total
+
+
+def key_work(stats: Dict[str, object]) -> int:
+    """The CPU tier's key operations so far: lookups, stores, evictions."""
+    return sum(int(stats.get(k, 0)) for k in ("lookups", "stores", "evictions"))
+
+
 def run_n(binary: str, n: int, args) -> Dict[str, object]:
     """N engine processes on one kvtierd."""
     with kvtierd_process(binary, PAGE, args.cpu_blocks, transport=args.transport) as (addr, proc):
+        probe = Client(addr, name="bench-work")  # NB: the sampler's client is its thread's alone
+        work0, switches0 = key_work(probe.stats()), context_switches(proc.pid)
         sampler = _InFlight(addr)
         cpu0 = cpu_seconds(proc.pid)
         t0 = time.monotonic()
@@ -119,7 +147,10 @@ def run_n(binary: str, n: int, args) -> Dict[str, object]:
             parts.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.monotonic() - t0
         cpu = cpu_seconds(proc.pid) - cpu0
+        switches = context_switches(proc.pid) - switches0
         sampler.stop()
+        work = key_work(probe.stats()) - work0
+        probe.close()
     calls = sum(p["calls"] for p in parts)
     ratios = [p["kvtier_step_p50_us"] / p["native_step_p50_us"] for p in parts]
     ratios99 = [p["kvtier_step_p99_us"] / p["native_step_p99_us"] for p in parts]
@@ -137,16 +168,44 @@ def run_n(binary: str, n: int, args) -> Dict[str, object]:
         "kvtierd_cpu_s": round(cpu, 2),
         "engine_calls": calls,
         "kvtierd_cpu_ms_per_1000_calls": round(1e6 * cpu / max(1, calls), 1),
+        "kvtierd_keys_per_call": round(work / max(1, calls), 2),
+        "kvtierd_switches_per_call": round(switches / max(1, calls), 2),
         "peak_calls_in_flight": sampler.peak,
         "in_flight_samples": sampler.samples,
         "parts": parts,
     }
 
 
+SUMMED = ("kvtierd_cpu_ms_per_1000_calls", "kvtierd_keys_per_call", "kvtierd_switches_per_call",
+          "steps_per_s", "step_ratio_median", "kvtier_hit_rate_mean", "native_hit_rate_mean")
+
+
+def summarize(rows, engines) -> List[Dict[str, object]]:
+    """Each N's median of every figure in SUMMED over its rounds, with the
+    range of its CPU per call, and that median over the first N's."""
+    out = []
+    for n in engines:
+        mine = [r for r in rows if r["engines"] == n]
+        s: Dict[str, object] = {"engines": n, "rounds": len(mine)}
+        for k in SUMMED:
+            s[k] = round(statistics.median(r[k] for r in mine), 4)
+        cpu = [r["kvtierd_cpu_ms_per_1000_calls"] for r in mine]
+        s["kvtierd_cpu_ms_per_1000_calls_range"] = [min(cpu), max(cpu)]
+        out.append(s)
+    base = out[0]["kvtierd_cpu_ms_per_1000_calls"] or 1
+    for s in out:
+        s["cpu_per_call_vs_first"] = round(s["kvtierd_cpu_ms_per_1000_calls"] / base, 2)
+    return out
+
+
 def bench_engines(args) -> Dict[str, object]:
     binary = kvtierd_binary(args.repo)
-    rows = [run_n(binary, n, args) for n in args.engines]
-    base = rows[0]["kvtierd_cpu_ms_per_1000_calls"] or 1
-    for r in rows:
-        r["cpu_per_call_vs_first"] = round(r["kvtierd_cpu_ms_per_1000_calls"] / base, 2)
-    return {"transport": args.transport, "cpu_blocks": args.cpu_blocks, "cores": os.cpu_count(), "rows": rows}
+    rows = []
+    for round_ in range(max(1, args.rounds)):
+        mine = [dict(run_n(binary, n, args), round=round_) for n in args.engines]
+        base = mine[0]["kvtierd_cpu_ms_per_1000_calls"] or 1
+        for r in mine:
+            r["cpu_per_call_vs_first"] = round(r["kvtierd_cpu_ms_per_1000_calls"] / base, 2)
+        rows += mine
+    return {"transport": args.transport, "cpu_blocks": args.cpu_blocks, "cores": os.cpu_count(), "rows": rows,
+            "summary": summarize(rows, args.engines)}

@@ -824,8 +824,11 @@ def test_the_share_bench_reports_both_caches_per_engine_count_and_routing(kvtier
     out = share_case(kvtierd_bin, trace, capacity=80, engines=4, routing="round_robin",
                      restart=False, transport="unix", per_step=1)
     for figure in ("native_hit_rate", "kvtier_hit_rate", "native_recomputed_tokens",
-                   "kvtier_recomputed_tokens"):
+                   "kvtier_recomputed_tokens", "native_shared_hit_rate", "native_shared_recomputed_tokens"):
         assert figure in out, figure
+    # One native manager of C shared by the engines holds the prefix too.
+    assert out["native_shared_hit_rate"] > 0.25, out
+    assert out["shared_native_ratio"] < 1.0, out
     # NB: native's C/4 can never hold the prefix (0 hits); kvtier's first
     # requests on each engine miss while the prefix is being stored, and
     # under load a few more (a commit not in yet): well above, not exact.
