@@ -1,8 +1,6 @@
 package scheduler
 
 import (
-	"encoding/binary"
-
 	"github.com/kvtier/kvtier/actors/fx"
 	"github.com/kvtier/kvtier/messages"
 )
@@ -30,10 +28,10 @@ import (
 // bridge calls issued when a checksum starts, landed when its commit is
 // sent, and re-admits what release returns.
 type callOrder struct {
-	pending  map[uint64]int // fingerprints of the keys of commits being checksummed
-	held     []any          // calls waiting, oldest first
-	reqs     map[string]int // held calls per request id
-	barriers int            // held barriers
+	pending  map[messages.Key]int // keys of commits being checksummed
+	held     []any                // calls waiting, oldest first
+	reqs     map[string]int       // held calls per request id
+	barriers int                  // held barriers
 }
 
 // callKind is how a call is ordered.
@@ -84,10 +82,10 @@ func (o *callOrder) issued(keys []messages.Key) {
 		return
 	}
 	if o.pending == nil {
-		o.pending = make(map[uint64]int, len(keys))
+		o.pending = make(map[messages.Key]int, len(keys))
 	}
 	for _, k := range keys {
-		o.pending[fingerprint(k)]++
+		o.pending[k]++
 	}
 }
 
@@ -95,10 +93,10 @@ func (o *callOrder) issued(keys []messages.Key) {
 // serves its mailbox in order: any call sent after it sees it).
 func (o *callOrder) landed(keys []messages.Key) {
 	for _, k := range keys {
-		if fp := fingerprint(k); o.pending[fp] > 1 {
-			o.pending[fp]--
+		if n := o.pending[k]; n > 1 {
+			o.pending[k] = n - 1
 		} else {
-			delete(o.pending, fp)
+			delete(o.pending, k)
 		}
 	}
 }
@@ -136,29 +134,11 @@ func (o *callOrder) names(keys []messages.Key) bool {
 		return false
 	}
 	for _, k := range keys {
-		if o.pending[fingerprint(k)] > 0 {
+		if o.pending[k] > 0 {
 			return true
 		}
 	}
 	return false
-}
-
-// fingerprint folds k's hash bytes and group into a word: the pending
-// set's key. While any commit is being checksummed every key of every
-// call is looked up in it, and a word is hashed and compared without
-// reading two strings. Two keys of one fingerprint (other namespaces, or
-// a rare fold collision) can only hold a call until a commit lands: never
-// serve one early.
-func fingerprint(k messages.Key) uint64 {
-	h := uint64(k.Group) * 0x9E3779B97F4A7C15
-	b := k.Hash
-	for ; len(b) >= 8; b = b[8:] {
-		h ^= binary.LittleEndian.Uint64([]byte(b[:8]))
-	}
-	for i := range len(b) {
-		h ^= uint64(b[i]) << (8 * i)
-	}
-	return h
 }
 
 // release returns the held calls, oldest first, and forgets them: the

@@ -183,28 +183,3 @@ func TestFailCallAnswersEveryHeldKind(t *testing.T) {
 	require.ErrorIs(t, (<-load.Reply.C()).Err, ErrRestarted)
 	require.ErrorIs(t, (<-release.Reply.C()).Err, ErrRestarted)
 }
-
-// TestCallOrderFingerprintsOnlyEverHold: the pending set keys by a
-// fingerprint that ignores the namespace, so a same-hash key of another
-// model is held behind a commit it is not part of; it is served once that
-// commit lands, and the fingerprint tells apart hashes that differ in any
-// byte, group included.
-func TestCallOrderFingerprintsOnlyEverHold(t *testing.T) {
-	var o callOrder
-	committing := messages.Key{Namespace: "a", Hash: "0123456789abcdefXYZ"}
-	o.issued([]messages.Key{committing})
-	twin := &messages.PrepareLoad{Req: oreq("b"), Keys: []messages.Key{{Namespace: "b", Hash: committing.Hash}}}
-	require.False(t, o.admit(twin), "a same-hash key of another namespace waits")
-	for _, k := range []messages.Key{
-		{Namespace: "a", Hash: "0123456789abcdefXYz"}, // the last, short word
-		{Namespace: "a", Hash: "0123456789abcdeFXYZ"}, // a whole word
-		{Namespace: "a", Hash: committing.Hash, Group: 1},
-		{Namespace: "a", Hash: "0123456789abcdef"}, // a prefix
-	} {
-		require.NotEqual(t, fingerprint(committing), fingerprint(k), "%q group %d", k.Hash, k.Group)
-	}
-	o.landed([]messages.Key{committing})
-	held := o.release()
-	require.Equal(t, []any{twin}, held)
-	require.True(t, o.admit(twin), "served once the commit landed")
-}

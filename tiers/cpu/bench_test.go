@@ -68,3 +68,41 @@ func BenchmarkReserveEvict16(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkVictimWalkPastHeldSlots is the LRU's walk from its cold end
+// past 512 leased blocks (a node whose engines are loading its oldest
+// blocks) to the first evictable one, in a full pool of 20,000 slots,
+// each walk after a neighbour's 8 MiB sweep (kvtierd shares its cores'
+// caches with the engines between calls); only the walks are timed.
+// "marks" is the walk evictOne does (State.canEvict); its baseline in the
+// same run, "slots", asks isEvictable, reading each slot as the walk did
+// before the marks. "marks/slots" is the ratio.
+func BenchmarkVictimWalkPastHeldSlots(b *testing.B) {
+	const slots, held = 20000, 512
+	st, keys := filledState(b, slots)
+	holder := messages.Holder{Origin: messages.OriginEngine, ID: "loading"}
+	st.LookupAndLease(holder, keys[:held], false, time.Hour) // the oldest: committed first
+	l := &st.policy.(*lru).l
+	neighbour := make([]byte, 8<<20)
+	walk := func(evictable func(int) bool) (d time.Duration) {
+		for i := range b.N {
+			for j := 0; j < len(neighbour); j += 64 {
+				neighbour[j] = byte(i)
+			}
+			start := time.Now()
+			v, ok := l.lastEvictable(evictable)
+			d += time.Since(start)
+			if !ok || v != held {
+				b.Fatalf("walk found %d (%v), want slot %d", v, ok, held)
+			}
+		}
+		return d
+	}
+	b.ResetTimer()
+	marks := walk(func(i int) bool { return st.canEvict[i] })
+	baseline := walk(st.isEvictable)
+	b.StopTimer()
+	b.ReportMetric(float64(marks.Nanoseconds())/float64(b.N), "marks-ns/walk")
+	b.ReportMetric(float64(baseline.Nanoseconds())/float64(b.N), "slots-ns/walk")
+	b.ReportMetric(float64(marks)/float64(baseline), "marks/slots")
+}
