@@ -356,7 +356,7 @@ func TestTheIndexHoldsEveryBlockOfASmallerSize(t *testing.T) {
 	defer c.Close(ctx) //nolint:errcheck // closed with the node
 	require.True(t, c.Hello().IndexComplete, "no tier the index leaves out: engines trust it")
 
-	keys := nsKeys("s", slots*first/small-int(c.Hello().Slots)/8) // NB: room for the session's credit
+	keys := nsKeys("s", slots*first/small-int(c.Hello().Slots)/8) // NB: room for the session's credit (CreditLimit: less than an eighth)
 	for i := 0; i < len(keys); i += 32 {
 		store(ctx, t, c, fmt.Sprintf("w%d", i), keys[i:min(i+32, len(keys))])
 	}

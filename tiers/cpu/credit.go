@@ -31,15 +31,23 @@ var creditPlaceholder = messages.Key{Namespace: creditNS}
 // key is taken for it, whatever its namespace.
 func IsCreditKey(k messages.Key) bool { return k.Hash == "" && k.Namespace == creditNS }
 
-// CreditLimit bounds every session's credit together: credited slots are
-// taken from the cache all engines share, so their total must not grow
-// with the number of engines (8 engines' credit, each grown to its own
-// step's stores, held a quarter of a 4,000-slot pool empty and cut the
-// hit rate by a third: docs/PERFORMANCE.md, "One node cache shared by N
-// engines"). An eighth of the pool: one engine's stores of a step fit in
-// it on that pool (a thirty-second made it block on prepare_store 2.5
-// times a step), and never less than one engine's default credit.
-func CreditLimit(slots int) int { return max(slots/8, 64) }
+// CreditLimit bounds every session's credit together, for a pool of slots
+// shared by sessions engines that hold credit. Credited slots are taken
+// from the cache those engines share and sit empty until a store binds
+// them, so the bound tightens as engines share the pool: a sixteenth of it
+// for one engine, a sixty-fourth for two, a 256th for four, and never less
+// than one engine's default credit (64 slots). One engine's credit costs
+// only its own cache, and a sixteenth keeps a busy engine's scheduler from
+// ever waiting on a store (an eighth was the bound before). Between engines
+// kept on their sessions an eighth left them recomputing up to 0.35 % more
+// than vLLM's partitioned CPU tiers; bounded so, they recompute no more in
+// any case of the share bench (docs/PERFORMANCE.md, "Credit bounded by the
+// engines sharing the pool"). An engine short of credit waits on one grant
+// a step, then on its stores.
+func CreditLimit(slots, sessions int) int {
+	sessions = max(1, sessions)
+	return max(slots/(16*sessions*sessions), 64)
+}
 
 // creditedBytes is the bytes every session's credit holds together.
 func (s *State) creditedBytes() int64 {
@@ -72,8 +80,9 @@ func (s *State) Grant(owner messages.JobRef, n int) (slots []int, evicted []mess
 // credit (with one geometry: CreditLimit slots).
 func (s *State) GrantIn(gi int, owner messages.JobRef, n int) (slots []int, evicted []messages.Key) {
 	s.expireLeases()
+	s.creditors[owner] = struct{}{}
 	b := int64(s.geo[gi].bytes)
-	limit := int64(CreditLimit(s.geo[gi].n)) * b
+	limit := int64(CreditLimit(s.geo[gi].n, len(s.creditors))) * b
 	n = min(n, s.room(gi, nil), int(max(0, limit-s.creditedBytes())/b))
 	slots = make([]int, 0, n)
 	for range n {
@@ -142,7 +151,8 @@ func (s *State) checkCredit(owner messages.JobRef, keys []messages.Key, slots []
 func (s *State) Credit(owner messages.JobRef) int { return len(s.reserved[owner]) }
 
 // ReleaseCredit frees owner's credited slots (nothing was ever readable in
-// them) and returns how many.
+// them) and returns how many; owner's session is over, and no longer
+// counts among those sharing CreditLimit.
 func (s *State) ReleaseCredit(owner messages.JobRef) int {
 	n := 0
 	for idx := range s.reserved[owner] {
@@ -150,6 +160,7 @@ func (s *State) ReleaseCredit(owner messages.JobRef) int {
 		n++
 	}
 	delete(s.reserved, owner)
+	delete(s.creditors, owner)
 	return n
 }
 

@@ -187,26 +187,36 @@ func TestLeaseToPinKeepRank(t *testing.T) {
 }
 
 // Every session's credit together stays within CreditLimit, however many
-// sessions ask: credit comes out of the cache they share. A released
-// credit makes room for another.
+// sessions ask: credit comes out of the cache they share, and the bound
+// tightens with every session that holds credit. A released credit makes
+// room for another, and its session no longer counts.
 func TestCreditOfAllSessionsIsBounded(t *testing.T) {
-	const slots = 1024
-	limit := CreditLimit(slots)
-	require.Equal(t, 128, limit, "an eighth of the pool")
-	require.Equal(t, 64, CreditLimit(256), "never less than one engine's default credit")
+	const slots = 65536
+	require.Equal(t, 4096, CreditLimit(slots, 1), "a sixteenth of the pool for one engine")
+	require.Equal(t, 1024, CreditLimit(slots, 2), "a sixty-fourth for two")
+	require.Equal(t, 256, CreditLimit(slots, 4), "a 256th for four")
+	require.Equal(t, 64, CreditLimit(slots, 8), "never less than one engine's default credit")
+	require.Equal(t, 64, CreditLimit(256, 1))
 	s, _ := newTestState(t, slots)
+	owner := func(id int) messages.JobRef { return messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(id)} }
+	got, _ := s.Grant(owner(1), 5000)
+	assert.Len(t, got, 4096, "one engine: a sixteenth")
+	got, _ = s.Grant(owner(2), 100)
+	assert.Empty(t, got, "with a second engine the bound is a sixty-fourth, which the first holds four times over")
+	require.Equal(t, 4096, s.ReleaseCredit(owner(1)))
+	got, _ = s.Grant(owner(2), 5000)
+	assert.Len(t, got, 4096, "the first released: one engine again")
+	for id := 3; id <= 8; id++ {
+		got, _ = s.Grant(owner(id), 64)
+		assert.Empty(t, got, "engine %d: the credit held passes the bound of %d engines", id, id)
+	}
+	require.Equal(t, 4096, s.ReleaseCredit(owner(2)))
 	total := 0
-	for id := range 8 {
-		got, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(id + 1)}, 64)
+	for id := 3; id <= 8; id++ {
+		got, _ = s.Grant(owner(id), 64)
 		total += len(got)
 	}
-	assert.Equal(t, limit, total, "8 sessions asking 64 each share the limit")
-	more, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: 9}, 1)
-	assert.Empty(t, more, "no credit past the limit")
-	freed := s.ReleaseCredit(messages.JobRef{Origin: messages.OriginCredit, ID: 1})
-	require.Equal(t, 64, freed)
-	again, _ := s.Grant(messages.JobRef{Origin: messages.OriginCredit, ID: 9}, 100)
-	assert.Len(t, again, 64, "a released credit makes room")
+	assert.Equal(t, CreditLimit(slots, 6), total, "the six left share their bound")
 	res, err := s.Reserve(j1, ks(0, 1, 2))
 	require.NoError(t, err, "stores outside credit are not bounded by it")
 	assert.Len(t, res.Slots, 3)

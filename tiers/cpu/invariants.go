@@ -3,6 +3,8 @@ package cpu
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvtier/kvtier/messages"
 )
 
 // CheckInvariants verifies every invariant listed at the top of state.go by
@@ -85,6 +87,11 @@ func (s *State) CheckInvariants() error {
 		}
 		if sl.leases > 0 {
 			leased++
+		}
+	}
+	for owner := range s.reserved {
+		if _, ok := s.creditors[owner]; owner.Origin == messages.OriginCredit && !ok {
+			bad("credit owner %v holds slots but is not among the creditors", owner)
 		}
 	}
 	if len(s.index) != s.committedSlots()-s.freeSlots()-credited {

@@ -78,6 +78,9 @@ type State struct {
 	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
 	pins     map[messages.JobRef]map[int]int32
 	reserved map[messages.JobRef]map[int]struct{}
+	// creditors are the sessions granted credit and not yet released: the
+	// engines CreditLimit is shared by.
+	creditors map[messages.JobRef]struct{}
 	// cleared maps a slot Clear unindexed while it was pinned to the key it
 	// held, so its readers can still unpin it by that key; the slot is freed
 	// at its last unpin.
@@ -117,9 +120,10 @@ func NewBudgetState(budget int64, blockBytes int, policy string, now func() time
 	s := &State{
 		now: now, budget: budget,
 		index: make(map[messages.Key]int, n), policy: p,
-		leases:   map[messages.Holder]*holderLeases{},
-		pins:     map[messages.JobRef]map[int]int32{},
-		reserved: map[messages.JobRef]map[int]struct{}{},
+		leases:    map[messages.Holder]*holderLeases{},
+		pins:      map[messages.JobRef]map[int]int32{},
+		reserved:  map[messages.JobRef]map[int]struct{}{},
+		creditors: map[messages.JobRef]struct{}{},
 	}
 	s.chain, _ = p.(chainPolicy)
 	s.addGeometry(blockBytes, true)

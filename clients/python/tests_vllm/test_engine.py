@@ -574,7 +574,7 @@ def test_a_busy_model_takes_the_pool_from_an_idle_one(daemon_factory, engine_fac
     blocks are evicted, C's all kept."""
     from kvtier_client import Client
 
-    slots_c = 512                                      # the budget in C's blocks: credit is an eighth of it
+    slots_c = 512                                      # the budget in C's blocks: credit at most an eighth of it
     budget = slots_c * BLOCK_BYTES_C
     a_prompts = [tokens(1000 + i, 32 * BLOCK) for i in range(budget // BLOCK_BYTES_A // 32)]
     c_prompts = [tokens(2000 + i, 16 * BLOCK_C) for i in range(25)]  # 400 blocks: C's trace fits what credit leaves
