@@ -198,7 +198,9 @@ func TestCreditOfAllSessionsIsBounded(t *testing.T) {
 	require.Equal(t, 64, CreditLimit(slots, 8), "never less than one engine's default credit")
 	require.Equal(t, 64, CreditLimit(256, 1))
 	s, _ := newTestState(t, slots)
-	owner := func(id int) messages.JobRef { return messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(id)} }
+	owner := func(id int) messages.JobRef {
+		return messages.JobRef{Origin: messages.OriginCredit, ID: messages.JobID(id)}
+	}
 	got, _ := s.Grant(owner(1), 5000)
 	assert.Len(t, got, 4096, "one engine: a sixteenth")
 	got, _ = s.Grant(owner(2), 100)
