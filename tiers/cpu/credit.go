@@ -37,8 +37,8 @@ func IsCreditKey(k messages.Key) bool { return k.Hash == "" && k.Namespace == cr
 // them, so the bound tightens as engines share the pool: a sixteenth of it
 // for one engine, a sixty-fourth for two, a 256th for four, and never less
 // than one engine's default credit (64 slots). One engine's credit costs
-// only its own cache, and a sixteenth keeps a busy engine's scheduler from
-// ever waiting on a store (an eighth was the bound before). Between engines
+// only its own cache, and a sixteenth left the manager bench's engine (20,000
+// slots) no store to wait on (an eighth was the bound before). Between engines
 // kept on their sessions an eighth left them recomputing up to 0.35 % more
 // than vLLM's partitioned CPU tiers; bounded so, they recompute no more in
 // any case of the share bench (docs/PERFORMANCE.md, "Credit bounded by the
