@@ -31,19 +31,20 @@ var creditPlaceholder = messages.Key{Namespace: creditNS}
 // key is taken for it, whatever its namespace.
 func IsCreditKey(k messages.Key) bool { return k.Hash == "" && k.Namespace == creditNS }
 
-// CreditLimit bounds every session's credit together, for a pool of slots
-// shared by sessions engines that hold credit. Credited slots are taken
-// from the cache those engines share and sit empty until a store binds
-// them, so the bound tightens as engines share the pool: a sixteenth of it
-// for one engine, a sixty-fourth for two, a 256th for four, and never less
-// than one engine's default credit (64 slots). One engine's credit costs
-// only its own cache, and a sixteenth left the manager bench's engine (20,000
-// slots) no store to wait on (an eighth was the bound before). Between engines
-// kept on their sessions an eighth left them recomputing up to 0.35 % more
-// than vLLM's partitioned CPU tiers; bounded so, they recompute no more in
-// any case of the share bench (docs/PERFORMANCE.md, "Credit bounded by the
-// engines sharing the pool"). An engine short of credit waits on one grant
-// a step, then on its stores.
+// CreditLimit is the most credit, in slots, that every session together
+// may hold in a pool of slots shared by sessions engines holding credit.
+// Credited slots are taken from the cache those engines share and sit
+// empty until a store binds them, so the bound tightens as engines share
+// the pool: a sixteenth of it for one engine, a sixty-fourth for two, a
+// 256th for four, and never less than one engine's default credit (64
+// slots). One engine's credit costs only its own cache, and a sixteenth
+// left the manager bench's engine (20,000 slots) no store to wait on (an
+// eighth was the bound before). Between engines kept on their sessions an
+// eighth left them recomputing up to 0.35 % more than vLLM's partitioned
+// CPU tiers; bounded so, they recompute no more in any case of the share
+// bench (docs/PERFORMANCE.md, "Credit bounded by the engines sharing the
+// pool"). An engine short of credit waits on one grant a step, then on its
+// stores.
 func CreditLimit(slots, sessions int) int {
 	sessions = max(1, sessions)
 	return max(slots/(16*sessions*sessions), 64)

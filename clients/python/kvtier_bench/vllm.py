@@ -540,7 +540,8 @@ def share_case(binary: str, trace: List[List[int]], capacity: int, engines: int,
     _interleave(native)
     # NB: vLLM's own manager of the whole capacity shared by the N engines:
     # what one shared LRU costs or gains on this trace against partitions,
-    # apart from anything kvtier does (a restart keeps it, as kvtierd's).
+    # apart from anything kvtier does (a restart keeps it, as kvtierd's:
+    # the restarted engine's shutdown of it is vLLM's no-op).
     one = native_manager(capacity, page_bytes=page)
     shared = [engine(lambda: one, i) for i in range(engines)]
     _interleave(shared)
