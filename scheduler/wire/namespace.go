@@ -22,16 +22,18 @@ var namespaces = struct {
 
 const maxInterned = 4096
 
-// canonicalNamespace returns the process's one copy of ns, making it if
-// there is room.
-func canonicalNamespace(ns string) messages.Namespace {
+// canonicalNamespace returns the process's one copy of ns (bytes of a
+// frame, not kept), making it if there is room. A namespace seen before
+// costs no allocation.
+func canonicalNamespace(ns []byte) messages.Namespace {
 	namespaces.Lock()
 	defer namespaces.Unlock()
-	if c, ok := namespaces.m[ns]; ok {
+	if c, ok := namespaces.m[string(ns)]; ok {
 		return c
 	}
+	c := messages.Namespace(ns)
 	if len(namespaces.m) < maxInterned {
-		namespaces.m[ns] = messages.Namespace(ns)
+		namespaces.m[string(c)] = c
 	}
-	return messages.Namespace(ns)
+	return c
 }

@@ -43,9 +43,20 @@ func (o Op) String() string {
 }
 
 // OpByName finds an op by its wire name.
-func OpByName(name string) (Op, bool) {
+func OpByName(name string) (Op, bool) { return opByBytes([]byte(name)) }
+
+// opName is the op name in b, the op table's own string where b names an
+// op (no allocation for a call's op).
+func opName(b []byte) string {
+	if o, ok := opByBytes(b); ok {
+		return ops[o].name
+	}
+	return string(b)
+}
+
+func opByBytes(name []byte) (Op, bool) {
 	for o := OpHello; o < opEnd; o++ {
-		if ops[o].name == name {
+		if ops[o].name == string(name) {
 			return o, true
 		}
 	}

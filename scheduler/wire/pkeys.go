@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/kvtier/kvtier/messages"
 )
@@ -84,12 +85,38 @@ func encodePackedKeys(w *writer, keys []messages.Key) {
 
 // packedKeys is a pkeys map as read, before it becomes keys.
 type packedKeys struct {
-	ns      string
+	ns      []byte // aliases the frame until keys() looks it up
 	hashLen int
 	hashes  []byte // aliases the frame until keys() copies it out
 	group   uint32
 	groups  []byte
-	seen    map[string]bool // the fields read
+	seen    uint8 // the fields read, a bit each (pkBit)
+}
+
+// pkFields are the pkeys map's field names; a field's bit in
+// packedKeys.seen is 1 << its index here.
+var pkFields = [...]string{pkNamespace, pkHashLen, pkHashes, pkGroup, pkGroups}
+
+// pkBit is name's bit in packedKeys.seen, 0 for a name pkeys has no field
+// of. It compares the frame's bytes in place: a call's field names cost no
+// allocation.
+func pkBit(name []byte) uint8 {
+	for i, f := range pkFields {
+		if string(name) == f {
+			return 1 << i
+		}
+	}
+	return 0
+}
+
+// has reports whether the field named (one of pkFields) was read.
+func (p *packedKeys) has(name string) bool {
+	for i, f := range pkFields {
+		if f == name {
+			return p.seen&(1<<i) != 0
+		}
+	}
+	return false
 }
 
 // decodePackedKeys reads a pkeys map into at most max keys. A hash length
@@ -99,28 +126,32 @@ func decodePackedKeys(r *reader, max int) ([]messages.Key, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := packedKeys{seen: make(map[string]bool, n)}
+	var p packedKeys
 	for range n {
-		name, err := r.Str(16)
+		name, err := r.StrBytes(16)
 		if err != nil {
 			return nil, fmt.Errorf("field name: %w", err)
 		}
-		if p.seen[name] {
+		bit := pkBit(name)
+		if bit == 0 {
+			return nil, fmt.Errorf("unknown field %q", name)
+		}
+		if p.seen&bit != 0 {
 			return nil, fmt.Errorf("field %q repeated", name)
 		}
-		p.seen[name] = true
-		if err := p.field(r, name); err != nil {
+		p.seen |= bit
+		if err := p.field(r, bit); err != nil {
 			return nil, err
 		}
 	}
 	return p.keys(max)
 }
 
-func (p *packedKeys) field(r *reader, name string) error {
+func (p *packedKeys) field(r *reader, bit uint8) error {
 	var err error
-	switch name {
+	switch pkFields[bits.TrailingZeros8(bit)] {
 	case pkNamespace:
-		p.ns, err = r.Str(MaxNamespaceBytes)
+		p.ns, err = r.StrBytes(MaxNamespaceBytes)
 	case pkHashLen:
 		var hl uint64
 		if hl, err = r.Uint(math.MaxUint64); err == nil { // NB: any length outside 1..64 is BAD_KEY
@@ -137,24 +168,22 @@ func (p *packedKeys) field(r *reader, name string) error {
 		p.group = uint32(g)
 	case pkGroups:
 		p.groups, err = r.Bin(4 * MaxKeys)
-	default:
-		return fmt.Errorf("unknown field %q", name)
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", pkFields[bits.TrailingZeros8(bit)], err)
 	}
 	return nil
 }
 
 func (p *packedKeys) keys(max int) ([]messages.Key, error) {
 	switch {
-	case !p.seen[pkNamespace]:
+	case !p.has(pkNamespace):
 		return nil, fmt.Errorf("missing field %q", pkNamespace)
-	case !p.seen[pkHashLen]:
+	case !p.has(pkHashLen):
 		return nil, fmt.Errorf("missing field %q", pkHashLen)
-	case !p.seen[pkHashes]:
+	case !p.has(pkHashes):
 		return nil, fmt.Errorf("missing field %q", pkHashes)
-	case p.seen[pkGroup] && p.seen[pkGroups]:
+	case p.has(pkGroup) && p.has(pkGroups):
 		return nil, fmt.Errorf("%q and %q: one or the other", pkGroup, pkGroups)
 	case len(p.hashes) == 0 || len(p.hashes)%p.hashLen != 0:
 		return nil, fmt.Errorf("hashes: %d bytes is not a positive multiple of hash_len %d", len(p.hashes), p.hashLen)
@@ -163,11 +192,12 @@ func (p *packedKeys) keys(max int) ([]messages.Key, error) {
 	if n > max {
 		return nil, fmt.Errorf("%d keys (max %d)", n, max)
 	}
-	if p.seen[pkGroups] && len(p.groups) != 4*n {
+	groups := p.has(pkGroups)
+	if groups && len(p.groups) != 4*n {
 		return nil, fmt.Errorf("groups: %d bytes for %d keys (want %d)", len(p.groups), n, 4*n)
 	}
 	keys := make([]messages.Key, n)
-	ns, groups := canonicalNamespace(p.ns), p.seen[pkGroups]
+	ns := canonicalNamespace(p.ns)
 	var chunk string
 	for i := range keys {
 		// NB: the hashes are copied out of the frame hashesPerCopy at a

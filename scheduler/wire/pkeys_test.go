@@ -150,3 +150,47 @@ func TestDecodedNamespacesShareOneCopy(t *testing.T) {
 	other[0].Namespace = "another-model"
 	require.Equal(t, messages.Namespace("another-model"), decode(true, other))
 }
+
+// BenchmarkDecodeStepBatch decodes one engine step's batch as the vLLM
+// connector sends it: eight calls (lookups, a store's prepare and
+// completion, touches) of six packed keys each, with request contexts that
+// carry a parent hash and a block's tokens. Most engine calls are this
+// small: what it costs is per call, not per key.
+func BenchmarkDecodeStepBatch(b *testing.B) {
+	keys := make([]messages.Key, 6)
+	for i := range keys {
+		keys[i] = messages.Key{Namespace: ns, Hash: fmt.Sprintf("%032d", i)}
+	}
+	req := &messages.ReqContext{RequestID: "request-0001", Workers: 1, BlockSize: 16,
+		ParentBlockHash: []byte(keys[0].Hash), TokenIDs: make([]int32, 96)}
+	ops := []Op{OpLookup, OpLookup, OpPrepareStore, OpCompleteStore, OpTouch, OpLookup, OpPrepareStore, OpCompleteStore}
+	calls := make([]Call, len(ops))
+	for i, op := range ops {
+		q := &Request{Op: op, ID: uint64(i + 2), Req: req, Keys: keys, PackedKeys: true, OK: op == OpCompleteStore, Quiet: op == OpCompleteStore}
+		calls[i] = Call{Req: q}
+	}
+	frame := EncodeRequest(&Request{Op: OpBatch, ID: 1, Calls: calls})
+	if _, err := DecodeRequest(frame); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(frame)))
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := DecodeRequest(frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Every name reqFields lists is one decodeReqField reads: a field added to
+// the switch but not to the list would be refused as unknown.
+func TestReqFieldsAreTheOnesDecoded(t *testing.T) {
+	for _, name := range reqFields {
+		r := reader{B: []byte{0xc0}} // nil: wrong for most fields, never unknown
+		err := decodeReqField(&r, &messages.ReqContext{}, name)
+		if err != nil {
+			require.NotContains(t, err.Error(), "unknown field", name)
+		}
+	}
+	require.ErrorContains(t, decodeReqField(&reader{B: []byte{0xc0}}, &messages.ReqContext{}, "no_such_field"), "unknown field")
+}

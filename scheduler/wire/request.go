@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 
 	"github.com/kvtier/kvtier/internal/msgp"
@@ -121,12 +122,21 @@ func decodeCalls(r *reader) ([]Call, error) {
 }
 
 type requestDecoder struct {
-	r       reader
-	req     Request
-	hasID   bool
-	opName  string
-	offsets map[field]int
+	r      reader
+	req    Request
+	hasID  bool
+	opName string
+	// offsets[i] is where the value of the field with bit i starts; valid
+	// for the fields seen (an array, not a map: a call's decoding then
+	// allocates nothing for it).
+	offsets [fieldBits]int
 }
+
+// fieldBits is how many request fields there can be: one bit each.
+const fieldBits = 32
+
+// at is where f's value starts in the frame (f seen).
+func (d *requestDecoder) at(f field) *int { return &d.offsets[bits.TrailingZeros32(uint32(f))] }
 
 func (d *requestDecoder) fail(code Code, format string, a ...any) error {
 	return &DecodeError{Code: code, ID: d.req.ID, HasID: d.hasID, Op: d.opName, Msg: fmt.Sprintf(format, a...)}
@@ -142,20 +152,21 @@ func (d *requestDecoder) decode() (*Request, error) {
 	var seen field
 	var hasV, hasOp bool
 	var late error // a field error found before "id" was read: reported after the scan, with the id
-	d.offsets = make(map[field]int, n)
 	for range n {
-		name, err := d.r.Str(32)
+		// NB: names are compared in the frame's bytes: a string each would
+		// be most of a small call's allocations.
+		name, err := d.r.StrBytes(32)
 		if err != nil {
 			return nil, d.fail(CodeBadRequest, "field name: %v", err)
 		}
-		switch name {
+		switch string(name) {
 		case "v", "op", "id":
-			if err := d.header(name, &version, &hasV, &hasOp); err != nil {
+			if err := d.header(string(name), &version, &hasV, &hasOp); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		f, ok := fieldByName[name]
+		f, ok := fieldByName[string(name)]
 		switch {
 		case !ok && late == nil:
 			late = fmt.Errorf("unknown field %q", name)
@@ -163,7 +174,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 			late = fmt.Errorf("field %q repeated", name)
 		case ok:
 			seen |= f
-			d.offsets[f] = d.r.Off
+			*d.at(f) = d.r.Off
 		}
 		// NB: skip the value either way, so that an "id" after a bad field is
 		// still read and the error reply names the request.
@@ -202,8 +213,7 @@ func (d *requestDecoder) decode() (*Request, error) {
 			return nil, d.fail(CodeBadRequest, "%s takes no field \"pkeys\"", op)
 		}
 		seen = seen&^fPKeys | fKeys
-		d.offsets[fKeys], d.req.PackedKeys = d.offsets[fPKeys], true
-		delete(d.offsets, fPKeys)
+		*d.at(fKeys), d.req.PackedKeys = *d.at(fPKeys), true
 	}
 	if extra := seen &^ s.allowed; extra != 0 {
 		return nil, d.fail(CodeBadRequest, "%s takes no field %q", op, fieldName(extra))
@@ -214,11 +224,10 @@ func (d *requestDecoder) decode() (*Request, error) {
 	// Pass 2: the op's fields, each with its exact type and bounds.
 	for i := range requestFields {
 		fs := &requestFields[i]
-		off, ok := d.offsets[fs.f]
-		if !ok {
+		if seen&fs.f == 0 {
 			continue
 		}
-		d.r.Off = off
+		d.r.Off = *d.at(fs.f)
 		if err := fs.decode(&d.r, &d.req); err != nil {
 			code := CodeBadRequest
 			if errors.Is(err, messages.ErrBadKey) {
@@ -250,9 +259,11 @@ func (d *requestDecoder) header(name string, version *uint64, hasV, hasOp *bool)
 			return d.fail(CodeBadRequest, "field \"op\" repeated")
 		}
 		*hasOp = true
-		if d.opName, err = d.r.Str(32); err != nil {
+		var name []byte
+		if name, err = d.r.StrBytes(32); err != nil {
 			return d.fail(CodeBadRequest, "field \"op\": %v", err)
 		}
+		d.opName = opName(name)
 	case "id":
 		if d.hasID {
 			return d.fail(CodeBadRequest, "field \"id\" repeated")
@@ -319,7 +330,7 @@ func decodeKey(r *reader, lastNS *string) (messages.Key, error) {
 	}
 	// NB: keys of one call nearly always share a namespace: reuse the string.
 	if string(ns) != *lastNS {
-		*lastNS = string(canonicalNamespace(string(ns)))
+		*lastNS = string(canonicalNamespace(ns))
 	}
 	// NB: an empty hash decodes; the node refuses it with ErrBadKey, as it
 	// does in process. A hash too long to be one is refused here, as BAD_KEY.
@@ -345,25 +356,44 @@ func decodeReqContext(r *reader) (*messages.ReqContext, error) {
 		return nil, err
 	}
 	c := &messages.ReqContext{}
-	seen := map[string]bool{}
+	var seen uint32 // a bit per reqFields index
 	for range n {
-		name, err := r.Str(32)
+		b, err := r.StrBytes(32)
 		if err != nil {
 			return nil, err
 		}
-		if seen[name] {
-			return nil, fmt.Errorf("req field %q repeated", name)
+		i, known := reqFieldIndex[string(b)]
+		if !known {
+			return nil, fmt.Errorf("req.%s: unknown field", b)
 		}
-		seen[name] = true
-		if err := decodeReqField(r, c, name); err != nil {
-			return nil, fmt.Errorf("req.%s: %w", name, err)
+		if seen&(1<<i) != 0 {
+			return nil, fmt.Errorf("req field %q repeated", b)
+		}
+		seen |= 1 << i
+		if err := decodeReqField(r, c, reqFields[i]); err != nil {
+			return nil, fmt.Errorf("req.%s: %w", reqFields[i], err)
 		}
 	}
-	if !seen["id"] || c.RequestID == "" {
+	if seen&1 == 0 || c.RequestID == "" { // NB: reqFields[0] is "id"
 		return nil, fmt.Errorf("req needs a non-empty \"id\"")
 	}
 	return c, nil
 }
+
+// reqFields are the names of a ReqContext's fields on the wire, "id"
+// first; decodeReqField reads each. reqFieldIndex finds a name's place, so
+// that a call's field names are looked up in the frame's bytes.
+var (
+	reqFields = []string{"id", "workers", "tiers", "peers", "parent", "tokens", "block_size", "lora_id",
+		"lora_name", "extra", "kv_cache_spec_kind", "sliding_window", "session_id"}
+	reqFieldIndex = func() map[string]uint {
+		m := make(map[string]uint, len(reqFields))
+		for i, f := range reqFields {
+			m[f] = uint(i)
+		}
+		return m
+	}()
+)
 
 func decodeReqField(r *reader, c *messages.ReqContext, name string) error {
 	var err error
