@@ -3,6 +3,7 @@ package messages
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // ErrBadProvenance: a provenance outside the bounds below (a malformed
@@ -28,15 +29,19 @@ type Placement struct {
 // named twice takes its first position; a key not in call gets Index -1
 // (its provenance is unknown).
 func Place(call, keys []Key, parent []byte) []Placement {
-	first := make(map[Key]int, len(call))
-	for i, k := range call {
-		if _, seen := first[k]; !seen {
-			first[k] = i
+	firstOf := func(k Key) (int, bool) { i := slices.Index(call, k); return i, i >= 0 }
+	if len(call) > placeScanMax {
+		first := make(map[Key]int, len(call))
+		for i, k := range call {
+			if _, seen := first[k]; !seen {
+				first[k] = i
+			}
 		}
+		firstOf = func(k Key) (int, bool) { i, ok := first[k]; return i, ok }
 	}
 	out := make([]Placement, len(keys))
 	for i, k := range keys {
-		idx, ok := first[k]
+		idx, ok := firstOf(k)
 		switch {
 		case !ok:
 			out[i] = Placement{Index: -1}
@@ -48,6 +53,10 @@ func Place(call, keys []Key, parent []byte) []Placement {
 	}
 	return out
 }
+
+// placeScanMax is the longest call Place searches key by key rather than
+// through a map of it: most calls name a handful of keys.
+const placeScanMax = 16
 
 // BlockTokens returns the token ids of the block at placement p of ctx's
 // call, and whether ctx holds them all (a full block of ctx.BlockSize

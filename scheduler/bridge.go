@@ -563,13 +563,12 @@ func (b *Bridge) intakeErr() error {
 }
 
 func (b *Bridge) newJob(id messages.JobID, kind messages.JobKind, req *messages.ReqContext, keys []messages.Key, slots []int) *job {
-	j := &job{id: id, kind: kind, req: req, keys: keys,
-		slots: make(map[messages.Key]int, len(keys)), open: make(map[messages.Key]struct{}, len(keys)),
+	j := &job{id: id, kind: kind, req: req, keys: keys, slots: slots, open: make([]bool, len(keys)), nOpen: len(keys),
 		reported: make([]bool, b.workers(req)), allOK: true}
-	for i, k := range keys {
-		j.slots[k] = slots[i]
-		j.open[k] = struct{}{}
+	for i := range j.open {
+		j.open[i] = true
 	}
+	j.indexKeys()
 	return j
 }
 
@@ -604,9 +603,7 @@ func (b *Bridge) onPin(o *fx.Out, p pendingCall, res *cpumsg.PinResult) {
 		b.refuseLoad(o, p, res.Err)
 		return
 	}
-	for i, k := range p.load.Keys {
-		p.job.slots[k] = res.Slots[i]
-	}
+	copy(p.job.slots, res.Slots) // NB: the job's keys are the load's
 	reply(o, p.load.Reply, messages.LoadJob{ID: p.job.id, Slots: res.Slots, Workers: len(p.job.reported)}, nil)
 }
 
@@ -634,11 +631,11 @@ func (b *Bridge) completeLoad(o *fx.Out, m *messages.CompleteLoad) {
 		reply(o, m.Reply, struct{}{}, fmt.Errorf("%w: %v", messages.ErrNotLoading, missing))
 		return
 	}
-	for j, keys := range byJob {
+	for _, c := range byJob {
 		// NB: the CPU tier's mailbox is FIFO from us, so any later call we
 		// forward sees these pins released; no need to await the ack.
-		o.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: j.ref(), Keys: keys})
-		b.closeIfEmpty(o, j)
+		o.Request(b.cfg.CPU, &cpumsg.UnpinKeys{Job: c.j.ref(), Keys: c.keys()})
+		b.closeIfEmpty(o, c.j)
 	}
 	reply(o, m.Reply, struct{}{}, nil)
 }
@@ -691,10 +688,7 @@ func (b *Bridge) openStore(o *fx.Out, id messages.JobID, req *messages.ReqContex
 		return 0, 0
 	}
 	j := b.newJob(id, messages.JobStore, req, keys, slots)
-	j.place = make(placeMap, len(keys))
-	for i, p := range messages.Place(callKeys, keys, req.ParentBlockHash) {
-		j.place[keys[i]] = p
-	}
+	j.place = messages.Place(callKeys, keys, req.ParentBlockHash)
 	b.arm(o, j)
 	if id <= b.reapedUpTo {
 		// NB: opened after its drain's deadline reaped the jobs issued
@@ -716,9 +710,9 @@ func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 		return
 	}
 	done := &storeCompletion{m: m, remaining: len(byJob)}
-	for j, keys := range byJob {
-		b.commit(o, j, keys, m.OK, commitWaiter{store: done})
-		b.closeIfEmpty(o, j)
+	for _, c := range byJob {
+		b.commit(o, c.j, c.at, m.OK, commitWaiter{store: done})
+		b.closeIfEmpty(o, c.j)
 	}
 }
 
@@ -726,20 +720,16 @@ func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 // off the mailbox first; then takes the CPU tier's answer.
 // Committed keys go in chain order with their placements, so a stored
 // event names parents before children.
-func (b *Bridge) commit(o *fx.Out, j *job, keys []messages.Key, ok bool, then commitWaiter) {
+func (b *Bridge) commit(o *fx.Out, j *job, at []int, ok bool, then commitWaiter) {
 	b.commits++
 	if !ok {
-		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: keys, then: then}, nil)
+		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: j.keysAt(at), then: then}, nil)
 		return
 	}
-	keys, place := j.placed(keys)
+	keys, slots, place := j.placed(at)
 	b.order.issued(keys)
 	b.commitIssued++
 	seq := b.commitIssued
-	slots := make([]int, len(keys))
-	for i, k := range keys {
-		slots[i] = j.slots[k]
-	}
 	ref, req, slot := j.ref(), j.req, b.cfg.Slot
 	o.Offload(func() any {
 		// NB: 2 MiB at memory speed is ~200 µs of one core at a step
@@ -814,7 +804,7 @@ func (b *Bridge) commitAnswered(o *fx.Out, c *commitCall, err error) {
 
 // closeIfEmpty removes a job all of whose keys were claimed.
 func (b *Bridge) closeIfEmpty(o *fx.Out, j *job) {
-	if len(j.open) > 0 || b.reg.jobs[j.id] != j {
+	if j.nOpen > 0 || b.reg.jobs[j.id] != j {
 		return
 	}
 	b.reg.remove(j)
@@ -856,16 +846,16 @@ func (b *Bridge) jobDone(o *fx.Out, m *messages.JobDone) {
 // anyone, gets the outcome once the CPU tier has applied it.
 func (b *Bridge) finish(o *fx.Out, j *job, ok bool, then commitWaiter) {
 	b.reg.remove(j)
-	keys := j.openKeys()
-	j.open = nil
+	open := j.openPlaces()
+	j.closeAll()
 	switch {
 	case j.kind == messages.JobLoad:
 		// NB: the CPU tier's mailbox is FIFO from us: any later call sees the
 		// pins released, so the answer need not wait for the ack.
 		o.Request(b.cfg.CPU, &cpumsg.ReleaseJob{Job: j.ref()})
 		then.landed(o, nil)
-	case len(keys) > 0:
-		b.commit(o, j, keys, ok, then)
+	case len(open) > 0:
+		b.commit(o, j, open, ok, then)
 	default:
 		then.landed(o, nil)
 	}
@@ -883,7 +873,7 @@ func (b *Bridge) deadline(o *fx.Out, m *jobDeadline) {
 func (b *Bridge) reap(o *fx.Out, j *job, why string) {
 	b.countReaped(j)
 	b.cfg.Log.Warn().Uint64("job", uint64(j.id)).Stringer("kind", j.kind).Str("request", j.req.RequestID).
-		Int("open_keys", len(j.open)).Int("reports", j.nReports).Int("workers", len(j.reported)).
+		Int("open_keys", j.nOpen).Int("reports", j.nReports).Int("workers", len(j.reported)).
 		Str("why", why).Msg("bridge: stalled job reaped")
 	b.finish(o, j, false, commitWaiter{})
 }
@@ -1066,7 +1056,7 @@ func (b *Bridge) releaseSession(o *fx.Out, m *messages.ReleaseSession) {
 	for _, j := range doomed {
 		b.countReaped(j)
 		b.reg.remove(j)
-		j.open = nil
+		j.closeAll()
 		refs = append(refs, j.ref())
 	}
 	if len(refs) > 0 {

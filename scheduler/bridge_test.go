@@ -32,11 +32,11 @@ func (s stopCount) Stop() bool { *s.n++; return true }
 
 func newJob(id messages.JobID, kind messages.JobKind, req string, keys ...messages.Key) *job {
 	j := &job{id: id, kind: kind, req: &messages.ReqContext{RequestID: req}, keys: keys,
-		open: map[messages.Key]struct{}{}, slots: map[messages.Key]int{}}
-	for i, key := range keys {
-		j.open[key] = struct{}{}
-		j.slots[key] = i
+		open: make([]bool, len(keys)), slots: make([]int, len(keys)), nOpen: len(keys)}
+	for i := range keys {
+		j.open[i], j.slots[i] = true, i
 	}
+	j.indexKeys()
 	return j
 }
 
@@ -90,15 +90,54 @@ func TestRegistryClaimsEachKeyOnceFromTheJobThatOwnsIt(t *testing.T) {
 					continue
 				}
 				n := 0
-				for _, ks := range byJob {
-					n += len(ks)
+				for _, c := range byJob {
+					n += len(c.at)
 				}
 				assert.Equal(t, len(cl.keys), n, "every key claimed exactly once")
 			}
-			assert.Len(t, j1.open, c.open[1])
-			assert.Len(t, j2.open, c.open[2])
+			assert.Equal(t, c.open[1], j1.nOpen)
+			assert.Equal(t, c.open[2], j2.nOpen)
+			assert.Equal(t, c.open[1], len(j1.openPlaces()))
+			assert.Equal(t, c.open[2], len(j2.openPlaces()))
 		})
 	}
+}
+
+// A job finds its keys by place, scanning a small job and through its
+// index a large one; a key a job names twice is claimed once, closing both
+// its places.
+func TestRegistryClaimsKeysOfLargeJobsAndKeysNamedTwice(t *testing.T) {
+	keys := make([]messages.Key, 3*smallJob)
+	for i := range keys {
+		keys[i] = messages.Key{Namespace: "ns", Hash: string(rune(0x100 + i))}
+	}
+	r := newRegistry()
+	big := newJob(1, messages.JobStore, "r", keys...)
+	twice := newJob(2, messages.JobStore, "r", k(0), k(1), k(0))
+	r.add(big)
+	r.add(twice)
+	require.NotNil(t, big.index, "a large job has an index")
+	require.True(t, twice.dups)
+
+	byJob, _, ok := r.claim("r", messages.JobStore, []messages.Key{keys[40], keys[3]})
+	require.True(t, ok)
+	require.Equal(t, []claimed{{big, []int{40, 3}}}, byJob, "each key at its own place")
+	assert.Equal(t, []messages.Key{keys[40], keys[3]}, byJob[0].keys())
+	assert.Equal(t, len(keys)-2, big.nOpen)
+	_, missing, ok := r.claim("r", messages.JobStore, []messages.Key{keys[7], keys[40]})
+	require.False(t, ok, "a key claimed before is no longer the job's")
+	assert.Equal(t, keys[40], missing)
+	assert.Equal(t, len(keys)-2, big.nOpen, "a refused claim takes nothing")
+
+	_, _, ok = r.claim("r", messages.JobStore, []messages.Key{k(0), k(1), k(0)})
+	require.False(t, ok, "a key twice in one completion is refused, whole job or not")
+	byJob, _, ok = r.claim("r", messages.JobStore, []messages.Key{k(0)})
+	require.True(t, ok)
+	assert.Equal(t, []claimed{{twice, []int{0}}}, byJob)
+	assert.Equal(t, 1, twice.nOpen, "both places of the key closed")
+	assert.Equal(t, []int{1}, twice.openPlaces())
+	_, _, ok = r.claim("r", messages.JobStore, []messages.Key{k(0)})
+	require.False(t, ok)
 }
 
 func TestRegistryRemoveForgetsTheJobAndStopsItsTimer(t *testing.T) {
@@ -120,9 +159,10 @@ func TestRegistryRemoveForgetsTheJobAndStopsItsTimer(t *testing.T) {
 
 func TestJobPlacedOrdersKeysByTheirPlaceInTheCall(t *testing.T) {
 	j := newJob(1, messages.JobStore, "r", k(0), k(1), k(2))
-	j.place = placeMap{k(0): {Index: 2}, k(1): {Index: 0}, k(2): {Index: 1, Parent: "x"}}
-	keys, place := j.placed([]messages.Key{k(0), k(1), k(2)})
+	j.place = []messages.Placement{{Index: 2}, {Index: 0}, {Index: 1, Parent: "x"}}
+	keys, slots, place := j.placed([]int{0, 1, 2})
 	assert.Equal(t, []messages.Key{k(1), k(2), k(0)}, keys, "parents before children")
+	assert.Equal(t, []int{1, 2, 0}, slots, "each key with its own slot")
 	assert.Equal(t, []int{0, 1, 2}, []int{place[0].Index, place[1].Index, place[2].Index})
 	assert.Equal(t, "x", place[1].Parent)
 }
