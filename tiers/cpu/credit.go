@@ -58,10 +58,10 @@ func (s *State) creditedBytes() int64 {
 			continue
 		}
 		if len(s.geo) == 1 { // NB: the common case, without a walk of every credited slot
-			n += int64(len(slots)) * int64(s.geo[0].bytes)
+			n += int64(slots.len()) * int64(s.geo[0].bytes)
 			continue
 		}
-		for idx := range slots {
+		for idx := range slots.all() {
 			n += int64(s.geo[s.gOf[idx]].bytes)
 		}
 	}
@@ -118,14 +118,11 @@ func (s *State) Bind(owner, job messages.JobRef, keys []messages.Key, slots []in
 		if s.obs != nil {
 			s.obs.Writing(k)
 		}
-		delete(mine, idx)
-		if s.reserved[job] == nil {
-			s.reserved[job] = map[int]struct{}{}
-		}
-		s.reserved[job][idx] = struct{}{}
+		mine.add(idx, -1)
+		setOf(s.reserved, job).add(idx, 1)
 		bound[i] = true
 	}
-	if len(mine) == 0 {
+	if mine.len() == 0 {
 		delete(s.reserved, owner)
 	}
 	return bound, nil
@@ -138,7 +135,7 @@ func (s *State) checkCredit(owner messages.JobRef, keys []messages.Key, slots []
 	mine := s.reserved[owner]
 	s.named.next(len(s.slots))
 	for _, idx := range slots {
-		if _, ok := mine[idx]; !ok || idx < 0 || idx >= len(s.slots) || !IsCreditKey(s.slots[idx].key) {
+		if !mine.has(idx) || idx < 0 || idx >= len(s.slots) || !IsCreditKey(s.slots[idx].key) {
 			return fmt.Errorf("%w: slot %d is not this session's credit", messages.ErrBadRequest, idx)
 		}
 		if s.named.twice(idx) {
@@ -149,14 +146,14 @@ func (s *State) checkCredit(owner messages.JobRef, keys []messages.Key, slots []
 }
 
 // Credit is how many slots owner holds as credit.
-func (s *State) Credit(owner messages.JobRef) int { return len(s.reserved[owner]) }
+func (s *State) Credit(owner messages.JobRef) int { return s.reserved[owner].len() }
 
 // ReleaseCredit frees owner's credited slots (nothing was ever readable in
 // them) and returns how many; owner's session is over, and no longer
 // counts among those sharing CreditLimit.
 func (s *State) ReleaseCredit(owner messages.JobRef) int {
 	n := 0
-	for idx := range s.reserved[owner] {
+	for idx := range s.reserved[owner].all() {
 		s.freeSlot(idx)
 		n++
 	}

@@ -17,7 +17,7 @@ func (s *State) CheckInvariants() error {
 	inFree := s.checkGeometries(bad)
 	pinSum := make([]int32, len(s.slots))
 	for _, m := range s.pins {
-		for idx, n := range m {
+		for idx, n := range m.all() {
 			if n <= 0 {
 				bad("slot %d has a non-positive pin entry", idx)
 			}
@@ -63,7 +63,7 @@ func (s *State) CheckInvariants() error {
 			bad("slot %d not ready but pinned or leased", idx)
 		}
 		if sl.state == slotWritePending {
-			if _, ok := s.reserved[sl.writer][idx]; !ok {
+			if !s.reserved[sl.writer].has(idx) {
 				bad("slot %d write-pending but not reserved by %v", idx, sl.writer)
 			}
 		}

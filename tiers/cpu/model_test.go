@@ -992,7 +992,7 @@ func (r *leaseRun) step() {
 	case op < 48: // CompleteLoad
 		job := r.loadJob[h]
 		var ks []messages.Key
-		for idx, n := range r.s.pins[job] {
+		for idx, n := range r.s.pins[job].all() {
 			for range n {
 				ks = append(ks, r.s.slots[idx].key)
 			}
@@ -1071,7 +1071,7 @@ func (r *leaseRun) check() {
 				r.fatalf("%v's leased HIT %v (lease to %v) is %v", h, k, at.Sub(time.Unix(1_000_000, 0)), st)
 			}
 		}
-		for idx := range r.s.pins[r.loadJob[h]] {
+		for idx := range r.s.pins[r.loadJob[h]].all() {
 			if r.s.slots[idx].state != slotReady {
 				r.fatalf("%v's pinned slot %d is not ready", h, idx)
 			}

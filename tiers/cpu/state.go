@@ -76,8 +76,8 @@ type State struct {
 	leases   map[messages.Holder]*holderLeases // live leases by holder
 	nLeases  int                               // live leases in all
 	expiry   expiryHeap                        // one entry per leasing call: when to look at that holder again
-	pins     map[messages.JobRef]map[int]int32
-	reserved map[messages.JobRef]map[int]struct{}
+	pins     map[messages.JobRef]*slotSet
+	reserved map[messages.JobRef]*slotSet
 	// creditors are the sessions granted credit and not yet released: the
 	// engines CreditLimit is shared by.
 	creditors map[messages.JobRef]struct{}
@@ -121,8 +121,8 @@ func NewBudgetState(budget int64, blockBytes int, policy string, now func() time
 		now: now, budget: budget,
 		index: make(map[messages.Key]int, n), policy: p,
 		leases:    map[messages.Holder]*holderLeases{},
-		pins:      map[messages.JobRef]map[int]int32{},
-		reserved:  map[messages.JobRef]map[int]struct{}{},
+		pins:      map[messages.JobRef]*slotSet{},
+		reserved:  map[messages.JobRef]*slotSet{},
 		creditors: map[messages.JobRef]struct{}{},
 	}
 	s.chain, _ = p.(chainPolicy)
@@ -292,18 +292,18 @@ func (s *State) Touch(keys []messages.Key) {
 // returns ErrNotLoading and nothing is unpinned.
 func (s *State) Unpin(job messages.JobRef, keys []messages.Key) error {
 	held := s.pins[job]
-	want := map[int]int32{}
+	var want slotSet
 	for _, k := range keys {
 		idx, ok := s.index[k]
-		if !ok || held[idx] <= want[idx] {
+		if !ok || held.count(idx) <= want.count(idx) {
 			// A block Clear unindexed under its reader: unpinned by its key.
-			if idx, ok = s.clearedPin(held, want, k); !ok {
+			if idx, ok = s.clearedPin(held, &want, k); !ok {
 				return fmt.Errorf("%w: %v", messages.ErrNotLoading, k)
 			}
 		}
-		want[idx]++
+		want.add(idx, 1)
 	}
-	for idx, n := range want {
+	for idx, n := range want.all() {
 		for range n {
 			s.unpin(job, idx)
 		}
@@ -313,12 +313,12 @@ func (s *State) Unpin(job messages.JobRef, keys []messages.Key) error {
 
 // clearedPin finds a slot of held that Clear unindexed from k and that
 // has a pin left beyond want. O(held): only on Unpin's miss path.
-func (s *State) clearedPin(held, want map[int]int32, k messages.Key) (int, bool) {
+func (s *State) clearedPin(held, want *slotSet, k messages.Key) (int, bool) {
 	if len(s.cleared) == 0 {
 		return 0, false
 	}
-	for idx, n := range held {
-		if ck, ok := s.cleared[idx]; ok && ck == k && n > want[idx] {
+	for idx, n := range held.all() {
+		if ck, ok := s.cleared[idx]; ok && ck == k && n > want.count(idx) {
 			return idx, true
 		}
 	}
@@ -407,14 +407,13 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 	s.named.next(len(s.slots))
 	for i, k := range keys {
 		idx, found := s.index[k]
-		_, r := mine[idx]
-		if !found || !r || s.slots[idx].state != slotWritePending || s.named.twice(idx) {
+		if !found || !mine.has(idx) || s.slots[idx].state != slotWritePending || s.named.twice(idx) {
 			return fmt.Errorf("%w: %v", messages.ErrNotPending, k)
 		}
 		idxs[i] = idx
 	}
 	for i, idx := range idxs {
-		delete(mine, idx)
+		mine.add(idx, -1)
 		if ok {
 			s.slots[idx].prov = src.ref(i) // NB: before makeReady, which ranks by its parent
 			s.makeReady(idx, checksums[i])
@@ -423,16 +422,16 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 			s.Counters.StoresFailed++
 		}
 	}
-	if len(mine) == 0 {
+	if mine.len() == 0 {
 		delete(s.reserved, job)
 	}
 	return nil
 }
 
-// Pending returns the keys job still has write-pending, in slot order.
+// Pending returns the keys job still has write-pending.
 func (s *State) Pending(job messages.JobRef) []messages.Key {
 	var out []messages.Key
-	for idx := range s.reserved[job] {
+	for idx := range s.reserved[job].all() {
 		out = append(out, s.slots[idx].key)
 	}
 	return out
@@ -441,12 +440,12 @@ func (s *State) Pending(job messages.JobRef) []messages.Key {
 // ReleaseJob drops every pin job holds and frees every slot it is still
 // writing (a failed store: never readable). It returns the keys freed.
 func (s *State) ReleaseJob(job messages.JobRef) (aborted []messages.Key) {
-	for idx, n := range s.pins[job] {
+	for idx, n := range s.pins[job].all() {
 		for range n {
 			s.unpin(job, idx)
 		}
 	}
-	for idx := range s.reserved[job] {
+	for idx := range s.reserved[job].all() {
 		aborted = append(aborted, s.slots[idx].key)
 		s.freeSlot(idx)
 		s.Counters.StoresFailed++
@@ -498,7 +497,7 @@ func (s *State) OrphanOrigin(o messages.Origin) (jobs []messages.JobRef, aborted
 // ReleaseJob, once nothing can still copy through them. aborted are the
 // keys whose writes it ended.
 func (s *State) OrphanJob(job messages.JobRef) (aborted []messages.Key) {
-	for idx := range s.reserved[job] {
+	for idx := range s.reserved[job].all() {
 		sl := &s.slots[idx]
 		if IsQuarantineKey(sl.key) {
 			continue
@@ -660,7 +659,7 @@ func (s *State) Occupancy() Occupancy {
 	credit := 0
 	for owner, slots := range s.reserved {
 		if owner.Origin == messages.OriginCredit {
-			credit += len(slots)
+			credit += slots.len()
 		}
 	}
 	return Occupancy{
@@ -780,20 +779,12 @@ func (s *State) pin(job messages.JobRef, idx int) {
 	if s.slots[idx].pins == 1 {
 		s.pinnedSlots++
 	}
-	if s.pins[job] == nil {
-		s.pins[job] = map[int]int32{}
-	}
-	s.pins[job][idx]++
+	setOf(s.pins, job).add(idx, 1)
 }
 
 func (s *State) unpin(job messages.JobRef, idx int) {
-	m := s.pins[job]
-	m[idx]--
-	if m[idx] == 0 {
-		delete(m, idx)
-		if len(m) == 0 {
-			delete(s.pins, job)
-		}
+	if m := s.pins[job]; m.add(idx, -1) == 0 && m.len() == 0 {
+		delete(s.pins, job)
 	}
 	sl := &s.slots[idx]
 	sl.pins--
@@ -844,8 +835,7 @@ func (s *State) evictOne(protected map[int]struct{}) messages.Key {
 
 // unreserve frees slot idx that job reserved in a call that failed.
 func (s *State) unreserve(job messages.JobRef, idx int) {
-	delete(s.reserved[job], idx)
-	if len(s.reserved[job]) == 0 {
+	if m := s.reserved[job]; m.add(idx, -1) == 0 && m.len() == 0 {
 		delete(s.reserved, job)
 	}
 	s.freeSlot(idx)
@@ -860,10 +850,7 @@ func (s *State) allocate(gi int, k messages.Key, job messages.JobRef) int {
 	if s.obs != nil && observable(k) {
 		s.obs.Writing(k)
 	}
-	if s.reserved[job] == nil {
-		s.reserved[job] = map[int]struct{}{}
-	}
-	s.reserved[job][idx] = struct{}{}
+	setOf(s.reserved, job).add(idx, 1)
 	return idx
 }
 
