@@ -1044,9 +1044,7 @@ func (b *Bridge) releaseSession(o *fx.Out, m *messages.ReleaseSession) {
 	var doomed []*job
 	for id, jobs := range b.reg.byReq {
 		if strings.HasPrefix(id, m.Prefix) {
-			for _, j := range jobs {
-				doomed = append(doomed, j)
-			}
+			doomed = append(doomed, jobs...)
 		}
 	}
 	// NB: not reaped (which frees at once): the engine's workers may still

@@ -121,15 +121,18 @@ func BenchmarkDecodeLookup2000(b *testing.B) {
 	}
 	for _, packed := range []bool{false, true} {
 		frame := EncodeRequest(&Request{Op: OpLookup, ID: 1, Req: &messages.ReqContext{RequestID: "r"}, Keys: keys, Prefix: true, PackedKeys: packed})
-		b.Run(map[bool]string{false: "keys", true: "pkeys"}[packed], func(b *testing.B) {
-			b.SetBytes(int64(len(frame)))
-			b.ReportAllocs()
-			for range b.N {
-				if _, err := DecodeRequest(frame); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run(map[bool]string{false: "keys", true: "pkeys"}[packed], func(b *testing.B) { benchDecode(b, frame) })
+	}
+}
+
+// benchDecode decodes frame b.N times, with its bytes and allocations.
+func benchDecode(b *testing.B, frame []byte) {
+	b.SetBytes(int64(len(frame)))
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := DecodeRequest(frame); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -169,17 +172,7 @@ func BenchmarkDecodeStepBatch(b *testing.B) {
 		q := &Request{Op: op, ID: uint64(i + 2), Req: req, Keys: keys, PackedKeys: true, OK: op == OpCompleteStore, Quiet: op == OpCompleteStore}
 		calls[i] = Call{Req: q}
 	}
-	frame := EncodeRequest(&Request{Op: OpBatch, ID: 1, Calls: calls})
-	if _, err := DecodeRequest(frame); err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(frame)))
-	b.ReportAllocs()
-	for range b.N {
-		if _, err := DecodeRequest(frame); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchDecode(b, EncodeRequest(&Request{Op: OpBatch, ID: 1, Calls: calls}))
 }
 
 // Every name reqFields lists is one decodeReqField reads: a field added to
