@@ -138,12 +138,13 @@ type tieringAsk struct {
 
 // commitCall is a CommitSlots in flight and who waits for it to land.
 type commitCall struct {
-	ref  messages.JobRef
-	req  *messages.ReqContext
-	keys []messages.Key
-	ok   bool
-	sums []uint32
-	then commitWaiter
+	ref   messages.JobRef
+	req   *messages.ReqContext
+	keys  []messages.Key
+	slots []int // per key: its slot, as the CPU tier gave it to the job
+	ok    bool
+	sums  []uint32
+	then  commitWaiter
 }
 
 // commitWaiter is who waits for a commit to land: a CompleteStore (for
@@ -203,14 +204,15 @@ type (
 	jobDeadline struct{ id messages.JobID }
 	reapAt      struct{ gen uint64 }
 	checksummed struct {
-		by   *Bridge // the incarnation that counted the commit in flight
-		job  messages.JobRef
-		req  *messages.ReqContext
-		keys []messages.Key
-		pos  []messages.Placement // per key: its place in the job's call
-		sums []uint32
-		then commitWaiter
-		seq  uint64 // the commit's place in begin order
+		by    *Bridge // the incarnation that counted the commit in flight
+		job   messages.JobRef
+		req   *messages.ReqContext
+		keys  []messages.Key
+		slots []int                // per key: its slot
+		pos   []messages.Placement // per key: its place in the job's call
+		sums  []uint32
+		then  commitWaiter
+		seq   uint64 // the commit's place in begin order
 	}
 )
 
@@ -723,7 +725,8 @@ func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 func (b *Bridge) commit(o *fx.Out, j *job, at []int, ok bool, then commitWaiter) {
 	b.commits++
 	if !ok {
-		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: j.keysAt(at), then: then}, nil)
+		keys, slots, _ := j.placed(at)
+		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: keys, slots: slots, then: then}, nil)
 		return
 	}
 	keys, slots, place := j.placed(at)
@@ -741,7 +744,7 @@ func (b *Bridge) commit(o *fx.Out, j *job, at []int, ok bool, then commitWaiter)
 			sums[i] = crc32.Checksum(blk, castagnoli)
 			budget.Spent(len(blk))
 		}
-		return &checksummed{by: b, job: ref, req: req, keys: keys, pos: place, sums: sums, then: then, seq: seq}
+		return &checksummed{by: b, job: ref, req: req, keys: keys, slots: slots, pos: place, sums: sums, then: then, seq: seq}
 	})
 }
 
@@ -766,7 +769,7 @@ func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 	}
 	for m != nil {
 		b.commitNext = m.seq
-		b.sendCommit(o, &commitCall{ref: m.job, req: m.req, keys: m.keys, ok: true, sums: m.sums, then: m.then}, m.pos)
+		b.sendCommit(o, &commitCall{ref: m.job, req: m.req, keys: m.keys, slots: m.slots, ok: true, sums: m.sums, then: m.then}, m.pos)
 		b.order.landed(m.keys)
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
@@ -778,7 +781,7 @@ func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 // the answer ends one in-flight commit (commitLanded).
 func (b *Bridge) sendCommit(o *fx.Out, c *commitCall, place []messages.Placement) {
 	b.ask(o, b.cfg.CPU, pendingCall{kind: waitCommit, commit: c}, func(corr uint64) any {
-		return &cpumsg.CommitSlots{Corr: corr, Job: c.ref, Keys: c.keys, OK: c.ok, Checksums: c.sums, Ctx: c.req, Place: place}
+		return &cpumsg.CommitSlots{Corr: corr, Job: c.ref, Keys: c.keys, Slots: c.slots, OK: c.ok, Checksums: c.sums, Ctx: c.req, Place: place}
 	})
 }
 

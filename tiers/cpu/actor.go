@@ -192,7 +192,7 @@ func (a *Actor) commit(ctx actor.Context, m *cpumsg.CommitSlots) {
 	if len(m.Prov) == len(m.Keys) {
 		src.Prov = m.Prov
 	}
-	err := a.state.CommitProv(m.Job, m.Keys, m.OK, m.Checksums, src)
+	err := a.state.CommitAt(m.Job, m.Keys, m.Slots, m.OK, m.Checksums, src)
 	switch {
 	case err != nil:
 	case m.OK && len(m.Keys) > 0:

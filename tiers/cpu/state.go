@@ -399,14 +399,25 @@ func (s *State) Commit(job messages.JobRef, keys []messages.Key, ok bool, checks
 // CommitProv is Commit, retaining with each key that becomes ready the
 // provenance src gives it.
 func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, checksums []uint32, src ProvSource) error {
+	return s.CommitAt(job, keys, nil, ok, checksums, src)
+}
+
+// CommitAt is CommitProv with, in slots, the slot the writer was given for
+// each key (nil: unknown). A slot that holds its key spares a lookup in
+// the index; one that does not is looked up as if unnamed, so a wrong
+// slot changes nothing but the cost.
+func (s *State) CommitAt(job messages.JobRef, keys []messages.Key, slots []int, ok bool, checksums []uint32, src ProvSource) error {
 	if ok && len(checksums) != len(keys) {
 		return fmt.Errorf("commit: %d checksums for %d keys", len(checksums), len(keys))
+	}
+	if len(slots) != len(keys) {
+		slots = nil
 	}
 	mine := s.reserved[job]
 	idxs := make([]int, len(keys))
 	s.named.next(len(s.slots))
 	for i, k := range keys {
-		idx, found := s.index[k]
+		idx, found := s.slotOf(k, slots, i)
 		if !found || !mine.has(idx) || s.slots[idx].state != slotWritePending || s.named.twice(idx) {
 			return fmt.Errorf("%w: %v", messages.ErrNotPending, k)
 		}
@@ -426,6 +437,19 @@ func (s *State) CommitProv(job messages.JobRef, keys []messages.Key, ok bool, ch
 		delete(s.reserved, job)
 	}
 	return nil
+}
+
+// slotOf is key i of a call, k's slot: slots[i] when the call named it
+// and it holds k (a slot holding a key is the one the index names for it),
+// else the index's.
+func (s *State) slotOf(k messages.Key, slots []int, i int) (int, bool) {
+	if slots != nil {
+		if idx := slots[i]; idx >= 0 && idx < len(s.slots) && s.slots[idx].key == k {
+			return idx, true
+		}
+	}
+	idx, ok := s.index[k]
+	return idx, ok
 }
 
 // Pending returns the keys job still has write-pending.

@@ -563,3 +563,34 @@ func TestNextLeaseExpiryDoesNotExpire(t *testing.T) {
 	assert.False(t, ok)
 	assert.Equal(t, uint64(1), s.Counters.LeasesExpired)
 }
+
+// A commit that names its keys' slots commits what one that does not would:
+// a slot holding its key stands for the index's answer, and a wrong slot
+// (another key's, out of range) is looked up as if unnamed. A slot that
+// is not the job's is still refused.
+func TestCommitAtNamedSlotsCommitsAsByKey(t *testing.T) {
+	s, _ := newTestState(t, 8)
+	res, err := s.Reserve(j1, ks(1, 2, 3))
+	require.NoError(t, err)
+	slots := res.Slots
+	wrong := []int{slots[1], -1, 99} // another key's, below range, above range
+	require.NoError(t, s.CommitAt(j1, ks(1), wrong[:1], true, []uint32{7}, ProvSource{}))
+	require.NoError(t, s.CommitAt(j1, ks(2, 3), []int{slots[1], 99}, true, []uint32{8, 9}, ProvSource{}))
+	checkInv(t, s)
+	assert.Equal(t, []messages.LookupStatus{hit, hit, hit}, statuses(s, 1, 2, 3))
+	for i, k := range ks(1, 2, 3) {
+		idx, sum, err := s.Checksum(k)
+		require.NoError(t, err)
+		assert.Equal(t, slots[i], idx)
+		assert.Equal(t, uint32(7+i), sum, "key %d took its own checksum", i+1)
+	}
+
+	res, err = s.Reserve(j2, ks(4))
+	require.NoError(t, err)
+	require.ErrorIs(t, s.CommitAt(j1, ks(4), res.Slots, true, []uint32{1}, ProvSource{}), messages.ErrNotPending,
+		"another job's write, named by its slot")
+	require.ErrorIs(t, s.CommitAt(j2, ks(1), slots[:1], true, []uint32{1}, ProvSource{}), messages.ErrNotPending,
+		"a ready block, named by its slot")
+	require.NoError(t, s.CommitAt(j2, ks(4), res.Slots, true, []uint32{1}, ProvSource{}))
+	checkInv(t, s)
+}

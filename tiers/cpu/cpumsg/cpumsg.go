@@ -147,6 +147,7 @@ type CommitSlots struct {
 	Corr      uint64               // correlation id
 	Job       messages.JobRef      // the writer
 	Keys      []messages.Key       // keys written
+	Slots     []int                // nil, or per key: the slot the tier gave the writer for it (checked, not trusted)
 	OK        bool                 // whether the bytes are complete and valid
 	Checksums []uint32             // CRC32C per key when OK
 	Ctx       *messages.ReqContext // context of the job, for the stored event
