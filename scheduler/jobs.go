@@ -204,9 +204,7 @@ func (r *registry) claim(req string, kind messages.JobKind, keys []messages.Key)
 			return nil, k, false
 		}
 		taken[k] = true
-		if n := len(byJob); n > 0 && byJob[n-1].j == owner {
-			byJob[n-1].at = append(byJob[n-1].at, i)
-		} else if c := slices.IndexFunc(byJob, func(c claimed) bool { return c.j == owner }); c >= 0 {
+		if c := slices.IndexFunc(byJob, func(c claimed) bool { return c.j == owner }); c >= 0 {
 			byJob[c].at = append(byJob[c].at, i)
 		} else {
 			byJob = append(byJob, claimed{owner, []int{i}})

@@ -110,14 +110,7 @@ func pkBit(name []byte) uint8 {
 }
 
 // has reports whether the field named (one of pkFields) was read.
-func (p *packedKeys) has(name string) bool {
-	for i, f := range pkFields {
-		if f == name {
-			return p.seen&(1<<i) != 0
-		}
-	}
-	return false
-}
+func (p *packedKeys) has(name string) bool { return p.seen&pkBit([]byte(name)) != 0 }
 
 // decodePackedKeys reads a pkeys map into at most max keys. A hash length
 // outside 1..MaxHashBytes is a bad key (ErrBadKey), as it is in "keys".

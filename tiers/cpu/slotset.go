@@ -112,9 +112,6 @@ func (c *slotSet) all() iter.Seq2[int, int32] {
 		// NB: backwards, so that taking out the slot just yielded moves
 		// only slots already yielded.
 		for i := len(c.small) - 1; i >= 0; i-- {
-			if i >= len(c.small) {
-				continue
-			}
 			if !yield(c.small[i].idx, c.small[i].n) {
 				return
 			}
