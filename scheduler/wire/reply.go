@@ -90,7 +90,7 @@ func EncodeCallError(id uint64, op Op, err error) []byte {
 // which fields). strip is removed from the front of request ids in events
 // (the endpoint's session prefix).
 func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
-	w := writer{B: make([]byte, 0, 64+16*len(rp.Status)+8*len(rp.Slots))}
+	w := writer{B: make([]byte, 0, replySizeHint(rp))}
 	var shape replyShape
 	if op > 0 && op < opEnd {
 		shape = ops[op].reply
@@ -108,6 +108,22 @@ func EncodeReply(op Op, rp *Reply, strip func(string) string) []byte {
 		shape.encode(&w, rp, strip)
 	}
 	return w.B
+}
+
+// replySizeHint is about the bytes rp encodes to, key lists included, so
+// that a reply is written into one allocation, not grown as it goes.
+func replySizeHint(rp *Reply) int {
+	return 64 + 16*len(rp.Status) + 8*len(rp.Slots) + len(rp.Bound) +
+		keysSizeHint(rp.ToStore) + keysSizeHint(rp.Evicted)
+}
+
+// keysSizeHint is about the bytes encodeKeys writes for keys.
+func keysSizeHint(keys []messages.Key) int {
+	n := 5
+	for _, k := range keys {
+		n += 16 + len(k.Namespace) + len(k.Hash)
+	}
+	return n
 }
 
 func boolByte(b bool) byte {

@@ -23,7 +23,7 @@ import (
 //   - State outlives the actor: a supervisor restart gets the same State
 //     back (it is the owner of record of the slot table) and checks its
 //     invariants before serving again.
-//   - Events are buffered up to maxEvents; beyond that the oldest are dropped
+//   - Events are buffered up to DefaultMaxEvents; beyond that the oldest are dropped
 //     and counted, so an engine that never drains cannot grow memory.
 //   - With an event sink, every announced event is also sent to it, in
 //     announce order, never dropped (the sink is an actor: a send, no I/O),
@@ -38,9 +38,7 @@ type Actor struct {
 	now              func() time.Time
 	log              zerolog.Logger
 	clock            supervision.Clock
-	events           []messages.Event
-	maxEvents        int
-	dropped          uint64
+	events           eventLog
 	checksumFailures uint64
 	verifyJob        messages.JobID
 	restarted        bool
@@ -75,7 +73,7 @@ func WithClock(c supervision.Clock) Option { return func(a *Actor) { a.clock = c
 
 // Props builds the actor's props over a State and Pool that survive restarts.
 func Props(state *State, pool *Pool, now func() time.Time, log zerolog.Logger, opts ...Option) *actor.Props {
-	a := &Actor{state: state, pool: pool, now: now, log: log, maxEvents: DefaultMaxEvents}
+	a := &Actor{state: state, pool: pool, now: now, log: log, events: eventLog{max: DefaultMaxEvents}}
 	for _, o := range opts {
 		o(a)
 	}
@@ -155,8 +153,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *verifyDone:
 		a.verified(ctx, m)
 	case *cpumsg.TakeTierEvents:
-		ctx.Respond(&cpumsg.TierEvents{Corr: m.Corr, Events: a.events, Dropped: a.dropped})
-		a.events, a.dropped = nil, 0
+		events, dropped := a.events.take()
+		ctx.Respond(&cpumsg.TierEvents{Corr: m.Corr, Events: events, Dropped: dropped})
 	case *cpumsg.TierStats:
 		ctx.Respond(&cpumsg.TierStatsResult{Corr: m.Corr, Stats: a.stats()})
 	case *cpumsg.ResidentOf:
@@ -330,11 +328,7 @@ func (a *Actor) announce(ctx actor.Context, e messages.Event) {
 		ev := e
 		ctx.Send(a.sink, &ev)
 	}
-	if len(a.events) >= a.maxEvents {
-		a.events = a.events[1:]
-		a.dropped++
-	}
-	a.events = append(a.events, e)
+	a.events.add(e)
 }
 
 func (a *Actor) stats() messages.Stats {
