@@ -3,6 +3,7 @@ package cpu
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -105,4 +106,90 @@ func BenchmarkVictimWalkPastHeldSlots(b *testing.B) {
 	b.ReportMetric(float64(marks.Nanoseconds())/float64(b.N), "marks-ns/walk")
 	b.ReportMetric(float64(baseline.Nanoseconds())/float64(b.N), "slots-ns/walk")
 	b.ReportMetric(float64(marks)/float64(baseline), "marks/slots")
+}
+
+// compactKey is a messages.Key with a hash of up to 32 bytes held inline:
+// what a fixed-size key would make the index's map key. It exists only for
+// BenchmarkIndexKeyShape.
+type compactKey struct {
+	ns   messages.Namespace
+	hash [4]uint64
+	long string // a hash over 32 bytes, whole
+	n    uint8
+	g    uint32
+}
+
+func compactOf(k messages.Key) compactKey {
+	c := compactKey{ns: k.Namespace, n: uint8(len(k.Hash)), g: k.Group}
+	if len(k.Hash) > 32 {
+		c.long = k.Hash
+		return c
+	}
+	var b [32]byte
+	copy(b[:], k.Hash)
+	for i := range c.hash {
+		c.hash[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return c
+}
+
+// BenchmarkIndexKeyShape asks whether a fixed-size key would make the
+// index cheaper: the same random lookups, by keys decoded afresh (their
+// hashes in strings of their own, as a call's are; compact ones converted
+// beforehand, as a decoder would make them), in a map keyed by
+// messages.Key and in one keyed by compactKey, timed in alternating
+// batches of the same run. Reports ns per lookup of each and their ratio.
+func BenchmarkIndexKeyShape(b *testing.B) {
+	for _, n := range []int{20000, 200000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			keys := benchKeys(n)
+			byKey, byCompact := make(map[messages.Key]int, n), make(map[compactKey]int, n)
+			asked, askedCompact := make([]messages.Key, n), make([]compactKey, n)
+			for i, k := range keys {
+				byKey[k], byCompact[compactOf(k)] = i, i
+				asked[i] = messages.Key{Namespace: k.Namespace, Hash: string([]byte(k.Hash))}
+				askedCompact[i] = compactOf(asked[i])
+			}
+			order := rand.New(rand.NewPCG(1, 2)).Perm(n)
+			const batch = 1024
+			var tKey, tCompact time.Duration
+			sum, at, first := 0, 0, false
+			for b.Loop() {
+				idx := order[at : at+batch]
+				if at += batch; at+batch > n {
+					at = 0
+				}
+				viaKey := func() time.Duration {
+					start := time.Now()
+					for _, i := range idx {
+						sum += byKey[asked[i]]
+					}
+					return time.Since(start)
+				}
+				viaCompact := func() time.Duration {
+					start := time.Now()
+					for _, i := range idx {
+						sum += byCompact[askedCompact[i]]
+					}
+					return time.Since(start)
+				}
+				// NB: the second pass finds the asked keys in cache: the
+				// order alternates so that neither shape always gets it.
+				if first = !first; first {
+					tKey += viaKey()
+					tCompact += viaCompact()
+				} else {
+					tCompact += viaCompact()
+					tKey += viaKey()
+				}
+			}
+			lookups := float64(b.N * batch)
+			b.ReportMetric(float64(tKey.Nanoseconds())/lookups, "ns/key-lookup")
+			b.ReportMetric(float64(tCompact.Nanoseconds())/lookups, "ns/compact-lookup")
+			b.ReportMetric(float64(tCompact)/float64(tKey), "compact/key")
+			if sum < 0 {
+				b.Fatal(sum)
+			}
+		})
+	}
 }
