@@ -204,15 +204,10 @@ type (
 	jobDeadline struct{ id messages.JobID }
 	reapAt      struct{ gen uint64 }
 	checksummed struct {
-		by    *Bridge // the incarnation that counted the commit in flight
-		job   messages.JobRef
-		req   *messages.ReqContext
-		keys  []messages.Key
-		slots []int                // per key: its slot
-		pos   []messages.Placement // per key: its place in the job's call
-		sums  []uint32
-		then  commitWaiter
-		seq   uint64 // the commit's place in begin order
+		by   *Bridge              // the incarnation that counted the commit in flight
+		call *commitCall          // the commit, its sums filled off the mailbox
+		pos  []messages.Placement // per key: its place in the job's call
+		seq  uint64               // the commit's place in begin order
 	}
 )
 
@@ -369,7 +364,7 @@ func (b *Bridge) failInFlight(o *fx.Out) {
 	// NB: parked commits were checksummed for this incarnation and wait for
 	// an earlier one: nothing else would ever answer their callers.
 	for _, m := range b.parked {
-		m.then.landed(o, ErrRestarted)
+		m.call.then.landed(o, ErrRestarted)
 	}
 	b.parked = nil
 	b.failHeld(o, ErrRestarted)
@@ -724,16 +719,15 @@ func (b *Bridge) completeStore(o *fx.Out, m *messages.CompleteStore) {
 // event names parents before children.
 func (b *Bridge) commit(o *fx.Out, j *job, at []int, ok bool, then commitWaiter) {
 	b.commits++
+	keys, slots, place := j.placed(at)
+	call := &commitCall{ref: j.ref(), req: j.req, keys: keys, slots: slots, ok: ok, then: then}
 	if !ok {
-		keys, slots, _ := j.placed(at)
-		b.sendCommit(o, &commitCall{ref: j.ref(), req: j.req, keys: keys, slots: slots, then: then}, nil)
+		b.sendCommit(o, call, nil)
 		return
 	}
-	keys, slots, place := j.placed(at)
 	b.order.issued(keys)
 	b.commitIssued++
-	seq := b.commitIssued
-	ref, req, slot := j.ref(), j.req, b.cfg.Slot
+	m, slot := &checksummed{by: b, call: call, pos: place, seq: b.commitIssued}, b.cfg.Slot
 	o.Offload(func() any {
 		// NB: 2 MiB at memory speed is ~200 µs of one core at a step
 		// boundary; the budget lets a peer's lookup queued behind it run.
@@ -744,7 +738,8 @@ func (b *Bridge) commit(o *fx.Out, j *job, at []int, ok bool, then commitWaiter)
 			sums[i] = crc32.Checksum(blk, castagnoli)
 			budget.Spent(len(blk))
 		}
-		return &checksummed{by: b, job: ref, req: req, keys: keys, slots: slots, pos: place, sums: sums, then: then, seq: seq}
+		call.sums = sums
+		return m
 	})
 }
 
@@ -756,8 +751,8 @@ func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 		// the job's slots are quarantined by the CPU tier (ReleaseOrigin).
 		// The engine call that waited on it is answered now, not at its
 		// deadline.
-		b.cfg.Log.Warn().Uint64("job", uint64(m.job.ID)).Msg("bridge: commit of a previous incarnation dropped")
-		m.then.landed(o, ErrRestarted)
+		b.cfg.Log.Warn().Uint64("job", uint64(m.call.ref.ID)).Msg("bridge: commit of a previous incarnation dropped")
+		m.call.then.landed(o, ErrRestarted)
 		return
 	}
 	if m.seq != b.commitNext+1 {
@@ -769,8 +764,8 @@ func (b *Bridge) commitChecksummed(o *fx.Out, m *checksummed) {
 	}
 	for m != nil {
 		b.commitNext = m.seq
-		b.sendCommit(o, &commitCall{ref: m.job, req: m.req, keys: m.keys, slots: m.slots, ok: true, sums: m.sums, then: m.then}, m.pos)
-		b.order.landed(m.keys)
+		b.sendCommit(o, m.call, m.pos)
+		b.order.landed(m.call.keys)
 		m = b.parked[b.commitNext+1]
 		delete(b.parked, b.commitNext+1)
 	}

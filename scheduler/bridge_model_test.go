@@ -508,7 +508,7 @@ func (w *bridgeWorld) finishChecksum() {
 	work := modeltime.Take(&w.offload, w.rng.IntN(len(w.offload)))
 	res := work()
 	if c, ok := res.(*checksummed); ok {
-		w.seqOf[commitID(c.job, c.keys)] = c.seq
+		w.seqOf[commitID(c.call.ref, c.call.keys)] = c.seq
 	}
 	w.handle(res)
 }
