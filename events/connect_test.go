@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
 	"github.com/kvtier/kvtier/internal/testutil/testnet"
+	"github.com/kvtier/kvtier/internal/zmqx"
 )
 
 func TestVLLMBindRuleDecidesAutoMode(t *testing.T) {
@@ -98,20 +99,14 @@ func bindSub(t *testing.T, addr, topic string) (r received, bound string, stop f
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				continue // a publisher's connection ended
-			}
+		zmqx.Serve(sub, func(m zmq4.Msg) bool {
 			select {
 			case r <- m:
+				return true
 			case <-ctx.Done():
-				return
+				return false
 			}
-		}
+		}, nil) // NB: a publisher's connection ended: serve the others
 	}()
 	var once sync.Once
 	stop = func() {

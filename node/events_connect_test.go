@@ -15,6 +15,7 @@ import (
 	"github.com/kvtier/kvtier/config"
 	"github.com/kvtier/kvtier/events"
 	"github.com/kvtier/kvtier/internal/testutil/freeport"
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/scheduler/client"
 )
@@ -195,22 +196,18 @@ func bindRouter(t *testing.T, ctx context.Context, addr string) <-chan topicBatc
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			msg, err := router.Recv()
+		zmqx.Serve(router, func(msg zmq4.Msg) bool {
+			b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1])
 			if err != nil {
-				if routerCtx.Err() != nil {
-					return
-				}
-				continue // a publisher's connection ended
+				return true
 			}
-			if b, err := events.DecodeBatch(msg.Frames[len(msg.Frames)-1]); err == nil {
-				select {
-				case heard <- topicBatch{string(msg.Frames[0]), b}:
-				case <-routerCtx.Done():
-					return
-				}
+			select {
+			case heard <- topicBatch{string(msg.Frames[0]), b}:
+				return true
+			case <-routerCtx.Done():
+				return false
 			}
-		}
+		}, nil) // NB: a publisher's connection ended: serve the others
 	}()
 	t.Cleanup(func() { routerCancel(); _ = router.Close(); <-done })
 	return heard

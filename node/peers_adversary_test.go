@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvtier/kvtier/config"
+	"github.com/kvtier/kvtier/internal/zmqx"
 	"github.com/kvtier/kvtier/messages"
 	"github.com/kvtier/kvtier/peer/wire"
 )
@@ -45,28 +46,16 @@ func dialRaw(t *testing.T, ctx context.Context, addr, id string) *rawPeer {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			m, err := sock.Recv()
-			if err != nil {
-				if ctx.Err() != nil || err == context.Canceled {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					return
-				default:
-				}
-				continue
-			}
-			f, err := wire.Decode(m.Frames[0])
-			if err == nil {
+		zmqx.Serve(sock, func(m zmq4.Msg) bool {
+			if f, err := wire.Decode(m.Frames[0]); err == nil {
 				in := rawIn{f: f, raw: m.Frames[0]}
 				if len(m.Frames) == 2 {
 					in.seal = m.Frames[1]
 				}
 				r.in <- in
 			}
-		}
+			return true
+		}, func(error) bool { return ctx.Err() == nil })
 	}()
 	t.Cleanup(func() {
 		sock.Close()

@@ -1,15 +1,14 @@
 package peer
 
 import (
-	"context"
-	"errors"
 	"log"
-	"net"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+
+	"github.com/kvtier/kvtier/internal/zmqx"
 )
 
 // The socket side of the control plane. zmq4's sharp edges (docs/DESIGN.md §10)
@@ -72,26 +71,17 @@ func (s *sockIO) startWriter() {
 // not block: they send an actor message.
 func (s *sockIO) startReader(onMsg func(zmq4.Msg), onErr func(error)) {
 	s.goTracked(func() {
-		for {
-			m, err := s.sock.Recv()
-			if err != nil {
-				select {
-				case <-s.quit:
-					return
-				default:
-				}
-				if errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
-					return
-				}
-				// zmq4 reports each connection's end once, as an error on Recv;
-				// the socket itself keeps serving its other connections.
-				if onErr != nil {
-					onErr(err)
-				}
-				continue
+		zmqx.Serve(s.sock, func(m zmq4.Msg) bool { onMsg(m); return true }, func(err error) bool {
+			select {
+			case <-s.quit:
+				return false
+			default:
 			}
-			onMsg(m)
-		}
+			if onErr != nil {
+				onErr(err)
+			}
+			return true
+		})
 	})
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvtier/kvtier/internal/zmqx"
 )
 
 // The floors under the engine endpoint's round trip, measured in the same
@@ -39,15 +41,8 @@ func zmqIPCFloor(ctx context.Context, dir string, n int) (p50, p99 float64, err 
 	echoed := make(chan struct{})
 	go func() {
 		defer close(echoed)
-		for {
-			m, err := router.Recv()
-			if err != nil {
-				return
-			}
-			if router.Send(m) != nil {
-				return
-			}
-		}
+		zmqx.Serve(router, func(m zmq4.Msg) bool { return router.Send(m) == nil },
+			func(error) bool { return false })
 	}()
 	msg := zmq4.NewMsg(make([]byte, floorPayload))
 	rtt := make([]time.Duration, 0, n)
