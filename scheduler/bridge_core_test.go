@@ -51,10 +51,7 @@ func newRig(t *testing.T, tiered bool) *rig {
 }
 
 func (r *rig) handle(msg any) []fxlog.Sent {
-	r.Reset()
-	r.b.Handle(&r.out, msg)
-	r.Take(&r.out)
-	return r.Out
+	return r.Step(&r.out, func(o *fx.Out) { r.b.Handle(o, msg) })
 }
 
 // runOffloaded runs the checksums handed off so far and hands their

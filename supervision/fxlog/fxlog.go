@@ -57,6 +57,16 @@ func (l *Log) Take(o *fx.Out) {
 // Reset forgets what was sent and answered (before the next message).
 func (l *Log) Reset() { l.Out, l.Resp = nil, nil }
 
+// Step is one message's effects, for a test that hands a core one message
+// at a time: it forgets what was sent before, lets the core decide into o,
+// records that (Take) and returns what the core sent.
+func (l *Log) Step(o *fx.Out, decide func(*fx.Out)) []Sent {
+	l.Reset()
+	decide(o)
+	l.Take(o)
+	return l.Out
+}
+
 // One is the single message of type M in out, which must have gone to to.
 func One[M any](t testing.TB, out []Sent, to *actor.PID) M {
 	t.Helper()

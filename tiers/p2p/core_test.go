@@ -41,12 +41,10 @@ func newCore(t *testing.T) *core {
 // handle hands the core msg, from the tiering actor, and returns what it
 // sent doing so.
 func (c *core) handle(msg any) []fxlog.Sent {
-	c.Reset()
-	c.s.Handle(&c.out, fx.RefOf(c.tiering), msg)
+	sent := c.Step(&c.out.Out, func(*fx.Out) { c.s.Handle(&c.out, fx.RefOf(c.tiering), msg) })
 	require.Empty(c.t, c.out.Watches, "a watcher without a directory")
 	require.Empty(c.t, c.out.Unwatches, "a watcher without a directory")
-	c.Take(&c.out.Out)
-	return c.Out
+	return sent
 }
 
 // up brings peer node's session up and returns its PID.

@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -49,10 +50,7 @@ func newCore(t *testing.T, tweak ...func(*Config)) *core {
 
 // handle hands the core msg and returns what it sent doing so.
 func (c *core) handle(msg any) []fxlog.Sent {
-	c.Reset()
-	c.s.Handle(&c.out, msg)
-	c.Take(&c.out)
-	return c.Out
+	return c.Step(&c.out, func(o *fx.Out) { c.s.Handle(o, msg) })
 }
 
 // lookup asks about keys and returns the statuses answered at once.
@@ -192,13 +190,7 @@ func (c *core) promoteFromFS(keys ...messages.Key) (*cpumsg.ReserveSlots, []*tie
 	return r, fxlog.All[*tiermsg.Read](out)
 }
 
-func trues(n int) []bool {
-	b := make([]bool, n)
-	for i := range b {
-		b[i] = true
-	}
-	return b
-}
+func trues(n int) []bool { return slices.Repeat([]bool{true}, n) }
 
 func TestPromotionCommitsTheVerifiedKeysThenReleasesTheRest(t *testing.T) {
 	c := newCore(t)
