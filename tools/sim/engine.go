@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -109,14 +108,14 @@ type engine struct {
 // call it must not fail (closed, timed out, malformed answers); data
 // corruption and leaks are reported in the summary.
 func Run(ctx context.Context, mgr kvtier.Manager, reqs []Request, cfg Config) (Summary, error) {
-	e := &engine{cfg: cfg, mgr: mgr, pool: mgr.Pool(), gpu: NewLRU(cfg.GPUBlocks), reqs: reqs, wall: time.Now()}
+	e := &engine{cfg: cfg, mgr: mgr, pool: mgr.Pool(), gpu: NewLRU(cfg.GPUBlocks), jobs: newJobQueue(), reqs: reqs, wall: time.Now()}
 	e.tiered, _ = mgr.(TieredManager)
 	if e.inv, _ = mgr.(InventoryManager); e.inv != nil && cfg.ReachEvery > 0 {
 		e.reach = newReach()
 	}
 	e.cfg.MaxRunning = max(e.cfg.MaxRunning, 1)
 	e.sum.Requests = len(reqs)
-	for e.done < len(reqs) || e.jobs.Len() > 0 {
+	for e.done < len(reqs) || e.jobs.len() > 0 {
 		if err := e.step(ctx); err != nil {
 			return e.sum, err
 		}
@@ -255,7 +254,7 @@ func (e *engine) enqueue(j *job) {
 	if j.kind == messages.JobStore {
 		e.storing += len(j.keys)
 	}
-	heap.Push(&e.jobs, j)
+	e.jobs.push(j)
 }
 
 // fatal reports whether err means the node cannot go on serving the run.

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"time"
 
 	"github.com/kvtier/kvtier/messages"
@@ -19,37 +18,31 @@ type job struct {
 	owner   *running // the request waiting on a load; nil for stores
 }
 
-// jobQueue is a min-heap of jobs by (due, seq).
-type jobQueue []*job
+// jobQueue is the jobs in flight, earliest due first (ties in issue order).
+type jobQueue struct{ minHeap[*job] }
 
-func (q jobQueue) Len() int { return len(q) }
-func (q jobQueue) Less(i, j int) bool {
-	if q[i].due != q[j].due {
-		return q[i].due < q[j].due
-	}
-	return q[i].seq < q[j].seq
-}
-func (q jobQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *jobQueue) Push(x any)   { *q = append(*q, x.(*job)) }
-func (q *jobQueue) Pop() any {
-	old := *q
-	j := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return j
+func newJobQueue() jobQueue {
+	return jobQueue{minHeap[*job]{less: func(a, b *job) bool {
+		if a.due != b.due {
+			return a.due < b.due
+		}
+		return a.seq < b.seq
+	}}}
 }
 
 // popDue removes and returns the next job due at or before now, or nil.
 func (q *jobQueue) popDue(now time.Duration) *job {
-	if q.Len() == 0 || (*q)[0].due > now {
+	if next, ok := q.first(); !ok || next.due > now {
 		return nil
 	}
-	return heap.Pop(q).(*job)
+	return q.pop()
 }
 
 // nextDue is the earliest due time; ok is false when the queue is empty.
-func (q jobQueue) nextDue() (time.Duration, bool) {
-	if len(q) == 0 {
+func (q *jobQueue) nextDue() (time.Duration, bool) {
+	next, ok := q.first()
+	if !ok {
 		return 0, false
 	}
-	return q[0].due, true
+	return next.due, true
 }

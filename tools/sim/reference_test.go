@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,26 +15,14 @@ type refCache struct {
 	cap   int
 	next  uint64
 	rank  map[uint64]uint64
-	ranks rankHeap
+	ranks minHeap[rankEntry]
 }
 
 type rankEntry struct{ rank, id uint64 }
 
-type rankHeap []rankEntry
-
-func (h rankHeap) Len() int           { return len(h) }
-func (h rankHeap) Less(i, j int) bool { return h[i].rank < h[j].rank }
-func (h rankHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *rankHeap) Push(x any)        { *h = append(*h, x.(rankEntry)) }
-func (h *rankHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
-
 func newRefCache(capacity int) *refCache {
-	return &refCache{cap: capacity, rank: map[uint64]uint64{}}
+	byRank := func(a, b rankEntry) bool { return a.rank < b.rank }
+	return &refCache{cap: capacity, rank: map[uint64]uint64{}, ranks: minHeap[rankEntry]{less: byRank}}
 }
 
 func (c *refCache) has(id uint64) bool { _, ok := c.rank[id]; return ok }
@@ -47,7 +34,7 @@ func (c *refCache) use(id uint64) bool {
 	}
 	c.next++
 	c.rank[id] = c.next
-	heap.Push(&c.ranks, rankEntry{c.next, id})
+	c.ranks.push(rankEntry{c.next, id})
 	return true
 }
 
@@ -60,8 +47,8 @@ func (c *refCache) insert(id uint64) {
 // evictExcept removes the least recent block not in keep.
 func (c *refCache) evictExcept(keep map[uint64]bool) {
 	var skipped []rankEntry
-	for c.ranks.Len() > 0 {
-		e := heap.Pop(&c.ranks).(rankEntry)
+	for c.ranks.len() > 0 {
+		e := c.ranks.pop()
 		if r, ok := c.rank[e.id]; !ok || r != e.rank {
 			continue // stale
 		}
@@ -73,7 +60,7 @@ func (c *refCache) evictExcept(keep map[uint64]bool) {
 		break
 	}
 	for _, e := range skipped {
-		heap.Push(&c.ranks, e)
+		c.ranks.push(e)
 	}
 }
 
