@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,7 +84,9 @@ func TestAskHonoursTheCallersDeadline(t *testing.T) {
 func TestWarmDispatcherNeverQueuesBehindABusyWorker(t *testing.T) {
 	d := NewWarmDispatcher(1, Throughput)
 	gate := make(chan struct{})
-	d.work <- func() { <-gate } // NB: returns once the one worker holds it
+	for !d.pool.TryRun(func() { <-gate }) {
+		runtime.Gosched() // NB: until the one worker is idle and takes it
+	}
 	system := NewSystem(zerolog.Nop())
 	defer system.Shutdown()
 	served := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &echo{starts: &atomic.Int32{}} },

@@ -3,9 +3,10 @@ package actors
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvtier/kvtier/internal/gopool"
 )
 
 // WarmDispatcher runs actors' mailboxes on long-lived goroutines instead
@@ -18,11 +19,8 @@ import (
 // runs it, as before, so a busy pool never delays a mailbox and a Receive
 // that blocks (none should) never starves another actor.
 type WarmDispatcher struct {
-	work       chan func()
+	pool       *gopool.Pool
 	throughput int
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	once       sync.Once
 }
 
 // A node's dispatcher: enough workers for the actors on an engine call's
@@ -37,33 +35,14 @@ const (
 // mailbox processes per activation (protoactor's default is 300). Close
 // ends the workers.
 func NewWarmDispatcher(workers, throughput int) *WarmDispatcher {
-	d := &WarmDispatcher{work: make(chan func()), throughput: throughput, stop: make(chan struct{})}
-	d.wg.Add(workers)
-	for range workers {
-		go d.worker()
-	}
-	return d
+	return &WarmDispatcher{pool: gopool.New(workers, 0), throughput: throughput}
 }
 
 var _ actor.Dispatcher = (*WarmDispatcher)(nil)
 
-func (d *WarmDispatcher) worker() {
-	defer d.wg.Done()
-	for {
-		select {
-		case fn := <-d.work:
-			fn()
-		case <-d.stop:
-			return
-		}
-	}
-}
-
 // Schedule implements actor.Dispatcher.
 func (d *WarmDispatcher) Schedule(fn func()) {
-	select {
-	case d.work <- fn:
-	default:
+	if !d.pool.TryRun(fn) {
 		go fn()
 	}
 }
@@ -79,16 +58,8 @@ func (d *WarmDispatcher) Close(ctx context.Context) error {
 	if d == nil {
 		return nil
 	}
-	d.once.Do(func() { close(d.stop) })
-	done := make(chan struct{})
-	go func() { // NB: ends with the last worker
-		d.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("actors: dispatcher workers still busy: %w", ctx.Err())
+	if err := d.pool.Stop(ctx); err != nil {
+		return fmt.Errorf("actors: dispatcher workers still busy: %w", err)
 	}
+	return nil
 }
