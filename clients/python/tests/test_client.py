@@ -274,6 +274,23 @@ def test_bench_reports_every_figure(kvtierd_bin, transport, capsys):
         assert "poll_speedup_16" not in res
 
 
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_callfloor_reports_each_builds_cpu_per_call(kvtierd_bin, transport, capsys):
+    """python -m kvtier_bench.callfloor measures every case on every kvtierd
+    named, and divides by the first's figures from the same run."""
+    from kvtier_bench import callfloor
+
+    argv = ["--kvtierd", kvtierd_bin, "--kvtierd", kvtierd_bin, "--transport", transport,
+            "--calls", "50", "--rounds", "1", "--json"]
+    assert callfloor.main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["transport"] == transport and res["calls"] == 50 and res["rounds"] == 1
+    cases = {"ping", "has_pending_work", "lookup_1", "lookup_16"}
+    figures = res["us_per_call"][kvtierd_bin]
+    assert set(figures) == cases and all(v > 0 for v in figures.values())
+    assert res["ratio"][kvtierd_bin] == {k: 1.0 for k in cases}
+
+
 def test_unix_wait_polls_then_blocks(tmp_path):
     """A unix:// wait polls for its poll window, then blocks: a reply later
     than the window is still taken, one already there is taken at once,
