@@ -93,7 +93,8 @@ def bench(binaries: List[str], transport: str, calls: int, rounds: int) -> Dict[
         "calls": calls,
         "rounds": rounds,
         "us_per_call": medians,
-        "ratio": {b: {k: round(v / first[k], 2) for k, v in m.items()} for b, m in medians.items()},
+        # NB: None where the baseline measured no CPU (ticks, and too few calls to reach one)
+        "ratio": {b: {k: round(v / first[k], 2) if first[k] else None for k, v in m.items()} for b, m in medians.items()},
     }
 
 
